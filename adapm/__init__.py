@@ -1,0 +1,42 @@
+"""adapm: adaptive parameter management for distributed training of sparse models.
+
+The application signals *intent* (which keys a worker will access in which future clocks); the
+manager decides per key and at run time whether to relocate or replicate it. See README.md.
+
+    node = adapm.init(num_keys=1000, value_length=16)
+    w = node.worker()
+    w.push([1, 2], np.ones((2, 16), np.float32))
+    w.pull([1, 2])
+    node.shutdown()
+"""
+
+from .config import Config
+from .errors import (
+    AdaPMError,
+    AdaPMTimeout,
+    ConfigError,
+    InvalidArgument,
+    InvalidType,
+    PeerError,
+    StateError,
+    TransportError,
+)
+from .node import Node, init
+from .worker import Worker
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "init",
+    "Config",
+    "Node",
+    "Worker",
+    "AdaPMError",
+    "AdaPMTimeout",
+    "ConfigError",
+    "InvalidArgument",
+    "InvalidType",
+    "PeerError",
+    "StateError",
+    "TransportError",
+]

@@ -1,0 +1,225 @@
+"""Configuration: one frozen, validated dataclass. This module is the only reader of the environment.
+
+Where a job's rank and world size come from, in order of precedence:
+
+1. explicit ``Config(rank=..., world_size=...)`` arguments,
+2. ``ADAPM_RANK`` / ``ADAPM_WORLD_SIZE`` (set by ``adapm-run``),
+3. mpirun: ``OMPI_COMM_WORLD_RANK`` / ``OMPI_COMM_WORLD_SIZE``, or ``PMI_RANK`` / ``PMI_SIZE``,
+4. srun: ``SLURM_PROCID`` / ``SLURM_NTASKS``,
+5. torchrun: ``RANK`` / ``WORLD_SIZE``,
+6. otherwise a single node (rank 0 of 1), which needs no sockets.
+
+The rendezvous address (rank 0 hosts it) comes from ``ADAPM_RENDEZVOUS`` (``host:port``), or under
+torchrun from ``MASTER_ADDR`` and ``MASTER_PORT + 1`` (torchrun's own agent already listens on
+``MASTER_PORT``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from dataclasses import dataclass, field
+from typing import Mapping, Optional, Union
+
+import numpy as np
+
+from .errors import ConfigError
+
+MANAGEMENT_VARIANTS = (
+    "adaptive",
+    "replication_only",
+    "relocation_only",
+    "static_partition",
+    "full_replication",
+)
+
+
+def _help(text: str, **kw):
+    return field(metadata={"help": text}, **kw)
+
+
+@dataclass(frozen=True, eq=False)
+class Config:
+    """All settings of one node. Frozen and validated on construction.
+
+    ``help(adapm.Config)`` and :meth:`describe` list every field with its meaning.
+    """
+
+    num_keys: int = _help("Number of keys; keys are the integers [0, num_keys).")
+    value_length: Union[int, np.ndarray] = _help(
+        "Floats per key: one int for all keys, or an int array of length num_keys.", default=1
+    )
+    rank: int = _help("This node's rank in [0, world_size).", default=0)
+    world_size: int = _help("Number of nodes (processes) in the job.", default=1)
+    rendezvous: Optional[str] = _help(
+        "host:port where rank 0 hosts the rendezvous; required when world_size > 1.", default=None
+    )
+    host: Optional[str] = _help(
+        "Address this node binds and advertises to peers. None: loopback when the rendezvous is on "
+        "loopback, else the local address that routes to the rendezvous host.",
+        default=None,
+    )
+    management: str = _help(
+        "Parameter management variant: " + ", ".join(MANAGEMENT_VARIANTS) + ".",
+        default="adaptive",
+    )
+    action_timing: bool = _help(
+        "Act on intents when the action timer says so (paper, Algorithm 1); False: next round.",
+        default=True,
+    )
+    timing_alpha: float = _help("Smoothing factor of the clocks-per-round estimate.", default=0.1)
+    timing_p: float = _help("Poisson quantile used by the action timer.", default=0.9999)
+    timing_lambda0: float = _help("Initial clocks-per-round estimate.", default=10.0)
+    max_rounds_per_s: Optional[float] = _help(
+        "Optional cap on sync rounds per second; None: next round as soon as the last is answered.",
+        default=None,
+    )
+    request_timeout_s: float = _help(
+        "Longest wait for a peer's answer to one request before AdaPMTimeout.", default=60.0
+    )
+    connect_timeout_s: float = _help(
+        "Longest wait for all nodes to join the rendezvous, and for a barrier.", default=120.0
+    )
+
+    def __post_init__(self) -> None:
+        _check_int("num_keys", self.num_keys, low=1)
+        vl = self.value_length
+        if isinstance(vl, (int, np.integer)) and not isinstance(vl, bool):
+            _check_int("value_length", int(vl), low=1)
+            object.__setattr__(self, "value_length", int(vl))
+        else:
+            try:
+                arr = np.asarray(vl)
+            except Exception as exc:  # pragma: no cover - numpy accepts nearly anything
+                raise ConfigError(f"value_length: cannot convert {type(vl).__name__}") from exc
+            if arr.ndim != 1 or arr.dtype.kind not in "iu":
+                raise ConfigError(
+                    "value_length must be a positive int or a 1-d integer array of per-key lengths, "
+                    f"got dtype={arr.dtype} ndim={arr.ndim}"
+                )
+            if arr.shape[0] != self.num_keys:
+                raise ConfigError(
+                    f"value_length has {arr.shape[0]} entries but num_keys is {self.num_keys}"
+                )
+            if arr.size and int(arr.min()) < 1:
+                raise ConfigError("value_length entries must all be >= 1")
+            arr = np.array(arr, dtype=np.int64)
+            arr.setflags(write=False)
+            object.__setattr__(self, "value_length", arr)
+        _check_int("world_size", self.world_size, low=1)
+        _check_int("rank", self.rank, low=0)
+        if self.rank >= self.world_size:
+            raise ConfigError(f"rank {self.rank} is not below world_size {self.world_size}")
+        if self.world_size > 1:
+            if not self.rendezvous:
+                raise ConfigError(
+                    "world_size > 1 needs a rendezvous address: set ADAPM_RENDEZVOUS=host:port, "
+                    "MASTER_ADDR/MASTER_PORT, or Config(rendezvous=...); adapm-run sets it for you"
+                )
+            parse_address(self.rendezvous, "rendezvous")
+        if self.management not in MANAGEMENT_VARIANTS:
+            raise ConfigError(
+                f"management must be one of {MANAGEMENT_VARIANTS}, got {self.management!r}"
+            )
+        if not 0.0 < self.timing_alpha <= 1.0:
+            raise ConfigError(f"timing_alpha must be in (0, 1], got {self.timing_alpha}")
+        if not 0.0 < self.timing_p < 1.0:
+            raise ConfigError(f"timing_p must be in (0, 1), got {self.timing_p}")
+        if not self.timing_lambda0 > 0:
+            raise ConfigError(f"timing_lambda0 must be > 0, got {self.timing_lambda0}")
+        if self.max_rounds_per_s is not None and not self.max_rounds_per_s > 0:
+            raise ConfigError(f"max_rounds_per_s must be > 0 or None, got {self.max_rounds_per_s}")
+        for name in ("request_timeout_s", "connect_timeout_s"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+                raise ConfigError(f"{name} must be a finite number > 0, got {value!r}")
+
+    @property
+    def uniform_length(self) -> int:
+        """The common value length, or 0 when lengths differ per key."""
+        return self.value_length if isinstance(self.value_length, int) else 0
+
+    def replace(self, **changes) -> "Config":
+        """A copy with some fields changed (validated again)."""
+        return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def from_env(cls, env: Optional[Mapping[str, str]] = None, **overrides) -> "Config":
+        """Build a Config from launcher variables (see module docstring), then ``overrides``.
+
+        ``env`` defaults to ``os.environ``; this is the only place adapm reads it.
+        """
+        env = os.environ if env is None else env
+        found = detect_cluster(env)
+        for name in ("request_timeout_s", "connect_timeout_s"):
+            var = "ADAPM_" + name.upper()
+            if var in env:
+                found[name] = _env_float(env, var)
+        if "ADAPM_HOST" in env:
+            found["host"] = env["ADAPM_HOST"]
+        if "ADAPM_MANAGEMENT" in env:
+            found["management"] = env["ADAPM_MANAGEMENT"]
+        found.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**found)
+
+    @classmethod
+    def describe(cls) -> str:
+        """One line per field: name, default and help text."""
+        lines = []
+        for f in dataclasses.fields(cls):
+            default = "required" if f.default is dataclasses.MISSING else repr(f.default)
+            lines.append(f"{f.name} ({default}): {f.metadata.get('help', '')}")
+        return "\n".join(lines)
+
+
+def detect_cluster(env: Mapping[str, str]) -> dict:
+    """Rank, world size and rendezvous address from launcher variables; {} for a single node."""
+    pairs = (
+        ("ADAPM_RANK", "ADAPM_WORLD_SIZE"),
+        ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"),
+        ("PMI_RANK", "PMI_SIZE"),
+        ("SLURM_PROCID", "SLURM_NTASKS"),
+        ("RANK", "WORLD_SIZE"),
+    )
+    out: dict = {}
+    for rank_var, size_var in pairs:
+        if rank_var in env and size_var in env:
+            out["rank"] = _env_int(env, rank_var)
+            out["world_size"] = _env_int(env, size_var)
+            break
+    if "ADAPM_RENDEZVOUS" in env:
+        out["rendezvous"] = env["ADAPM_RENDEZVOUS"]
+    elif "MASTER_ADDR" in env and "MASTER_PORT" in env:
+        out["rendezvous"] = f"{env['MASTER_ADDR']}:{_env_int(env, 'MASTER_PORT') + 1}"
+    return out
+
+
+def parse_address(address: str, what: str) -> tuple[str, int]:
+    """Split ``host:port`` (``[v6]:port`` too); ConfigError naming ``what`` if malformed."""
+    host, sep, port = str(address).rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(f"{what} must look like host:port, got {address!r}")
+    return host, int(port)
+
+
+def _check_int(name: str, value, low: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise ConfigError(f"{name} must be an int, got {type(value).__name__}")
+    if value < low:
+        raise ConfigError(f"{name} must be >= {low}, got {value}")
+
+
+def _env_int(env: Mapping[str, str], var: str) -> int:
+    try:
+        return int(env[var])
+    except ValueError:
+        raise ConfigError(f"environment variable {var} must be an integer, got {env[var]!r}") from None
+
+
+def _env_float(env: Mapping[str, str], var: str) -> float:
+    try:
+        return float(env[var])
+    except ValueError:
+        raise ConfigError(f"environment variable {var} must be a number, got {env[var]!r}") from None

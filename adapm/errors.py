@@ -1,0 +1,58 @@
+"""The error hierarchy. Every error adapm raises derives from :class:`AdaPMError`.
+
+Input errors also derive from the matching builtin (``ValueError`` / ``TypeError``) so that code
+written against numpy conventions keeps working. Transport failures are translated into
+:class:`TransportError` at the I/O boundary (``raise ... from`` keeps the original cause).
+"""
+
+from __future__ import annotations
+
+
+class AdaPMError(Exception):
+    """Base class of every error raised by adapm."""
+
+
+class InvalidArgument(AdaPMError, ValueError):
+    """An argument has a bad value (key out of range, wrong shape, ``end <= start``, ...).
+
+    Raised before any state changes; the node keeps working.
+    """
+
+
+class InvalidType(AdaPMError, TypeError):
+    """An argument has a bad type or dtype (float keys, float64 values, ...)."""
+
+
+class ConfigError(AdaPMError, ValueError):
+    """A configuration value (argument or ``ADAPM_*`` environment variable) is invalid."""
+
+
+class StateError(AdaPMError, RuntimeError):
+    """The call does not fit the node's state: use after shutdown, ``init`` twice, ..."""
+
+
+class AdaPMTimeout(AdaPMError, TimeoutError):
+    """A blocking call waited longer than its configured timeout.
+
+    The message names this node's rank, the peer rank (if any) and what was awaited.
+    """
+
+
+class TransportError(AdaPMError, ConnectionError):
+    """A ZeroMQ or network failure, translated at the transport boundary."""
+
+
+class PeerError(AdaPMError):
+    """A peer node reported that it failed to serve one of our requests."""
+
+
+__all__ = [
+    "AdaPMError",
+    "InvalidArgument",
+    "InvalidType",
+    "ConfigError",
+    "StateError",
+    "AdaPMTimeout",
+    "TransportError",
+    "PeerError",
+]

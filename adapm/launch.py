@@ -1,0 +1,459 @@
+"""``adapm-run``: start the processes of one adapm job and watch them.
+
+Usage::
+
+    adapm-run -n N [--hosts h1,h2,...] [--iface IFACE] [--grace S] cmd args...
+
+Each of the N processes runs ``cmd args...`` with ``ADAPM_RANK``, ``ADAPM_WORLD_SIZE`` and
+``ADAPM_RENDEZVOUS`` set (and ``ADAPM_HOST`` when ``--iface`` is given); ``adapm.Config.from_env``
+reads them. Without ``--hosts`` all processes run on this machine and meet on 127.0.0.1.
+
+The job fails as a whole: when one process exits non-zero or is killed by a signal, adapm-run
+prints one line naming its rank, sends SIGTERM to the others, waits ``--grace`` seconds, kills what
+is left with SIGKILL, reaps everything and exits non-zero. SIGINT/SIGTERM sent to adapm-run are
+passed on to the processes in the same way (exit status 130 / 143).
+
+This module uses only the standard library so that the launcher works before the rest of adapm
+is importable. Linux only (SIOCGIFADDR, PR_SET_PDEATHSIG).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import fcntl
+import ipaddress
+import math
+import os
+import shlex
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+PROG = "adapm-run"
+# How often the monitor loop looks at the children; bounds how late a failure is noticed.
+POLL_S = 0.05
+DEFAULT_GRACE_S = 5.0
+LOOPBACK = "127.0.0.1"
+_LOCAL_NAMES = ("localhost", LOOPBACK)
+# Linux <linux/sockios.h>: get an interface's IPv4 address (struct ifreq).
+_SIOCGIFADDR = 0x8915
+_IFNAMSIZ = 16
+# Linux <linux/prctl.h>: signal a process gets when its parent dies.
+_PR_SET_PDEATHSIG = 1
+
+
+# ---------------------------------------------------------------------------------------------
+# Pure helpers (unit-tested)
+
+
+def plan_ranks(n: int, hosts: Optional[Sequence[str]] = None) -> list[str]:
+    """The host of each rank: ranks fill ``hosts`` in contiguous blocks of (nearly) equal size.
+
+    Rank ``r`` runs on ``hosts[r * len(hosts) // n]``, so rank 0 is on ``hosts[0]`` and block
+    sizes differ by at most one. Without hosts every rank runs on ``"localhost"``.
+    """
+    if n < 1:
+        raise ValueError(f"n must be >= 1, got {n}")
+    if not hosts:
+        return ["localhost"] * n
+    hosts = list(hosts)
+    return [hosts[r * len(hosts) // n] for r in range(n)]
+
+
+def build_env(rank: int, n: int, rendezvous: str, host_addr: Optional[str] = None) -> dict:
+    """The ``ADAPM_*`` variables for one rank (only those; the caller merges them into its env).
+
+    ``ADAPM_HOST`` is present only when ``host_addr`` is given.
+    """
+    env = {
+        "ADAPM_RANK": str(rank),
+        "ADAPM_WORLD_SIZE": str(n),
+        "ADAPM_RENDEZVOUS": rendezvous,
+    }
+    if host_addr is not None:
+        env["ADAPM_HOST"] = host_addr
+    return env
+
+
+def is_ipv4(text: str) -> bool:
+    """Whether ``text`` is a dotted-quad IPv4 address."""
+    try:
+        ipaddress.IPv4Address(text)
+    except ValueError:
+        return False
+    return True
+
+
+def iface_address(iface: str) -> str:
+    """``iface`` itself if it is an IPv4 address, else the IPv4 address of that local interface.
+
+    Raises LookupError when there is no such interface or it has no IPv4 address.
+    """
+    if is_ipv4(iface):
+        return iface
+    name = iface.encode()
+    if not name or len(name) >= _IFNAMSIZ or b"\0" in name:
+        raise LookupError(f"{iface!r} is neither an IPv4 address nor an interface name")
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        try:
+            ifreq = fcntl.ioctl(sock.fileno(), _SIOCGIFADDR, struct.pack("256s", name))
+        except OSError as exc:
+            raise LookupError(
+                f"no IPv4 address for interface {iface!r}: {exc.strerror or exc}"
+            ) from None
+    # struct ifreq: 16-byte name, then sockaddr_in (family 2 bytes, port 2 bytes, address 4 bytes).
+    return socket.inet_ntoa(ifreq[_IFNAMSIZ + 4 : _IFNAMSIZ + 8])
+
+
+def free_port(host: str = LOOPBACK) -> int:
+    """A TCP port that is free on ``host`` right now (the OS picks it; another process may take
+    it before rank 0 binds it, which rank 0 then reports)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def is_local_host(host: str) -> bool:
+    """Whether ``host`` names this machine (so its ranks start without ssh)."""
+    return host in _LOCAL_NAMES or host == socket.gethostname()
+
+
+def remote_command(
+    cmd: Sequence[str],
+    env: dict,
+    cwd: str,
+    grace: float,
+    iface: Optional[str] = None,
+) -> str:
+    """The command line ssh hands to the remote login shell to run one rank.
+
+    It runs ``cmd`` in ``cwd`` with ``env`` added, and exits with its status. A watchdog reads
+    the ssh channel's stdin: when it closes (adapm-run stopped the ssh client, or died), the
+    command gets SIGTERM and, ``grace`` seconds later, SIGKILL, so no rank outlives the launcher.
+    ``iface`` (an interface name) sets ``ADAPM_HOST`` to that interface's IPv4 address on the
+    remote host (via ``ip``).
+    """
+    q = shlex.quote
+    assigns = " ".join(f"{k}={q(v)}" for k, v in env.items())
+    parts = [f"cd {q(cwd)} || exit 1"]
+    if iface is not None:
+        parts.append(
+            f"h=$(ip -4 -o addr show dev {q(iface)} 2>/dev/null"
+            " | sed -n 's/.* inet \\([0-9.]*\\).*/\\1/p' | head -n 1)"
+        )
+        parts.append(
+            f'[ -n "$h" ] || {{ echo "{PROG}: no IPv4 address for interface '
+            f'{q(iface)} on $(hostname)" >&2; exit 2; }}'
+        )
+        assigns += ' ADAPM_HOST="$h"'
+    # fd 3 keeps the channel's stdin for the watchdog: a non-interactive shell gives background
+    # jobs /dev/null as stdin unless it is redirected explicitly.
+    parts.append("exec 3<&0")
+    parts.append(f"env {assigns} {shlex.join(cmd)} </dev/null 3<&- & pid=$!")
+    sleep_s = max(0, math.ceil(grace))  # POSIX sleep takes whole seconds
+    parts.append(
+        f'{{ cat >/dev/null; kill -TERM "$pid"; sleep {sleep_s}; kill -KILL "$pid"; }}'
+        " <&3 >/dev/null 2>&1 & wd=$!"
+    )
+    parts.append("exec 3<&-")
+    # The command ended by itself: stop the watchdog so it never signals a reused pid.
+    parts.append('wait "$pid"; st=$?; kill "$wd" 2>/dev/null; exit "$st"')
+    # Run under sh whatever the remote login shell is.
+    return "exec sh -c " + q("; ".join(parts))
+
+
+def ssh_argv(host: str, command: str) -> list[str]:
+    """The local argv that runs ``command`` (from :func:`remote_command`) on ``host``."""
+    return ["ssh", "-o", "BatchMode=yes", host, command]
+
+
+def describe_status(returncode: int) -> str:
+    """``exited with status N`` or ``was killed by signal SIGNAME`` for a Popen returncode."""
+    if returncode >= 0:
+        return f"exited with status {returncode}"
+    try:
+        name = signal.Signals(-returncode).name
+    except ValueError:
+        name = str(-returncode)
+    return f"was killed by signal {name}"
+
+
+# ---------------------------------------------------------------------------------------------
+# Command line
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {value}")
+    return value
+
+
+def _grace(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds, got {text!r}") from None
+    if not (math.isfinite(value) and value >= 0):
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text!r}")
+    return value
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description="Start N processes of an adapm job and stop them all if one fails.",
+    )
+    parser.add_argument("-n", type=_positive_int, required=True, metavar="N",
+                        help="number of processes (ranks), >= 1")
+    parser.add_argument("--hosts", metavar="H1,H2,...",
+                        help="spread the ranks in contiguous blocks over these hosts (ssh for "
+                             "hosts other than this one); rank 0's host hosts the rendezvous")
+    parser.add_argument("--iface", metavar="IFACE",
+                        help="IPv4 address or interface name each process binds and advertises "
+                             "(sets ADAPM_HOST)")
+    parser.add_argument("--grace", type=_grace, default=DEFAULT_GRACE_S, metavar="S",
+                        help="seconds between SIGTERM and SIGKILL when stopping (default 5)")
+    parser.add_argument("command", nargs=argparse.REMAINDER,
+                        help="the program to run and its arguments ('--' before it is allowed)")
+    return parser
+
+
+@dataclass(frozen=True)
+class _Rank:
+    """How to start one rank: argv, full environment (None: inherit) and whether via ssh."""
+
+    rank: int
+    host: str
+    argv: list
+    env: Optional[dict]
+    remote: bool
+
+
+def _plan(args, parser: argparse.ArgumentParser) -> list[_Rank]:
+    """Turn parsed arguments into one start description per rank; usage errors exit 2."""
+    cmd = list(args.command)
+    if cmd and cmd[0] == "--":
+        cmd = cmd[1:]
+    if not cmd:
+        parser.error("missing command: give the program to run after the options, "
+                     f"e.g. {PROG} -n 2 python train.py")
+    n = args.n
+    hosts = None
+    if args.hosts is not None:
+        hosts = [h.strip() for h in args.hosts.split(",")]
+        if not all(hosts):
+            parser.error(f"argument --hosts: empty host name in {args.hosts!r}")
+    placement = plan_ranks(n, hosts)
+    local = [is_local_host(h) for h in placement]
+
+    local_addr = None
+    if args.iface is not None and any(local):
+        try:
+            local_addr = iface_address(args.iface)
+        except LookupError as exc:
+            parser.error(f"argument --iface: {exc}")
+    remote_iface = None
+    if args.iface is not None and not all(local):
+        if is_ipv4(args.iface):
+            if len(set(placement)) > 1:
+                parser.error("argument --iface: an IPv4 address belongs to one host; "
+                             "with several hosts give an interface name")
+        else:
+            remote_iface = args.iface  # resolved on each remote host
+
+    # Rank 0 hosts the rendezvous; every rank gets the same address for it.
+    if all(local):
+        rv_host = LOOPBACK
+    elif local[0]:
+        # Remote ranks cannot reach our loopback: name this machine in a way they can.
+        if placement[0] in _LOCAL_NAMES:
+            rv_host = local_addr or socket.gethostname()
+        else:
+            rv_host = placement[0]
+    else:
+        rv_host = placement[0]
+    # Checked on this machine only; if rank 0 is remote and the port is taken there, rank 0
+    # reports it.
+    port = free_port(LOOPBACK if all(local) else "")
+    rendezvous = f"{rv_host}:{port}"
+
+    # Remote ranks do not inherit our environment: pass on the user's other ADAPM_* settings
+    # (not ADAPM_HOST, an address of this machine).
+    forwarded = {
+        k: v for k, v in os.environ.items() if k.startswith("ADAPM_") and k != "ADAPM_HOST"
+    }
+    cwd = os.getcwd()
+    ranks = []
+    for r, host in enumerate(placement):
+        if local[r]:
+            env = {**os.environ, **build_env(r, n, rendezvous, local_addr)}
+            ranks.append(_Rank(r, host, cmd, env, remote=False))
+        else:
+            addr = args.iface if (args.iface is not None and remote_iface is None) else None
+            env = {**forwarded, **build_env(r, n, rendezvous, addr)}
+            command = remote_command(cmd, env, cwd, args.grace, iface=remote_iface)
+            ranks.append(_Rank(r, host, ssh_argv(host, command), None, remote=True))
+    return ranks
+
+
+# ---------------------------------------------------------------------------------------------
+# Running and monitoring
+
+
+def _die_with_parent():
+    """Build a preexec_fn that makes a child get SIGKILL if adapm-run dies without cleaning up
+    (e.g. SIGKILL), so no rank is orphaned; None where prctl is unavailable."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        prctl = libc.prctl
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+
+    def preexec() -> None:
+        prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+        if os.getppid() != parent:  # the parent died before prctl took effect
+            os._exit(1)
+
+    return preexec
+
+
+def _err(message: str) -> None:
+    print(f"{PROG}: {message}", file=sys.stderr, flush=True)
+
+
+def _plural(count: int) -> str:
+    return f"{count} process" if count == 1 else f"{count} processes"
+
+
+def _stop(procs: list, sig: int, grace: float, received: list) -> None:
+    """Send ``sig`` to the running children, SIGKILL whatever is left after ``grace`` seconds
+    (at once on a further SIGINT/SIGTERM to adapm-run), then reap every child."""
+    signals_seen = len(received)
+    for p in procs:
+        if p.poll() is None:
+            try:
+                p.send_signal(sig)
+            except ProcessLookupError:  # exited between poll and kill
+                pass
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline and any(p.poll() is None for p in procs):
+        if len(received) > signals_seen:
+            break
+        time.sleep(POLL_S)
+    _reap(procs)
+
+
+def _reap(procs: list) -> None:
+    """SIGKILL every child still running, wait for all and close their pipes."""
+    for p in procs:
+        if p.poll() is None:
+            try:
+                p.kill()
+            except ProcessLookupError:
+                pass
+    for p in procs:
+        p.wait()
+        if p.stdin is not None:
+            p.stdin.close()
+
+
+def _monitor(ranks: list[_Rank], procs: list, grace: float, received: list) -> int:
+    """Wait until all children exit 0 (-> 0), one fails, or adapm-run gets a signal."""
+    while True:
+        if received:
+            sig = received[0]
+            running = sum(p.poll() is None for p in procs)
+            _err(f"received {signal.Signals(sig).name}; stopping {_plural(running)}")
+            _stop(procs, sig, grace, received)
+            return 128 + sig
+        failed = None
+        running = 0
+        for spec, p in zip(ranks, procs):
+            rc = p.poll()
+            if rc is None:
+                running += 1
+            elif rc != 0 and failed is None:
+                failed = (spec, rc)
+        if failed is not None:
+            spec, rc = failed
+            where = f" (host {spec.host})" if spec.remote else ""
+            line = f"rank {spec.rank}{where} {describe_status(rc)}"
+            if running:
+                line += f"; stopping the other {_plural(running)}"
+            _err(line)
+            _stop(procs, signal.SIGTERM, grace, received)
+            # A signal death has no exit code of its own; report plain failure.
+            return rc if rc > 0 else 1
+        if running == 0:
+            return 0
+        time.sleep(POLL_S)
+
+
+def _run(ranks: list[_Rank], grace: float) -> int:
+    received: list[int] = []
+
+    def on_signal(signum, frame):
+        received.append(signum)
+
+    previous = {}
+    # Handlers can only be installed from the main thread (main() may be called from others).
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            previous[sig] = signal.signal(sig, on_signal)
+    procs: list = []
+    try:
+        preexec = _die_with_parent()
+        for spec in ranks:
+            if received:
+                break
+            try:
+                procs.append(subprocess.Popen(
+                    spec.argv,
+                    env=spec.env,
+                    stdin=subprocess.PIPE if spec.remote else None,
+                    preexec_fn=preexec,
+                ))
+            except OSError as exc:
+                stopping = f"; stopping {_plural(len(procs))}" if procs else ""
+                _err(f"cannot start rank {spec.rank}: {exc}{stopping}")
+                _stop(procs, signal.SIGTERM, grace, received)
+                # Shell conventions: 127 not found, 126 found but not executable.
+                return 127 if isinstance(exc, FileNotFoundError) else 126
+        return _monitor(ranks[: len(procs)], procs, grace, received)
+    finally:
+        _reap(procs)  # last resort on an unexpected error; a no-op after _monitor
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Run ``adapm-run`` with ``argv`` (default ``sys.argv[1:]``); return the exit status.
+
+    0: all ranks exited 0. 2: usage error. 128+sig: stopped by SIGINT/SIGTERM. Otherwise the
+    failed rank's exit status, or 1 if it was killed by a signal.
+    """
+    parser = _parser()
+    try:
+        args = parser.parse_args(argv)
+        ranks = _plan(args, parser)
+    except SystemExit as exc:  # argparse: --help (0) or a usage error (2)
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
+    return _run(ranks, args.grace)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

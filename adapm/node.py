@@ -1,0 +1,232 @@
+"""Wiring: a Node (one per process) and its Worker handles (one per worker thread)."""
+
+from __future__ import annotations
+
+import threading
+from typing import Optional
+
+import numpy as np
+import zmq
+
+from . import cluster, routing
+from .comm import Comm
+from .config import Config
+from .errors import AdaPMError, AdaPMTimeout, InvalidArgument, StateError
+from .protocol import Kind, encode
+from .store import OWNER, Store
+from .transport import Transport
+from .worker import Worker
+
+_active_lock = threading.Lock()
+_active: Optional["Node"] = None
+
+
+def init(num_keys: Optional[int] = None, value_length=None, *, config: Optional[Config] = None,
+         **settings) -> "Node":
+    """Start this process's node and return it. Blocks until all nodes of the job have joined.
+
+    Give either ``config`` or the settings (``num_keys``, ``value_length`` and any other
+    :class:`Config` field); settings not given come from the launcher's environment (see
+    :mod:`adapm.config`). Without a launcher this is a single node that needs no sockets.
+    Raises StateError if this process already has a running node.
+    """
+    if config is not None and (num_keys is not None or value_length is not None or settings):
+        raise InvalidArgument("config: give either config=Config(...) or keyword settings, not both")
+    if config is None:
+        if num_keys is None:
+            raise InvalidArgument("num_keys: required (or pass config=Config(...))")
+        if value_length is not None:
+            settings["value_length"] = value_length
+        config = Config.from_env(num_keys=num_keys, **settings)
+    global _active
+    with _active_lock:
+        if _active is not None:
+            raise StateError(
+                f"init: this process already runs node rank {_active.rank}; call shutdown() first"
+            )
+        node = Node(config)
+        _active = node
+    return node
+
+
+class Node:
+    """One process of a job: the store, the communication thread and the worker handles.
+
+    Thread safety: ``worker()``, ``stats()`` and ``local_keys()`` may be called from any thread;
+    ``barrier()`` and ``shutdown()`` are collective (every node calls them, one thread each).
+    """
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.rank = config.rank
+        self.world_size = config.world_size
+        self.store = Store(config)
+        self.store.insert(routing.home_keys(self.rank, config.num_keys, self.world_size), OWNER)
+        self._workers: list[Worker] = []
+        self._workers_lock = threading.Lock()
+        self._barrier_epoch = 0
+        self._closed = False
+        self.comm: Optional[Comm] = None
+        self.transport: Optional[Transport] = None
+        if self.world_size > 1:
+            self._connect()
+
+    def _connect(self) -> None:
+        context = zmq.Context()
+        try:
+            self.transport = Transport(self.rank, cluster.resolve_host(self.config), context)
+            addresses = cluster.rendezvous(self.config, self.transport.address, context)
+            self.transport.connect(addresses)
+        except BaseException:
+            if self.transport is not None:
+                self.transport.close()
+            context.term()
+            raise
+        self._context = context
+        self.comm = Comm(self.rank, self.world_size, self.transport, self.store,
+                         self.config.request_timeout_s)
+        self.comm.start()
+
+    # --- handles and queries -----------------------------------------------------------------
+
+    def worker(self) -> Worker:
+        """A new worker handle with its own logical clock. Use each handle from one thread."""
+        self._check_open("worker")
+        with self._workers_lock:
+            handle = Worker(self, len(self._workers))
+            self._workers.append(handle)
+        return handle
+
+    def local_keys(self) -> np.ndarray:
+        """Keys with a main copy or a replica on this node now (int64, ascending; a snapshot)."""
+        self._check_open("local_keys")
+        return self.store.local_keys()
+
+    def stats(self) -> dict:
+        """Counters since init, this node only (see DESIGN section 6 for their meaning)."""
+        totals = {name: 0 for name in Worker.COUNTERS}
+        with self._workers_lock:
+            workers = list(self._workers)
+        for handle in workers:
+            for name, value in handle.counters.items():
+                totals[name] += value
+        totals.update({"messages_sent": 0, "messages_received": 0, "bytes_sent": 0,
+                       "bytes_received": 0})
+        if self.transport is not None:
+            totals.update(self.transport.counters)
+            totals.update(self.transport.by_kind)
+        totals.update({"relocations_in": 0, "relocations_out": 0, "replica_setups": 0,
+                       "replica_drops": 0, "rounds": 0, "mean_round_ms": 0.0,
+                       "mean_staleness_ms": 0.0})
+        accessed = totals["local_pull_keys"] + totals["remote_pull_keys"] + \
+            totals["local_push_keys"] + totals["remote_push_keys"]
+        remote = totals["remote_pull_keys"] + totals["remote_push_keys"]
+        totals["remote_access_share"] = remote / accessed if accessed else 0.0
+        return totals
+
+    # --- collectives -------------------------------------------------------------------------
+
+    def barrier(self, timeout_s: Optional[float] = None) -> None:
+        """Block until every node has called barrier() as often as this one.
+
+        Call it from one thread per node, after that node's workers called ``wait()`` if their
+        updates must be visible everywhere afterwards. Raises AdaPMTimeout after
+        ``Config.connect_timeout_s`` (or ``timeout_s``) naming the ranks that did not arrive.
+        """
+        self._check_open("barrier")
+        self._barrier(timeout_s)
+
+    def _barrier(self, timeout_s: Optional[float]) -> None:
+        if self.comm is None:
+            return
+        epoch = self._barrier_epoch
+        self._barrier_epoch += 1
+        timeout_s = self.config.connect_timeout_s if timeout_s is None else timeout_s
+        client = self._control_client()
+        req_id, pending = self.comm.new_request(0, f"barrier #{epoch}")
+        client.send(0, Kind.BARRIER, encode(Kind.BARRIER, self.rank, req_id, e=epoch))
+        try:
+            self.comm.wait(req_id, pending, timeout_s)
+        except AdaPMTimeout as exc:
+            if self.rank == 0:
+                arrived = {src for src, _ in self.comm._barrier_waiting.get(epoch, [])}
+                missing = sorted(set(range(self.world_size)) - arrived)
+                raise AdaPMTimeout(f"rank 0: barrier #{epoch}: ranks {missing} did not arrive "
+                                   f"within {timeout_s:g}s") from exc
+            raise
+
+    def _control_client(self):
+        # Collectives run on the caller's thread; keep one client per thread that calls them.
+        local = getattr(self, "_control_local", None)
+        if local is None:
+            local = self._control_local = threading.local()
+            self._control_clients = []
+        if not hasattr(local, "client"):
+            local.client = self.transport.client()
+            self._control_clients.append(local.client)
+        return local.client
+
+    def shutdown(self, timeout_s: Optional[float] = None) -> None:
+        """Flush every worker's queued operations, meet all nodes, then close. Idempotent.
+
+        Collective: every node must call it. After it returns, every call on this node or its
+        workers raises StateError. Sockets and the communication thread are released even when
+        flushing or meeting fails (the error is raised after cleanup).
+        """
+        if self._closed:
+            return
+        error: Optional[BaseException] = None
+        try:
+            with self._workers_lock:
+                workers = list(self._workers)
+            for handle in workers:
+                handle.wait(timeout_s)
+            self._barrier(timeout_s)
+        except BaseException as exc:
+            error = exc
+        finally:
+            self._release()
+        if error is not None:
+            raise error
+
+    def _release(self) -> None:
+        """Stop the communication thread and close every socket; unregister the node."""
+        global _active
+        if self._closed:
+            return
+        self._closed = True
+        with _active_lock:
+            if _active is self:
+                _active = None
+        if self.comm is not None:
+            self.comm.stop()
+        for handle in self._workers:
+            handle._close()
+        for client in getattr(self, "_control_clients", []):
+            client.close()
+        if self.transport is not None:
+            self.transport.close()
+            self._context.term()
+
+    def _check_open(self, what: str) -> None:
+        if self._closed:
+            raise StateError(f"{what}: node rank {self.rank} is shut down")
+        if self.comm is not None and self.comm.error is not None:
+            raise self.comm.error
+
+    def __enter__(self) -> "Node":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.shutdown()
+        else:
+            # Leaving on an error: do not wait for peers that may never come; just release.
+            self._release()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else "open"
+        return f"<adapm.Node rank={self.rank} world_size={self.world_size} {state}>"
+
+
+__all__ = ["init", "Node", "AdaPMError"]

@@ -1,0 +1,160 @@
+"""A node's store: values of the keys held here, and the directory that says which keys those are.
+
+Layout (all numpy, shared with the native code, which does every per-key loop):
+
+- ``slot[k]``: offset (in floats) of key k's value in ``slab``, or -1 when k is not held here;
+- ``state[k]``: ``NONE``, ``OWNER`` (main copy) or ``REPLICA``;
+- ``slab``: float32 values; ``delta``: for replicas, updates not yet sent to the owner;
+- ``seqs``: one seqlock word per stripe of keys (see native/store.h).
+
+``slab`` and ``delta`` reserve address space for every key (``MAP_NORESERVE``), but memory is only
+committed for slots that are used, and slots are reused through free lists. So the slabs never
+move (no reallocation racing with readers) and a node's memory follows the number of keys it
+holds at the same time.
+
+Thread safety: ``gather``/``scatter_*`` may be called from any number of threads at once.
+``insert``/``remove`` (which also allocate and free slots) must be called from one thread at a
+time; the node calls them from its communication thread only.
+"""
+
+from __future__ import annotations
+
+import mmap
+
+import numpy as np
+
+from . import _native_loader
+from .config import Config
+
+_native = _native_loader.load()
+
+NONE = _native.KEY_NONE
+OWNER = _native.KEY_OWNER
+REPLICA = _native.KEY_REPLICA
+
+# 2**14 stripes: 128 KiB of sequence words (fits in L2) and, with a few dozen threads, a
+# negligible chance that two writers of different keys meet on one stripe.
+NUM_STRIPES = 1 << 14
+
+
+class _SlotStack:
+    """Free slots of one value length (LIFO, so recently freed, cache-warm slots come back first)."""
+
+    def __init__(self) -> None:
+        self.items = np.empty(64, dtype=np.int64)
+        self.top = 0
+
+    def pop(self, count: int) -> np.ndarray:
+        take = min(count, self.top)
+        self.top -= take
+        return self.items[self.top : self.top + take].copy()
+
+    def push(self, slots: np.ndarray) -> None:
+        need = self.top + len(slots)
+        if need > len(self.items):
+            grown = np.empty(max(need, 2 * len(self.items)), dtype=np.int64)
+            grown[: self.top] = self.items[: self.top]
+            self.items = grown
+        self.items[self.top : need] = slots
+        self.top = need
+
+
+def _reserve_floats(count: int) -> tuple[mmap.mmap, np.ndarray]:
+    flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | getattr(mmap, "MAP_NORESERVE", 0)
+    region = mmap.mmap(-1, max(count, 1) * 4, flags=flags)
+    return region, np.frombuffer(region, dtype=np.float32, count=count)
+
+
+class Store:
+    """Values and directory of one node. See the module docstring for thread safety."""
+
+    def __init__(self, config: Config) -> None:
+        self.num_keys = config.num_keys
+        self.uniform_length = config.uniform_length
+        if self.uniform_length:
+            self.lens = None
+            capacity = self.num_keys * self.uniform_length
+        else:
+            self.lens = config.value_length
+            capacity = int(self.lens.sum())
+        self.slot = np.full(self.num_keys, -1, dtype=np.int64)
+        self.state = np.zeros(self.num_keys, dtype=np.int8)
+        self._slab_region, self.slab = _reserve_floats(capacity)
+        self._delta_region, self.delta = _reserve_floats(capacity)
+        self.seqs = np.zeros(NUM_STRIPES, dtype=np.uint64)
+        self.native = _native.Store(
+            self.slot, self.state, self.slab, self.delta, self.seqs, self.lens, self.uniform_length
+        )
+        self._free: dict[int, _SlotStack] = {}
+        self._bump = 0
+        self.capacity = capacity
+
+    # --- sizes -------------------------------------------------------------------------------
+
+    def lengths_of(self, keys: np.ndarray) -> np.ndarray:
+        """Per-key value lengths of ``keys`` (int64)."""
+        if self.uniform_length:
+            return np.full(len(keys), self.uniform_length, dtype=np.int64)
+        return self.lens[keys]
+
+    def floats_for(self, keys: np.ndarray) -> int:
+        """Number of floats that the values of ``keys`` take back to back."""
+        if self.uniform_length:
+            return len(keys) * self.uniform_length
+        return int(self.lens[keys].sum())
+
+    # --- batch access (any thread) -----------------------------------------------------------
+
+    def gather(self, keys: np.ndarray, out: np.ndarray, missing: np.ndarray) -> int:
+        """Copy local values of ``keys`` into ``out``; returns how many positions went to ``missing``."""
+        return self.native.gather(keys, out, missing)
+
+    def scatter_add(self, keys: np.ndarray, vals: np.ndarray, missing: np.ndarray) -> int:
+        return self.native.scatter_add(keys, vals, missing)
+
+    def scatter_set(self, keys: np.ndarray, vals: np.ndarray, missing: np.ndarray) -> int:
+        return self.native.scatter_set(keys, vals, missing)
+
+    def local_keys(self) -> np.ndarray:
+        """Keys with a main copy or replica here (a snapshot)."""
+        return np.flatnonzero(self.state != NONE).astype(np.int64)
+
+    # --- moving keys in and out (one thread at a time) ---------------------------------------
+
+    def insert(self, keys: np.ndarray, state: int, values: np.ndarray | None = None) -> None:
+        """Make ``keys`` (unique, not held here) local with ``state``; zeros when ``values`` is None."""
+        keys = np.ascontiguousarray(keys, dtype=np.int64)
+        slots = self._allocate(keys)
+        self.native.insert(keys, slots, int(state), values)
+
+    def remove(self, keys: np.ndarray, with_deltas: bool = False):
+        """Drop ``keys`` (unique, held here). Returns (values, deltas or None), packed back to back."""
+        keys = np.ascontiguousarray(keys, dtype=np.int64)
+        total = self.floats_for(keys)
+        values = np.empty(total, dtype=np.float32)
+        deltas = np.empty(total, dtype=np.float32) if with_deltas else None
+        slots = np.empty(len(keys), dtype=np.int64)
+        self.native.remove(keys, values, deltas, slots)
+        held = slots >= 0
+        self._release(keys[held], slots[held])
+        return values, deltas
+
+    def _allocate(self, keys: np.ndarray) -> np.ndarray:
+        slots = np.empty(len(keys), dtype=np.int64)
+        lengths = self.lengths_of(keys)
+        # Loop over distinct value lengths (a handful), never over keys.
+        for length in np.unique(lengths):
+            where = np.flatnonzero(lengths == length)
+            reused = self._free.setdefault(int(length), _SlotStack()).pop(len(where))
+            fresh = len(where) - len(reused)
+            new = self._bump + np.arange(fresh, dtype=np.int64) * int(length)
+            self._bump += fresh * int(length)
+            if self._bump > self.capacity:  # cannot happen while each key is held at most once
+                raise AssertionError("store slab overflow: a key was inserted twice")
+            slots[where] = np.concatenate([reused, new])
+        return slots
+
+    def _release(self, keys: np.ndarray, slots: np.ndarray) -> None:
+        lengths = self.lengths_of(keys)
+        for length in np.unique(lengths):
+            self._free.setdefault(int(length), _SlotStack()).push(slots[lengths == length])

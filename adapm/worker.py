@@ -1,0 +1,205 @@
+"""Worker handles: the API that training code calls for every batch.
+
+A handle belongs to one thread (it keeps per-thread buffers, a socket and a logical clock); a node
+may have any number of them. Locally held keys are read and written in the node's store directly
+(one native call per batch, GIL released). The rest go to their owner as one grouped message per
+destination node.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Optional
+
+import numpy as np
+
+from . import args, routing
+from .comm import Pending
+from .errors import AdaPMError, InvalidArgument, StateError
+from .protocol import Kind, encode
+
+if TYPE_CHECKING:
+    from .node import Node
+
+# Pushes may be issued without waiting; answered ones are pruned once this many are pending.
+_PRUNE_OUTSTANDING = 1024
+
+
+class Worker:
+    """One worker thread's handle: pull, push, set, intent, clock. Not thread-safe."""
+
+    COUNTERS = ("local_pull_keys", "remote_pull_keys", "local_push_keys", "remote_push_keys",
+                "local_set_keys", "remote_set_keys", "intents_signalled", "intents_acted")
+
+    def __init__(self, node: "Node", index: int) -> None:
+        self._node = node
+        self._store = node.store
+        self.index = index
+        self.clock = 0
+        self.counters = dict.fromkeys(self.COUNTERS, 0)
+        self._missing = np.empty(1024, dtype=np.int64)
+        self._outstanding: list[tuple[int, Pending]] = []
+        self._client = None
+
+    # --- data access -------------------------------------------------------------------------
+
+    def pull(self, keys, out: Optional[np.ndarray] = None) -> np.ndarray:
+        """Current values of ``keys`` (duplicates allowed, request order). Blocking.
+
+        Returns float32 of shape (len(keys), L) for a uniform length L, else the values packed
+        back to back. With ``out`` (same shape, float32, C-contiguous) it fills ``out`` and returns
+        it without allocating. Remote keys cost one round trip per owner node, in parallel.
+        """
+        self._node._check_open("pull")
+        keys = args.as_keys(keys, self._store)
+        if out is None:
+            out = np.empty(args.value_shape(self._store, keys), dtype=np.float32)
+        else:
+            out = args.check_out(out, self._store, keys)
+        missing = self._missing_buffer(len(keys))
+        nmiss = self._store.gather(keys, out, missing)
+        self.counters["local_pull_keys"] += len(keys) - nmiss
+        if nmiss:
+            self.counters["remote_pull_keys"] += nmiss
+            self._pull_remote(keys, out, missing[:nmiss].copy())
+        return out
+
+    def push(self, keys, updates) -> None:
+        """Add ``updates`` to the values of ``keys`` (duplicates add up). Non-blocking for remote keys.
+
+        The local part is applied before return; the remote part is sent and acknowledged later
+        (see :meth:`wait`). ``updates`` is not kept: the caller may reuse it at once.
+        """
+        self._update(keys, updates, Kind.PUSH, "updates")
+
+    def set(self, keys, values) -> None:
+        """Overwrite the values of ``keys``. Local part applied before return, remote part queued."""
+        self._update(keys, values, Kind.SET, "values")
+
+    # --- intent and clocks -------------------------------------------------------------------
+
+    def intent(self, keys, start: int, end: Optional[int] = None) -> None:
+        """Signal that this worker will access ``keys`` in clocks [start, end) (end=start+1).
+
+        Non-blocking and cheap. Under static partitioning intent changes nothing.
+        """
+        self._node._check_open("intent")
+        keys = args.as_keys(keys, self._store)
+        start = args.as_clock(start, "start")
+        end = start + 1 if end is None else args.as_clock(end, "end")
+        if end <= start:
+            raise InvalidArgument(f"end must be > start, got start={start} end={end}")
+        self.counters["intents_signalled"] += len(keys)
+
+    def advance_clock(self) -> int:
+        """Raise this worker's logical clock by one; returns the new clock. O(1)."""
+        self.clock += 1
+        return self.clock
+
+    # --- completion --------------------------------------------------------------------------
+
+    def wait(self, timeout_s: Optional[float] = None) -> None:
+        """Block until every queued operation of this worker is acknowledged.
+
+        Raises the first failure (AdaPMTimeout naming the peer rank, PeerError, ...) after
+        waiting for all of them.
+        """
+        self._node._check_open("wait") if not self._node._closed else None
+        first_error: Optional[BaseException] = None
+        outstanding, self._outstanding = self._outstanding, []
+        for req_id, pending in outstanding:
+            try:
+                self._node.comm.wait(req_id, pending, timeout_s)
+            except AdaPMError as exc:
+                first_error = first_error or exc
+        if first_error is not None:
+            raise first_error
+
+    def wait_sync(self, timeout_s: Optional[float] = None) -> None:
+        """Like :meth:`wait`; afterwards keys with active intent of this worker are local and every
+        earlier push of this worker is in the main copy."""
+        self.wait(timeout_s)
+
+    # --- internals ---------------------------------------------------------------------------
+
+    def _update(self, keys, values, kind: Kind, name: str) -> None:
+        self._node._check_open(kind.name.lower())
+        keys = args.as_keys(keys, self._store)
+        values = args.as_values(values, self._store, keys, name)
+        missing = self._missing_buffer(len(keys))
+        if kind == Kind.PUSH:
+            nmiss = self._store.scatter_add(keys, values, missing)
+        else:
+            nmiss = self._store.scatter_set(keys, values, missing)
+        what = "push" if kind == Kind.PUSH else "set"
+        self.counters[f"local_{what}_keys"] += len(keys) - nmiss
+        if not nmiss:
+            return
+        self.counters[f"remote_{what}_keys"] += nmiss
+        positions = missing[:nmiss].copy()
+        flat = values.reshape(-1)
+        offsets = self._row_offsets(keys) if not self._store.uniform_length else None
+        for dst, group in routing.group_by_node(self._owners(keys[positions])):
+            pos = positions[group]
+            chunk = self._rows(flat, keys, pos, offsets)
+            self._send_request(dst, kind, [keys[pos], chunk], keep=True)
+        if len(self._outstanding) > _PRUNE_OUTSTANDING:
+            self._prune()
+
+    def _pull_remote(self, keys: np.ndarray, out: np.ndarray, positions: np.ndarray) -> None:
+        requests = []
+        for dst, group in routing.group_by_node(self._owners(keys[positions])):
+            pos = positions[group]
+            requests.append((pos, self._send_request(dst, Kind.PULL, [keys[pos]], keep=False)))
+        flat = out.reshape(-1)
+        offsets = self._row_offsets(keys) if not self._store.uniform_length else None
+        for pos, (req_id, pending) in requests:
+            values = self._node.comm.wait(req_id, pending).arrays[0]
+            if offsets is None:
+                out.reshape(len(keys), -1)[pos] = values.reshape(len(pos), -1)
+            else:
+                flat[routing.segment_index(offsets[pos], self._store.lens[keys[pos]])] = values
+
+    def _send_request(self, dst: int, kind: Kind, arrays: list, keep: bool):
+        if self._client is None:
+            self._client = self._node.transport.client()
+        req_id, pending = self._node.comm.new_request(dst, f"{kind.name} of {len(arrays[0])} keys")
+        self._client.send(dst, kind, encode(kind, self._node.rank, req_id, arrays))
+        if keep:
+            self._outstanding.append((req_id, pending))
+        return req_id, pending
+
+    def _owners(self, keys: np.ndarray) -> np.ndarray:
+        if self._node.comm is None:
+            raise StateError("a single node holds every key; nothing should be remote")
+        return routing.home_of(keys, self._node.world_size)
+
+    def _rows(self, flat: np.ndarray, keys: np.ndarray, pos: np.ndarray, offsets) -> np.ndarray:
+        if offsets is None:
+            return flat.reshape(len(keys), -1)[pos].reshape(-1)
+        return flat[routing.segment_index(offsets[pos], self._store.lens[keys[pos]])]
+
+    def _row_offsets(self, keys: np.ndarray) -> np.ndarray:
+        lengths = self._store.lens[keys]
+        return np.cumsum(lengths) - lengths
+
+    def _missing_buffer(self, n: int) -> np.ndarray:
+        if len(self._missing) < n:
+            self._missing = np.empty(max(n, 2 * len(self._missing)), dtype=np.int64)
+        return self._missing
+
+    def _prune(self) -> None:
+        done = [item for item in self._outstanding if item[1].event.is_set()]
+        if not done:
+            return
+        self._outstanding = [item for item in self._outstanding if not item[1].event.is_set()]
+        for req_id, pending in done:
+            if pending.error is not None:
+                raise pending.error
+
+    def _close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+
+    def __repr__(self) -> str:
+        return f"<adapm.Worker rank={self._node.rank} index={self.index} clock={self.clock}>"

@@ -1,0 +1,305 @@
+/* CPython binding of the store primitives: module adapm._native.
+ *
+ * A Store object keeps buffer views of the numpy arrays that make up a node's store (so they stay
+ * alive and their pointers stay valid) and exposes one method per batch operation. Each method
+ * parses its batch buffers, releases the GIL, and makes exactly one call into store.c.
+ * dtypes and contiguity are checked by the Python wrapper (adapm/store.py); here we check sizes so
+ * that no call can read or write outside a buffer.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include "store.h"
+
+typedef struct {
+    PyObject_HEAD
+    store_t s;
+    Py_buffer views[6]; /* slot, state, slab, delta, seqs, lens */
+    int nviews;
+} StoreObject;
+
+static void Store_dealloc(StoreObject *self) {
+    for (int i = 0; i < self->nviews; i++) PyBuffer_Release(&self->views[i]);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static int take_view(StoreObject *self, PyObject *obj, int writable, Py_ssize_t itemsize,
+                     const char *name, void **ptr, Py_ssize_t *count) {
+    Py_buffer *view = &self->views[self->nviews];
+    int flags = PyBUF_C_CONTIGUOUS | (writable ? PyBUF_WRITABLE : 0);
+    if (PyObject_GetBuffer(obj, view, flags) < 0) return -1;
+    self->nviews++;
+    if (view->len % itemsize) {
+        PyErr_Format(PyExc_ValueError, "%s: byte length %zd is not a multiple of %zd", name,
+                     view->len, itemsize);
+        return -1;
+    }
+    *ptr = view->buf;
+    *count = view->len / itemsize;
+    return 0;
+}
+
+static int Store_init(StoreObject *self, PyObject *args, PyObject *kwargs) {
+    static char *kwlist[] = {"slot", "state", "slab", "delta", "seqs", "lens", "uniform_len", NULL};
+    PyObject *slot, *state, *slab, *delta, *seqs, *lens;
+    long long uniform_len;
+    if (self->nviews) {
+        PyErr_SetString(PyExc_RuntimeError, "Store is already initialised");
+        return -1;
+    }
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOOL", kwlist, &slot, &state, &slab, &delta,
+                                     &seqs, &lens, &uniform_len))
+        return -1;
+    Py_ssize_t nslot, nstate, nslab, ndelta, nseqs, nlens = 0;
+    void *p;
+    if (take_view(self, slot, 1, 8, "slot", &p, &nslot) < 0) return -1;
+    self->s.slot = p;
+    if (take_view(self, state, 1, 1, "state", &p, &nstate) < 0) return -1;
+    self->s.state = p;
+    if (take_view(self, slab, 1, 4, "slab", &p, &nslab) < 0) return -1;
+    self->s.slab = p;
+    if (take_view(self, delta, 1, 4, "delta", &p, &ndelta) < 0) return -1;
+    self->s.delta = p;
+    if (take_view(self, seqs, 1, 8, "seqs", &p, &nseqs) < 0) return -1;
+    self->s.seqs = p;
+    self->s.lens = NULL;
+    if (lens != Py_None) {
+        if (take_view(self, lens, 0, 8, "lens", &p, &nlens) < 0) return -1;
+        self->s.lens = p;
+    }
+    if (nstate != nslot || ndelta != nslab || (lens != Py_None && nlens != nslot)) {
+        PyErr_SetString(PyExc_ValueError, "Store: slot/state/lens or slab/delta sizes differ");
+        return -1;
+    }
+    if (nseqs < 1 || (nseqs & (nseqs - 1))) {
+        PyErr_SetString(PyExc_ValueError, "Store: number of stripes must be a power of two");
+        return -1;
+    }
+    if ((uniform_len <= 0) != (lens != Py_None)) {
+        PyErr_SetString(PyExc_ValueError, "Store: give uniform_len > 0 or lens, not both");
+        return -1;
+    }
+    self->s.num_keys = nslot;
+    self->s.uniform_len = uniform_len > 0 ? uniform_len : 0;
+    self->s.slab_floats = nslab;
+    self->s.stripe_mask = (uint64_t)nseqs - 1;
+    return 0;
+}
+
+/* Batch buffers of one call; released by release_batch. */
+typedef struct {
+    Py_buffer b[4];
+    int n;
+} batch_t;
+
+static void release_batch(batch_t *bt) {
+    for (int i = 0; i < bt->n; i++) PyBuffer_Release(&bt->b[i]);
+}
+
+static void *batch_view(batch_t *bt, PyObject *obj, int writable, Py_ssize_t itemsize,
+                        const char *name, Py_ssize_t *count) {
+    Py_buffer *view = &bt->b[bt->n];
+    if (PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS | (writable ? PyBUF_WRITABLE : 0)) < 0)
+        return NULL;
+    bt->n++;
+    *count = view->len / itemsize;
+    (void)name;
+    return view->buf;
+}
+
+static int check_keys_in_range(const StoreObject *self, const int64_t *keys, Py_ssize_t n) {
+    int64_t bad;
+    Py_BEGIN_ALLOW_THREADS
+    bad = store_check_keys(keys, n, self->s.num_keys);
+    Py_END_ALLOW_THREADS
+    if (bad >= 0) {
+        PyErr_Format(PyExc_IndexError, "keys[%lld] = %lld is outside [0, %lld)", (long long)bad,
+                     (long long)keys[bad], (long long)self->s.num_keys);
+        return -1;
+    }
+    return 0;
+}
+
+/* gather(keys, out, missing) -> number of missing positions (written to missing[:n]) */
+static PyObject *Store_gather(StoreObject *self, PyObject *args) {
+    PyObject *okeys, *oout, *omiss;
+    if (!PyArg_ParseTuple(args, "OOO", &okeys, &oout, &omiss)) return NULL;
+    batch_t bt = {.n = 0};
+    Py_ssize_t n, nout, nmiss_cap;
+    int64_t *keys = batch_view(&bt, okeys, 0, 8, "keys", &n);
+    float *out = keys ? batch_view(&bt, oout, 1, 4, "out", &nout) : NULL;
+    int64_t *missing = out ? batch_view(&bt, omiss, 1, 8, "missing", &nmiss_cap) : NULL;
+    if (!missing || check_keys_in_range(self, keys, n) < 0) goto fail;
+    if (nmiss_cap < n) {
+        PyErr_SetString(PyExc_ValueError, "missing buffer is shorter than keys");
+        goto fail;
+    }
+    int64_t r;
+    Py_BEGIN_ALLOW_THREADS
+    r = store_gather(&self->s, keys, n, out, nout, missing);
+    Py_END_ALLOW_THREADS
+    release_batch(&bt);
+    if (r < 0) return PyErr_Format(PyExc_ValueError, "out is too small for the requested keys");
+    return PyLong_FromLongLong(r);
+fail:
+    release_batch(&bt);
+    return NULL;
+}
+
+static PyObject *scatter(StoreObject *self, PyObject *args, int mode) {
+    PyObject *okeys, *ovals, *omiss;
+    if (!PyArg_ParseTuple(args, "OOO", &okeys, &ovals, &omiss)) return NULL;
+    batch_t bt = {.n = 0};
+    Py_ssize_t n, nvals, nmiss_cap;
+    int64_t *keys = batch_view(&bt, okeys, 0, 8, "keys", &n);
+    float *vals = keys ? batch_view(&bt, ovals, 0, 4, "vals", &nvals) : NULL;
+    int64_t *missing = vals ? batch_view(&bt, omiss, 1, 8, "missing", &nmiss_cap) : NULL;
+    if (!missing || check_keys_in_range(self, keys, n) < 0) goto fail;
+    if (nmiss_cap < n) {
+        PyErr_SetString(PyExc_ValueError, "missing buffer is shorter than keys");
+        goto fail;
+    }
+    int64_t r;
+    Py_BEGIN_ALLOW_THREADS
+    r = store_scatter(&self->s, keys, n, vals, nvals, missing, mode);
+    Py_END_ALLOW_THREADS
+    release_batch(&bt);
+    if (r < 0) return PyErr_Format(PyExc_ValueError, "values are too short for the given keys");
+    return PyLong_FromLongLong(r);
+fail:
+    release_batch(&bt);
+    return NULL;
+}
+
+static PyObject *Store_scatter_add(StoreObject *self, PyObject *args) { return scatter(self, args, 0); }
+static PyObject *Store_scatter_set(StoreObject *self, PyObject *args) { return scatter(self, args, 1); }
+
+/* insert(keys, slots, state, vals_or_None) */
+static PyObject *Store_insert(StoreObject *self, PyObject *args) {
+    PyObject *okeys, *oslots, *ovals;
+    int new_state;
+    if (!PyArg_ParseTuple(args, "OOiO", &okeys, &oslots, &new_state, &ovals)) return NULL;
+    batch_t bt = {.n = 0};
+    Py_ssize_t n, nslots, nvals = 0;
+    int64_t *keys = batch_view(&bt, okeys, 0, 8, "keys", &n);
+    int64_t *slots = keys ? batch_view(&bt, oslots, 0, 8, "slots", &nslots) : NULL;
+    float *vals = NULL;
+    if (!slots) goto fail;
+    if (ovals != Py_None && !(vals = batch_view(&bt, ovals, 0, 4, "vals", &nvals))) goto fail;
+    if (check_keys_in_range(self, keys, n) < 0) goto fail;
+    if (nslots != n || (new_state != KEY_OWNER && new_state != KEY_REPLICA)) {
+        PyErr_SetString(PyExc_ValueError, "insert: slots must match keys; state owner or replica");
+        goto fail;
+    }
+    int64_t r;
+    Py_BEGIN_ALLOW_THREADS
+    r = store_insert(&self->s, keys, n, slots, (int8_t)new_state, vals, nvals);
+    Py_END_ALLOW_THREADS
+    release_batch(&bt);
+    if (r < 0) return PyErr_Format(PyExc_ValueError, "insert: slot out of range or values short");
+    Py_RETURN_NONE;
+fail:
+    release_batch(&bt);
+    return NULL;
+}
+
+/* remove(keys, vals_out_or_None, deltas_out_or_None, slots_out) */
+static PyObject *Store_remove(StoreObject *self, PyObject *args) {
+    PyObject *okeys, *ovals, *odeltas, *oslots;
+    if (!PyArg_ParseTuple(args, "OOOO", &okeys, &ovals, &odeltas, &oslots)) return NULL;
+    batch_t bt = {.n = 0};
+    Py_ssize_t n, nslots, nvals = 0, ndeltas = 0;
+    float *vals = NULL, *deltas = NULL;
+    int64_t *keys = batch_view(&bt, okeys, 0, 8, "keys", &n);
+    int64_t *slots = keys ? batch_view(&bt, oslots, 1, 8, "slots_out", &nslots) : NULL;
+    if (!slots) goto fail;
+    if (ovals != Py_None && !(vals = batch_view(&bt, ovals, 1, 4, "vals_out", &nvals))) goto fail;
+    if (odeltas != Py_None) {
+        if (!(deltas = batch_view(&bt, odeltas, 1, 4, "deltas_out", &ndeltas))) goto fail;
+    }
+    if (check_keys_in_range(self, keys, n) < 0) goto fail;
+    if (nslots < n || (vals && deltas && nvals != ndeltas)) {
+        PyErr_SetString(PyExc_ValueError, "remove: slots_out short or output sizes differ");
+        goto fail;
+    }
+    int64_t cap = vals ? nvals : (deltas ? ndeltas : INT64_MAX);
+    int64_t r;
+    Py_BEGIN_ALLOW_THREADS
+    r = store_remove(&self->s, keys, n, vals, deltas, cap, slots);
+    Py_END_ALLOW_THREADS
+    release_batch(&bt);
+    if (r < 0) return PyErr_Format(PyExc_ValueError, "remove: output buffers too small");
+    Py_RETURN_NONE;
+fail:
+    release_batch(&bt);
+    return NULL;
+}
+
+static PyMethodDef Store_methods[] = {
+    {"gather", (PyCFunction)Store_gather, METH_VARARGS,
+     "gather(keys, out, missing) -> int. Copy values of local keys into out (request order); "
+     "positions of non-local keys go to missing[:result]. Lock-free reads, GIL released."},
+    {"scatter_add", (PyCFunction)Store_scatter_add, METH_VARARGS,
+     "scatter_add(keys, vals, missing) -> int. Add vals to local keys (replicas: also to delta)."},
+    {"scatter_set", (PyCFunction)Store_scatter_set, METH_VARARGS,
+     "scatter_set(keys, vals, missing) -> int. Overwrite owned keys; replicas count as missing."},
+    {"insert", (PyCFunction)Store_insert, METH_VARARGS,
+     "insert(keys, slots, state, vals) -> None. Make keys local at the given slots."},
+    {"remove", (PyCFunction)Store_remove, METH_VARARGS,
+     "remove(keys, vals_out, deltas_out, slots_out) -> None. Copy out and drop local keys."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject StoreType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "adapm._native.Store",
+    .tp_basicsize = sizeof(StoreObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Native view of a node's store (directory arrays, value slabs, stripe seqlocks).",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Store_init,
+    .tp_dealloc = (destructor)Store_dealloc,
+    .tp_methods = Store_methods,
+};
+
+/* check_keys(keys, num_keys) -> index of the first key outside [0, num_keys), or -1 */
+static PyObject *check_keys(PyObject *module, PyObject *args) {
+    PyObject *okeys;
+    long long num_keys;
+    if (!PyArg_ParseTuple(args, "OL", &okeys, &num_keys)) return NULL;
+    Py_buffer view;
+    if (PyObject_GetBuffer(okeys, &view, PyBUF_C_CONTIGUOUS) < 0) return NULL;
+    int64_t bad;
+    Py_BEGIN_ALLOW_THREADS
+    bad = store_check_keys(view.buf, view.len / 8, num_keys);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&view);
+    return PyLong_FromLongLong(bad);
+}
+
+static PyMethodDef module_methods[] = {
+    {"check_keys", check_keys, METH_VARARGS,
+     "check_keys(keys, num_keys) -> int. Index of the first key outside [0, num_keys), or -1."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef moduledef = {
+    PyModuleDef_HEAD_INIT, "_native",
+    "Native store primitives and training kernels of adapm (see native/ in the source tree).", -1,
+    module_methods,
+};
+
+PyMODINIT_FUNC PyInit__native(void) {
+    if (PyType_Ready(&StoreType) < 0) return NULL;
+    PyObject *m = PyModule_Create(&moduledef);
+    if (!m) return NULL;
+    Py_INCREF(&StoreType);
+    if (PyModule_AddObject(m, "Store", (PyObject *)&StoreType) < 0) {
+        Py_DECREF(&StoreType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    PyModule_AddIntConstant(m, "KEY_NONE", KEY_NONE);
+    PyModule_AddIntConstant(m, "KEY_OWNER", KEY_OWNER);
+    PyModule_AddIntConstant(m, "KEY_REPLICA", KEY_REPLICA);
+    return m;
+}

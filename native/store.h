@@ -1,0 +1,60 @@
+/* Store primitives: gather / scatter-add / set over key batches.
+ *
+ * The store's memory is owned by Python (numpy arrays); these functions only get pointers.
+ * Concurrency: one seqlock per stripe of keys (key & stripe_mask). Readers (gather) take no lock:
+ * they copy and retry if a writer touched the stripe meanwhile. Writers (push, set, insert,
+ * remove) spin on the stripe's sequence word. This keeps the common case, a pull of local keys,
+ * free of atomic read-modify-writes, and it makes a key's directory entry and value change
+ * together: a reader never sees a slot that was freed and reused under it.
+ *
+ * All functions are called with the GIL released and touch no Python object.
+ */
+#ifndef ADAPM_STORE_H
+#define ADAPM_STORE_H
+
+#include <stdint.h>
+
+enum { KEY_NONE = 0, KEY_OWNER = 1, KEY_REPLICA = 2 };
+
+typedef struct {
+    int64_t num_keys;
+    int64_t uniform_len;   /* > 0: every key has this many floats; 0: see lens */
+    const int64_t *lens;   /* per-key lengths when uniform_len == 0 */
+    int64_t *slot;         /* per key: offset (in floats) into slab, -1 when not held here */
+    int8_t *state;         /* per key: KEY_NONE / KEY_OWNER / KEY_REPLICA */
+    float *slab;           /* values of held keys */
+    float *delta;          /* replicas: updates not yet sent to the owner (same offsets as slab) */
+    int64_t slab_floats;   /* capacity of slab and delta, for bounds checks */
+    uint64_t *seqs;        /* stripe sequence words; odd while a writer holds the stripe */
+    uint64_t stripe_mask;  /* number of stripes - 1 (a power of two) */
+} store_t;
+
+static inline int64_t key_len(const store_t *s, int64_t key) {
+    return s->uniform_len ? s->uniform_len : s->lens[key];
+}
+
+/* Index of the first key outside [0, num_keys), or -1 when all are valid. */
+int64_t store_check_keys(const int64_t *keys, int64_t n, int64_t num_keys);
+
+/* Copies the values of locally held keys into out (request order, rows packed back to back).
+ * Positions of keys not held here go to missing[]; their rows in out are left untouched.
+ * Returns the number of missing positions, or -1 if out is too small (out_floats). */
+int64_t store_gather(const store_t *s, const int64_t *keys, int64_t n, float *out,
+                     int64_t out_floats, int64_t *missing);
+
+/* Adds vals to locally held keys (replicas also record the update in delta). Same conventions.
+ * mode 0: add; mode 1: set (owner copies only: a replica's set is sent to the owner). */
+int64_t store_scatter(const store_t *s, const int64_t *keys, int64_t n, const float *vals,
+                      int64_t vals_floats, int64_t *missing, int mode);
+
+/* Makes keys held here: value from vals (or zeros when vals is NULL), at the given slots,
+ * with the given state; replica deltas start at zero. */
+int64_t store_insert(const store_t *s, const int64_t *keys, int64_t n, const int64_t *slots,
+                     int8_t new_state, const float *vals, int64_t vals_floats);
+
+/* Removes keys: copies value (and delta into deltas_out when not NULL) out, then marks them
+ * not held. Writes each key's former slot into slots_out (-1 if it was not held). */
+int64_t store_remove(const store_t *s, const int64_t *keys, int64_t n, float *vals_out,
+                     float *deltas_out, int64_t out_floats, int64_t *slots_out);
+
+#endif
