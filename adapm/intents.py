@@ -1,0 +1,113 @@
+"""Intent bookkeeping: per worker (signalled → acted → expired) and per node (who to tell).
+
+Worker side: ``Worker.intent`` only appends ``(keys, start, end)`` to a deque (O(1), no copy of
+the keys' contents), so signalling never slows the worker down, however far ahead or however
+many keys. The sync loop drains the deque once per round into two heaps of *batches* (one per
+intent call): ``pending`` ordered by start, ``acted`` ordered by end. All per-key work is numpy.
+
+Node side: :class:`NodeIntents` counts acted-on intents per key over all workers of the node.
+Only 0→1 and 1→0 transitions matter to owners ("node has intent" / "intent ended"), and what is
+sent is level-triggered: each round sends, for keys whose count crossed zero, the current state
+where it differs from what the owner last acknowledged. So an intent that starts and ends between
+two rounds costs nothing, and a retried message can never apply twice.
+"""
+
+from __future__ import annotations
+
+import collections
+import heapq
+import itertools
+import numpy as np
+
+_seq = itertools.count()  # tie-breaker so heaps never compare arrays
+
+
+class WorkerIntents:
+    """One worker's intents. ``signal`` is called by the worker thread, the rest by the sync loop."""
+
+    def __init__(self, timer) -> None:
+        self.inbox: collections.deque = collections.deque()
+        self.timer = timer
+        self._pending: list = []  # (start, seq, end, keys)
+        self._acted: list = []  # (end, seq, start, keys)
+
+    def signal(self, keys: np.ndarray, start: int, end: int) -> None:
+        """Record an intent (thread-safe: deque.append is atomic)."""
+        self.inbox.append((keys, start, end))
+
+    def collect(self, clock: int, force: bool = False) -> tuple[list, list]:
+        """One round at the worker's ``clock``: (key batches to act on now, batches that expired).
+
+        ``force`` acts on every intent that is active now (start <= clock), whatever the timer
+        says (``wait_sync`` needs that).
+        """
+        while self.inbox:
+            keys, start, end = self.inbox.popleft()
+            heapq.heappush(self._pending, (start, next(_seq), end, keys))
+        horizon = self.timer.horizon(clock)
+        if force:
+            horizon = max(horizon, clock + 1)
+        expired = []
+        while self._acted and self._acted[0][0] <= clock:
+            expired.append(heapq.heappop(self._acted)[3])
+        acted = []
+        while self._pending and self._pending[0][0] < horizon:
+            start, seq, end, keys = heapq.heappop(self._pending)
+            if end <= clock:
+                continue  # over before we acted: never counted, nothing to undo
+            heapq.heappush(self._acted, (end, seq, start, keys))
+            acted.append(keys)
+        return acted, expired
+
+    def active_batches(self, clock: int) -> list[np.ndarray]:
+        """Acted-on key batches that are active at ``clock`` (start <= clock < end)."""
+        return [keys for end, _, start, keys in self._acted if start <= clock < end]
+
+    def has_unacted_active(self, clock: int) -> bool:
+        """Whether an intent active at ``clock`` is still waiting to be acted on."""
+        return any(start <= clock < end for start, _, end, _ in self._pending) or any(
+            start <= clock < end for keys, start, end in list(self.inbox))
+
+
+class NodeIntents:
+    """Per-key count of acted-on intents on this node, and what owners were last told."""
+
+    def __init__(self, num_keys: int) -> None:
+        self.count = np.zeros(num_keys, dtype=np.int32)
+        self.told = np.zeros(num_keys, dtype=bool)
+        self._dirty: list[np.ndarray] = []
+
+    def add(self, batches: list) -> None:
+        for keys in batches:
+            unique = np.unique(keys)
+            self.count[unique] += 1
+            self._dirty.append(unique[self.count[unique] == 1])
+
+    def remove(self, batches: list) -> None:
+        for keys in batches:
+            unique = np.unique(keys)
+            self.count[unique] -= 1
+            self._dirty.append(unique[self.count[unique] == 0])
+
+    def retry(self, keys: np.ndarray) -> None:
+        """Keys whose report must be sent again (e.g. their owner could not take it yet)."""
+        self._dirty.append(keys)
+
+    def changes(self) -> tuple[np.ndarray, np.ndarray]:
+        """(keys, has_intent) whose state differs from what owners were told; clears the dirty set."""
+        if not self._dirty:
+            return np.empty(0, dtype=np.int64), np.empty(0, dtype=bool)
+        dirty = np.unique(np.concatenate(self._dirty))
+        self._dirty = []
+        want = self.count[dirty] > 0
+        differs = want != self.told[dirty]
+        return dirty[differs].astype(np.int64), want[differs]
+
+    def acknowledge(self, keys: np.ndarray, has_intent: np.ndarray) -> None:
+        self.told[keys] = has_intent
+
+    def wants(self, keys: np.ndarray) -> np.ndarray:
+        return self.count[keys] > 0
+
+    def pending(self) -> bool:
+        return bool(self._dirty)

@@ -1,0 +1,62 @@
+"""The action timer (paper, Algorithm 1): pure tests against scipy's Poisson quantile."""
+
+import math
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from scipy.stats import poisson
+
+from adapm.timing import ActionTimer, ImmediateTimer, poisson_quantile
+
+
+@given(st.floats(1e-6, 1 - 1e-9), st.floats(0.0, 5000.0))
+@settings(max_examples=300, deadline=None)
+def test_quantile_matches_scipy(p, mu):
+    assert poisson_quantile(p, mu) == int(poisson.ppf(p, mu))
+
+
+def test_first_round_uses_lambda0():
+    timer = ActionTimer(alpha=0.1, p=0.9999, lambda0=10)
+    # Δ = 0 in the first round: λ stays 10, horizon = 0 + Q(2·10).
+    assert timer.horizon(0) == int(poisson.ppf(0.9999, 20))
+    assert timer.lam == 10
+
+
+def test_no_update_when_clock_did_not_move():
+    timer = ActionTimer(lambda0=10)
+    timer.horizon(5)  # Δ = 5 -> λ = 0.9·10 + 0.1·5 = 9.5
+    lam = timer.lam
+    assert math.isclose(lam, 9.5)
+    horizon = timer.horizon(5)  # Δ = 0: λ unchanged
+    assert timer.lam == lam
+    assert horizon == 5 + int(poisson.ppf(0.9999, 2 * lam))
+
+
+def test_uses_max_of_lambda_and_delta():
+    timer = ActionTimer(lambda0=1)
+    # A sudden jump of 100 clocks: λ only moves to 10.9, but the quantile uses Δ = 100.
+    horizon = timer.horizon(100)
+    assert math.isclose(timer.lam, 0.9 * 1 + 0.1 * 100)
+    assert horizon == 100 + int(poisson.ppf(0.9999, 200))
+
+
+@given(st.lists(st.integers(0, 50), min_size=1, max_size=40),
+       st.floats(0.01, 1.0), st.floats(0.5, 0.99999), st.floats(0.1, 100.0))
+@settings(max_examples=100, deadline=None)
+def test_matches_reference_algorithm(steps, alpha, p, lambda0):
+    timer = ActionTimer(alpha=alpha, p=p, lambda0=lambda0)
+    lam, clock, prev = lambda0, 0, 0
+    for step in steps:
+        clock += step
+        delta = clock - prev
+        prev = clock
+        if delta > 0:
+            lam = (1 - alpha) * lam + alpha * delta
+        expected = clock + int(poisson.ppf(p, 2 * max(lam, delta)))
+        assert timer.horizon(clock) == expected
+        assert math.isclose(timer.lam, lam)
+
+
+def test_immediate_timer_acts_on_everything():
+    timer = ImmediateTimer()
+    assert timer.horizon(3) > 10**12
