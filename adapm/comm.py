@@ -77,10 +77,15 @@ class Comm:
         self.pending[req_id] = pending
         return req_id, pending
 
-    def wait(self, req_id: int, pending: Pending, timeout_s: float | None = None) -> Message:
-        """Block until the answer arrives; AdaPMTimeout naming both ranks and what was awaited."""
+    def wait(self, req_id: int, pending: Pending, timeout_s: float | None = None,
+             deadline: float | None = None) -> Message:
+        """Block until the answer arrives; AdaPMTimeout naming both ranks and what was awaited.
+
+        ``deadline`` (time.monotonic) lets a caller share one ``timeout_s`` between requests.
+        """
         timeout_s = self.request_timeout_s if timeout_s is None else timeout_s
-        deadline = time.monotonic() + timeout_s
+        if deadline is None:
+            deadline = time.monotonic() + timeout_s
         # Wake up now and then to notice a failed communication thread.
         while not pending.event.wait(min(0.5, max(0.0, deadline - time.monotonic()))):
             if self.error is not None:

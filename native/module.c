@@ -107,17 +107,30 @@ static void *batch_view(batch_t *bt, PyObject *obj, int writable, Py_ssize_t ite
     return view->buf;
 }
 
-static int check_keys_in_range(const StoreObject *self, const int64_t *keys, Py_ssize_t n) {
-    int64_t bad;
-    Py_BEGIN_ALLOW_THREADS
-    bad = store_check_keys(keys, n, self->s.num_keys);
-    Py_END_ALLOW_THREADS
+static int key_range_error(const StoreObject *self, const int64_t *keys, int64_t bad) {
     if (bad >= 0) {
         PyErr_Format(PyExc_IndexError, "keys[%lld] = %lld is outside [0, %lld)", (long long)bad,
                      (long long)keys[bad], (long long)self->s.num_keys);
         return -1;
     }
     return 0;
+}
+
+/* Batches at least this long release the GIL for a range check of their own; shorter ones are
+ * checked while holding it (a vectorised pass over 10k keys takes a few microseconds, about as
+ * long as giving the GIL away and taking it back). */
+#define CHECK_RELEASES_GIL_FROM 16384
+
+static int check_keys_in_range(const StoreObject *self, const int64_t *keys, Py_ssize_t n) {
+    int64_t bad;
+    if (n < CHECK_RELEASES_GIL_FROM) {
+        bad = store_check_keys(keys, n, self->s.num_keys);
+    } else {
+        Py_BEGIN_ALLOW_THREADS
+        bad = store_check_keys(keys, n, self->s.num_keys);
+        Py_END_ALLOW_THREADS
+    }
+    return key_range_error(self, keys, bad);
 }
 
 /* gather(keys, out, missing) -> number of missing positions (written to missing[:n]) */
@@ -129,15 +142,18 @@ static PyObject *Store_gather(StoreObject *self, PyObject *args) {
     int64_t *keys = batch_view(&bt, okeys, 0, 8, "keys", &n);
     float *out = keys ? batch_view(&bt, oout, 1, 4, "out", &nout) : NULL;
     int64_t *missing = out ? batch_view(&bt, omiss, 1, 8, "missing", &nmiss_cap) : NULL;
-    if (!missing || check_keys_in_range(self, keys, n) < 0) goto fail;
+    if (!missing) goto fail;
     if (nmiss_cap < n) {
         PyErr_SetString(PyExc_ValueError, "missing buffer is shorter than keys");
         goto fail;
     }
-    int64_t r;
+    /* Range check (out stays untouched when it fails) and gather in one GIL-released region. */
+    int64_t r = 0, bad;
     Py_BEGIN_ALLOW_THREADS
-    r = store_gather(&self->s, keys, n, out, nout, missing);
+    bad = store_check_keys(keys, n, self->s.num_keys);
+    if (bad < 0) r = store_gather(&self->s, keys, n, out, nout, missing);
     Py_END_ALLOW_THREADS
+    if (key_range_error(self, keys, bad) < 0) goto fail;
     release_batch(&bt);
     if (r < 0) return PyErr_Format(PyExc_ValueError, "out is too small for the requested keys");
     return PyLong_FromLongLong(r);
@@ -154,15 +170,19 @@ static PyObject *scatter(StoreObject *self, PyObject *args, int mode) {
     int64_t *keys = batch_view(&bt, okeys, 0, 8, "keys", &n);
     float *vals = keys ? batch_view(&bt, ovals, 0, 4, "vals", &nvals) : NULL;
     int64_t *missing = vals ? batch_view(&bt, omiss, 1, 8, "missing", &nmiss_cap) : NULL;
-    if (!missing || check_keys_in_range(self, keys, n) < 0) goto fail;
+    if (!missing) goto fail;
     if (nmiss_cap < n) {
         PyErr_SetString(PyExc_ValueError, "missing buffer is shorter than keys");
         goto fail;
     }
-    int64_t r;
+    /* The whole batch is range-checked before the first key changes; both steps in one
+     * GIL-released region. */
+    int64_t r = 0, bad;
     Py_BEGIN_ALLOW_THREADS
-    r = store_scatter(&self->s, keys, n, vals, nvals, missing, mode);
+    bad = store_check_keys(keys, n, self->s.num_keys);
+    if (bad < 0) r = store_scatter(&self->s, keys, n, vals, nvals, missing, mode);
     Py_END_ALLOW_THREADS
+    if (key_range_error(self, keys, bad) < 0) goto fail;
     release_batch(&bt);
     if (r < 0) return PyErr_Format(PyExc_ValueError, "values are too short for the given keys");
     return PyLong_FromLongLong(r);
@@ -269,9 +289,13 @@ static PyObject *check_keys(PyObject *module, PyObject *args) {
     Py_buffer view;
     if (PyObject_GetBuffer(okeys, &view, PyBUF_C_CONTIGUOUS) < 0) return NULL;
     int64_t bad;
-    Py_BEGIN_ALLOW_THREADS
-    bad = store_check_keys(view.buf, view.len / 8, num_keys);
-    Py_END_ALLOW_THREADS
+    if (view.len / 8 < CHECK_RELEASES_GIL_FROM) {
+        bad = store_check_keys(view.buf, view.len / 8, num_keys);
+    } else {
+        Py_BEGIN_ALLOW_THREADS
+        bad = store_check_keys(view.buf, view.len / 8, num_keys);
+        Py_END_ALLOW_THREADS
+    }
     PyBuffer_Release(&view);
     return PyLong_FromLongLong(bad);
 }

@@ -33,7 +33,8 @@ static inline int64_t key_len(const store_t *s, int64_t key) {
     return s->uniform_len ? s->uniform_len : s->lens[key];
 }
 
-/* Index of the first key outside [0, num_keys), or -1 when all are valid. */
+/* Index of the first key outside [0, num_keys), or -1 when all are valid. The functions below
+ * expect checked keys (they prefetch directory entries of keys ahead of the one they work on). */
 int64_t store_check_keys(const int64_t *keys, int64_t n, int64_t num_keys);
 
 /* Copies the values of locally held keys into out (request order, rows packed back to back).
