@@ -110,6 +110,19 @@ def _wait_for_pids(tmp_path: Path, n: int, timeout: float = 20) -> list[int]:
     pytest.fail(f"children did not all start within {timeout} s")
 
 
+def _say(fmt: str, *env_vars: str) -> str:
+    """``python -c`` code that writes ``fmt % (values of env_vars)`` plus a newline to stdout
+    with one os.write.
+
+    The ranks share adapm-run's stdout (one pipe here). print() may split a line into several
+    write(2) calls (one per argument and separator when the stream is unbuffered, e.g. with
+    PYTHONUNBUFFERED=1), so lines of concurrent ranks could interleave. One write of fewer than
+    PIPE_BUF bytes to a pipe is atomic, so each rank's line arrives whole.
+    """
+    values = ", ".join(f"os.environ.get({v!r})" for v in env_vars)
+    return f"import os; os.write(1, ({fmt + chr(10)!r} % ({values},)).encode())"
+
+
 def _assert_gone(pids: list[int], timeout: float = 5) -> None:
     """Every pid is gone (the launcher reaped its children, so none is even a zombie)."""
     deadline = time.monotonic() + timeout
@@ -133,13 +146,13 @@ def _assert_gone(pids: list[int], timeout: float = 5) -> None:
 
 
 def test_three_ranks_see_their_variables():
-    code = (
-        "import os; print('R', os.environ['ADAPM_RANK'], os.environ['ADAPM_WORLD_SIZE'],"
-        " os.environ['ADAPM_RENDEZVOUS'], os.environ.get('ADAPM_HOST'), flush=True)"
-    )
+    code = _say("R %s %s %s %s", "ADAPM_RANK", "ADAPM_WORLD_SIZE", "ADAPM_RENDEZVOUS",
+                "ADAPM_HOST")
     res = _run("-n", "3", sys.executable, "-c", code)
     assert res.returncode == 0, res.stderr
-    rows = [line.split() for line in res.stdout.splitlines() if line.startswith("R ")]
+    # Every rank's stdout passes through adapm-run, one whole line each, and nothing else.
+    rows = [line.split() for line in res.stdout.splitlines()]
+    assert all(len(r) == 5 and r[0] == "R" for r in rows), res.stdout
     assert sorted(int(r[1]) for r in rows) == [0, 1, 2]
     assert {r[2] for r in rows} == {"3"}
     rendezvous = {r[3] for r in rows}
@@ -150,18 +163,18 @@ def test_three_ranks_see_their_variables():
 
 
 def test_double_dash_and_iface_address():
-    code = "import os; print('H', os.environ['ADAPM_HOST'], flush=True)"
+    code = _say("H %s", "ADAPM_HOST")
     res = _run("-n", "2", "--iface", "127.0.0.1", "--", sys.executable, "-c", code)
     assert res.returncode == 0, res.stderr
-    assert res.stdout.split().count("127.0.0.1") == 2
+    assert res.stdout.splitlines() == ["H 127.0.0.1"] * 2, res.stdout
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="SIOCGIFADDR is Linux-only")
 def test_iface_name_is_resolved():
-    code = "import os; print('H', os.environ['ADAPM_HOST'], flush=True)"
+    code = _say("H %s", "ADAPM_HOST")
     res = _run("-n", "1", "--iface", "lo", sys.executable, "-c", code)
     assert res.returncode == 0, res.stderr
-    assert "H 127.0.0.1" in res.stdout
+    assert res.stdout.splitlines() == ["H 127.0.0.1"], res.stdout
 
 
 def test_unknown_iface_is_a_usage_error():
