@@ -96,6 +96,11 @@ class Store:
         self.native = _native.Store(
             self.slot, self.state, self.slab, self.delta, self.seqs, self.lens, self.uniform_length
         )
+        # Fast paths of Worker.pull/push (see native/module.c, fast_call): bound methods, no
+        # Python wrapper, since they exist to save the per-call overhead.
+        self.gather_fast = self.native.gather_fast
+        self.scatter_add_fast = self.native.scatter_add_fast
+        self.scatter_set_fast = self.native.scatter_set_fast
         self._free: dict[int, _SlotStack] = {}
         self._bump = 0
         self.capacity = capacity

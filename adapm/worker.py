@@ -58,6 +58,25 @@ class Worker:
         """
         self._node._check_open("pull")
         store = self._store
+        nmiss = None
+        if type(keys) is np.ndarray and keys.ndim == 1 and store.uniform_length:
+            # Fast path: one C call checks the usual layout and gathers (Store.gather_fast);
+            # anything else, every bad input included, returns None and takes the path below.
+            if out is None:
+                out = np.empty((len(keys), store.uniform_length), dtype=np.float32)
+            if type(out) is np.ndarray:
+                nmiss = store.gather_fast(keys, out, self._missing)
+        if nmiss is None:
+            keys, out, nmiss = self._pull_checked(keys, out)
+        self.counters["local_pull_keys"] += len(keys) - nmiss
+        if nmiss:
+            self.counters["remote_pull_keys"] += nmiss
+            self._pull_remote(keys, out, self._missing[:nmiss].copy())
+        return out
+
+    def _pull_checked(self, keys, out):
+        """Pull with full validation (bad input raises here, before anything is read)."""
+        store = self._store
         # With a uniform length nothing below needs the key values before the native call,
         # which range-checks the batch itself: skip a pass here (see args.as_keys).
         lazy = bool(store.uniform_length)
@@ -67,18 +86,13 @@ class Worker:
                 out = np.empty(args.value_shape(store, keys), dtype=np.float32)
             else:
                 out = args.check_out(out, store, keys)
-            n = len(keys)
-            missing = self._missing if len(self._missing) >= n else self._missing_buffer(n)
+            missing = self._missing_buffer(len(keys))
             nmiss = store.gather(keys, out, missing)  # one C call, GIL released
         except Exception:
             if lazy:
                 args.check_range_of(keys, store)  # a bad key is reported first, as InvalidArgument
             raise
-        self.counters["local_pull_keys"] += n - nmiss
-        if nmiss:
-            self.counters["remote_pull_keys"] += nmiss
-            self._pull_remote(keys, out, missing[:nmiss].copy())
-        return out
+        return keys, out, nmiss
 
     def push(self, keys, updates) -> None:
         """Add ``updates`` to the values of ``keys`` (duplicates add up). Non-blocking for remote keys.
@@ -149,26 +163,20 @@ class Worker:
         what, local_counter, remote_counter = _UPDATE_NAMES[kind]
         self._node._check_open(what)
         store = self._store
-        # As in pull: the native call range-checks the whole batch before it changes anything.
-        lazy = bool(store.uniform_length)
-        keys = args.as_keys(keys, store, check_range=not lazy)
-        try:
-            values = args.as_values(values, store, keys, name)
-            n = len(keys)
-            missing = self._missing if len(self._missing) >= n else self._missing_buffer(n)
+        nmiss = None
+        if type(keys) is np.ndarray and type(values) is np.ndarray and store.uniform_length:
+            # Fast path, as in pull: None (nothing changed) unless layout and keys are fine.
             if kind is Kind.PUSH:
-                nmiss = store.scatter_add(keys, values, missing)
+                nmiss = store.scatter_add_fast(keys, values, self._missing)
             else:
-                nmiss = store.scatter_set(keys, values, missing)
-        except Exception:
-            if lazy:
-                args.check_range_of(keys, store)  # a bad key is reported first, as InvalidArgument
-            raise
-        self.counters[local_counter] += n - nmiss
+                nmiss = store.scatter_set_fast(keys, values, self._missing)
+        if nmiss is None:
+            keys, values, nmiss = self._update_checked(keys, values, kind, name)
+        self.counters[local_counter] += len(keys) - nmiss
         if not nmiss:
             return
         self.counters[remote_counter] += nmiss
-        positions = missing[:nmiss].copy()
+        positions = self._missing[:nmiss].copy()
         flat = values.reshape(-1)
         offsets = self._row_offsets(keys) if not self._store.uniform_length else None
         for dst, group in routing.group_by_node(self._owners(keys[positions])):
@@ -177,6 +185,25 @@ class Worker:
             self._send_request(dst, kind, [keys[pos], chunk], keep=True)
         if len(self._outstanding) > _PRUNE_OUTSTANDING:
             self._prune()
+
+    def _update_checked(self, keys, values, kind: Kind, name: str):
+        """Local part of a push/set with full validation (bad input raises before any change)."""
+        store = self._store
+        # As in pull: the native call range-checks the whole batch before it changes anything.
+        lazy = bool(store.uniform_length)
+        keys = args.as_keys(keys, store, check_range=not lazy)
+        try:
+            values = args.as_values(values, store, keys, name)
+            missing = self._missing_buffer(len(keys))
+            if kind is Kind.PUSH:
+                nmiss = store.scatter_add(keys, values, missing)
+            else:
+                nmiss = store.scatter_set(keys, values, missing)
+        except Exception:
+            if lazy:
+                args.check_range_of(keys, store)  # a bad key is reported first, as InvalidArgument
+            raise
+        return keys, values, nmiss
 
     def _pull_remote(self, keys: np.ndarray, out: np.ndarray, positions: np.ndarray) -> None:
         requests = []
