@@ -1,11 +1,13 @@
-"""The communication thread: owns the sockets, serves peers' requests, completes our own.
+"""The communication thread: owns the sockets, serves peers, runs the sync rounds.
 
-Worker threads never block the communication thread and never touch its sockets: they register a
-:class:`Pending` under a fresh request id, hand the request to this thread through their
-:class:`~adapm.transport.Client`, and wait on the Pending with a timeout. This thread forwards the
-request, and completes the Pending when the answer arrives.
+One thread does all of it, so the directory (which keys live here), the owner decisions and the
+round state change in one place, in message order, without locks. Worker threads never block
+this thread and never touch its sockets: they register a :class:`Pending` under a fresh request
+id, hand the request over through their :class:`~adapm.transport.Client`, and wait on the
+Pending with a timeout. Answers to one request may come in parts, from different nodes (a request
+can be split and forwarded); each part names the positions it answers.
 
-A failure in this thread is not lost in a log: it is stored, every waiting call raises it (as
+A failure in this thread is not lost in a log: it is stored, every waiting call raises it (an
 :class:`AdaPMError` naming this rank, ``raise ... from`` the cause), and so does every later call.
 """
 
@@ -15,32 +17,44 @@ import itertools
 import threading
 import time
 import traceback
+from typing import Callable, Optional
 
 import numpy as np
 
+from . import routing
 from .errors import AdaPMError, AdaPMTimeout, PeerError, StateError
-from .protocol import ANSWERS, Kind, Message, decode, encode
+from .owner import Owner
+from .protocol import ANSWERS, KEYED, Kind, Message, decode, encode
 from .store import Store
+from .sync import SyncLoop
 from .transport import Transport, unpack_prefix
 
-# Poll timeout of the loop: how quickly the thread notices a stop request when idle.
+# Longest poll when nothing is due: how quickly the thread notices a stop request when idle.
 _IDLE_POLL_MS = 50
 
 
 class Pending:
-    """One request awaiting its answer. Completed by the communication thread."""
+    """One request awaiting its answers. Completed by the communication thread.
 
-    __slots__ = ("event", "message", "error", "dst", "what")
+    ``remaining`` counts the positions still unanswered; ``parts`` collects the answer messages
+    (their arrays stay valid: they are views of frames the message keeps alive).
+    ``on_part``, if given, is called on the communication thread for each part instead.
+    """
 
-    def __init__(self, dst: int, what: str) -> None:
+    __slots__ = ("event", "parts", "remaining", "error", "dst", "what", "on_part", "internal")
+
+    def __init__(self, dst: int, what: str, count: int,
+                 on_part: Optional[Callable[[Message], None]] = None, internal=False) -> None:
         self.event = threading.Event()
-        self.message: Message | None = None
-        self.error: BaseException | None = None
+        self.parts: list[Message] = []
+        self.remaining = count
+        self.error: Optional[BaseException] = None
         self.dst = dst
         self.what = what
+        self.on_part = on_part
+        self.internal = internal
 
-    def complete(self, message: Message | None = None, error: BaseException | None = None) -> None:
-        self.message = message
+    def fail(self, error: BaseException) -> None:
         self.error = error
         self.event.set()
 
@@ -49,39 +63,46 @@ class Comm:
     """Runs the communication loop of one node on a background thread."""
 
     def __init__(self, rank: int, world_size: int, transport: Transport, store: Store,
-                 request_timeout_s: float) -> None:
+                 config) -> None:
         self.rank = rank
         self.world_size = world_size
         self.transport = transport
         self.store = store
-        self.request_timeout_s = request_timeout_s
+        self.request_timeout_s = config.request_timeout_s
         self.pending: dict[int, Pending] = {}
         self._ids = itertools.count(1)
-        self.error: AdaPMError | None = None
+        self.error: Optional[AdaPMError] = None
         self._stop = threading.Event()
         self._barrier_waiting: dict[int, list[tuple[int, int]]] = {}  # rank 0: epoch -> waiters
-        self.late_answers = 0
+        self.counters = {"late_answers": 0, "replica_drops_at_owner": 0}
+        # Where we believe each key's owner is: a hint, corrected by every answer.
+        self.hint = routing.home_of(np.arange(store.num_keys, dtype=np.int64),
+                                    world_size).astype(np.int32)
+        self._scratch = np.empty(1024, dtype=np.int64)
+        self.owner = Owner(self, config.management)
+        self.sync: Optional[SyncLoop] = (
+            None if config.management == "static_partition" else SyncLoop(self, config))
         self._thread = threading.Thread(target=self._run, name=f"adapm-comm-{rank}", daemon=True)
-        self._missing = np.empty(1024, dtype=np.int64)
 
     # --- used by other threads ---------------------------------------------------------------
 
     def start(self) -> None:
         self._thread.start()
 
-    def new_request(self, dst: int, what: str) -> tuple[int, Pending]:
-        """Register a request before sending it (so its answer always finds it)."""
+    def new_request(self, dst: int, what: str, count: int) -> tuple[int, Pending]:
+        """Register a request (before sending it, so that its answer always finds it)."""
         self.raise_if_failed()
         req_id = next(self._ids)
-        pending = Pending(dst, what)
+        pending = Pending(dst, what, count)
         self.pending[req_id] = pending
         return req_id, pending
 
-    def wait(self, req_id: int, pending: Pending, timeout_s: float | None = None,
-             deadline: float | None = None) -> Message:
-        """Block until the answer arrives; AdaPMTimeout naming both ranks and what was awaited.
+    def wait(self, req_id: int, pending: Pending, timeout_s: Optional[float] = None,
+             deadline: Optional[float] = None) -> list[Message]:
+        """Block until every part has arrived; returns the parts.
 
-        ``deadline`` (time.monotonic) lets a caller share one ``timeout_s`` between requests.
+        AdaPMTimeout names this rank, the peer and what was awaited. ``deadline``
+        (time.monotonic) lets a caller share one ``timeout_s`` between requests.
         """
         timeout_s = self.request_timeout_s if timeout_s is None else timeout_s
         if deadline is None:
@@ -99,7 +120,7 @@ class Comm:
                 )
         if pending.error is not None:
             raise pending.error
-        return pending.message
+        return pending.parts
 
     def raise_if_failed(self) -> None:
         if self.error is not None:
@@ -110,97 +131,110 @@ class Comm:
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
             self._thread.join()
 
-    # --- the loop (communication thread only) ------------------------------------------------
+    # --- helpers for the owner and sync parts (communication thread) -------------------------
+
+    def new_internal_request(self, dst: int, kind: Kind, count: int,
+                             on_part: Callable[[Message], None]) -> tuple[int, Pending]:
+        req_id = next(self._ids)
+        pending = Pending(dst, f"sync round {kind.name} of {count} keys", count, on_part,
+                          internal=True)
+        self.pending[req_id] = pending
+        return req_id, pending
+
+    def send(self, dst: int, kind: Kind, frames: list) -> None:
+        self.transport.send(dst, kind, frames)
+
+    def send_or_dispatch(self, dst: int, kind: Kind, frames: list) -> None:
+        if dst == self.rank:
+            self._dispatch(decode(frames))
+        else:
+            self.transport.send(dst, kind, frames)
+
+    def reply(self, dst: int, kind: Kind, req_id: int, arrays=(), **fields) -> None:
+        self.send_or_dispatch(dst, kind, encode(kind, self.rank, req_id, arrays, **fields))
+
+    def scratch(self, n: int) -> np.ndarray:
+        if len(self._scratch) < n:
+            self._scratch = np.empty(max(n, 2 * len(self._scratch)), dtype=np.int64)
+        return self._scratch
+
+    # --- the loop ----------------------------------------------------------------------------
 
     def _run(self) -> None:
         try:
             while not self._stop.is_set():
-                for source, frames in self.transport.poll(_IDLE_POLL_MS):
+                timeout = _IDLE_POLL_MS if self.sync is None else self.sync.poll_timeout_ms()
+                for source, frames in self.transport.poll(timeout):
                     if source == "inbox":
                         self._forward(frames)
                     else:
-                        self._receive(frames)
+                        message = decode(frames)
+                        self.transport.count_received(message.kind, frames)
+                        self._dispatch(message)
+                if self.sync is not None:
+                    self.sync.tick(time.monotonic())
         except BaseException as exc:  # surfaces in callers' threads, not only in a log
             error = AdaPMError(f"rank {self.rank}: communication thread failed: {exc!r}\n"
                                + traceback.format_exc())
             error.__cause__ = exc
             self.error = error
             for pending in list(self.pending.values()):
-                pending.complete(error=error)
+                pending.fail(error)
             self.pending.clear()
 
     def _forward(self, frames: list) -> None:
         dst, kind = unpack_prefix(frames[0])
         if dst == self.rank:
-            self._dispatch(decode(frames[1:]), frames[1:])
+            self._dispatch(decode(frames[1:]))
         else:
             self.transport.send(dst, kind, frames[1:])
 
-    def _receive(self, frames: list) -> None:
-        message = decode(frames)
-        self.transport.count_received(message.kind, frames)
-        self._dispatch(message, frames)
-
-    def _dispatch(self, message: Message, frames: list) -> None:
+    def _dispatch(self, message: Message) -> None:
         kind = message.kind
         if kind in ANSWERS:
-            pending = self.pending.pop(message.req_id, None)
-            if pending is None:  # its waiter timed out and left
-                self.late_answers += 1
-            elif kind == Kind.ERROR:
-                pending.complete(error=PeerError(
-                    f"rank {self.rank}: rank {message.src} could not serve {pending.what}: "
-                    f"{message.header.get('msg')}"))
-            else:
-                pending.complete(message)
-        elif kind == Kind.PULL:
-            self._serve_pull(message)
-        elif kind in (Kind.PUSH, Kind.SET):
-            self._serve_update(message)
+            self._answer(message)
+        elif kind in KEYED:
+            self.owner.handle(message)
+        elif kind == Kind.RELOCATE:
+            self.owner.relocate_in(message)
+        elif kind == Kind.SETUP:
+            self.owner.setup_in(message)
+        elif kind == Kind.OWNER_UPDATE:
+            keys, owners, epochs = message.arrays
+            self.owner.update_home(keys, owners, epochs)
         elif kind == Kind.BARRIER:
             self._serve_barrier(message)
+        elif kind == Kind.WAKE:
+            self._serve_wake(message)
         else:
             raise StateError(f"rank {self.rank}: unexpected {kind.name} from rank {message.src}")
 
-    def _reply(self, dst: int, kind: Kind, req_id: int, arrays=(), **fields) -> None:
-        frames = encode(kind, self.rank, req_id, arrays, **fields)
-        if dst == self.rank:
-            self._dispatch(decode(frames), frames)
+    def _answer(self, message: Message) -> None:
+        pending = self.pending.get(message.req_id)
+        if pending is None:  # its waiter timed out and left
+            self.counters["late_answers"] += 1
+            return
+        if message.kind == Kind.ERROR:
+            del self.pending[message.req_id]
+            error = PeerError(f"rank {self.rank}: rank {message.src} could not serve "
+                              f"{pending.what}: {message.header.get('msg')}")
+            if pending.internal:
+                raise error
+            pending.fail(error)
+            return
+        if message.kind == Kind.BARRIER_RELEASE:
+            pending.remaining = 0
         else:
-            self.transport.send(dst, kind, frames)
-
-    def _missing_buffer(self, n: int) -> np.ndarray:
-        if len(self._missing) < n:
-            self._missing = np.empty(max(n, 2 * len(self._missing)), dtype=np.int64)
-        return self._missing
-
-    def _serve_pull(self, message: Message) -> None:
-        keys = message.arrays[0]
-        values = np.empty(self.store.floats_for(keys), dtype=np.float32)
-        nmiss = self.store.gather(keys, values, self._missing_buffer(len(keys)))
-        if nmiss:
-            self._refuse(message, keys, nmiss)
-        else:
-            self._reply(message.src, Kind.PULL_RESP, message.req_id, [values])
-
-    def _serve_update(self, message: Message) -> None:
-        keys, values = message.arrays
-        missing = self._missing_buffer(len(keys))
-        if message.kind == Kind.PUSH:
-            nmiss = self.store.scatter_add(keys, values, missing)
-        else:
-            nmiss = self.store.scatter_set(keys, values, missing)
-        if nmiss:
-            self._refuse(message, keys, nmiss)
-        else:
-            self._reply(message.src, Kind.ACK, message.req_id)
-
-    def _refuse(self, message: Message, keys: np.ndarray, nmiss: int) -> None:
-        # Under static partitioning a request only reaches a key's home, which owns it; anything
-        # else is a bug worth reporting loudly to the requester.
-        sample = keys[self._missing[: min(nmiss, 5)]].tolist()
-        self._reply(message.src, Kind.ERROR, message.req_id,
-                    msg=f"{nmiss} keys not held by rank {self.rank} (e.g. {sample})")
+            pending.remaining -= len(message.arrays[0])
+            if pending.on_part is not None:
+                pending.on_part(message)
+            else:
+                pending.parts.append(message)
+        if pending.remaining <= 0:
+            del self.pending[message.req_id]
+            pending.event.set()
+            if pending.internal:
+                self.sync.answered(message.req_id)
 
     def _serve_barrier(self, message: Message) -> None:
         epoch = message.header["e"]
@@ -209,4 +243,34 @@ class Comm:
         if len(waiters) == self.world_size:
             del self._barrier_waiting[epoch]
             for src, req_id in waiters:
-                self._reply(src, Kind.BARRIER_RELEASE, req_id, e=epoch)
+                self.reply(src, Kind.BARRIER_RELEASE, req_id, e=epoch)
+
+    def _serve_wake(self, message: Message) -> None:
+        """A local thread waits for a sync round (wait_sync: "w" = worker index; barrier: -1)."""
+        pending = self.pending.get(message.req_id)
+        if pending is None:
+            return
+
+        def done() -> None:
+            if self.pending.pop(message.req_id, None) is not None:
+                pending.event.set()
+
+        index = message.header["w"]
+        if self.sync is None:
+            done()
+            return
+        condition = None
+        if index >= 0:
+            worker = self.sync.worker_by_index(index)
+            condition = lambda: self.sync.worker_keys_local(worker)  # noqa: E731
+        self.sync.request_round(done, worker_index=index if index >= 0 else None,
+                                condition=condition)
+
+    # --- statistics --------------------------------------------------------------------------
+
+    def stats(self) -> dict:
+        out = dict(self.counters)
+        out.update(self.owner.counters)
+        if self.sync is not None:
+            out.update(self.sync.stats())
+        return out

@@ -13,7 +13,7 @@ from .comm import Comm
 from .config import Config
 from .errors import AdaPMError, AdaPMTimeout, InvalidArgument, StateError
 from .protocol import Kind, encode
-from .store import OWNER, Store
+from .store import NONE, OWNER, REPLICA, Store
 from .transport import Transport
 from .worker import Worker
 
@@ -62,6 +62,10 @@ class Node:
         self.world_size = config.world_size
         self.store = Store(config)
         self.store.insert(routing.home_keys(self.rank, config.num_keys, self.world_size), OWNER)
+        if config.management == "full_replication" and self.world_size > 1:
+            # Every node holds every key: replicas of all keys homed elsewhere, synced each round.
+            others = np.flatnonzero(self.store.state == NONE).astype(np.int64)
+            self.store.insert(others, REPLICA)
         self._workers: list[Worker] = []
         self._workers_lock = threading.Lock()
         self._barrier_epoch = 0
@@ -83,8 +87,9 @@ class Node:
             context.term()
             raise
         self._context = context
-        self.comm = Comm(self.rank, self.world_size, self.transport, self.store,
-                         self.config.request_timeout_s)
+        self.comm = Comm(self.rank, self.world_size, self.transport, self.store, self.config)
+        if self.comm.sync is not None:
+            self.comm.sync.replicas_added(np.flatnonzero(self.store.state == REPLICA))
         self.comm.start()
 
     # --- handles and queries -----------------------------------------------------------------
@@ -116,8 +121,10 @@ class Node:
             totals.update(self.transport.counters)
             totals.update(self.transport.by_kind)
         totals.update({"relocations_in": 0, "relocations_out": 0, "replica_setups": 0,
-                       "replica_drops": 0, "rounds": 0, "mean_round_ms": 0.0,
-                       "mean_staleness_ms": 0.0})
+                       "replica_drops": 0, "rounds": 0, "mean_round_ms": 0.0})
+        if self.comm is not None:
+            totals.update(self.comm.stats())
+        totals["mean_staleness_ms"] = self.store.mean_staleness_ms()
         accessed = totals["local_pull_keys"] + totals["remote_pull_keys"] + \
             totals["local_push_keys"] + totals["remote_push_keys"]
         remote = totals["remote_pull_keys"] + totals["remote_push_keys"]
@@ -129,21 +136,23 @@ class Node:
     def barrier(self, timeout_s: Optional[float] = None) -> None:
         """Block until every node has called barrier() as often as this one.
 
-        Call it from one thread per node, after that node's workers called ``wait()`` if their
-        updates must be visible everywhere afterwards. Raises AdaPMTimeout after
-        ``Config.connect_timeout_s`` (or ``timeout_s``) naming the ranks that did not arrive.
+        Call it from one thread per node. Updates that a worker had acknowledged before its node
+        entered the barrier (``wait()``; ``wait_sync()`` for updates to replicas) are visible on
+        every node afterwards: after the nodes meet, each runs a sync round that refreshes its
+        replicas. Raises AdaPMTimeout after ``Config.connect_timeout_s`` (or ``timeout_s``)
+        naming the ranks that did not arrive.
         """
         self._check_open("barrier")
         self._barrier(timeout_s)
 
-    def _barrier(self, timeout_s: Optional[float]) -> None:
+    def _barrier(self, timeout_s: Optional[float], refresh: bool = True) -> None:
         if self.comm is None:
             return
         epoch = self._barrier_epoch
         self._barrier_epoch += 1
         timeout_s = self.config.connect_timeout_s if timeout_s is None else timeout_s
         client = self._control_client()
-        req_id, pending = self.comm.new_request(0, f"barrier #{epoch}")
+        req_id, pending = self.comm.new_request(0, f"barrier #{epoch}", 1)
         client.send(0, Kind.BARRIER, encode(Kind.BARRIER, self.rank, req_id, e=epoch))
         try:
             self.comm.wait(req_id, pending, timeout_s)
@@ -154,6 +163,12 @@ class Node:
                 raise AdaPMTimeout(f"rank 0: barrier #{epoch}: ranks {missing} did not arrive "
                                    f"within {timeout_s:g}s") from exc
             raise
+        if self.comm.sync is not None and refresh:
+            # Replicas here catch up with every update acknowledged before the barrier.
+            req_id, pending = self.comm.new_request(self.rank, f"replica refresh after barrier "
+                                                               f"#{epoch}", 1)
+            client.send(self.rank, Kind.WAKE, encode(Kind.WAKE, self.rank, req_id, w=-1))
+            self.comm.wait(req_id, pending, timeout_s)
 
     def _control_client(self):
         # Collectives run on the caller's thread; keep one client per thread that calls them.
@@ -180,8 +195,8 @@ class Node:
             with self._workers_lock:
                 workers = list(self._workers)
             for handle in workers:
-                handle.wait(timeout_s)
-            self._barrier(timeout_s)
+                handle.wait_sync(timeout_s)  # replica updates reach their owners too
+            self._barrier(timeout_s, refresh=False)
         except BaseException as exc:
             error = exc
         finally:

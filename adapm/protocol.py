@@ -1,10 +1,14 @@
 """Wire format: one msgpack header frame, then raw array frames. Never pickle.
 
-The header is a small map: ``k`` (message kind), ``s`` (sender rank), ``i`` (request id; the
-answer carries the same id), plus kind-specific scalar fields. The array frames that follow are
-fixed per kind (:data:`SCHEMA`): keys are int64, values float32, versions int64, all
-little-endian native numpy buffers, so a receiver wraps them with ``np.frombuffer`` without
+The header is a small map: ``k`` (message kind), ``s`` (sending rank), ``i`` (request id; every
+answer carries the id of its request), and for keyed requests ``o`` (origin rank: answers go
+there, even when the request was forwarded) and ``h`` (hops so far). The array frames that follow
+are fixed per kind (:data:`SCHEMA`), so a receiver wraps them with ``np.frombuffer`` without
 copying.
+
+Keyed requests carry, besides the keys, each key's position in the origin's request. A node can
+then serve part of a request and forward the rest, and the origin puts every partial answer in
+its place.
 """
 
 from __future__ import annotations
@@ -20,30 +24,53 @@ from .errors import TransportError
 
 
 class Kind(enum.IntEnum):
-    PULL = 1  # keys -> PULL_RESP values
-    PULL_RESP = 2
-    PUSH = 3  # keys, values (additive) -> ACK
-    SET = 4  # keys, values (overwrite) -> ACK
-    ACK = 5
-    ERROR = 6  # header "msg": why a request could not be served
-    BARRIER = 7  # to rank 0: "e" epoch
-    BARRIER_RELEASE = 8
-    HELLO = 9  # rendezvous: "addr", "fp" (config fingerprint)
-    TABLE = 10  # rendezvous answer: "addrs"
+    # keyed requests (served by the owner; forwarded or queued elsewhere)
+    PULL = 1  # -> PULL_RESP
+    PUSH = 2  # additive -> ACK
+    SET = 3  # overwrite -> ACK
+    INTENT = 4  # "this node has intent: yes/no" per key -> ACK
+    DELTA = 5  # replica delta + holder's version -> SYNC_RESP
+    CHECK = 6  # holder's version only -> SYNC_RESP
+    # answers (to the origin)
+    PULL_RESP = 10
+    ACK = 11
+    SYNC_RESP = 12  # new versions; new values where the holder was behind
+    ERROR = 13  # header "msg": why a request could not be served
+    # owner -> node, unsolicited
+    RELOCATE = 20  # the key moves: value, version, intent and replica masks, epoch
+    SETUP = 21  # a replica for the receiver
+    OWNER_UPDATE = 22  # to a key's home: new owner and epoch
+    # control
+    BARRIER = 30  # to rank 0: "e" epoch
+    BARRIER_RELEASE = 31
+    WAKE = 32  # from a local thread to its communication thread: "w" worker index or -1
+    HELLO = 40  # rendezvous: "addr", "fp" (config fingerprint)
+    TABLE = 41  # rendezvous answer: "addrs"
 
 
-I64 = np.dtype("<i8")
-F32 = np.dtype("<f4")
+# Array roles. Per-key roles have one entry per key of the message; ROWS holds the keys'
+# values packed back to back (a key's row length is its value length).
+KEYS, POS, ROWS, FLAGS, VERSIONS, MASKS, RANKS = "keys", "pos", "rows", "flags", "ver", "mask", "rank"
+DTYPES = {KEYS: "<i8", POS: "<i8", ROWS: "<f4", FLAGS: "i1", VERSIONS: "<i8", MASKS: "<u8",
+          RANKS: "<i8"}
 
-SCHEMA: dict[Kind, tuple[np.dtype, ...]] = {
-    Kind.PULL: (I64,),
-    Kind.PULL_RESP: (F32,),
-    Kind.PUSH: (I64, F32),
-    Kind.SET: (I64, F32),
+SCHEMA: dict[Kind, tuple[str, ...]] = {
+    Kind.PULL: (KEYS, POS),
+    Kind.PUSH: (KEYS, POS, ROWS),
+    Kind.SET: (KEYS, POS, ROWS),
+    Kind.INTENT: (KEYS, POS, FLAGS),
+    Kind.DELTA: (KEYS, POS, ROWS, VERSIONS),
+    Kind.CHECK: (KEYS, POS, VERSIONS),
+    Kind.PULL_RESP: (POS, ROWS),
+    Kind.ACK: (POS,),
+    Kind.SYNC_RESP: (POS, VERSIONS, POS, ROWS),
+    Kind.RELOCATE: (KEYS, ROWS, VERSIONS, MASKS, MASKS, VERSIONS),
+    Kind.SETUP: (KEYS, ROWS, VERSIONS),
+    Kind.OWNER_UPDATE: (KEYS, RANKS, VERSIONS),
 }
 
-# Kinds whose answer completes a waiting request.
-ANSWERS = frozenset({Kind.PULL_RESP, Kind.ACK, Kind.ERROR, Kind.BARRIER_RELEASE})
+KEYED = frozenset({Kind.PULL, Kind.PUSH, Kind.SET, Kind.INTENT, Kind.DELTA, Kind.CHECK})
+ANSWERS = frozenset({Kind.PULL_RESP, Kind.ACK, Kind.SYNC_RESP, Kind.ERROR, Kind.BARRIER_RELEASE})
 
 
 @dataclass
@@ -67,13 +94,22 @@ def decode(frames: Sequence) -> Message:
     try:
         header = msgpack.unpackb(_buffer(frames[0]))
         kind = Kind(header["k"])
-        dtypes = SCHEMA.get(kind, ())
-        if len(frames) - 1 != len(dtypes):
-            raise ValueError(f"{kind.name} carries {len(frames) - 1} arrays, expected {len(dtypes)}")
-        arrays = [np.frombuffer(_buffer(f), dtype=d) for f, d in zip(frames[1:], dtypes)]
+        roles = SCHEMA.get(kind, ())
+        if len(frames) - 1 != len(roles):
+            raise ValueError(f"{kind.name} carries {len(frames) - 1} arrays, expected {len(roles)}")
+        arrays = [np.frombuffer(_buffer(f), dtype=DTYPES[r]) for f, r in zip(frames[1:], roles)]
         return Message(kind, int(header["s"]), int(header["i"]), header, arrays)
     except (ValueError, KeyError, TypeError, msgpack.UnpackException) as exc:
         raise TransportError(f"malformed message: {exc}") from exc
+
+
+def subset(message: Message, index: np.ndarray, store) -> Message:
+    """The part of a keyed request for the keys at ``index`` (positions into its keys)."""
+    keys = message.arrays[0]
+    arrays = []
+    for role, array in zip(SCHEMA[message.kind], message.arrays):
+        arrays.append(store.select_rows(array, keys, index) if role == ROWS else array[index])
+    return Message(message.kind, message.src, message.req_id, dict(message.header), arrays)
 
 
 def _buffer(frame):

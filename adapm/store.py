@@ -23,7 +23,7 @@ import mmap
 
 import numpy as np
 
-from . import _native_loader
+from . import _native_loader, routing
 from .config import Config
 
 _native = _native_loader.load()
@@ -93,8 +93,15 @@ class Store:
         self._slab_region, self.slab = _reserve_floats(capacity)
         self._delta_region, self.delta = _reserve_floats(capacity)
         self.seqs = np.zeros(NUM_STRIPES, dtype=np.uint64)
+        # Owner: bumped by every write; replica: the owner's version when last synced.
+        self.version = np.zeros(self.num_keys, dtype=np.int64)
+        # Replicas: time.monotonic() of the last sync, for the staleness statistic.
+        self.synced_at = np.zeros(self.num_keys, dtype=np.float64)
+        # [replica reads, sum of read times (us), sum of their synced_at (us)], kept by gather.
+        self.access_stats = np.zeros(3, dtype=np.int64)
         self.native = _native.Store(
-            self.slot, self.state, self.slab, self.delta, self.seqs, self.lens, self.uniform_length
+            self.slot, self.state, self.slab, self.delta, self.seqs, self.version,
+            self.synced_at, self.access_stats, self.lens, self.uniform_length
         )
         # Fast paths of Worker.pull/push (see native/module.c, fast_call): bound methods, no
         # Python wrapper, since they exist to save the per-call overhead.
@@ -135,13 +142,45 @@ class Store:
         """Keys with a main copy or replica here (a snapshot)."""
         return np.flatnonzero(self.state != NONE).astype(np.int64)
 
+    def mean_staleness_ms(self) -> float:
+        """Mean time since the last sync of the replica read, over all replica reads so far."""
+        reads, read_us, synced_us = (int(x) for x in self.access_stats)
+        return (read_us - synced_us) / reads / 1000.0 if reads else 0.0
+
+    def select_rows(self, values: np.ndarray, keys: np.ndarray, select: np.ndarray) -> np.ndarray:
+        """The packed values of ``keys[select]`` out of ``values``, the packed values of ``keys``.
+
+        ``select`` is a boolean mask or an index array over ``keys``.
+        """
+        if self.uniform_length:
+            return np.ascontiguousarray(values.reshape(len(keys), -1)[select].reshape(-1))
+        lengths = self.lens[keys]
+        starts = np.cumsum(lengths) - lengths
+        return values[routing.segment_index(starts[select], lengths[select])]
+
     # --- moving keys in and out (one thread at a time) ---------------------------------------
 
-    def insert(self, keys: np.ndarray, state: int, values: np.ndarray | None = None) -> None:
+    def insert(self, keys: np.ndarray, state: int, values: np.ndarray | None = None,
+               versions: np.ndarray | None = None) -> None:
         """Make ``keys`` (unique, not held here) local with ``state``; zeros when ``values`` is None."""
         keys = np.ascontiguousarray(keys, dtype=np.int64)
         slots = self._allocate(keys)
-        self.native.insert(keys, slots, int(state), values)
+        self.native.insert(keys, slots, int(state), values, versions)
+
+    def take_deltas(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Replicas' accumulated updates, moved out (zeroed here); and which keys had any."""
+        deltas = np.empty(self.floats_for(keys), dtype=np.float32)
+        nonzero = np.empty(len(keys), dtype=np.int8)
+        self.native.take_deltas(keys, deltas, nonzero)
+        return deltas, nonzero.astype(bool)
+
+    def refresh(self, keys: np.ndarray, values: np.ndarray, versions: np.ndarray) -> int:
+        """Replicas (others skipped): value = values + updates made here since the last take."""
+        return self.native.refresh(keys, values, versions, False)
+
+    def promote(self, keys: np.ndarray, values: np.ndarray, versions: np.ndarray) -> int:
+        """Replicas become main copies: value = values + their unsent updates."""
+        return self.native.refresh(keys, values, versions, True)
 
     def remove(self, keys: np.ndarray, with_deltas: bool = False):
         """Drop ``keys`` (unique, held here). Returns (values, deltas or None), packed back to back."""

@@ -46,6 +46,9 @@ class Worker:
         self._missing = np.empty(1024, dtype=np.int64)
         self._outstanding: list[tuple[int, Pending]] = []
         self._client = None
+        sync = node.comm.sync if node.comm is not None else None
+        # Intents go to the sync loop; under static partitioning (or on one node) nobody acts.
+        self._intents = sync.new_worker_intents(self) if sync is not None else None
 
     # --- data access -------------------------------------------------------------------------
 
@@ -111,7 +114,9 @@ class Worker:
     def intent(self, keys, start: int, end: Optional[int] = None) -> None:
         """Signal that this worker will access ``keys`` in clocks [start, end) (end=start+1).
 
-        Non-blocking and cheap. Under static partitioning intent changes nothing.
+        Non-blocking and O(1) apart from one copy of ``keys`` (the caller may reuse its array):
+        the sync loop does the bookkeeping. Intents may be signalled far ahead. Under static
+        partitioning, or on a single node, intent changes nothing.
         """
         self._node._check_open("intent")
         keys = args.as_keys(keys, self._store)
@@ -120,6 +125,8 @@ class Worker:
         if end <= start:
             raise InvalidArgument(f"end must be > start, got start={start} end={end}")
         self.counters["intents_signalled"] += len(keys)
+        if self._intents is not None and len(keys):
+            self._intents.signal(keys.copy(), start, end)
 
     def advance_clock(self) -> int:
         """Raise this worker's logical clock by one; returns the new clock. O(1)."""
@@ -151,9 +158,21 @@ class Worker:
             raise first_error
 
     def wait_sync(self, timeout_s: Optional[float] = None) -> None:
-        """Like :meth:`wait`; afterwards keys with active intent of this worker are local and every
-        earlier push of this worker is in the main copy."""
+        """Block until keys with active intent of this worker are local (main copy or replica) and
+        every earlier push of this worker is merged into the main copy.
+
+        Acts on all active intents at once, whatever the action timer says, and waits for a sync
+        round that starts after this call. Raises AdaPMTimeout after ``timeout_s`` (default
+        ``Config.request_timeout_s``).
+        """
         self.wait(timeout_s)
+        if self._intents is None:
+            return
+        comm = self._node.comm
+        req_id, pending = comm.new_request(self._node.rank, "wait_sync (a sync round)", 1)
+        self._client_socket().send(self._node.rank, Kind.WAKE,
+                                   encode(Kind.WAKE, self._node.rank, req_id, w=self.index))
+        comm.wait(req_id, pending, timeout_s)
 
     # --- internals ---------------------------------------------------------------------------
 
@@ -177,12 +196,10 @@ class Worker:
             return
         self.counters[remote_counter] += nmiss
         positions = self._missing[:nmiss].copy()
-        flat = values.reshape(-1)
-        offsets = self._row_offsets(keys) if not self._store.uniform_length else None
         for dst, group in routing.group_by_node(self._owners(keys[positions])):
             pos = positions[group]
-            chunk = self._rows(flat, keys, pos, offsets)
-            self._send_request(dst, kind, [keys[pos], chunk], keep=True)
+            rows = store.select_rows(values.reshape(-1), keys, pos)
+            self._outstanding.append(self._send_request(dst, kind, keys, pos, [rows]))
         if len(self._outstanding) > _PRUNE_OUTSTANDING:
             self._prune()
 
@@ -206,37 +223,43 @@ class Worker:
         return keys, values, nmiss
 
     def _pull_remote(self, keys: np.ndarray, out: np.ndarray, positions: np.ndarray) -> None:
-        requests = []
-        for dst, group in routing.group_by_node(self._owners(keys[positions])):
-            pos = positions[group]
-            requests.append((pos, self._send_request(dst, Kind.PULL, [keys[pos]], keep=False)))
+        requests = [self._send_request(dst, Kind.PULL, keys, positions[group], [])
+                    for dst, group in routing.group_by_node(self._owners(keys[positions]))]
+        comm = self._node.comm
+        deadline = time.monotonic() + comm.request_timeout_s
         flat = out.reshape(-1)
         offsets = self._row_offsets(keys) if not self._store.uniform_length else None
-        for pos, (req_id, pending) in requests:
-            values = self._node.comm.wait(req_id, pending).arrays[0]
-            if offsets is None:
-                out.reshape(len(keys), -1)[pos] = values.reshape(len(pos), -1)
-            else:
-                flat[routing.segment_index(offsets[pos], self._store.lens[keys[pos]])] = values
+        for req_id, pending in requests:
+            # An answer may come in parts (from the nodes a request was forwarded to).
+            for part in comm.wait(req_id, pending, deadline=deadline):
+                pos, values = part.arrays
+                comm.hint[keys[pos]] = part.src
+                if offsets is None:
+                    out.reshape(len(keys), -1)[pos] = values.reshape(len(pos), -1)
+                else:
+                    flat[routing.segment_index(offsets[pos], self._store.lens[keys[pos]])] = values
 
-    def _send_request(self, dst: int, kind: Kind, arrays: list, keep: bool):
-        if self._client is None:
-            self._client = self._node.transport.client()
-        req_id, pending = self._node.comm.new_request(dst, f"{kind.name} of {len(arrays[0])} keys")
-        self._client.send(dst, kind, encode(kind, self._node.rank, req_id, arrays))
-        if keep:
-            self._outstanding.append((req_id, pending))
+    def _send_request(self, dst: int, kind: Kind, keys: np.ndarray, positions: np.ndarray,
+                      extra: list) -> tuple[int, Pending]:
+        """Send keys[positions] (and ``extra`` arrays) to ``dst``; answers name the positions."""
+        comm = self._node.comm
+        req_id, pending = comm.new_request(dst, f"{kind.name} of {len(positions)} keys",
+                                           len(positions))
+        frames = encode(kind, self._node.rank, req_id, [keys[positions], positions, *extra],
+                        o=self._node.rank)
+        self._client_socket().send(dst, kind, frames)
         return req_id, pending
 
+    def _client_socket(self):
+        if self._client is None:
+            self._client = self._node.transport.client()
+        return self._client
+
     def _owners(self, keys: np.ndarray) -> np.ndarray:
+        """Where we believe the owners of ``keys`` are (a hint; wrong guesses get forwarded)."""
         if self._node.comm is None:
             raise StateError("a single node holds every key; nothing should be remote")
-        return routing.home_of(keys, self._node.world_size)
-
-    def _rows(self, flat: np.ndarray, keys: np.ndarray, pos: np.ndarray, offsets) -> np.ndarray:
-        if offsets is None:
-            return flat.reshape(len(keys), -1)[pos].reshape(-1)
-        return flat[routing.segment_index(offsets[pos], self._store.lens[keys[pos]])]
+        return self._node.comm.hint[keys]
 
     def _row_offsets(self, keys: np.ndarray) -> np.ndarray:
         lengths = self._store.lens[keys]

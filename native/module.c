@@ -16,7 +16,7 @@
 typedef struct {
     PyObject_HEAD
     store_t s;
-    Py_buffer views[6]; /* slot, state, slab, delta, seqs, lens */
+    Py_buffer views[9]; /* slot, state, slab, delta, seqs, version, synced_at, access_stats, lens */
     int nviews;
 } StoreObject;
 
@@ -42,17 +42,19 @@ static int take_view(StoreObject *self, PyObject *obj, int writable, Py_ssize_t 
 }
 
 static int Store_init(StoreObject *self, PyObject *args, PyObject *kwargs) {
-    static char *kwlist[] = {"slot", "state", "slab", "delta", "seqs", "lens", "uniform_len", NULL};
-    PyObject *slot, *state, *slab, *delta, *seqs, *lens;
+    static char *kwlist[] = {"slot", "state", "slab", "delta", "seqs", "version", "synced_at",
+                             "access_stats", "lens", "uniform_len", NULL};
+    PyObject *slot, *state, *slab, *delta, *seqs, *version, *synced_at, *access_stats, *lens;
     long long uniform_len;
     if (self->nviews) {
         PyErr_SetString(PyExc_RuntimeError, "Store is already initialised");
         return -1;
     }
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOOL", kwlist, &slot, &state, &slab, &delta,
-                                     &seqs, &lens, &uniform_len))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOOOOOL", kwlist, &slot, &state, &slab,
+                                     &delta, &seqs, &version, &synced_at, &access_stats, &lens,
+                                     &uniform_len))
         return -1;
-    Py_ssize_t nslot, nstate, nslab, ndelta, nseqs, nlens = 0;
+    Py_ssize_t nslot, nstate, nslab, ndelta, nseqs, nversion, nsynced, nstats, nlens = 0;
     void *p;
     if (take_view(self, slot, 1, 8, "slot", &p, &nslot) < 0) return -1;
     self->s.slot = p;
@@ -64,13 +66,21 @@ static int Store_init(StoreObject *self, PyObject *args, PyObject *kwargs) {
     self->s.delta = p;
     if (take_view(self, seqs, 1, 8, "seqs", &p, &nseqs) < 0) return -1;
     self->s.seqs = p;
+    if (take_view(self, version, 1, 8, "version", &p, &nversion) < 0) return -1;
+    self->s.version = p;
+    if (take_view(self, synced_at, 0, 8, "synced_at", &p, &nsynced) < 0) return -1;
+    self->s.synced_at = p;
+    if (take_view(self, access_stats, 1, 8, "access_stats", &p, &nstats) < 0) return -1;
+    self->s.access_stats = p;
     self->s.lens = NULL;
     if (lens != Py_None) {
         if (take_view(self, lens, 0, 8, "lens", &p, &nlens) < 0) return -1;
         self->s.lens = p;
     }
-    if (nstate != nslot || ndelta != nslab || (lens != Py_None && nlens != nslot)) {
-        PyErr_SetString(PyExc_ValueError, "Store: slot/state/lens or slab/delta sizes differ");
+    if (nstate != nslot || ndelta != nslab || (lens != Py_None && nlens != nslot) ||
+        nversion != nslot || nsynced != nslot || nstats < 3) {
+        PyErr_SetString(PyExc_ValueError,
+                        "Store: slot/state/version/synced_at/lens or slab/delta sizes differ");
         return -1;
     }
     if (nseqs < 1 || (nseqs & (nseqs - 1))) {
@@ -270,28 +280,88 @@ static PyObject *Store_scatter_set(StoreObject *self, PyObject *args) { return s
 
 /* insert(keys, slots, state, vals_or_None) */
 static PyObject *Store_insert(StoreObject *self, PyObject *args) {
-    PyObject *okeys, *oslots, *ovals;
+    PyObject *okeys, *oslots, *ovals, *oversions;
     int new_state;
-    if (!PyArg_ParseTuple(args, "OOiO", &okeys, &oslots, &new_state, &ovals)) return NULL;
+    if (!PyArg_ParseTuple(args, "OOiOO", &okeys, &oslots, &new_state, &ovals, &oversions))
+        return NULL;
     batch_t bt = {.n = 0};
-    Py_ssize_t n, nslots, nvals = 0;
+    Py_ssize_t n, nslots, nvals = 0, nversions = 0;
     int64_t *keys = batch_view(&bt, okeys, 0, 8, "keys", &n);
     int64_t *slots = keys ? batch_view(&bt, oslots, 0, 8, "slots", &nslots) : NULL;
     float *vals = NULL;
+    int64_t *versions = NULL;
     if (!slots) goto fail;
     if (ovals != Py_None && !(vals = batch_view(&bt, ovals, 0, 4, "vals", &nvals))) goto fail;
+    if (oversions != Py_None && !(versions = batch_view(&bt, oversions, 0, 8, "versions",
+                                                        &nversions)))
+        goto fail;
     if (check_keys_in_range(self, keys, n) < 0) goto fail;
-    if (nslots != n || (new_state != KEY_OWNER && new_state != KEY_REPLICA)) {
-        PyErr_SetString(PyExc_ValueError, "insert: slots must match keys; state owner or replica");
+    if (nslots != n || (versions && nversions != n) ||
+        (new_state != KEY_OWNER && new_state != KEY_REPLICA)) {
+        PyErr_SetString(PyExc_ValueError,
+                        "insert: slots and versions must match keys; state owner or replica");
         goto fail;
     }
     int64_t r;
     Py_BEGIN_ALLOW_THREADS
-    r = store_insert(&self->s, keys, n, slots, (int8_t)new_state, vals, nvals);
+    r = store_insert(&self->s, keys, n, slots, (int8_t)new_state, vals, nvals, versions);
     Py_END_ALLOW_THREADS
     release_batch(&bt);
     if (r < 0) return PyErr_Format(PyExc_ValueError, "insert: slot out of range or values short");
     Py_RETURN_NONE;
+fail:
+    release_batch(&bt);
+    return NULL;
+}
+
+/* take_deltas(keys, out, nonzero_out) */
+static PyObject *Store_take_deltas(StoreObject *self, PyObject *args) {
+    PyObject *okeys, *oout, *ononzero;
+    if (!PyArg_ParseTuple(args, "OOO", &okeys, &oout, &ononzero)) return NULL;
+    batch_t bt = {.n = 0};
+    Py_ssize_t n, nout, nnonzero;
+    int64_t *keys = batch_view(&bt, okeys, 0, 8, "keys", &n);
+    float *out = keys ? batch_view(&bt, oout, 1, 4, "out", &nout) : NULL;
+    int8_t *nonzero = out ? batch_view(&bt, ononzero, 1, 1, "nonzero", &nnonzero) : NULL;
+    if (!nonzero || check_keys_in_range(self, keys, n) < 0) goto fail;
+    if (nnonzero < n) {
+        PyErr_SetString(PyExc_ValueError, "take_deltas: nonzero is shorter than keys");
+        goto fail;
+    }
+    int64_t r;
+    Py_BEGIN_ALLOW_THREADS
+    r = store_take_deltas(&self->s, keys, n, out, nout, nonzero);
+    Py_END_ALLOW_THREADS
+    release_batch(&bt);
+    if (r < 0) return PyErr_Format(PyExc_ValueError, "take_deltas: out is too small");
+    Py_RETURN_NONE;
+fail:
+    release_batch(&bt);
+    return NULL;
+}
+
+/* refresh(keys, vals, versions, promote) -> number of replicas changed */
+static PyObject *Store_refresh(StoreObject *self, PyObject *args) {
+    PyObject *okeys, *ovals, *oversions;
+    int promote;
+    if (!PyArg_ParseTuple(args, "OOOp", &okeys, &ovals, &oversions, &promote)) return NULL;
+    batch_t bt = {.n = 0};
+    Py_ssize_t n, nvals, nversions;
+    int64_t *keys = batch_view(&bt, okeys, 0, 8, "keys", &n);
+    float *vals = keys ? batch_view(&bt, ovals, 0, 4, "vals", &nvals) : NULL;
+    int64_t *versions = vals ? batch_view(&bt, oversions, 0, 8, "versions", &nversions) : NULL;
+    if (!versions || check_keys_in_range(self, keys, n) < 0) goto fail;
+    if (nversions != n) {
+        PyErr_SetString(PyExc_ValueError, "refresh: versions must match keys");
+        goto fail;
+    }
+    int64_t r;
+    Py_BEGIN_ALLOW_THREADS
+    r = store_refresh(&self->s, keys, n, vals, nvals, versions, promote);
+    Py_END_ALLOW_THREADS
+    release_batch(&bt);
+    if (r < 0) return PyErr_Format(PyExc_ValueError, "refresh: values are too short");
+    return PyLong_FromLongLong(r);
 fail:
     release_batch(&bt);
     return NULL;
@@ -345,7 +415,11 @@ static PyMethodDef Store_methods[] = {
     {"scatter_set_fast", (PyCFunction)Store_scatter_set_fast, METH_VARARGS,
      "scatter_set_fast(keys, vals, missing) -> int or None. Like gather_fast, for scatter_set."},
     {"insert", (PyCFunction)Store_insert, METH_VARARGS,
-     "insert(keys, slots, state, vals) -> None. Make keys local at the given slots."},
+     "insert(keys, slots, state, vals, versions) -> None. Make keys local at the given slots."},
+    {"take_deltas", (PyCFunction)Store_take_deltas, METH_VARARGS,
+     "take_deltas(keys, out, nonzero) -> None. Replicas: move deltas out (zeroing them)."},
+    {"refresh", (PyCFunction)Store_refresh, METH_VARARGS,
+     "refresh(keys, vals, versions, promote) -> int. Replicas: value = vals + delta."},
     {"remove", (PyCFunction)Store_remove, METH_VARARGS,
      "remove(keys, vals_out, deltas_out, slots_out) -> None. Copy out and drop local keys."},
     {NULL, NULL, 0, NULL},

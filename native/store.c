@@ -1,7 +1,11 @@
+/* clock_gettime under -std=c11 */
+#define _POSIX_C_SOURCE 200809L
+
 #include "store.h"
 
 #include <sched.h>
 #include <string.h>
+#include <time.h>
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -98,8 +102,9 @@ static inline void prefetch_dir(const store_t *s, int64_t key, int for_write) {
 }
 
 static inline void prefetch_row(const store_t *s, int64_t key, int for_write) {
-    const int64_t slot = __atomic_load_n(&s->slot[key], __ATOMIC_RELAXED);
-    if (slot < 0) return;
+    const int64_t raw = __atomic_load_n(&s->slot[key], __ATOMIC_RELAXED);
+    if (raw < 0) return;
+    const int64_t slot = SLOT_OFFSET(raw);
     const char *p = (const char *)(s->slab + slot);
     int64_t bytes = key_len(s, key) * (int64_t)sizeof(float);
     if (bytes > PREFETCH_ROW_LINES * 64) bytes = PREFETCH_ROW_LINES * 64;
@@ -119,30 +124,52 @@ static inline void prefetch_ahead(const store_t *s, const int64_t *keys, int64_t
 
 /* Copies one key's value; the body of store_gather. len is a compile-time constant in the
  * specialised loops, so the copy becomes a few vector moves instead of a memcpy call. */
+/* Returns 0: not held here, 1: main copy, 2: replica. */
 static inline __attribute__((always_inline)) int gather_one(const store_t *s, int64_t key,
                                                             int64_t len, float *dst) {
     const uint64_t *seq = stripe(s, key);
     for (;;) {
         const uint64_t v = read_begin(seq);
-        const int64_t slot = s->slot[key];
-        if (slot < 0) {
+        const int64_t raw = s->slot[key];
+        if (raw < 0) {
             if (read_changed(seq, v)) continue;
             return 0;
         }
-        memcpy(dst, s->slab + slot, (size_t)len * sizeof(float));
-        if (!read_changed(seq, v)) return 1;
+        memcpy(dst, s->slab + SLOT_OFFSET(raw), (size_t)len * sizeof(float));
+        if (!read_changed(seq, v)) return (raw & REPLICA_BIT) ? 2 : 1;
     }
+}
+
+/* Staleness bookkeeping of replica reads: per batch, one clock read and three atomic adds. */
+typedef struct { int64_t reads; double synced_sum; } replica_reads_t;
+
+static inline void note_replica_read(const store_t *s, replica_reads_t *r, int64_t key) {
+    r->reads++;
+    r->synced_sum += s->synced_at[key];
+}
+
+static void flush_replica_reads(const store_t *s, const replica_reads_t *r) {
+    if (!r->reads || !s->access_stats) return;
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    const double now_us = (double)now.tv_sec * 1e6 + (double)now.tv_nsec * 1e-3;
+    __atomic_fetch_add(&s->access_stats[0], r->reads, __ATOMIC_RELAXED);
+    __atomic_fetch_add(&s->access_stats[1], (int64_t)(now_us * (double)r->reads), __ATOMIC_RELAXED);
+    __atomic_fetch_add(&s->access_stats[2], (int64_t)(r->synced_sum * 1e6), __ATOMIC_RELAXED);
 }
 
 #define GATHER_UNIFORM(LEN)                                                         \
     for (int64_t i = 0; i < n; i++) {                                               \
         prefetch_ahead(s, keys, i, n, 0);                                           \
-        if (!gather_one(s, keys[i], (LEN), out + i * (LEN))) missing[nmiss++] = i;  \
+        const int got = gather_one(s, keys[i], (LEN), out + i * (LEN));             \
+        if (!got) missing[nmiss++] = i;                                             \
+        else if (got == 2) note_replica_read(s, &reads, keys[i]);                   \
     }
 
 int64_t store_gather(const store_t *s, const int64_t *keys, int64_t n, float *out,
                      int64_t out_floats, int64_t *missing) {
     int64_t nmiss = 0;
+    replica_reads_t reads = {0, 0.0};
     const int64_t ulen = s->uniform_len;
     if (ulen) {
         if (n > out_floats / ulen) return -1;
@@ -153,6 +180,7 @@ int64_t store_gather(const store_t *s, const int64_t *keys, int64_t n, float *ou
         case 128: GATHER_UNIFORM(128) break;
         default: GATHER_UNIFORM(ulen) break;
         }
+        flush_replica_reads(s, &reads);
         return nmiss;
     }
     int64_t off = 0;
@@ -161,9 +189,12 @@ int64_t store_gather(const store_t *s, const int64_t *keys, int64_t n, float *ou
         const int64_t len = s->lens[key];
         if (off + len > out_floats) return -1;
         prefetch_ahead(s, keys, i, n, 0);
-        if (!gather_one(s, key, len, out + off)) missing[nmiss++] = i;
+        const int got = gather_one(s, key, len, out + off);
+        if (!got) missing[nmiss++] = i;
+        else if (got == 2) note_replica_read(s, &reads, key);
         off += len;
     }
+    flush_replica_reads(s, &reads);
     return nmiss;
 }
 
@@ -175,9 +206,10 @@ static inline __attribute__((always_inline)) int scatter_one(const store_t *s, i
     int held = 1;
     write_lock(seq);
     const int8_t st = s->state[key];
-    const int64_t slot = s->slot[key];
+    const int64_t slot = SLOT_OFFSET(s->slot[key]);
     if (st == KEY_OWNER || (st == KEY_REPLICA && mode == 0)) {
         float *dst = s->slab + slot;
+        if (st == KEY_OWNER) s->version[key]++;  /* replicas learn they are behind */
         if (mode == 0) {
             for (int64_t j = 0; j < len; j++) dst[j] += src[j];
             if (st == KEY_REPLICA) {
@@ -228,7 +260,8 @@ int64_t store_scatter(const store_t *s, const int64_t *keys, int64_t n, const fl
 }
 
 int64_t store_insert(const store_t *s, const int64_t *keys, int64_t n, const int64_t *slots,
-                     int8_t new_state, const float *vals, int64_t vals_floats) {
+                     int8_t new_state, const float *vals, int64_t vals_floats,
+                     const int64_t *versions) {
     int64_t off = 0;
     for (int64_t i = 0; i < n; i++) {
         const int64_t key = keys[i];
@@ -241,8 +274,9 @@ int64_t store_insert(const store_t *s, const int64_t *keys, int64_t n, const int
         if (vals) memcpy(s->slab + slot, vals + off, (size_t)len * sizeof(float));
         else memset(s->slab + slot, 0, (size_t)len * sizeof(float));
         memset(s->delta + slot, 0, (size_t)len * sizeof(float));
-        s->slot[key] = slot;
+        s->slot[key] = new_state == KEY_REPLICA ? (slot | REPLICA_BIT) : slot;
         s->state[key] = new_state;
+        s->version[key] = versions ? versions[i] : 0;
         write_unlock(seq);
         off += len;
     }
@@ -258,7 +292,8 @@ int64_t store_remove(const store_t *s, const int64_t *keys, int64_t n, float *va
         if (off + len > out_floats) return -1;
         uint64_t *seq = stripe(s, key);
         write_lock(seq);
-        const int64_t slot = s->slot[key];
+        const int64_t raw = s->slot[key];
+        const int64_t slot = raw < 0 ? -1 : SLOT_OFFSET(raw);
         slots_out[i] = slot;
         if (slot >= 0) {
             if (vals_out) memcpy(vals_out + off, s->slab + slot, (size_t)len * sizeof(float));
@@ -270,4 +305,59 @@ int64_t store_remove(const store_t *s, const int64_t *keys, int64_t n, float *va
         off += len;
     }
     return n;
+}
+
+int64_t store_take_deltas(const store_t *s, const int64_t *keys, int64_t n, float *out,
+                          int64_t out_floats, int8_t *nonzero) {
+    int64_t off = 0;
+    for (int64_t i = 0; i < n; i++) {
+        const int64_t key = keys[i];
+        const int64_t len = key_len(s, key);
+        if (off + len > out_floats) return -1;
+        uint64_t *seq = stripe(s, key);
+        int any = 0;
+        write_lock(seq);
+        if (s->state[key] == KEY_REPLICA) {
+            float *d = s->delta + SLOT_OFFSET(s->slot[key]);
+            for (int64_t j = 0; j < len; j++) {
+                out[off + j] = d[j];
+                any |= d[j] != 0.0f;
+            }
+            memset(d, 0, (size_t)len * sizeof(float));
+        } else {
+            memset(out + off, 0, (size_t)len * sizeof(float));
+        }
+        write_unlock(seq);
+        nonzero[i] = (int8_t)any;
+        off += len;
+    }
+    return n;
+}
+
+int64_t store_refresh(const store_t *s, const int64_t *keys, int64_t n, const float *vals,
+                      int64_t vals_floats, const int64_t *versions, int promote) {
+    int64_t off = 0, changed = 0;
+    for (int64_t i = 0; i < n; i++) {
+        const int64_t key = keys[i];
+        const int64_t len = key_len(s, key);
+        if (off + len > vals_floats) return -1;
+        uint64_t *seq = stripe(s, key);
+        write_lock(seq);
+        if (s->state[key] == KEY_REPLICA) {
+            const int64_t slot = SLOT_OFFSET(s->slot[key]);
+            float *dst = s->slab + slot, *d = s->delta + slot;
+            for (int64_t j = 0; j < len; j++) dst[j] = vals[off + j] + d[j];
+            /* Promotion folds our own unsent updates in: a new version. */
+            s->version[key] = versions[i] + (promote ? 1 : 0);
+            if (promote) {
+                memset(d, 0, (size_t)len * sizeof(float));
+                s->slot[key] = slot;
+                s->state[key] = KEY_OWNER;
+            }
+            changed++;
+        }
+        write_unlock(seq);
+        off += len;
+    }
+    return changed;
 }

@@ -20,14 +20,24 @@ typedef struct {
     int64_t num_keys;
     int64_t uniform_len;   /* > 0: every key has this many floats; 0: see lens */
     const int64_t *lens;   /* per-key lengths when uniform_len == 0 */
-    int64_t *slot;         /* per key: offset (in floats) into slab, -1 when not held here */
+    int64_t *slot;         /* per key: offset (in floats) into slab, -1 when not held here;
+                              a replica's slot also has REPLICA_BIT set (see below) */
     int8_t *state;         /* per key: KEY_NONE / KEY_OWNER / KEY_REPLICA */
     float *slab;           /* values of held keys */
     float *delta;          /* replicas: updates not yet sent to the owner (same offsets as slab) */
     int64_t slab_floats;   /* capacity of slab and delta, for bounds checks */
     uint64_t *seqs;        /* stripe sequence words; odd while a writer holds the stripe */
     uint64_t stripe_mask;  /* number of stripes - 1 (a power of two) */
+    int64_t *version;      /* per key: owner: bumped by every write; replica: owner's version
+                              when last synced */
+    const double *synced_at; /* per key: replicas: CLOCK_MONOTONIC seconds of the last sync */
+    int64_t *access_stats; /* [replica reads, sum of read times (us), sum of synced_at (us)] */
 } store_t;
+
+/* Replica-ness is a bit of the slot word, so that a read, which must not touch more cache lines
+ * than it needs, learns it from the slot it loads anyway (the state byte is another miss). */
+#define REPLICA_BIT ((int64_t)1 << 62)
+#define SLOT_OFFSET(raw) ((raw) & (REPLICA_BIT - 1))
 
 static inline int64_t key_len(const store_t *s, int64_t key) {
     return s->uniform_len ? s->uniform_len : s->lens[key];
@@ -49,9 +59,21 @@ int64_t store_scatter(const store_t *s, const int64_t *keys, int64_t n, const fl
                       int64_t vals_floats, int64_t *missing, int mode);
 
 /* Makes keys held here: value from vals (or zeros when vals is NULL), at the given slots,
- * with the given state; replica deltas start at zero. */
+ * with the given state and versions (zeros when NULL); replica deltas start at zero. */
 int64_t store_insert(const store_t *s, const int64_t *keys, int64_t n, const int64_t *slots,
-                     int8_t new_state, const float *vals, int64_t vals_floats);
+                     int8_t new_state, const float *vals, int64_t vals_floats,
+                     const int64_t *versions);
+
+/* Replicas only: copies each key's delta out and zeroes it, atomically per key; nonzero[i]
+ * tells whether key i had any update. Keys that are not replicas give zeros. */
+int64_t store_take_deltas(const store_t *s, const int64_t *keys, int64_t n, float *out,
+                          int64_t out_floats, int8_t *nonzero);
+
+/* Replicas only (others are skipped): value = vals + delta (updates made here since the delta
+ * was last taken stay visible), version = versions[i]. promote != 0 also makes the key the owner
+ * copy (its delta is folded in and cleared). Returns the number of keys changed. */
+int64_t store_refresh(const store_t *s, const int64_t *keys, int64_t n, const float *vals,
+                      int64_t vals_floats, const int64_t *versions, int promote);
 
 /* Removes keys: copies value (and delta into deltas_out when not NULL) out, then marks them
  * not held. Writes each key's former slot into slots_out (-1 if it was not held). */

@@ -1,0 +1,220 @@
+"""Serving keyed requests: what a node does for keys it owns, once owned, or is about to own.
+
+Runs on the communication thread only, which is the only thread that changes the directory
+(inserts and removes keys). Every keyed request (pull, push, set, intent report, replica delta,
+replica check) carries the keys and their positions in the origin's request. A node
+
+- serves the keys it owns and answers the origin directly (with those positions);
+- forwards keys it does not own to the next hop: where it sent the key (``forward[k]``), or, at
+  the key's home, the owner the home was last told of;
+- holds keys that are in flight *to* it in a queue, and serves them when they arrive (requests
+  wait where the key is going instead of bouncing).
+
+Following forward pointers always leads to a newer owner (a pointer is written when a node hands
+the key on), so forwarding cannot loop; a hop limit turns any bug into a loud error instead.
+
+Owner decisions come from :class:`~adapm.policy.OwnerPolicy`; this module executes them:
+relocation (value, version, masks and an ownership epoch move; the home is told) and replica
+set-ups (a copy of the value to each new holder).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from . import routing
+from .policy import OwnerPolicy
+from .protocol import Kind, Message, encode, subset
+from .store import NONE, OWNER, REPLICA
+
+if TYPE_CHECKING:
+    from .comm import Comm
+
+
+class Owner:
+    """Directory-changing side of a node: serve, forward, queue, relocate, replicate."""
+
+    def __init__(self, comm: "Comm", management: str) -> None:
+        self.comm = comm
+        self.store = comm.store
+        self.rank = comm.rank
+        self.world_size = comm.world_size
+        n = self.store.num_keys
+        self.policy = OwnerPolicy(self.rank, self.world_size, n, management)
+        self.forward = np.full(n, -1, dtype=np.int32)  # where this node last sent each key
+        self.epoch = np.zeros(n, dtype=np.int64)  # ownership epoch, moves with the key
+        # Home bookkeeping (meaningful for keys whose home is this node).
+        self.owner_at_home = routing.home_of(np.arange(n, dtype=np.int64), self.world_size).astype(
+            np.int32)
+        self.home_epoch = np.zeros(n, dtype=np.int64)
+        self.queued: list[Message] = []
+        self.max_hops = 4 * self.world_size
+        self.counters = {"relocations_in": 0, "relocations_out": 0, "replica_setups": 0,
+                         "replica_setups_discarded": 0, "forwarded_keys": 0, "queued_keys": 0}
+
+    # --- entry point -------------------------------------------------------------------------
+
+    def handle(self, message: Message) -> None:
+        """A keyed request: serve what is owned here, forward or queue the rest."""
+        keys = message.arrays[0]
+        owned = self.store.state[keys] == OWNER
+        if owned.all():
+            self._serve(message)
+            return
+        if owned.any():
+            self._serve(subset(message, np.flatnonzero(owned), self.store))
+        rest = subset(message, np.flatnonzero(~owned), self.store)
+        hops = rest.header.get("h", 0) + 1
+        if hops > self.max_hops:
+            self.comm.reply(rest.header["o"], Kind.ERROR, rest.req_id,
+                            msg=f"routing loop: keys {rest.arrays[0][:5].tolist()} passed "
+                                f"{hops} nodes (last rank {self.rank})")
+            return
+        nxt = self.next_hop(rest.arrays[0])
+        here = np.flatnonzero(nxt < 0)
+        if len(here):
+            self.queued.append(subset(rest, here, self.store))
+            self.counters["queued_keys"] += len(here)
+        onward = np.flatnonzero(nxt >= 0)
+        for dst, positions in routing.group_by_node(nxt[onward]):
+            part = subset(rest, onward[positions], self.store)
+            self.counters["forwarded_keys"] += len(positions)
+            self.comm.send(dst, part.kind, encode(part.kind, self.rank, part.req_id, part.arrays,
+                                                  o=part.header["o"], h=hops))
+
+    def next_hop(self, keys: np.ndarray) -> np.ndarray:
+        """Where to send requests for keys not owned here; -1: the key is on its way here."""
+        nxt = self.forward[keys].astype(np.int64)
+        at_home = routing.home_of(keys, self.world_size) == self.rank
+        nxt = np.where(at_home, self.owner_at_home[keys], nxt)
+        return np.where(nxt == self.rank, -1, nxt)
+
+    def retry_queued(self) -> None:
+        """Keys arrived: serve (or pass on) what waited for them."""
+        queued, self.queued = self.queued, []
+        for message in queued:
+            message.header["h"] = message.header.get("h", 0) - 1  # a retry is not a hop
+            self.handle(message)
+
+    # --- serving owned keys ------------------------------------------------------------------
+
+    def _serve(self, message: Message) -> None:
+        kind, origin = message.kind, message.header["o"]
+        keys, positions = message.arrays[0], message.arrays[1]
+        store = self.store
+        if kind == Kind.PULL:
+            values = np.empty(store.floats_for(keys), dtype=np.float32)
+            self._expect_none_missing(store.gather(keys, values, self.comm.scratch(len(keys))))
+            self.comm.reply(origin, Kind.PULL_RESP, message.req_id, [positions, values])
+        elif kind in (Kind.PUSH, Kind.SET):
+            values = message.arrays[2]
+            scratch = self.comm.scratch(len(keys))
+            nmiss = (store.scatter_add if kind == Kind.PUSH else store.scatter_set)(
+                keys, values, scratch)
+            self._expect_none_missing(nmiss)
+            self.comm.reply(origin, Kind.ACK, message.req_id, [positions])
+        elif kind == Kind.INTENT:
+            flags = message.arrays[2].astype(bool)
+            self.execute(self.policy.on_intent(keys, origin, flags))
+            self.comm.reply(origin, Kind.ACK, message.req_id, [positions])
+        elif kind in (Kind.DELTA, Kind.CHECK):
+            versions = message.arrays[-1]
+            behind = versions != store.version[keys]
+            if kind == Kind.DELTA:
+                self._expect_none_missing(
+                    store.scatter_add(keys, message.arrays[2], self.comm.scratch(len(keys))))
+            stale = keys[behind]
+            values = np.empty(store.floats_for(stale), dtype=np.float32)
+            self._expect_none_missing(store.gather(stale, values, self.comm.scratch(len(stale))))
+            self.comm.reply(origin, Kind.SYNC_RESP, message.req_id,
+                            [positions, store.version[keys].copy(), positions[behind], values])
+        else:
+            raise ValueError(f"not a keyed request: {kind.name}")
+
+    def _expect_none_missing(self, nmiss: int) -> None:
+        if nmiss:
+            # Only this thread removes keys, and it checked ownership just before.
+            raise AssertionError(f"rank {self.rank}: {nmiss} owned keys vanished while serving")
+
+    # --- executing owner decisions -----------------------------------------------------------
+
+    def execute(self, actions) -> None:
+        for dst, keys in actions.relocate:
+            self.relocate_out(dst, keys)
+        for dst, keys in actions.setup:
+            self.send_setup(dst, keys)
+        self.comm.counters["replica_drops_at_owner"] += actions.dropped
+
+    def relocate_out(self, dst: int, keys: np.ndarray) -> None:
+        store = self.store
+        versions = store.version[keys].copy()
+        values, _ = store.remove(keys)
+        intent, replicas = self.policy.take(keys)
+        epochs = self.epoch[keys] + 1
+        self.forward[keys] = dst
+        self.comm.hint[keys] = dst
+        self.counters["relocations_out"] += len(keys)
+        self.comm.send(dst, Kind.RELOCATE, encode(Kind.RELOCATE, self.rank, 0,
+                                                  [keys, values, versions, intent, replicas,
+                                                   epochs]))
+        self._tell_homes(keys, np.full(len(keys), dst, dtype=np.int64), epochs)
+
+    def _tell_homes(self, keys: np.ndarray, owners: np.ndarray, epochs: np.ndarray) -> None:
+        for home, positions in routing.group_by_node(routing.home_of(keys, self.world_size)):
+            if home == self.rank:
+                self.update_home(keys[positions], owners[positions], epochs[positions])
+            else:
+                self.comm.send(home, Kind.OWNER_UPDATE, encode(
+                    Kind.OWNER_UPDATE, self.rank, 0,
+                    [keys[positions], owners[positions], epochs[positions]]))
+
+    def update_home(self, keys: np.ndarray, owners: np.ndarray, epochs: np.ndarray) -> None:
+        """Home bookkeeping: keep the owner with the newest epoch (updates may cross)."""
+        newer = epochs > self.home_epoch[keys]
+        self.owner_at_home[keys[newer]] = owners[newer]
+        self.home_epoch[keys[newer]] = epochs[newer]
+
+    def relocate_in(self, message: Message) -> None:
+        keys, values, versions, intent, replicas, epochs = message.arrays
+        store = self.store
+        state = store.state[keys]
+        if np.any(state == OWNER):
+            raise AssertionError(f"rank {self.rank}: received keys it already owns")
+        held = state == REPLICA
+        if held.any():
+            # Our replica's unsent updates are not in the value we got: promote adds them.
+            store.promote(keys[held], store.select_rows(values, keys, held), versions[held])
+        if (~held).any():
+            store.insert(keys[~held], OWNER, store.select_rows(values, keys, ~held), versions[~held])
+        self.comm.sync.replicas_removed(keys[held])
+        self.policy.install(keys, intent, replicas)
+        self.epoch[keys] = epochs
+        self.comm.hint[keys] = self.rank
+        at_home = routing.home_of(keys, self.world_size) == self.rank
+        if at_home.any():
+            self.update_home(keys[at_home], np.full(int(at_home.sum()), self.rank), epochs[at_home])
+        self.counters["relocations_in"] += len(keys)
+        if self.queued:
+            self.retry_queued()
+
+    def send_setup(self, dst: int, keys: np.ndarray) -> None:
+        values = np.empty(self.store.floats_for(keys), dtype=np.float32)
+        self._expect_none_missing(self.store.gather(keys, values, self.comm.scratch(len(keys))))
+        self.comm.send(dst, Kind.SETUP, encode(Kind.SETUP, self.rank, 0,
+                                               [keys, values, self.store.version[keys].copy()]))
+
+    def setup_in(self, message: Message) -> None:
+        """A replica from the owner: install it only if this node still wants the key."""
+        keys, values, versions = message.arrays
+        take = (self.store.state[keys] == NONE) & self.comm.sync.node.wants(keys)
+        if take.any():
+            self.store.insert(keys[take], REPLICA, self.store.select_rows(values, keys, take),
+                              versions[take])
+            self.store.synced_at[keys[take]] = time.monotonic()
+            self.comm.sync.replicas_added(keys[take])
+            self.comm.hint[keys] = message.src
+        self.counters["replica_setups"] += int(take.sum())
+        self.counters["replica_setups_discarded"] += int((~take).sum())

@@ -1,0 +1,252 @@
+"""Sync rounds: the requester side of the adaptive protocol. Runs on the communication thread.
+
+A round
+1. collects every worker's intents (the action timer decides which to act on now),
+2. reports to owners, per key, the node's intent state where it changed (0→1, 1→0); a replica
+   whose intent ended is dropped here first and its last delta goes along (nothing is lost),
+3. sends every replica's accumulated delta (DELTA) or, if it has none, its version (CHECK) to
+   the owner, which merges and answers with the new value only where the replica is behind,
+4. groups all of that per destination node: one message per node and kind, and none to nodes
+   with nothing to say (no empty all-to-all),
+5. completes when every position of every request is answered (answers may come from the node
+   a request was forwarded to). The next round starts after that.
+
+``wait_sync`` and ``barrier`` ask for a round that *starts* after their call and wait for it.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Callable, Optional
+
+import numpy as np
+
+from . import routing
+from .intents import NodeIntents, WorkerIntents
+from .protocol import Kind, Message, encode
+from .store import REPLICA
+from .timing import ActionTimer, ImmediateTimer
+
+if TYPE_CHECKING:
+    from .comm import Comm
+
+# After a round with nothing to send, wait this long before the next: an idle node polls
+# intents 1000 times a second at most, instead of spinning.
+_IDLE_ROUND_GAP_S = 0.001
+# Longest sleep in poll while a round is running or nothing is due.
+_IDLE_POLL_MS = 50
+
+
+class Waiter:
+    """Someone waiting for a round that started after it asked, plus an extra condition."""
+
+    __slots__ = ("first_round", "condition", "on_done")
+
+    def __init__(self, first_round: int, condition: Optional[Callable[[], bool]],
+                 on_done: Callable[[], None]) -> None:
+        self.first_round = first_round
+        self.condition = condition
+        self.on_done = on_done
+
+
+class SyncLoop:
+    def __init__(self, comm: "Comm", config) -> None:
+        self.comm = comm
+        self.store = comm.store
+        self.config = config
+        self.node = NodeIntents(self.store.num_keys)
+        self.workers: list[tuple[object, WorkerIntents]] = []  # (Worker, its intents)
+        self.replica_keys = np.empty(0, dtype=np.int64)  # sorted
+        self.rounds_started = 0
+        self.rounds_done = 0
+        self.round_time_total = 0.0
+        self._round_start = 0.0
+        self._open: dict[int, object] = {}  # req_id -> Pending of the running round
+        self._next_round_at = 0.0
+        self._forced: set[int] = set()
+        self.waiters: list[Waiter] = []
+        self.counters = {"intents_acted": 0, "replica_drops": 0}
+        self.min_gap = 1.0 / config.max_rounds_per_s if config.max_rounds_per_s else 0.0
+
+    # --- registration (any thread; list.append is atomic) ------------------------------------
+
+    def new_worker_intents(self, worker) -> WorkerIntents:
+        if self.config.action_timing:
+            timer = ActionTimer(self.config.timing_alpha, self.config.timing_p,
+                                self.config.timing_lambda0, worker.clock)
+        else:
+            timer = ImmediateTimer(worker.clock)
+        intents = WorkerIntents(timer)
+        self.workers.append((worker, intents))
+        return intents
+
+    # --- bookkeeping of replicas held here ---------------------------------------------------
+
+    def replicas_added(self, keys: np.ndarray) -> None:
+        self.replica_keys = np.union1d(self.replica_keys, keys)
+
+    def replicas_removed(self, keys: np.ndarray) -> None:
+        if len(keys):
+            self.replica_keys = np.setdiff1d(self.replica_keys, keys, assume_unique=True)
+
+    # --- waiting -----------------------------------------------------------------------------
+
+    def request_round(self, on_done: Callable[[], None], worker_index: Optional[int] = None,
+                      condition: Optional[Callable[[], bool]] = None) -> None:
+        """Call ``on_done`` after a round that starts from now on, once ``condition`` holds.
+
+        ``worker_index``: act on all of that worker's active intents in that round (wait_sync).
+        """
+        if worker_index is not None:
+            self._forced.add(worker_index)
+        self.waiters.append(Waiter(self.rounds_started + 1, condition, on_done))
+        self._next_round_at = 0.0
+
+    def poll_timeout_ms(self) -> int:
+        """How long the loop may sleep in poll before the next round is due."""
+        if self._open:
+            return _IDLE_POLL_MS
+        wait_s = self._next_round_at - time.monotonic()
+        return max(0, min(_IDLE_POLL_MS, int(wait_s * 1000 + 0.999)))
+
+    def worker_by_index(self, index: int):
+        for worker, _ in self.workers:
+            if worker.index == index:
+                return worker
+        raise KeyError(index)
+
+    # --- the round ---------------------------------------------------------------------------
+
+    def tick(self, now: float) -> None:
+        """Start a round if none is running and one is due."""
+        if self._open or now < self._next_round_at:
+            return
+        self.rounds_started += 1
+        self._round_start = now
+        requests = self._build_round()
+        for dst, kind, arrays, on_answer in requests:
+            req_id, pending = self.comm.new_internal_request(dst, kind, len(arrays[0]), on_answer)
+            self._open[req_id] = pending
+            self.comm.send_or_dispatch(dst, kind, encode(kind, self.comm.rank, req_id, arrays,
+                                                         o=self.comm.rank))
+        if not self._open:
+            self._finish_round(now, empty=True)
+
+    def answered(self, req_id: int) -> None:
+        """A request of the running round is fully answered."""
+        self._open.pop(req_id, None)
+        if not self._open:
+            self._finish_round(time.monotonic(), empty=False)
+
+    def _finish_round(self, now: float, empty: bool) -> None:
+        self.rounds_done += 1
+        if not empty:
+            self.round_time_total += now - self._round_start
+        gap = _IDLE_ROUND_GAP_S if empty else 0.0
+        self._next_round_at = self._round_start + max(self.min_gap, gap)
+        still = []
+        for waiter in self.waiters:
+            if self.rounds_done >= waiter.first_round and (waiter.condition is None
+                                                           or waiter.condition()):
+                waiter.on_done()
+            else:
+                if self.rounds_done >= waiter.first_round:
+                    waiter.first_round = self.rounds_done + 1
+                    self._next_round_at = 0.0
+                still.append(waiter)
+        self.waiters = still
+
+    def _build_round(self) -> list:
+        store, node = self.store, self.node
+        for worker, intents in self.workers:
+            acted, expired = intents.collect(worker.clock, force=worker.index in self._forced)
+            node.add(acted)
+            node.remove(expired)
+            self.counters["intents_acted"] += sum(len(k) for k in acted)
+        self._forced.clear()
+        requests = []
+        keys, flags = node.changes()
+        # A replica whose intent ended is dropped now; its last delta travels with the report.
+        ending = keys[~flags]
+        drop = ending[store.state[ending] == REPLICA]
+        dropped_deltas = None
+        if len(drop):
+            dropped_versions = store.version[drop].copy()
+            _, dropped_deltas = store.remove(drop, with_deltas=True)
+            self.replicas_removed(drop)
+            self.counters["replica_drops"] += len(drop)
+        if len(keys):
+            requests += self._grouped(Kind.INTENT, keys, [flags.astype(np.int8)],
+                                      self._on_intent_ack(keys, flags))
+        if dropped_deltas is not None:
+            requests += self._grouped(Kind.DELTA, drop, [dropped_deltas, dropped_versions],
+                                      self._on_sync_answer(drop), rows=True)
+        held = self.replica_keys
+        if len(held):
+            deltas, nonzero = store.take_deltas(held)
+            versions = store.version[held].copy()
+            changed = held[nonzero]
+            if len(changed):
+                requests += self._grouped(Kind.DELTA, changed,
+                                          [store.select_rows(deltas, held, nonzero),
+                                           versions[nonzero]],
+                                          self._on_sync_answer(changed), rows=True)
+            same = held[~nonzero]
+            if len(same):
+                requests += self._grouped(Kind.CHECK, same, [versions[~nonzero]],
+                                          self._on_sync_answer(same))
+        return requests
+
+    def _grouped(self, kind: Kind, keys: np.ndarray, per_key: list, on_answer,
+                 rows: bool = False) -> list:
+        """One request per destination (the owner we believe in). Arrays: keys, positions, ..."""
+        out = []
+        positions_all = np.arange(len(keys), dtype=np.int64)
+        for dst, positions in routing.group_by_node(self.comm.hint[keys].astype(np.int64)):
+            arrays = [keys[positions], positions_all[positions]]
+            for i, array in enumerate(per_key):
+                if rows and i == 0:
+                    arrays.append(self.store.select_rows(array, keys, positions))
+                else:
+                    arrays.append(array[positions])
+            out.append((dst, kind, arrays, on_answer))
+        return out
+
+    # --- answers (communication thread) ------------------------------------------------------
+
+    def _on_intent_ack(self, keys: np.ndarray, flags: np.ndarray):
+        def apply(message: Message) -> None:
+            positions = message.arrays[0]
+            self.node.acknowledge(keys[positions], flags[positions])
+            self.comm.hint[keys[positions]] = message.src
+        return apply
+
+    def _on_sync_answer(self, keys: np.ndarray):
+        def apply(message: Message) -> None:
+            positions, versions, refresh_positions, values = message.arrays
+            store = self.store
+            answered = keys[positions]
+            still = store.state[answered] == REPLICA
+            store.version[answered[still]] = versions[still]
+            if len(refresh_positions):
+                store.refresh(keys[refresh_positions], values)
+            store.synced_at[answered[still]] = time.monotonic()
+            self.comm.hint[answered] = message.src
+        return apply
+
+    # --- queries -----------------------------------------------------------------------------
+
+    def worker_keys_local(self, worker) -> bool:
+        """Every key of the worker's active intents is held here (main copy or replica)."""
+        for w, intents in self.workers:
+            if w is worker:
+                if intents.has_unacted_active(worker.clock):
+                    return False
+                return all(np.all(self.store.state[keys] != 0)
+                           for keys in intents.active_batches(worker.clock))
+        return True
+
+    def stats(self) -> dict:
+        done = max(self.rounds_done, 1)
+        return {"rounds": self.rounds_done, "mean_round_ms": 1000.0 * self.round_time_total / done,
+                **self.counters}
