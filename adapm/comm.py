@@ -262,7 +262,7 @@ class Comm:
         condition = None
         if index >= 0:
             worker = self.sync.worker_by_index(index)
-            condition = lambda: self.sync.worker_keys_local(worker)  # noqa: E731
+            condition = lambda: self.sync.worker_intents_served(worker)  # noqa: E731
         self.sync.request_round(done, worker_index=index if index >= 0 else None,
                                 condition=condition)
 

@@ -121,16 +121,21 @@ class Owner:
             self.execute(self.policy.on_intent(keys, origin, flags))
             self.comm.reply(origin, Kind.ACK, message.req_id, [positions])
         elif kind in (Kind.DELTA, Kind.CHECK):
-            versions = message.arrays[-1]
-            behind = versions != store.version[keys]
+            # Workers here may write between the reads below. A version we report must never be
+            # newer than the value the holder ends up with (else the holder would think itself
+            # current while it is not): report the version read *before* a value was taken.
+            reported = store.version[keys].copy()
+            behind = message.arrays[-1] != reported
             if kind == Kind.DELTA:
                 self._expect_none_missing(
                     store.scatter_add(keys, message.arrays[2], self.comm.scratch(len(keys))))
+                reported += 1  # the merge itself: holder's base + its delta = this version
             stale = keys[behind]
+            reported[behind] = store.version[stale]
             values = np.empty(store.floats_for(stale), dtype=np.float32)
             self._expect_none_missing(store.gather(stale, values, self.comm.scratch(len(stale))))
             self.comm.reply(origin, Kind.SYNC_RESP, message.req_id,
-                            [positions, store.version[keys].copy(), positions[behind], values])
+                            [positions, reported, positions[behind], values])
         else:
             raise ValueError(f"not a keyed request: {kind.name}")
 
@@ -150,8 +155,8 @@ class Owner:
 
     def relocate_out(self, dst: int, keys: np.ndarray) -> None:
         store = self.store
-        versions = store.version[keys].copy()
         values, _ = store.remove(keys)
+        versions = store.version[keys].copy()  # after removal: no write can follow here
         intent, replicas = self.policy.take(keys)
         epochs = self.epoch[keys] + 1
         self.forward[keys] = dst
@@ -201,10 +206,10 @@ class Owner:
             self.retry_queued()
 
     def send_setup(self, dst: int, keys: np.ndarray) -> None:
+        versions = self.store.version[keys].copy()  # before the value: never newer than it
         values = np.empty(self.store.floats_for(keys), dtype=np.float32)
         self._expect_none_missing(self.store.gather(keys, values, self.comm.scratch(len(keys))))
-        self.comm.send(dst, Kind.SETUP, encode(Kind.SETUP, self.rank, 0,
-                                               [keys, values, self.store.version[keys].copy()]))
+        self.comm.send(dst, Kind.SETUP, encode(Kind.SETUP, self.rank, 0, [keys, values, versions]))
 
     def setup_in(self, message: Message) -> None:
         """A replica from the owner: install it only if this node still wants the key."""

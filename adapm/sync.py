@@ -109,6 +109,10 @@ class SyncLoop:
         wait_s = self._next_round_at - time.monotonic()
         return max(0, min(_IDLE_POLL_MS, int(wait_s * 1000 + 0.999)))
 
+    def waiting_on(self) -> list[int]:
+        """Ranks the running round still waits for (read from other threads: a snapshot)."""
+        return sorted({pending.dst for pending in list(self._open.values())})
+
     def worker_by_index(self, index: int):
         for worker, _ in self.workers:
             if worker.index == index:
@@ -226,23 +230,31 @@ class SyncLoop:
             positions, versions, refresh_positions, values = message.arrays
             store = self.store
             answered = keys[positions]
+            if len(refresh_positions):
+                by_position = np.empty(len(keys), dtype=np.int64)
+                by_position[positions] = versions
+                store.refresh(keys[refresh_positions], values, by_position[refresh_positions])
             still = store.state[answered] == REPLICA
             store.version[answered[still]] = versions[still]
-            if len(refresh_positions):
-                store.refresh(keys[refresh_positions], values)
             store.synced_at[answered[still]] = time.monotonic()
             self.comm.hint[answered] = message.src
         return apply
 
     # --- queries -----------------------------------------------------------------------------
 
-    def worker_keys_local(self, worker) -> bool:
-        """Every key of the worker's active intents is held here (main copy or replica)."""
+    def worker_intents_served(self, worker) -> bool:
+        """Owners have taken in every active intent of the worker.
+
+        An owner answers an intent report only after it sent the relocation or replica it
+        decided on, over the same connection, so the keys have arrived by then. (Under
+        ``relocation_only`` a key that several nodes want follows the latest of them, so it may
+        have moved on again.)
+        """
         for w, intents in self.workers:
             if w is worker:
                 if intents.has_unacted_active(worker.clock):
                     return False
-                return all(np.all(self.store.state[keys] != 0)
+                return all(np.all(self.node.told[keys])
                            for keys in intents.active_batches(worker.clock))
         return True
 

@@ -15,7 +15,7 @@ import numpy as np
 
 from . import args, routing
 from .comm import Pending
-from .errors import AdaPMError, InvalidArgument, StateError
+from .errors import AdaPMError, AdaPMTimeout, InvalidArgument, StateError
 from .protocol import Kind, encode
 
 if TYPE_CHECKING:
@@ -172,7 +172,12 @@ class Worker:
         req_id, pending = comm.new_request(self._node.rank, "wait_sync (a sync round)", 1)
         self._client_socket().send(self._node.rank, Kind.WAKE,
                                    encode(Kind.WAKE, self._node.rank, req_id, w=self.index))
-        comm.wait(req_id, pending, timeout_s)
+        try:
+            comm.wait(req_id, pending, timeout_s)
+        except AdaPMTimeout as exc:
+            raise AdaPMTimeout(f"rank {self._node.rank}: wait_sync of worker {self.index} timed "
+                               f"out; the sync round waits for ranks "
+                               f"{comm.sync.waiting_on()}") from exc
 
     # --- internals ---------------------------------------------------------------------------
 
