@@ -18,7 +18,7 @@ $(STAMP): $(PY) pyproject.toml $(wildcard native/*.c native/*.h)
 install: $(STAMP)
 
 demo: install
-	$(VENV)/bin/adapm-run -n 2 $(PY) examples/push_pull.py
+	$(VENV)/bin/adapm-run -n 2 $(PY) examples/demo.py
 
 test: install
 	$(PY) -m pytest -q
