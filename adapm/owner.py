@@ -67,18 +67,20 @@ class Owner:
         if owned.any():
             self._serve(subset(message, np.flatnonzero(owned), self.store))
         rest = subset(message, np.flatnonzero(~owned), self.store)
-        hops = rest.header.get("h", 0) + 1
-        if hops > self.max_hops:
-            self.comm.reply(rest.header["o"], Kind.ERROR, rest.req_id,
-                            msg=f"routing loop: keys {rest.arrays[0][:5].tolist()} passed "
-                                f"{hops} nodes (last rank {self.rank})")
-            return
         nxt = self.next_hop(rest.arrays[0])
         here = np.flatnonzero(nxt < 0)
         if len(here):
             self.queued.append(subset(rest, here, self.store))
             self.counters["queued_keys"] += len(here)
         onward = np.flatnonzero(nxt >= 0)
+        if not len(onward):
+            return
+        hops = rest.header.get("h", 0) + 1  # forwards so far, this one included
+        if hops > self.max_hops:
+            self.comm.reply(rest.header["o"], Kind.ERROR, rest.req_id,
+                            msg=f"routing loop: keys {rest.arrays[0][onward[:5]].tolist()} "
+                                f"passed {hops} nodes (last rank {self.rank})")
+            return
         for dst, positions in routing.group_by_node(nxt[onward]):
             part = subset(rest, onward[positions], self.store)
             self.counters["forwarded_keys"] += len(positions)
@@ -96,7 +98,6 @@ class Owner:
         """Keys arrived: serve (or pass on) what waited for them."""
         queued, self.queued = self.queued, []
         for message in queued:
-            message.header["h"] = message.header.get("h", 0) - 1  # a retry is not a hop
             self.handle(message)
 
     # --- serving owned keys ------------------------------------------------------------------

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-MAX_NODES = 64
+from .config import MAX_INTENT_NODES as MAX_NODES
 
 
 @dataclass
