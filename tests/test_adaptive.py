@@ -235,3 +235,59 @@ def test_no_update_lost_while_keys_move(management):
     check_placement([p for _, p, _ in results], n, C_KEYS)
     if management != "replication_only":
         assert sum(moved for _, _, moved in results) > 0  # keys did move meanwhile
+
+
+# --- routing: forwarding along the path a key took ---------------------------------------------
+
+def _forwarding_job(node):
+    """Key 1 (home 1) moves to rank 2; rank 0 still believes it is at its home and pulls it."""
+    w = node.worker()
+    key = np.array([1])
+    if node.rank == 2:
+        w.intent(key, 0, 1000)
+        w.wait_sync()
+        w.push(key, np.full((1, 1), 5, np.float32))
+    node.barrier()
+    result = None
+    if node.rank == 0:
+        assert node.comm.hint[1] == 1  # stale: rank 0 never heard of the move
+        result = w.pull(key)[0, 0]
+        w.push(key, np.ones((1, 1), np.float32))
+        w.wait()
+        result = (result, int(node.comm.hint[1]))
+    node.barrier()
+    s = node.stats()
+    return result, node.local_keys().tolist(), s["forwarded_keys"], w.pull(key)[0, 0]
+
+
+def test_requests_follow_a_moved_key():
+    results = cluster(_forwarding_job, 3, num_keys=6, value_length=1)
+    (r0, local0, _, v0), (_, local1, fwd1, v1), (_, local2, _, v2) = results
+    assert r0 == (5.0, 2)  # served by the new owner; the hint now points there
+    assert 1 in local2 and 1 not in local1
+    assert fwd1 == 1  # the home forwarded the pull; the push went straight to the new owner
+    assert v0 == v1 == v2 == 6.0
+
+
+# --- the action timer in the protocol ----------------------------------------------------------
+
+def _far_ahead_job(node, timing):
+    w = node.worker()
+    if node.rank == 1:
+        w.intent(np.array([0, 2]), 5000, 5001)  # far ahead: nothing should move yet
+    for _ in range(20):
+        w.advance_clock()
+        w.wait_sync()
+    node.barrier()
+    return node.local_keys().tolist(), node.stats()["intents_acted"]
+
+
+@pytest.mark.parametrize("timing", [True, False])
+def test_intent_far_ahead_waits_for_the_timer(timing):
+    results = cluster(_far_ahead_job, 2, args=(timing,), num_keys=4, value_length=1,
+                      action_timing=timing)
+    (local0, _), (local1, acted1) = results
+    if timing:
+        assert local0 == [0, 2] and acted1 == 0  # not acted on 5000 clocks early
+    else:
+        assert local1 == [0, 1, 2, 3] and acted1 == 2  # acted on in the next round
