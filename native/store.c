@@ -98,7 +98,10 @@ int64_t store_check_keys(const int64_t *keys, int64_t n, int64_t num_keys) {
 static inline void prefetch_dir(const store_t *s, int64_t key, int for_write) {
     __builtin_prefetch(&s->slot[key], 0, 3);
     __builtin_prefetch(stripe(s, key), for_write, 3);
-    if (for_write) __builtin_prefetch(&s->state[key], 0, 3);
+    if (for_write) {
+        __builtin_prefetch(&s->state[key], 0, 3);
+        __builtin_prefetch(&s->version[key], 1, 3);  /* owners bump it on every write */
+    }
 }
 
 static inline void prefetch_row(const store_t *s, int64_t key, int for_write) {
