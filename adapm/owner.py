@@ -217,9 +217,13 @@ class Owner:
         keys, values, versions = message.arrays
         take = (self.store.state[keys] == NONE) & self.comm.sync.node.wants(keys)
         if take.any():
+            # synced_at first: workers may read the replica as soon as it is inserted, and a
+            # read before this line took the key's old synced_at (0 for a first replica) as
+            # its refresh time, adding hours of "staleness" (bench/adaptive.py,
+            # replication_only: mean_staleness_ms of seconds in a 0.2 s run).
+            self.store.synced_at[keys[take]] = time.monotonic()
             self.store.insert(keys[take], REPLICA, self.store.select_rows(values, keys, take),
                               versions[take])
-            self.store.synced_at[keys[take]] = time.monotonic()
             self.comm.sync.replicas_added(keys[take])
             self.comm.hint[keys] = message.src
         self.counters["replica_setups"] += int(take.sum())

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Callable, Optional
 import numpy as np
 
 from . import routing
-from .intents import NodeIntents, WorkerIntents
+from .intents import NodeIntents, WorkerIntents, unique
 from .protocol import Kind, Message, encode
 from .store import REPLICA
 from .timing import ActionTimer, ImmediateTimer
@@ -83,7 +83,8 @@ class SyncLoop:
     # --- bookkeeping of replicas held here ---------------------------------------------------
 
     def replicas_added(self, keys: np.ndarray) -> None:
-        self.replica_keys = np.union1d(self.replica_keys, keys)
+        # Not np.union1d: its np.unique hashes, ~10x slower than this sort (intents.unique).
+        self.replica_keys = unique(np.concatenate((self.replica_keys, keys)))
 
     def replicas_removed(self, keys: np.ndarray) -> None:
         if len(keys):
@@ -171,7 +172,8 @@ class SyncLoop:
         requests = []
         keys, flags = node.changes()
         # A replica whose intent ended is dropped now; its last delta travels with the report.
-        ending = keys[~flags]
+        # Under full_replication replicas are permanent: nothing is dropped.
+        ending = keys[~flags] if self.config.management != "full_replication" else keys[:0]
         drop = ending[store.state[ending] == REPLICA]
         dropped_deltas = None
         if len(drop):
