@@ -1,7 +1,7 @@
 """Adaptive management on a sparse workload with locality: every variant side by side in one run.
 
     python bench/adaptive.py            # full run (< ~3 minutes on 2 cores)
-    python bench/adaptive.py --quick    # ~30 s
+    python bench/adaptive.py --quick    # ~15-30 s (2 nodes, 2000 clocks)
     python bench/adaptive.py --nodes 2,4 --clocks 5000 --ahead 200
 
 Workload (synthetic, MF-like). ``num_keys`` keys of ``value_length`` floats. The key space is a
@@ -246,7 +246,8 @@ def run_variant(o: dict, nodes: int, settings: dict, world_size: int) -> dict:
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="a ~30 s run (fewer clocks)")
-    parser.add_argument("--nodes", default="2,4", help="comma-separated node counts")
+    parser.add_argument("--nodes", default=None,
+                        help="comma-separated node counts (default 2,4; --quick: 2)")
     parser.add_argument("--threads", type=int, default=1, help="worker threads per node")
     parser.add_argument("--num-keys", type=int, default=100_000)
     parser.add_argument("--value-length", type=int, default=16)
@@ -276,7 +277,7 @@ def main(argv=None) -> None:
          "batch": opts.batch, "ahead": opts.ahead, "locality": opts.locality,
          "shared_keys": opts.shared_keys, "zipf": opts.zipf, "seed": opts.seed,
          "threads": opts.threads, "timeout": 300, "baseline_reps": 3}
-    node_counts = [int(x) for x in opts.nodes.split(",")]
+    node_counts = [int(x) for x in (opts.nodes or ("2" if opts.quick else "2,4")).split(",")]
     variants = list(VARIANTS)
     if opts.variants:
         sep = ";" if ";" in opts.variants else ","
