@@ -29,18 +29,11 @@ from adapm.testing import run_cluster
 
 NUM_KEYS, DIM = 10, 3
 ALL = np.arange(NUM_KEYS)
-LAUNCHER_VARS = (
-    "ADAPM_RANK", "ADAPM_WORLD_SIZE", "ADAPM_RENDEZVOUS", "ADAPM_HOST", "ADAPM_MANAGEMENT",
-    "ADAPM_REQUEST_TIMEOUT_S", "ADAPM_CONNECT_TIMEOUT_S",
-    "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "PMI_RANK", "PMI_SIZE",
-    "SLURM_PROCID", "SLURM_NTASKS", "RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-)
 
 
 @pytest.fixture(autouse=True)
-def no_launcher(monkeypatch):
-    for var in LAUNCHER_VARS:
-        monkeypatch.delenv(var, raising=False)
+def _single_node(no_launcher):
+    """Every test here runs adapm.init() as a single node (tests/conftest.py)."""
 
 
 def initial_values(num_keys=NUM_KEYS, dim=DIM):
