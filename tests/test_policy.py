@@ -130,3 +130,12 @@ def test_invariants_under_random_events(evs):
             assert np.all(np.bitwise_count(p.intent[group]) >= 2)
         assert np.all(p.replicas & ~p.intent == 0)
         assert np.all(p.replicas & np.uint64(1) == 0)
+
+
+def test_config_refuses_too_many_nodes_for_intent_variants():
+    from adapm import Config, ConfigError
+
+    for variant in ("adaptive", "replication_only", "relocation_only"):
+        with pytest.raises(ConfigError, match="at most 64 nodes"):
+            Config(num_keys=10, world_size=65, rendezvous="127.0.0.1:5000", management=variant)
+    Config(num_keys=10, world_size=65, rendezvous="127.0.0.1:5000", management="static_partition")
