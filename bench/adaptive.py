@@ -48,7 +48,7 @@ What decides the adaptive rows: lead time in *seconds*, not clocks. Here a clock
 trivial update) takes 20-40 us, so 100 clocks ahead is 2-4 ms, less than the 1-2 sync rounds
 (3-4 ms each on 2 cores) that an intent needs to make a key local; accesses that outrun their
 intent go remote and each blocks the worker for ~6-10 ms while both communication threads are
-busy. With 1000 clocks ahead the targets are met.
+busy. More lead helps (see the `--extra-ahead` row); whether it meets the targets depends on the run.
 
 The machine is shared and small (2 cores for several processes with two busy threads each):
 compare ratios within one run, not absolute numbers across runs.
