@@ -126,6 +126,15 @@ class Comm:
         if self.error is not None:
             raise self.error
 
+    def quiesce(self, timeout_s: float) -> None:
+        """Start no more sync rounds; wait until the running one is answered (shutdown)."""
+        if self.sync is None:
+            return
+        self.sync.closing = True
+        deadline = time.monotonic() + timeout_s
+        while self.sync._open and self.error is None and time.monotonic() < deadline:
+            time.sleep(0.001)
+
     def stop(self) -> None:
         self._stop.set()
         if self._thread.is_alive() and threading.current_thread() is not self._thread:

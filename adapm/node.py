@@ -70,6 +70,7 @@ class Node:
         self._workers_lock = threading.Lock()
         self._barrier_epoch = 0
         self._closed = False
+        self._clean = False  # shutdown met all nodes: sockets may linger to flush
         self.comm: Optional[Comm] = None
         self.transport: Optional[Transport] = None
         if self.world_size > 1:
@@ -196,7 +197,10 @@ class Node:
                 workers = list(self._workers)
             for handle in workers:
                 handle.wait_sync(timeout_s)  # replica updates reach their owners too
+            if self.comm is not None:
+                self.comm.quiesce(self.config.request_timeout_s)
             self._barrier(timeout_s, refresh=False)
+            self._clean = True
         except BaseException as exc:
             error = exc
         finally:
@@ -220,7 +224,8 @@ class Node:
         for client in getattr(self, "_control_clients", []):
             client.close()
         if self.transport is not None:
-            self.transport.close()
+            # A clean shutdown lets queued messages (e.g. a barrier release) go out; errors do not wait.
+            self.transport.close(linger_ms=1000 if self._clean else 0)
             self._context.term()
 
     def _check_open(self, what: str) -> None:

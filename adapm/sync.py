@@ -67,6 +67,7 @@ class SyncLoop:
         self.waiters: list[Waiter] = []
         self.counters = {"intents_acted": 0, "replica_drops": 0}
         self.min_gap = 1.0 / config.max_rounds_per_s if config.max_rounds_per_s else 0.0
+        self.closing = False  # set by shutdown: start no more rounds
 
     # --- registration (any thread; list.append is atomic) ------------------------------------
 
@@ -124,7 +125,7 @@ class SyncLoop:
 
     def tick(self, now: float) -> None:
         """Start a round if none is running and one is due."""
-        if self._open or now < self._next_round_at:
+        if self._open or now < self._next_round_at or self.closing:
             return
         self.rounds_started += 1
         self._round_start = now

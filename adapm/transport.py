@@ -131,9 +131,11 @@ class Transport:
         for key, add in ((f"messages_{direction}_{name}", 1), (f"bytes_{direction}_{name}", size)):
             self.by_kind[key] = self.by_kind.get(key, 0) + add
 
-    def close(self) -> None:
-        for sock in [self.router, self.inbox, *self.peers.values()]:
+    def close(self, linger_ms: int = 0) -> None:
+        for sock in [self.router, self.inbox]:
             sock.close(linger=0)
+        for sock in self.peers.values():
+            sock.close(linger=linger_ms)
         self.peers.clear()
         if self._own_context:
             self.context.term()
