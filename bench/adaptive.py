@@ -22,7 +22,10 @@ Variants: adaptive, replication_only, relocation_only, static_partition, full_re
 adaptive with ``action_timing=False``; plus (``--extra-ahead``, default 1000) adaptive with intent
 signalled further ahead, to show how the result depends on lead time. Baseline: one node (world
 size 1) running all the nodes' sequences with the same total number of worker threads
-(nodes x threads) in one process; it repeats the work 3 times and keeps the fastest.
+(nodes x threads) in one process; it repeats the work 5 times and reports the fastest
+repetition, so "vs 1 node" is conservative. Its repetitions vary a lot (threads of one process
+contend for the GIL: 2.7-10.5 M keys/s seen with 4 threads, 4.9-10.1 with 2; one thread alone
+does ~10 M keys/s, i.e. a clock is ~10 us of work); the range is printed under the table.
 
 Columns:
 - throughput: keys per second over all nodes (each key of a batch is pulled and pushed once),
@@ -45,10 +48,11 @@ and rank 0 reads every key: each must equal its access count. A mismatch fails t
 lost or doubled update cannot hide behind a good number).
 
 What decides the adaptive rows: lead time in *seconds*, not clocks. Here a clock (100 keys,
-trivial update) takes 20-40 us, so 100 clocks ahead is 2-4 ms, less than the 1-2 sync rounds
-(3-4 ms each on 2 cores) that an intent needs to make a key local; accesses that outrun their
-intent go remote and each blocks the worker for ~6-10 ms while both communication threads are
-busy. More lead helps (see the `--extra-ahead` row); whether it meets the targets depends on the run.
+trivial update) is ~10 us of work (20-40 us next to a busy communication thread), so 100 clocks
+ahead is 1-4 ms, less than the 1-2 sync rounds (~3 ms each with 2 nodes on 2 cores, ~20 ms with
+4) that an intent needs to make a key local; accesses that outrun their intent go remote and
+each blocks the worker for ~6-10 ms while both communication threads are busy.
+More lead helps (see the `--extra-ahead` row); whether it meets the targets depends on the run.
 
 The machine is shared and small (2 cores for several processes with two busy threads each):
 compare ratios within one run, not absolute numbers across runs.
@@ -209,7 +213,8 @@ def _job(node, o: dict, nodes: int) -> dict:
             mismatched.append(("mismatched keys", int(len(bad))))
     node.barrier()
     return {"elapsed": elapsed, "cpu": cpu, "keys": len(workers) * clocks * o["batch"],
-            "stats": stats, "staleness": (reads, read_us - synced_us), "mismatched": mismatched}
+            "stats": stats, "staleness": (reads, read_us - synced_us), "mismatched": mismatched,
+            "rep_times": times}
 
 
 def run_variant(o: dict, nodes: int, settings: dict, world_size: int) -> dict:
@@ -240,6 +245,7 @@ def run_variant(o: dict, nodes: int, settings: dict, world_size: int) -> dict:
         "rounds": sum(s["rounds"] for s in st) / len(st),
         "cpu_us_per_clock": 1e6 * sum(r["cpu"] for r in results) / (keys / o["batch"]),
         "stats": st,
+        "rep_times": results[0]["rep_times"],
     }
 
 
@@ -252,7 +258,7 @@ def main(argv=None) -> None:
     parser.add_argument("--num-keys", type=int, default=100_000)
     parser.add_argument("--value-length", type=int, default=16)
     parser.add_argument("--clocks", type=int, default=None,
-                        help="clocks per worker (default 6000, --quick 2000)")
+                        help="clocks per worker (default 5000, --quick 2000)")
     parser.add_argument("--batch", type=int, default=100, help="keys per batch")
     parser.add_argument("--ahead", type=int, default=100, help="clocks of intent ahead")
     parser.add_argument("--locality", type=float, default=0.9,
@@ -272,11 +278,11 @@ def main(argv=None) -> None:
     parser.add_argument("--details", action="store_true",
                         help="also print per-node rounds, CPU per clock and bytes by kind")
     opts = parser.parse_args(argv)
-    clocks = opts.clocks or (2000 if opts.quick else 6000)
+    clocks = opts.clocks or (2000 if opts.quick else 5000)
     o = {"num_keys": opts.num_keys, "value_length": opts.value_length, "clocks": clocks,
          "batch": opts.batch, "ahead": opts.ahead, "locality": opts.locality,
          "shared_keys": opts.shared_keys, "zipf": opts.zipf, "seed": opts.seed,
-         "threads": opts.threads, "timeout": 300, "baseline_reps": 3}
+         "threads": opts.threads, "timeout": 300, "baseline_reps": 5}
     node_counts = [int(x) for x in (opts.nodes or ("2" if opts.quick else "2,4")).split(",")]
     variants = list(VARIANTS)
     if opts.variants:
@@ -290,7 +296,7 @@ def main(argv=None) -> None:
                          {**o, "ahead": ahead}))
 
     t0 = time.perf_counter()
-    rows = []
+    rows, spread = [], []
     for nodes in node_counts:
         best: dict = {}
         base = None
@@ -299,10 +305,13 @@ def main(argv=None) -> None:
             b = run_variant(o, nodes, {}, world_size=1)
             base = b if base is None or b["throughput"] > base["throughput"] else base
             for name, settings, run_o in runs:
+                # Progress on stderr, so that a failing run is named.
+                print(f"running {name}, {nodes} nodes", file=sys.stderr, flush=True)
                 r = run_variant(run_o, nodes, settings, world_size=nodes)
                 if name not in best or r["throughput"] > best[name]["throughput"]:
                     best[name] = r
         rows.append((f"single node ({nodes * opts.threads} threads)", 1, base, base))
+        spread.append((nodes * opts.threads, base))
         rows += [(name, nodes, best[name], base) for name, _, _ in runs]
 
     import zmq
@@ -329,6 +338,11 @@ def main(argv=None) -> None:
                       f"CPU/clock (all nodes) {r['cpu_us_per_clock']:.0f} us, "
                       f"bytes sent by kind " + ", ".join(f"{k} {v / 1e6:.2f}MB"
                                                          for k, v in sorted(kinds.items())))
+    for threads, base in spread:
+        keys = o["clocks"] * o["batch"] * threads
+        low, high = keys / max(base["rep_times"]) / 1e6, keys / min(base["rep_times"]) / 1e6
+        print(f"\nsingle node, {threads} threads: fastest of {len(base['rep_times'])} "
+              f"repetitions; range {low:.1f}-{high:.1f} M keys/s")
     for name, nodes, r, base in rows:
         if name != "adaptive":
             continue
