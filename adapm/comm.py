@@ -26,11 +26,9 @@ from .errors import AdaPMError, AdaPMTimeout, PeerError, StateError
 from .owner import Owner
 from .protocol import ANSWERS, KEYED, Kind, Message, decode, encode
 from .store import Store
-from .sync import SyncLoop
+from .sync import IDLE_POLL_MS, SyncLoop
 from .transport import Transport, unpack_prefix
 
-# Longest poll when nothing is due: how quickly the thread notices a stop request when idle.
-_IDLE_POLL_MS = 50
 
 
 class Pending:
@@ -172,7 +170,7 @@ class Comm:
     def _run(self) -> None:
         try:
             while not self._stop.is_set():
-                timeout = _IDLE_POLL_MS if self.sync is None else self.sync.poll_timeout_ms()
+                timeout = IDLE_POLL_MS if self.sync is None else self.sync.poll_timeout_ms()
                 for source, frames in self.transport.poll(timeout):
                     if source == "inbox":
                         self._forward(frames)

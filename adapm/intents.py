@@ -97,10 +97,6 @@ class NodeIntents:
             self.count[keys] = after
             self._dirty.append(keys[after == 0])
 
-    def retry(self, keys: np.ndarray) -> None:
-        """Keys whose report must be sent again (e.g. their owner could not take it yet)."""
-        self._dirty.append(keys)
-
     def changes(self) -> tuple[np.ndarray, np.ndarray]:
         """(keys, has_intent) whose state differs from what owners were told; clears the dirty set."""
         if not self._dirty:
@@ -117,8 +113,6 @@ class NodeIntents:
     def wants(self, keys: np.ndarray) -> np.ndarray:
         return self.count[keys] > 0
 
-    def pending(self) -> bool:
-        return bool(self._dirty)
 
 
 def unique(keys: np.ndarray) -> np.ndarray:

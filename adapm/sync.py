@@ -33,8 +33,9 @@ if TYPE_CHECKING:
 # After a round with nothing to send, wait this long before the next: an idle node polls
 # intents 1000 times a second at most, instead of spinning.
 _IDLE_ROUND_GAP_S = 0.001
-# Longest sleep in poll while a round is running or nothing is due.
-_IDLE_POLL_MS = 50
+# Longest sleep in poll while a round is running or nothing is due (also: how quickly the
+# communication thread notices a stop request).
+IDLE_POLL_MS = 50
 
 
 class Waiter:
@@ -107,9 +108,9 @@ class SyncLoop:
     def poll_timeout_ms(self) -> int:
         """How long the loop may sleep in poll before the next round is due."""
         if self._open:
-            return _IDLE_POLL_MS
+            return IDLE_POLL_MS
         wait_s = self._next_round_at - time.monotonic()
-        return max(0, min(_IDLE_POLL_MS, int(wait_s * 1000 + 0.999)))
+        return max(0, min(IDLE_POLL_MS, int(wait_s * 1000 + 0.999)))
 
     def waiting_on(self) -> list[int]:
         """Ranks the running round still waits for (read from other threads: a snapshot)."""

@@ -27,6 +27,16 @@ def cluster(fn, world_size, *, args=(), timeout_s=90, **config):
     return run_cluster(fn, world_size, args=args, timeout_s=timeout_s, config={**FAST, **config})
 
 
+def run_all(threads, errors) -> None:
+    """Start and join worker threads; re-raise the first error one of them recorded."""
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+
+
 def placement(node) -> dict:
     """What a node holds, and what it knows as a home, for checks in the parent."""
     comm = node.comm
@@ -154,12 +164,7 @@ def _schedule_job(node, plan):
     errors = []
     threads = [threading.Thread(target=_run_steps, args=(w, steps, errors))
                for w, steps in zip(workers, plan[node.rank])]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if errors:
-        raise errors[0]
+    run_all(threads, errors)
     node.barrier()
     values = workers[0].pull(np.arange(P_KEYS))
     return values, placement(node), node.stats()
@@ -216,12 +221,7 @@ def _churn_job(node, seed):
             errors.append(exc)
 
     threads = [threading.Thread(target=run, args=(w, i == 0)) for i, w in enumerate(workers)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if errors:
-        raise errors[0]
+    run_all(threads, errors)
     node.barrier()
     s = node.stats()
     return workers[0].pull(np.arange(C_KEYS))[:, 0], placement(node), s["relocations_in"]
