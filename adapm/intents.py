@@ -113,6 +113,14 @@ class NodeIntents:
     def wants(self, keys: np.ndarray) -> np.ndarray:
         return self.count[keys] > 0
 
+    def in_flight(self, keys: np.ndarray) -> np.ndarray:
+        """Keys with acted-on intent whose owner has not answered the report yet.
+
+        Read by worker threads while the communication thread writes: each element read is
+        atomic, and a stale answer only means one more check under ``Comm.arrivals``.
+        """
+        return (self.count[keys] > 0) & ~self.told[keys]
+
 
 
 def unique(keys: np.ndarray) -> np.ndarray:

@@ -12,7 +12,7 @@ from . import cluster, routing
 from .comm import Comm
 from .config import Config
 from .errors import AdaPMError, AdaPMTimeout, InvalidArgument, StateError
-from .protocol import Kind, encode
+from .protocol import Kind, encode_one
 from .store import NONE, OWNER, REPLICA, Store
 from .transport import Transport
 from .worker import Worker
@@ -154,7 +154,7 @@ class Node:
         timeout_s = self.config.connect_timeout_s if timeout_s is None else timeout_s
         client = self._control_client()
         req_id, pending = self.comm.new_request(0, f"barrier #{epoch}", 1)
-        client.send(0, Kind.BARRIER, encode(Kind.BARRIER, self.rank, req_id, e=epoch))
+        client.send(0, Kind.BARRIER, encode_one(Kind.BARRIER, self.rank, req_id, e=epoch))
         try:
             self.comm.wait(req_id, pending, timeout_s)
         except AdaPMTimeout as exc:
@@ -168,7 +168,7 @@ class Node:
             # Replicas here catch up with every update acknowledged before the barrier.
             req_id, pending = self.comm.new_request(self.rank, f"replica refresh after barrier "
                                                                f"#{epoch}", 1)
-            client.send(self.rank, Kind.WAKE, encode(Kind.WAKE, self.rank, req_id, w=-1))
+            client.send(self.rank, Kind.WAKE, encode_one(Kind.WAKE, self.rank, req_id, w=-1))
             self.comm.wait(req_id, pending, timeout_s)
 
     def _control_client(self):

@@ -1,8 +1,9 @@
 """Serving keyed requests: what a node does for keys it owns, once owned, or is about to own.
 
 Runs on the communication thread only, which is the only thread that changes the directory
-(inserts and removes keys). Every keyed request (pull, push, set, intent report, replica delta,
-replica check) carries the keys and their positions in the origin's request. A node
+(inserts and removes keys). Every keyed request (pull, push, set, and a sync round's intent
+reports, replica deltas and version checks) carries the keys and their positions in the origin's
+request. A node
 
 - serves the keys it owns and answers the origin directly (with those positions);
 - forwards keys it does not own to the next hop: where it sent the key (``forward[k]``), or, at
@@ -27,7 +28,7 @@ import numpy as np
 
 from . import routing
 from .policy import OwnerPolicy
-from .protocol import Kind, Message, encode, subset
+from .protocol import CHECKS, DELTAS, INTENTS, Kind, Message, subset
 from .store import NONE, OWNER, REPLICA
 
 if TYPE_CHECKING:
@@ -59,15 +60,16 @@ class Owner:
 
     def handle(self, message: Message) -> None:
         """A keyed request: serve what is owned here, forward or queue the rest."""
-        keys = message.arrays[0]
+        keys = message.keys()
         owned = self.store.state[keys] == OWNER
         if owned.all():
             self._serve(message)
             return
         if owned.any():
             self._serve(subset(message, np.flatnonzero(owned), self.store))
-        rest = subset(message, np.flatnonzero(~owned), self.store)
-        nxt = self.next_hop(rest.arrays[0])
+        rest_index = np.flatnonzero(~owned)
+        rest = subset(message, rest_index, self.store)
+        nxt = self.next_hop(keys[rest_index])
         here = np.flatnonzero(nxt < 0)
         if len(here):
             self.queued.append(subset(rest, here, self.store))
@@ -78,14 +80,15 @@ class Owner:
         hops = rest.header.get("h", 0) + 1  # forwards so far, this one included
         if hops > self.max_hops:
             self.comm.reply(rest.header["o"], Kind.ERROR, rest.req_id,
-                            msg=f"routing loop: keys {rest.arrays[0][onward[:5]].tolist()} "
+                            msg=f"routing loop: keys {keys[rest_index][onward[:5]].tolist()} "
                                 f"passed {hops} nodes (last rank {self.rank})")
             return
         for dst, positions in routing.group_by_node(nxt[onward]):
             part = subset(rest, onward[positions], self.store)
+            part.header["h"] = hops
+            part.header["s"] = part.src = self.rank
             self.counters["forwarded_keys"] += len(positions)
-            self.comm.send(dst, part.kind, encode(part.kind, self.rank, part.req_id, part.arrays,
-                                                  o=part.header["o"], h=hops))
+            self.comm.post_message(dst, part)
 
     def next_hop(self, keys: np.ndarray) -> np.ndarray:
         """Where to send requests for keys not owned here; -1: the key is on its way here."""
@@ -117,28 +120,46 @@ class Owner:
                 keys, values, scratch)
             self._expect_none_missing(nmiss)
             self.comm.reply(origin, Kind.ACK, message.req_id, [positions])
-        elif kind == Kind.INTENT:
-            flags = message.arrays[2].astype(bool)
-            self.execute(self.policy.on_intent(keys, origin, flags))
-            self.comm.reply(origin, Kind.ACK, message.req_id, [positions])
-        elif kind in (Kind.DELTA, Kind.CHECK):
-            # Workers here may write between the reads below. A version we report must never be
-            # newer than the value the holder ends up with (else the holder would think itself
-            # current while it is not): report the version read *before* a value was taken.
-            reported = store.version[keys].copy()
-            behind = message.arrays[-1] != reported
-            if kind == Kind.DELTA:
-                self._expect_none_missing(
-                    store.scatter_add(keys, message.arrays[2], self.comm.scratch(len(keys))))
-                reported += 1  # the merge itself: holder's base + its delta = this version
-            stale = keys[behind]
-            reported[behind] = store.version[stale]
-            values = np.empty(store.floats_for(stale), dtype=np.float32)
-            self._expect_none_missing(store.gather(stale, values, self.comm.scratch(len(stale))))
-            self.comm.reply(origin, Kind.SYNC_RESP, message.req_id,
-                            [positions, reported, positions[behind], values])
+        elif kind == Kind.SYNC:
+            self._serve_sync(message, origin)
         else:
             raise ValueError(f"not a keyed request: {kind.name}")
+
+    def _serve_sync(self, message: Message, origin: int) -> None:
+        """A sync round's request: merge deltas, answer stale replicas, then decide on intents.
+
+        Deltas first, so a dropped replica's last delta is in before the key can move. The
+        answer is computed before the intents are acted on (a decision may move a key away),
+        and posted after the relocations and replicas they cause: the origin receives those
+        first, on the same connection.
+        """
+        store = self.store
+        sections = message.sections()
+        ikeys, ipos, iflags = sections[INTENTS]
+        dkeys, dpos, drows, dver = sections[DELTAS]
+        ckeys, cpos, cver = sections[CHECKS]
+        skeys = np.concatenate((dkeys, ckeys)) if len(ckeys) else dkeys
+        spos = np.concatenate((dpos, cpos)) if len(ckeys) else dpos
+        # Workers here may write between the reads below. A version we report must never be
+        # newer than the value the holder ends up with (else the holder would think itself
+        # current while it is not): report the version read *before* a value was taken.
+        reported = store.version[skeys].copy()
+        behind = np.concatenate((dver, cver)) != reported
+        if len(dkeys):
+            self._expect_none_missing(store.scatter_add(dkeys, drows,
+                                                        self.comm.scratch(len(dkeys))))
+            reported[:len(dkeys)] += 1  # the merge itself: holder's base + its delta = this version
+        stale = skeys[behind]
+        reported[behind] = store.version[stale]
+        values = np.empty(store.floats_for(stale), dtype=np.float32)
+        if len(stale):
+            self._expect_none_missing(store.gather(stale, values, self.comm.scratch(len(stale))))
+        if len(ikeys):
+            self.execute(self.policy.on_intent(ikeys, origin, iflags.astype(bool)))
+        self.comm.reply(origin, Kind.SYNC_RESP, message.req_id,
+                        [np.concatenate((ipos, spos)),
+                         np.concatenate((np.full(len(ipos), -1, dtype=np.int64), reported)),
+                         spos[behind], values])
 
     def _expect_none_missing(self, nmiss: int) -> None:
         if nmiss:
@@ -163,19 +184,19 @@ class Owner:
         self.forward[keys] = dst
         self.comm.hint[keys] = dst
         self.counters["relocations_out"] += len(keys)
-        self.comm.send(dst, Kind.RELOCATE, encode(Kind.RELOCATE, self.rank, 0,
-                                                  [keys, values, versions, intent, replicas,
-                                                   epochs]))
-        self._tell_homes(keys, np.full(len(keys), dst, dtype=np.int64), epochs)
+        self.comm.post(dst, Kind.RELOCATE, 0, [keys, values, versions, intent, replicas, epochs])
+        # The new owner updates the homes it is itself (relocate_in); tell the others.
+        elsewhere = routing.home_of(keys, self.world_size) != dst
+        self._tell_homes(keys[elsewhere], np.full(int(elsewhere.sum()), dst, dtype=np.int64),
+                         epochs[elsewhere])
 
     def _tell_homes(self, keys: np.ndarray, owners: np.ndarray, epochs: np.ndarray) -> None:
         for home, positions in routing.group_by_node(routing.home_of(keys, self.world_size)):
             if home == self.rank:
                 self.update_home(keys[positions], owners[positions], epochs[positions])
             else:
-                self.comm.send(home, Kind.OWNER_UPDATE, encode(
-                    Kind.OWNER_UPDATE, self.rank, 0,
-                    [keys[positions], owners[positions], epochs[positions]]))
+                self.comm.post(home, Kind.OWNER_UPDATE, 0,
+                               [keys[positions], owners[positions], epochs[positions]])
 
     def update_home(self, keys: np.ndarray, owners: np.ndarray, epochs: np.ndarray) -> None:
         """Home bookkeeping: keep the owner with the newest epoch (updates may cross)."""
@@ -203,6 +224,7 @@ class Owner:
         if at_home.any():
             self.update_home(keys[at_home], np.full(int(at_home.sum()), self.rank), epochs[at_home])
         self.counters["relocations_in"] += len(keys)
+        self.comm.notify_arrivals()
         if self.queued:
             self.retry_queued()
 
@@ -210,7 +232,7 @@ class Owner:
         versions = self.store.version[keys].copy()  # before the value: never newer than it
         values = np.empty(self.store.floats_for(keys), dtype=np.float32)
         self._expect_none_missing(self.store.gather(keys, values, self.comm.scratch(len(keys))))
-        self.comm.send(dst, Kind.SETUP, encode(Kind.SETUP, self.rank, 0, [keys, values, versions]))
+        self.comm.post(dst, Kind.SETUP, 0, [keys, values, versions])
 
     def setup_in(self, message: Message) -> None:
         """A replica from the owner: install it only if this node still wants the key."""
@@ -226,5 +248,6 @@ class Owner:
                               versions[take])
             self.comm.sync.replicas_added(keys[take])
             self.comm.hint[keys] = message.src
+            self.comm.notify_arrivals()
         self.counters["replica_setups"] += int(take.sum())
         self.counters["replica_setups_discarded"] += int((~take).sum())

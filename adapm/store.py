@@ -153,7 +153,8 @@ class Store:
         ``select`` is a boolean mask or an index array over ``keys``.
         """
         if self.uniform_length:
-            return np.ascontiguousarray(values.reshape(len(keys), -1)[select].reshape(-1))
+            rows = values.reshape(len(keys), self.uniform_length)
+            return np.ascontiguousarray(rows[select].reshape(-1))
         lengths = self.lens[keys]
         starts = np.cumsum(lengths) - lengths
         return values[routing.segment_index(starts[select], lengths[select])]

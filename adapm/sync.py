@@ -4,10 +4,11 @@ A round
 1. collects every worker's intents (the action timer decides which to act on now),
 2. reports to owners, per key, the node's intent state where it changed (0→1, 1→0); a replica
    whose intent ended is dropped here first and its last delta goes along (nothing is lost),
-3. sends every replica's accumulated delta (DELTA) or, if it has none, its version (CHECK) to
-   the owner, which merges and answers with the new value only where the replica is behind,
-4. groups all of that per destination node: one message per node and kind, and none to nodes
-   with nothing to say (no empty all-to-all),
+3. sends every replica's accumulated delta or, if it has none, its version to the owner, which
+   merges and answers with the new value only where the replica is behind,
+4. groups all of that per destination node: one SYNC message per node (sections: intent
+   reports, deltas, version checks), and none to nodes with nothing to say (no empty
+   all-to-all),
 5. completes when every position of every request is answered (answers may come from the node
    a request was forwarded to). The next round starts after that.
 
@@ -23,7 +24,7 @@ import numpy as np
 
 from . import routing
 from .intents import NodeIntents, WorkerIntents, unique
-from .protocol import Kind, Message, encode
+from .protocol import Kind, Message
 from .store import REPLICA
 from .timing import ActionTimer, ImmediateTimer
 
@@ -130,12 +131,10 @@ class SyncLoop:
             return
         self.rounds_started += 1
         self._round_start = now
-        requests = self._build_round()
-        for dst, kind, arrays, on_answer in requests:
-            req_id, pending = self.comm.new_internal_request(dst, kind, len(arrays[0]), on_answer)
+        for dst, arrays, count, on_answer in self._build_round():
+            req_id, pending = self.comm.new_internal_request(dst, Kind.SYNC, count, on_answer)
             self._open[req_id] = pending
-            self.comm.send_or_dispatch(dst, kind, encode(kind, self.comm.rank, req_id, arrays,
-                                                         o=self.comm.rank))
+            self.comm.post(dst, Kind.SYNC, req_id, arrays, o=self.comm.rank)
         if not self._open:
             self._finish_round(now, empty=True)
 
@@ -164,6 +163,7 @@ class SyncLoop:
         self.waiters = still
 
     def _build_round(self) -> list:
+        """This round's requests: [(owner, SYNC arrays, number of entries, answer handler)]."""
         store, node = self.store, self.node
         for worker, intents in self.workers:
             acted, expired = intents.collect(worker.clock, force=worker.index in self._forced)
@@ -171,77 +171,84 @@ class SyncLoop:
             node.remove(expired)
             self.counters["intents_acted"] += sum(len(k) for k in acted)
         self._forced.clear()
-        requests = []
-        keys, flags = node.changes()
+        ikeys, iflags = node.changes()
         # A replica whose intent ended is dropped now; its last delta travels with the report.
         # Under full_replication replicas are permanent: nothing is dropped.
-        ending = keys[~flags] if self.config.management != "full_replication" else keys[:0]
+        ending = ikeys[~iflags] if self.config.management != "full_replication" else ikeys[:0]
         drop = ending[store.state[ending] == REPLICA]
-        dropped_deltas = None
+        dkeys, drows, dver = [], [], []
         if len(drop):
-            dropped_versions = store.version[drop].copy()
-            _, dropped_deltas = store.remove(drop, with_deltas=True)
+            dver.append(store.version[drop].copy())
+            _, deltas = store.remove(drop, with_deltas=True)
+            drows.append(deltas)
+            dkeys.append(drop)
             self.replicas_removed(drop)
             self.counters["replica_drops"] += len(drop)
-        if len(keys):
-            requests += self._grouped(Kind.INTENT, keys, [flags.astype(np.int8)],
-                                      self._on_intent_ack(keys, flags))
-        if dropped_deltas is not None:
-            requests += self._grouped(Kind.DELTA, drop, [dropped_deltas, dropped_versions],
-                                      self._on_sync_answer(drop), rows=True)
         held = self.replica_keys
+        ckeys = cver = held[:0]
         if len(held):
             deltas, nonzero = store.take_deltas(held)
             versions = store.version[held].copy()
-            changed = held[nonzero]
-            if len(changed):
-                requests += self._grouped(Kind.DELTA, changed,
-                                          [store.select_rows(deltas, held, nonzero),
-                                           versions[nonzero]],
-                                          self._on_sync_answer(changed), rows=True)
-            same = held[~nonzero]
-            if len(same):
-                requests += self._grouped(Kind.CHECK, same, [versions[~nonzero]],
-                                          self._on_sync_answer(same))
-        return requests
+            if nonzero.any():
+                dkeys.append(held[nonzero])
+                drows.append(store.select_rows(deltas, held, nonzero))
+                dver.append(versions[nonzero])
+            ckeys, cver = held[~nonzero], versions[~nonzero]
+        if dkeys:
+            dkeys, drows, dver = (np.concatenate(x) for x in (dkeys, drows, dver))
+        else:
+            dkeys, drows, dver = held[:0], np.empty(0, dtype=np.float32), held[:0]
+        if not (len(ikeys) or len(dkeys) or len(ckeys)):
+            return []
+        return self._grouped(ikeys, iflags, dkeys, drows, dver, ckeys, cver)
 
-    def _grouped(self, kind: Kind, keys: np.ndarray, per_key: list, on_answer,
-                 rows: bool = False) -> list:
-        """One request per destination (the owner we believe in). Arrays: keys, positions, ..."""
+    def _grouped(self, ikeys, iflags, dkeys, drows, dver, ckeys, cver) -> list:
+        """One SYNC request per destination (the owner we believe in).
+
+        Entries are numbered over the sections in order (intents, deltas, checks); a request
+        carries each entry's number as its position, and answers name those.
+        """
+        keys = np.concatenate((ikeys, dkeys, ckeys))
+        ni, nd = len(ikeys), len(dkeys)
+        flags = iflags.astype(np.int8)
         out = []
-        positions_all = np.arange(len(keys), dtype=np.int64)
-        for dst, positions in routing.group_by_node(self.comm.hint[keys].astype(np.int64)):
-            arrays = [keys[positions], positions_all[positions]]
-            for i, array in enumerate(per_key):
-                if rows and i == 0:
-                    arrays.append(self.store.select_rows(array, keys, positions))
-                else:
-                    arrays.append(array[positions])
-            out.append((dst, kind, arrays, on_answer))
+        on_answer = self._on_answer(keys, ni, iflags)
+        for dst, positions in routing.group_by_node(self.comm.hint[keys]):
+            # positions ascend (a stable sort); cut them into the three sections
+            a, b = np.searchsorted(positions, (ni, ni + nd))
+            p_i, p_d, p_c = positions[:a], positions[a:b], positions[b:]
+            d_index, c_index = p_d - ni, p_c - ni - nd
+            arrays = [ikeys[p_i], p_i, flags[p_i],
+                      dkeys[d_index], p_d, self.store.select_rows(drows, dkeys, d_index),
+                      dver[d_index],
+                      ckeys[c_index], p_c, cver[c_index]]
+            out.append((dst, arrays, len(positions), on_answer))
         return out
 
     # --- answers (communication thread) ------------------------------------------------------
 
-    def _on_intent_ack(self, keys: np.ndarray, flags: np.ndarray):
-        def apply(message: Message) -> None:
-            positions = message.arrays[0]
-            self.node.acknowledge(keys[positions], flags[positions])
-            self.comm.hint[keys[positions]] = message.src
-        return apply
-
-    def _on_sync_answer(self, keys: np.ndarray):
+    def _on_answer(self, keys: np.ndarray, num_intents: int, flags: np.ndarray):
+        """Apply a (partial) SYNC_RESP: intent reports taken in; replicas' versions and values."""
         def apply(message: Message) -> None:
             positions, versions, refresh_positions, values = message.arrays
             store = self.store
-            answered = keys[positions]
+            self.comm.hint[keys[positions]] = message.src
+            reports = positions < num_intents
+            if reports.any():
+                reported = positions[reports]
+                self.node.acknowledge(keys[reported], flags[reported])
+                self.comm.notify_arrivals()
+                synced, versions = positions[~reports], versions[~reports]
+            else:
+                synced = positions
             if len(refresh_positions):
                 by_position = np.empty(len(keys), dtype=np.int64)
-                by_position[positions] = versions
+                by_position[synced] = versions
                 store.refresh(keys[refresh_positions], values, by_position[refresh_positions])
+            answered = keys[synced]
             still = store.state[answered] == REPLICA
             store.version[answered[still]] = versions[still]
             store.synced_at[answered[still]] = time.monotonic()
-            self.comm.hint[answered] = message.src
         return apply
 
     # --- queries -----------------------------------------------------------------------------

@@ -9,7 +9,12 @@ a :class:`Client` each (a PUSH socket on the in-process inbox), through which th
 thread forwards their requests; sockets are never shared between threads.
 
 Zero copy: frames are sent with ``copy=False``; pyzmq copies frames below its ``COPY_THRESHOLD``
-(64 KiB) itself, since tracking a zero-copy buffer costs more than copying a small one.
+(64 KiB) itself, since tracking a zero-copy buffer costs more than copying a small one. Small
+arrays are packed into one frame before that (:mod:`adapm.protocol`).
+
+Counters: ``messages_*`` and ``bytes_*`` count logical messages (and per kind); a ZeroMQ message
+may carry several (``wire_messages_*``). Per-kind bytes are each message's header and arrays;
+the totals also include the alignment padding.
 """
 
 from __future__ import annotations
@@ -21,11 +26,13 @@ from typing import Iterable
 import zmq
 
 from .errors import TransportError
-from .protocol import Kind, frame_bytes
+from .protocol import Kind, Message, encode, frame_bytes
 
 # Prefix frame on the inbox: destination rank, message kind.
 _PREFIX = struct.Struct("<iB")
 _inbox_ids = itertools.count()
+_SNDMORE = int(zmq.SNDMORE)
+_COUNTER_NAMES: dict = {}  # (direction, kind) -> counter names
 
 
 def _check_host(host: str) -> str:
@@ -59,7 +66,7 @@ class Transport:
         self.poller.register(self.router, zmq.POLLIN)
         self.poller.register(self.inbox, zmq.POLLIN)
         self.counters = {"messages_sent": 0, "messages_received": 0, "bytes_sent": 0,
-                         "bytes_received": 0}
+                         "bytes_received": 0, "wire_messages_sent": 0, "wire_messages_received": 0}
         self.by_kind: dict[str, int] = {}
 
     def connect(self, addresses: list[str]) -> None:
@@ -84,15 +91,39 @@ class Transport:
         """A sending handle for one worker thread (any thread may call this)."""
         return Client(self.context, self.inbox_address)
 
-    def send(self, dst: int, kind: Kind, frames: list) -> None:
-        """Send one message to peer ``dst``."""
+    def send(self, dst: int, messages: list[Message]) -> None:
+        """Send ``messages`` (in order) to peer ``dst`` in one ZeroMQ message."""
+        frames = encode(messages)
+        self._send_frames(dst, messages[0].kind, frames)
+        sent = self.counters
+        sent["wire_messages_sent"] += 1
+        sent["messages_sent"] += len(messages)
+        sent["bytes_sent"] += frame_bytes(frames)
+        for m in messages:
+            self._count_kind("sent", m.kind, m.nbytes)
+
+    def send_frames(self, dst: int, kind: Kind, frames: list) -> None:
+        """Pass on a ZeroMQ message encoded elsewhere (a worker's request, one ``kind`` message)."""
+        self._send_frames(dst, kind, frames)
+        size = frame_bytes(frames)
+        self.counters["wire_messages_sent"] += 1
+        self.counters["messages_sent"] += 1
+        self.counters["bytes_sent"] += size
+        self._count_kind("sent", kind, size)
+
+    def _send_frames(self, dst: int, kind: Kind, frames: list) -> None:
         try:
-            self.peers[dst].send_multipart(frames, copy=False)
+            sock = self.peers[dst]
         except KeyError:
             raise TransportError(f"rank {self.rank}: no connection to rank {dst}") from None
+        try:
+            # One send per frame with a plain int flag: send_multipart builds an IntFlag per
+            # frame (enum arithmetic, a few us each).
+            last = len(frames) - 1
+            for i, frame in enumerate(frames):
+                sock.send(frame, 0 if i == last else _SNDMORE, copy=False)
         except zmq.ZMQError as exc:
             raise TransportError(f"rank {self.rank}: sending {kind.name} to rank {dst}: {exc}") from exc
-        self._count("sent", kind, frames)
 
     def poll(self, timeout_ms: int) -> Iterable[tuple[str, list]]:
         """Messages that arrived: ("peer", frames) from the ROUTER, ("inbox", frames) from workers.
@@ -120,16 +151,23 @@ class Transport:
         except zmq.ZMQError as exc:
             raise TransportError(f"rank {self.rank}: receive failed: {exc}") from exc
 
-    def count_received(self, kind: Kind, frames: list) -> None:
-        self._count("received", kind, frames)
+    def count_received(self, messages: list[Message], frames: list) -> None:
+        got = self.counters
+        got["wire_messages_received"] += 1
+        got["messages_received"] += len(messages)
+        got["bytes_received"] += frame_bytes(frames)
+        for m in messages:
+            self._count_kind("received", m.kind, m.nbytes)
 
-    def _count(self, direction: str, kind: Kind, frames: list) -> None:
-        size = frame_bytes(frames)
-        self.counters["messages_" + direction] += 1
-        self.counters["bytes_" + direction] += size
-        name = kind.name.lower()
-        for key, add in ((f"messages_{direction}_{name}", 1), (f"bytes_{direction}_{name}", size)):
-            self.by_kind[key] = self.by_kind.get(key, 0) + add
+    def _count_kind(self, direction: str, kind: Kind, size: int) -> None:
+        names = _COUNTER_NAMES.get((direction, kind))
+        if names is None:
+            name = kind.name.lower()
+            names = _COUNTER_NAMES[direction, kind] = (f"messages_{direction}_{name}",
+                                                      f"bytes_{direction}_{name}")
+        by_kind = self.by_kind
+        by_kind[names[0]] = by_kind.get(names[0], 0) + 1
+        by_kind[names[1]] = by_kind.get(names[1], 0) + size
 
     def close(self, linger_ms: int = 0) -> None:
         for sock in [self.router, self.inbox]:

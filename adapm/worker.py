@@ -16,7 +16,8 @@ import numpy as np
 from . import args, routing
 from .comm import Pending
 from .errors import AdaPMError, AdaPMTimeout, InvalidArgument, StateError
-from .protocol import Kind, encode
+from .protocol import Kind, encode_one
+from .store import NONE
 
 if TYPE_CHECKING:
     from .node import Node
@@ -34,8 +35,9 @@ _UPDATE_NAMES = {
 class Worker:
     """One worker thread's handle: pull, push, set, intent, clock. Not thread-safe."""
 
-    COUNTERS = ("local_pull_keys", "remote_pull_keys", "local_push_keys", "remote_push_keys",
-                "local_set_keys", "remote_set_keys", "intents_signalled", "intents_acted")
+    COUNTERS = ("local_pull_keys", "remote_pull_keys", "waited_pull_keys", "local_push_keys",
+                "remote_push_keys", "local_set_keys", "remote_set_keys", "intents_signalled",
+                "intents_acted")
 
     def __init__(self, node: "Node", index: int) -> None:
         self._node = node
@@ -73,8 +75,11 @@ class Worker:
             keys, out, nmiss = self._pull_checked(keys, out)
         self.counters["local_pull_keys"] += len(keys) - nmiss
         if nmiss:
-            self.counters["remote_pull_keys"] += nmiss
-            self._pull_remote(keys, out, self._missing[:nmiss].copy())
+            positions = self._await_arrivals(keys, out, self._missing[:nmiss].copy())
+            self.counters["waited_pull_keys"] += nmiss - len(positions)
+            if len(positions):
+                self.counters["remote_pull_keys"] += len(positions)
+                self._pull_remote(keys, out, positions)
         return out
 
     def _pull_checked(self, keys, out):
@@ -171,7 +176,8 @@ class Worker:
         comm = self._node.comm
         req_id, pending = comm.new_request(self._node.rank, "wait_sync (a sync round)", 1)
         self._client_socket().send(self._node.rank, Kind.WAKE,
-                                   encode(Kind.WAKE, self._node.rank, req_id, w=self.index))
+                                   encode_one(Kind.WAKE, self._node.rank, req_id,
+                                              w=self.index))
         try:
             comm.wait(req_id, pending, timeout_s)
         except AdaPMTimeout as exc:
@@ -227,6 +233,56 @@ class Worker:
             raise
         return keys, values, nmiss
 
+    def _await_arrivals(self, keys: np.ndarray, out: np.ndarray,
+                        positions: np.ndarray) -> np.ndarray:
+        """Wait for missing keys that are on their way here; read them; return the rest.
+
+        A key is on its way while this node has acted on an intent for it and the owner has not
+        yet answered that report: the owner sends the key (relocation or replica) before its
+        answer. Waiting for it costs at most the rest of the sync round, a remote pull at least
+        a round trip, and the request would only chase the key back here (bench/adaptive.py:
+        most late pulls were forwarded back to their origin). Keys that do not come (the owner
+        decided otherwise, or the intent ended) are returned for a remote pull.
+        """
+        comm = self._node.comm
+        sync = comm.sync if comm is not None else None
+        if sync is None:
+            return positions
+        store = self._store
+        missing = keys[positions]
+        if not sync.node.in_flight(missing).any():
+            return positions
+        deadline = time.monotonic() + comm.request_timeout_s
+        with comm.arrivals:
+            while True:
+                comm.raise_if_failed()
+                coming = sync.node.in_flight(missing) & (store.state[missing] == NONE)
+                if not coming.any():
+                    break
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise AdaPMTimeout(
+                        f"rank {self._node.rank}: pull of worker {self.index} waited "
+                        f"{comm.request_timeout_s:g}s for keys {missing[coming][:5].tolist()} "
+                        f"whose intent this node reported; the sync round waits for ranks "
+                        f"{sync.waiting_on()}")
+                comm.arrivals.wait(min(left, 0.5))
+        values = np.empty(store.floats_for(missing), dtype=np.float32)
+        nmiss = store.gather(missing, values, self._missing_buffer(len(missing)))
+        still = self._missing[:nmiss].copy()
+        found = np.ones(len(missing), dtype=bool)
+        found[still] = False
+        if store.uniform_length:
+            rows = values.reshape(len(missing), -1)
+            out.reshape(len(keys), -1)[positions[found]] = rows[found]
+        else:
+            offsets = self._row_offsets(keys)
+            lens = store.lens[missing]
+            flat_found = routing.segment_index((np.cumsum(lens) - lens)[found], lens[found])
+            out.reshape(-1)[routing.segment_index(offsets[positions[found]],
+                                                  lens[found])] = values[flat_found]
+        return positions[still]
+
     def _pull_remote(self, keys: np.ndarray, out: np.ndarray, positions: np.ndarray) -> None:
         requests = [self._send_request(dst, Kind.PULL, keys, positions[group], [])
                     for dst, group in routing.group_by_node(self._owners(keys[positions]))]
@@ -250,8 +306,8 @@ class Worker:
         comm = self._node.comm
         req_id, pending = comm.new_request(dst, f"{kind.name} of {len(positions)} keys",
                                            len(positions))
-        frames = encode(kind, self._node.rank, req_id, [keys[positions], positions, *extra],
-                        o=self._node.rank)
+        frames = encode_one(kind, self._node.rank, req_id,
+                            [keys[positions], positions, *extra], o=self._node.rank)
         self._client_socket().send(dst, kind, frames)
         return req_id, pending
 

@@ -293,3 +293,97 @@ def test_intent_far_ahead_waits_for_the_timer(timing):
         assert local0 == [0, 2] and acted1 == 0  # not acted on 5000 clocks early
     else:
         assert local1 == [0, 1, 2, 3] and acted1 == 2  # acted on in the next round
+
+
+# --- pulls of keys on their way here wait for them -----------------------------------------------
+
+def _await_job(node):
+    """Rank 1 marks key 0 (owned by rank 0) as "intent reported, not yet answered"."""
+    w = node.worker()
+    if node.rank == 0:
+        w.push(np.array([0]), np.full((1, 1), 7, np.float32))
+        w.wait()
+    node.barrier()
+    result = None
+    if node.rank == 1:
+        intents = node.comm.sync.node
+        intents.count[0] = 1  # as if a round had acted on an intent whose report is unanswered
+        got, errors = [], []
+
+        def puller():
+            try:
+                got.append(w.pull(np.array([0]))[0, 0])
+            except BaseException as exc:  # re-raised below
+                errors.append(exc)
+
+        t = threading.Thread(target=puller)
+        t.start()
+        t.join(0.5)
+        blocked = t.is_alive()  # still waiting for the key to arrive
+        with node.comm.arrivals:
+            intents.count[0] = 0  # the intent ended: the key is not coming, pull it
+            node.comm.notify_arrivals()
+        t.join()
+        if errors:
+            raise errors[0]
+        s = node.stats()
+        # Now a key that never comes: the pull times out and names what it waited for.
+        intents.count[2] = 1  # key 2: home and owner rank 0
+        try:
+            w.pull(np.array([2]))
+            timeout = None
+        except Exception as exc:
+            timeout = (type(exc).__name__, str(exc))
+        intents.count[2] = 0
+        result = (blocked, got, s["remote_pull_keys"], s["waited_pull_keys"], timeout)
+    node.barrier()
+    return result
+
+
+def test_pull_waits_for_a_key_on_its_way():
+    results = cluster(_await_job, 2, num_keys=4, value_length=1, request_timeout_s=2)
+    blocked, got, remote, waited, timeout = results[1]
+    assert blocked and got == [7.0]
+    assert remote == 1 and waited == 0  # it did not come: one remote pull after the wait
+    assert timeout is not None and timeout[0] == "AdaPMTimeout"
+    assert "rank 1" in timeout[1] and "[2]" in timeout[1]
+
+
+def _intent_then_pull_job(node, rounds):
+    """Intent for the other node's keys, then pull them at once: in flight, or not yet acted."""
+    w = node.worker()
+    rng = np.random.default_rng(node.rank)
+    other = 1 - node.rank
+    pulled = 0
+    for i in range(rounds):
+        keys = np.unique(rng.integers(0, 500, 20)) * 2 + other  # homes on the other node
+        w.intent(keys, w.clock, w.clock + 1)
+        values = w.pull(keys)
+        assert np.all(values[:, 0] == keys), "a pull returned a wrong value"
+        pulled += len(keys)
+        w.advance_clock()
+    node.barrier()
+    s = node.stats()
+    return pulled, s["local_pull_keys"], s["waited_pull_keys"], s["remote_pull_keys"]
+
+
+def _set_identity(node):
+    if node.rank == 0:
+        w = node.worker()
+        keys = np.arange(1000)
+        w.set(keys, keys.astype(np.float32)[:, None])
+        w.wait()
+    node.barrier()
+
+
+def _identity_then(node, rounds):
+    _set_identity(node)
+    return _intent_then_pull_job(node, rounds)
+
+
+@pytest.mark.parametrize("management", ["adaptive", "relocation_only", "replication_only"])
+def test_pulls_right_after_intent_are_correct_and_counted(management):
+    results = cluster(_identity_then, 2, args=(200,), num_keys=1000, value_length=1,
+                      management=management, action_timing=False)
+    for pulled, local, waited, remote in results:
+        assert local + waited + remote == pulled
