@@ -126,8 +126,8 @@ class Node:
         if self.comm is not None:
             totals.update(self.comm.stats())
         totals["mean_staleness_ms"] = self.store.mean_staleness_ms()
-        accessed = totals["local_pull_keys"] + totals["remote_pull_keys"] + \
-            totals["local_push_keys"] + totals["remote_push_keys"]
+        accessed = totals["local_pull_keys"] + totals["waited_pull_keys"] + \
+            totals["remote_pull_keys"] + totals["local_push_keys"] + totals["remote_push_keys"]
         remote = totals["remote_pull_keys"] + totals["remote_push_keys"]
         totals["remote_access_share"] = remote / accessed if accessed else 0.0
         return totals

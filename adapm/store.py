@@ -196,21 +196,32 @@ class Store:
         return values, deltas
 
     def _allocate(self, keys: np.ndarray) -> np.ndarray:
+        if self.uniform_length:
+            return self._allocate_length(self.uniform_length, len(keys))
         slots = np.empty(len(keys), dtype=np.int64)
         lengths = self.lengths_of(keys)
         # Loop over distinct value lengths (a handful), never over keys.
         for length in np.unique(lengths):
             where = np.flatnonzero(lengths == length)
-            reused = self._free.setdefault(int(length), _SlotStack()).pop(len(where))
-            fresh = len(where) - len(reused)
-            new = self._bump + np.arange(fresh, dtype=np.int64) * int(length)
-            self._bump += fresh * int(length)
-            if self._bump > self.capacity:  # cannot happen while each key is held at most once
-                raise AssertionError("store slab overflow: a key was inserted twice")
-            slots[where] = np.concatenate([reused, new])
+            slots[where] = self._allocate_length(int(length), len(where))
         return slots
 
+    def _allocate_length(self, length: int, count: int) -> np.ndarray:
+        """Slots for ``count`` values of ``length`` floats: freed ones first, then fresh ones."""
+        reused = self._free.setdefault(length, _SlotStack()).pop(count)
+        fresh = count - len(reused)
+        if not fresh:
+            return reused
+        new = self._bump + np.arange(fresh, dtype=np.int64) * length
+        self._bump += fresh * length
+        if self._bump > self.capacity:  # cannot happen while each key is held at most once
+            raise AssertionError("store slab overflow: a key was inserted twice")
+        return np.concatenate([reused, new]) if len(reused) else new
+
     def _release(self, keys: np.ndarray, slots: np.ndarray) -> None:
+        if self.uniform_length:
+            self._free.setdefault(self.uniform_length, _SlotStack()).push(slots)
+            return
         lengths = self.lengths_of(keys)
         for length in np.unique(lengths):
             self._free.setdefault(int(length), _SlotStack()).push(slots[lengths == length])

@@ -172,9 +172,13 @@ class SyncLoop:
             self.counters["intents_acted"] += sum(len(k) for k in acted)
         self._forced.clear()
         ikeys, iflags = node.changes()
+        if self.config.management == "full_replication":
+            # Every key is everywhere and stays: owners need not hear of intents (and replicas
+            # are never dropped). Taken as told, so wait_sync sees them served.
+            node.acknowledge(ikeys, iflags)
+            ikeys, iflags = ikeys[:0], iflags[:0]
         # A replica whose intent ended is dropped now; its last delta travels with the report.
-        # Under full_replication replicas are permanent: nothing is dropped.
-        ending = ikeys[~iflags] if self.config.management != "full_replication" else ikeys[:0]
+        ending = ikeys[~iflags]
         drop = ending[store.state[ending] == REPLICA]
         dkeys, drows, dver = [], [], []
         if len(drop):

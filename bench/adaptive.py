@@ -32,6 +32,9 @@ Columns:
   total keys / the slowest node's time from the start barrier to its workers' last ``wait()``;
 - vs 1 node: that throughput over the single-node baseline's, measured in the same run;
 - remote share: (remote_pull_keys + remote_push_keys) / all pulled and pushed keys, node.stats();
+- waited share: waited_pull_keys / all pulled and pushed keys: pulls of keys that were on their
+  way here (intent acted on and reported, the owner's answer not in yet), which waited for
+  them instead of going remote. Local in the end, but late: the worker blocked;
 - MB sent/node: bytes_sent per node (mean over nodes), from init (warm-up included) to the end
   of the timed part;
 - relocations: relocations_in summed over nodes; replica set-ups: replica_setups summed;
@@ -228,15 +231,17 @@ def run_variant(o: dict, nodes: int, settings: dict, world_size: int) -> dict:
     keys = sum(r["keys"] for r in results)
     elapsed = max(r["elapsed"] for r in results)
     st = [r["stats"] for r in results]
-    accessed = sum(s["local_pull_keys"] + s["remote_pull_keys"] + s["local_push_keys"]
-                   + s["remote_push_keys"] for s in st)
+    accessed = sum(s["local_pull_keys"] + s["waited_pull_keys"] + s["remote_pull_keys"]
+                   + s["local_push_keys"] + s["remote_push_keys"] for s in st)
     remote = sum(s["remote_pull_keys"] + s["remote_push_keys"] for s in st)
+    waited = sum(s["waited_pull_keys"] for s in st)
     reads = sum(r["staleness"][0] for r in results)
     stale_us = sum(r["staleness"][1] for r in results)
     return {
         "throughput": keys / elapsed,
         "elapsed": elapsed,
         "remote_share": remote / accessed if accessed else 0.0,
+        "waited_share": waited / accessed if accessed else 0.0,
         "mb_sent": sum(s["bytes_sent"] for s in st) / len(st) / 1e6,
         "relocations": sum(s["relocations_in"] for s in st),
         "setups": sum(s["replica_setups"] for s in st),
@@ -321,12 +326,13 @@ def main(argv=None) -> None:
           f"thread(s)/node, {clocks} clocks x {o['batch']} keys per worker, Zipf {o['zipf']}, "
           f"locality {o['locality']:.0%} (own partition) / shared region "
           f"{o['shared_keys']:.0%} of keys, intent {o['ahead']} clocks ahead\n")
-    print("| variant | nodes | throughput (keys/s) | vs 1 node | remote share | MB sent/node "
-          "| relocations | replica set-ups | staleness (ms) | round (ms) |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("| variant | nodes | throughput (keys/s) | vs 1 node | remote share | waited share "
+          "| MB sent/node | relocations | replica set-ups | staleness (ms) | round (ms) |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for name, nodes, r, base in rows:
         print(f"| {name} | {nodes} | {r['throughput']:,.0f} | "
               f"{r['throughput'] / base['throughput']:.2f} | {100 * r['remote_share']:.4f}% | "
+              f"{100 * r['waited_share']:.4f}% | "
               f"{r['mb_sent']:.1f} | {r['relocations']:,} | {r['setups']:,} | "
               f"{r['staleness_ms']:.2f} | {r['round_ms']:.2f} |")
     if opts.details:
