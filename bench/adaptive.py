@@ -52,10 +52,10 @@ lost or doubled update cannot hide behind a good number).
 
 What decides the adaptive rows: lead time in *seconds*, not clocks. Here a clock (100 keys,
 trivial update) is ~10 us of work (20-40 us next to a busy communication thread), so 100 clocks
-ahead is 1-4 ms, less than the 1-2 sync rounds (~3 ms each with 2 nodes on 2 cores, ~20 ms with
-4) that an intent needs to make a key local; accesses that outrun their intent go remote and
-each blocks the worker for ~6-10 ms while both communication threads are busy.
-More lead helps (see the `--extra-ahead` row); whether it meets the targets depends on the run.
+ahead is 2-4 ms, less than the 1-2 sync rounds (~3 ms each with 2 nodes on 2 cores, ~13 ms with
+4) that an intent needs to make a key local. Accesses that outrun their intent wait for the key
+(waited share: ~3 ms) or, if not yet acted on, go remote (~5-7 ms while the communication
+threads are busy). More lead helps (see the `--extra-ahead` row).
 
 The machine is shared and small (2 cores for several processes with two busy threads each):
 compare ratios within one run, not absolute numbers across runs.
