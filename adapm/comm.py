@@ -31,7 +31,7 @@ from . import routing
 from .errors import AdaPMError, AdaPMTimeout, PeerError, StateError
 from .owner import Owner
 from .protocol import ANSWERS, KEYED, Kind, Message, decode, message
-from .store import Store
+from .store import OWNER, Store
 from .sync import IDLE_POLL_MS, SyncLoop
 from .transport import Transport, unpack_prefix
 
@@ -191,6 +191,18 @@ class Comm:
                 self.transport.send_frames(dst, *item)
             if run:
                 self.transport.send(dst, run)
+
+    def learn_owner(self, keys: np.ndarray, rank: int) -> None:
+        """``rank`` answered for ``keys``: point the hint there, except for keys owned here.
+
+        An owner may relocate a key to us right after answering for it, and the relocation
+        arrives first (it is sent first): the answer must not point the hint away again, or
+        every later request for the key would travel to the old owner and back
+        (bench/adaptive.py: ~22k intent reports per node were forwarded home that way).
+        Any thread may call this (a racing write only costs a forward).
+        """
+        elsewhere = keys[self.store.state[keys] != OWNER]
+        self.hint[elsewhere] = rank
 
     def notify_arrivals(self) -> None:
         with self.arrivals:

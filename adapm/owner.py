@@ -247,7 +247,7 @@ class Owner:
             self.store.insert(keys[take], REPLICA, self.store.select_rows(values, keys, take),
                               versions[take])
             self.comm.sync.replicas_added(keys[take])
-            self.comm.hint[keys] = message.src
+            self.comm.learn_owner(keys, message.src)
             self.comm.notify_arrivals()
         self.counters["replica_setups"] += int(take.sum())
         self.counters["replica_setups_discarded"] += int((~take).sum())

@@ -236,7 +236,7 @@ class SyncLoop:
         def apply(message: Message) -> None:
             positions, versions, refresh_positions, values = message.arrays
             store = self.store
-            self.comm.hint[keys[positions]] = message.src
+            self.comm.learn_owner(keys[positions], message.src)
             reports = positions < num_intents
             if reports.any():
                 reported = positions[reports]

@@ -294,7 +294,7 @@ class Worker:
             # An answer may come in parts (from the nodes a request was forwarded to).
             for part in comm.wait(req_id, pending, deadline=deadline):
                 pos, values = part.arrays
-                comm.hint[keys[pos]] = part.src
+                comm.learn_owner(keys[pos], part.src)
                 if offsets is None:
                     out.reshape(len(keys), -1)[pos] = values.reshape(len(pos), -1)
                 else:
