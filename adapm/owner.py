@@ -34,6 +34,8 @@ from .store import NONE, OWNER, REPLICA
 if TYPE_CHECKING:
     from .comm import Comm
 
+_NO_ROWS = np.empty(0, dtype=np.float32)
+
 
 class Owner:
     """Directory-changing side of a node: serve, forward, queue, relocate, replicate."""
@@ -138,6 +140,12 @@ class Owner:
         ikeys, ipos, iflags = sections[INTENTS]
         dkeys, dpos, drows, dver = sections[DELTAS]
         ckeys, cpos, cver = sections[CHECKS]
+        if not len(dkeys) and not len(ckeys):  # intent reports only: the common case
+            if len(ikeys):
+                self.execute(self.policy.on_intent(ikeys, origin, iflags.astype(bool)))
+            self.comm.reply(origin, Kind.SYNC_RESP, message.req_id,
+                            [ipos, np.full(len(ipos), -1, dtype=np.int64), ipos[:0], _NO_ROWS])
+            return
         skeys = np.concatenate((dkeys, ckeys)) if len(ckeys) else dkeys
         spos = np.concatenate((dpos, cpos)) if len(ckeys) else dpos
         # Workers here may write between the reads below. A version we report must never be

@@ -22,6 +22,9 @@ def group_by_node(nodes: np.ndarray) -> list[tuple[int, np.ndarray]]:
     """
     if len(nodes) == 0:
         return []
+    first = nodes[0]
+    if (nodes == first).all():  # one destination: the usual case for small batches
+        return [(int(first), np.arange(len(nodes), dtype=np.int64))]
     order = np.argsort(nodes, kind="stable")
     ordered = nodes[order]
     cuts = np.flatnonzero(ordered[1:] != ordered[:-1]) + 1
