@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from typing import Optional
 
 import numpy as np
@@ -65,6 +66,8 @@ class Node:
         if config.management == "full_replication" and self.world_size > 1:
             # Every node holds every key: replicas of all keys homed elsewhere, synced each round.
             others = np.flatnonzero(self.store.state == NONE).astype(np.int64)
+            # In sync now (all zeros, version 0): staleness counts from here, not from boot.
+            self.store.synced_at[others] = time.monotonic()
             self.store.insert(others, REPLICA)
         self._workers: list[Worker] = []
         self._workers_lock = threading.Lock()

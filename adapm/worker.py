@@ -111,7 +111,13 @@ class Worker:
         self._update(keys, updates, Kind.PUSH, "updates")
 
     def set(self, keys, values) -> None:
-        """Overwrite the values of ``keys``. Local part applied before return, remote part queued."""
+        """Overwrite the values of ``keys``. Local part applied before return, remote part queued.
+
+        A key held here as a replica counts as remote: the set goes to the main copy, and the
+        replica shows it after the next sync round (``wait_sync``). Pushes this node made to
+        that replica before the set and not yet synced are merged after it: set replicated
+        keys between rounds of pushes (``wait_sync`` first) when that order matters.
+        """
         self._update(keys, values, Kind.SET, "values")
 
     # --- intent and clocks -------------------------------------------------------------------

@@ -188,6 +188,20 @@ def expected_sums(plan):
 @settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.too_slow],
           database=None, phases=[Phase.explicit, Phase.generate])
 def test_exact_sums_one_owner_home_knows(management, plan):
+    _check_schedule(management, plan)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("management", VARIANTS)
+@given(plan=schedules(max_nodes=4))
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow],
+          database=None, phases=[Phase.explicit, Phase.generate])
+def test_exact_sums_one_owner_home_knows_long(management, plan):
+    """The same property over more schedules (``make test-slow``: ~3 minutes on 2 cores)."""
+    _check_schedule(management, plan)
+
+
+def _check_schedule(management, plan):
     results = cluster(_schedule_job, len(plan), args=(plan,), num_keys=P_KEYS,
                       value_length=P_DIM, management=management)
     expected = expected_sums(plan)
