@@ -14,6 +14,10 @@ else from the shared region; within either, keys are Zipf-distributed over key i
 ``--zipf``, finite support, inverse-CDF sampling). Sequences are precomputed from fixed seeds
 per (node, thread), so every variant and the single-node baseline run the very same accesses.
 
+``--compute-ms`` adds model time to every clock as a sleep: the CPU is free meanwhile, as when a
+GPU computes (on CPU-only training the model would compete for the cores instead). Without it
+a clock is pure parameter access, the hardest case for the lead time of intent.
+
 Intent: before the timed part each worker signals batches 0..ahead-1 and calls ``wait_sync``
 (so batch 0 is local); then, at clock t, it signals the batch of clock t + ahead for
 [t + ahead, t + ahead + 1) before pulling batch t. So intent is always ``--ahead`` clocks early.
@@ -137,6 +141,7 @@ def _job(node, o: dict, nodes: int) -> dict:
     seqs = [sequence(o, nodes, v, t) for v, t in mine]
     workers = [node.worker() for _ in mine]
     ahead, clocks, L = o["ahead"], o["clocks"], o["value_length"]
+    compute_s = o["compute_ms"] / 1000.0
     reps = o["baseline_reps"] if single else 1
     ready = threading.Barrier(len(workers) + 1)
     done = threading.Barrier(len(workers) + 1)
@@ -161,6 +166,8 @@ def _job(node, o: dict, nodes: int) -> dict:
                     w.pull(seq[t], out=vals)
                     np.multiply(vals, 0.0, out=upd)  # the "model": a trivial update
                     upd += 1.0
+                    if compute_s:
+                        time.sleep(compute_s)  # model time with the CPU free (a GPU's)
                     w.push(seq[t], upd)
                     w.advance_clock()
                 w.wait()
@@ -272,6 +279,9 @@ def main(argv=None) -> None:
                         help="fraction of the key space that is shared by all nodes")
     parser.add_argument("--zipf", type=float, default=1.1, help="Zipf exponent")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--compute-ms", type=float, default=0.0,
+                        help="per clock, sleep this long after the update: model time during "
+                             "which the CPU is free, as with a GPU (default 0: no model time)")
     parser.add_argument("--variants", default=None,
                         help="subset to run, separated by ';' (or ',' for names without a "
                              "comma): " + "; ".join(n for n, _ in VARIANTS))
@@ -287,7 +297,8 @@ def main(argv=None) -> None:
     o = {"num_keys": opts.num_keys, "value_length": opts.value_length, "clocks": clocks,
          "batch": opts.batch, "ahead": opts.ahead, "locality": opts.locality,
          "shared_keys": opts.shared_keys, "zipf": opts.zipf, "seed": opts.seed,
-         "threads": opts.threads, "timeout": 300, "baseline_reps": 5}
+         "threads": opts.threads, "timeout": 300, "baseline_reps": 5,
+         "compute_ms": opts.compute_ms}
     node_counts = [int(x) for x in (opts.nodes or ("2" if opts.quick else "2,4")).split(",")]
     variants = list(VARIANTS)
     if opts.variants:
@@ -325,7 +336,8 @@ def main(argv=None) -> None:
     print(f"workload: {o['num_keys']:,} keys x {o['value_length']} floats, {opts.threads} worker "
           f"thread(s)/node, {clocks} clocks x {o['batch']} keys per worker, Zipf {o['zipf']}, "
           f"locality {o['locality']:.0%} (own partition) / shared region "
-          f"{o['shared_keys']:.0%} of keys, intent {o['ahead']} clocks ahead\n")
+          f"{o['shared_keys']:.0%} of keys, intent {o['ahead']} clocks ahead, "
+          f"{o['compute_ms']:g} ms of model time (sleep) per clock\n")
     print("| variant | nodes | throughput (keys/s) | vs 1 node | remote share | waited share "
           "| MB sent/node | relocations | replica set-ups | staleness (ms) | round (ms) |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
