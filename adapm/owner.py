@@ -169,6 +169,10 @@ class Owner:
                          np.concatenate((np.full(len(ipos), -1, dtype=np.int64), reported)),
                          spos[behind], values])
 
+    def own_intents(self, keys: np.ndarray, has_intent: np.ndarray) -> None:
+        """This node's own intent changed for ``keys``, which it owns: decide and act now."""
+        self.execute(self.policy.on_intent(keys, self.rank, has_intent))
+
     def _expect_none_missing(self, nmiss: int) -> None:
         if nmiss:
             # Only this thread removes keys, and it checked ownership just before.
