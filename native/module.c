@@ -11,6 +11,7 @@
 
 #include <string.h>
 
+#include "intents.h"
 #include "store.h"
 
 typedef struct {
@@ -455,9 +456,58 @@ static PyObject *check_keys(PyObject *module, PyObject *args) {
     return PyLong_FromLongLong(bad);
 }
 
+/* count_intents(counts, keys, delta, crossed) -> number of keys written to crossed */
+static PyObject *count_intents(PyObject *module, PyObject *args) {
+    PyObject *ocounts, *okeys, *ocrossed;
+    int delta;
+    if (!PyArg_ParseTuple(args, "OOiO", &ocounts, &okeys, &delta, &ocrossed)) return NULL;
+    if (delta != 1 && delta != -1) {
+        PyErr_SetString(PyExc_ValueError, "count_intents: delta must be +1 or -1");
+        return NULL;
+    }
+    Py_buffer counts, keys, crossed;
+    if (PyObject_GetBuffer(ocounts, &counts, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) return NULL;
+    if (PyObject_GetBuffer(okeys, &keys, PyBUF_C_CONTIGUOUS) < 0) {
+        PyBuffer_Release(&counts);
+        return NULL;
+    }
+    if (PyObject_GetBuffer(ocrossed, &crossed, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) {
+        PyBuffer_Release(&counts);
+        PyBuffer_Release(&keys);
+        return NULL;
+    }
+    PyObject *result = NULL;
+    const int64_t n = keys.len / 8;
+    if (counts.itemsize != 4 || keys.itemsize != 8 || crossed.itemsize != 8
+        || crossed.len / 8 < n) {
+        PyErr_SetString(PyExc_ValueError,
+                        "count_intents: int32 counts, int64 keys, int64 crossed >= len(keys)");
+    } else {
+        int64_t got;
+        Py_BEGIN_ALLOW_THREADS
+        got = intents_count(counts.buf, counts.len / 4, keys.buf, n, delta, crossed.buf);
+        Py_END_ALLOW_THREADS
+        if (got < 0) {
+            PyErr_Format(PyExc_ValueError,
+                         "count_intents: key %lld at position %lld is out of range or has no "
+                         "count to remove", (long long)((int64_t *)keys.buf)[-1 - got],
+                         (long long)(-1 - got));
+        } else {
+            result = PyLong_FromLongLong(got);
+        }
+    }
+    PyBuffer_Release(&counts);
+    PyBuffer_Release(&keys);
+    PyBuffer_Release(&crossed);
+    return result;
+}
+
 static PyMethodDef module_methods[] = {
     {"check_keys", check_keys, METH_VARARGS,
      "check_keys(keys, num_keys) -> int. Index of the first key outside [0, num_keys), or -1."},
+    {"count_intents", count_intents, METH_VARARGS,
+     "count_intents(counts, keys, delta, crossed) -> int. Adds delta (+1/-1) to counts[k] for "
+     "each key in order (GIL released); writes the keys whose count crossed zero to crossed."},
     {NULL, NULL, 0, NULL},
 };
 
