@@ -33,6 +33,8 @@ _PREFIX = struct.Struct("<iB")
 _inbox_ids = itertools.count()
 _SNDMORE = int(zmq.SNDMORE)
 _COUNTER_NAMES: dict = {}  # (direction, kind) -> counter names
+_TOTAL_NAMES = {d: (f"wire_messages_{d}", f"messages_{d}", f"bytes_{d}")
+                for d in ("sent", "received")}
 
 
 def _check_host(host: str) -> str:
@@ -95,21 +97,12 @@ class Transport:
         """Send ``messages`` (in order) to peer ``dst`` in one ZeroMQ message."""
         frames = encode(messages)
         self._send_frames(dst, messages[0].kind, frames)
-        sent = self.counters
-        sent["wire_messages_sent"] += 1
-        sent["messages_sent"] += len(messages)
-        sent["bytes_sent"] += frame_bytes(frames)
-        for m in messages:
-            self._count_kind("sent", m.kind, m.nbytes)
+        self._count("sent", frames, [(m.kind, m.nbytes) for m in messages])
 
     def send_frames(self, dst: int, kind: Kind, frames: list) -> None:
         """Pass on a ZeroMQ message encoded elsewhere (a worker's request, one ``kind`` message)."""
         self._send_frames(dst, kind, frames)
-        size = frame_bytes(frames)
-        self.counters["wire_messages_sent"] += 1
-        self.counters["messages_sent"] += 1
-        self.counters["bytes_sent"] += size
-        self._count_kind("sent", kind, size)
+        self._count("sent", frames, [(kind, frame_bytes(frames))])
 
     def _send_frames(self, dst: int, kind: Kind, frames: list) -> None:
         try:
@@ -152,22 +145,23 @@ class Transport:
             raise TransportError(f"rank {self.rank}: receive failed: {exc}") from exc
 
     def count_received(self, messages: list[Message], frames: list) -> None:
-        got = self.counters
-        got["wire_messages_received"] += 1
-        got["messages_received"] += len(messages)
-        got["bytes_received"] += frame_bytes(frames)
-        for m in messages:
-            self._count_kind("received", m.kind, m.nbytes)
+        self._count("received", frames, [(m.kind, m.nbytes) for m in messages])
 
-    def _count_kind(self, direction: str, kind: Kind, size: int) -> None:
-        names = _COUNTER_NAMES.get((direction, kind))
-        if names is None:
-            name = kind.name.lower()
-            names = _COUNTER_NAMES[direction, kind] = (f"messages_{direction}_{name}",
-                                                      f"bytes_{direction}_{name}")
-        by_kind = self.by_kind
-        by_kind[names[0]] = by_kind.get(names[0], 0) + 1
-        by_kind[names[1]] = by_kind.get(names[1], 0) + size
+    def _count(self, direction: str, frames: list, parts: list[tuple[Kind, int]]) -> None:
+        """One ZeroMQ message of ``frames`` carrying ``parts``: (kind, bytes) per message."""
+        wire, logical, size = _TOTAL_NAMES[direction]
+        counters, by_kind = self.counters, self.by_kind
+        counters[wire] += 1
+        counters[logical] += len(parts)
+        counters[size] += frame_bytes(frames)
+        for kind, nbytes in parts:
+            names = _COUNTER_NAMES.get((direction, kind))
+            if names is None:
+                name = kind.name.lower()
+                names = _COUNTER_NAMES[direction, kind] = (f"messages_{direction}_{name}",
+                                                          f"bytes_{direction}_{name}")
+            by_kind[names[0]] = by_kind.get(names[0], 0) + 1
+            by_kind[names[1]] = by_kind.get(names[1], 0) + nbytes
 
     def close(self, linger_ms: int = 0) -> None:
         for sock in [self.router, self.inbox]:

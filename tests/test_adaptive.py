@@ -368,12 +368,13 @@ def _intent_then_pull_job(node, rounds):
     w = node.worker()
     rng = np.random.default_rng(node.rank)
     other = 1 - node.rank
+    lens = node.store.lengths_of(np.arange(node.store.num_keys))
     pulled = 0
     for i in range(rounds):
         keys = np.unique(rng.integers(0, 500, 20)) * 2 + other  # homes on the other node
         w.intent(keys, w.clock, w.clock + 1)
-        values = w.pull(keys)
-        assert np.all(values[:, 0] == keys), "a pull returned a wrong value"
+        values = w.pull(keys).reshape(-1)
+        assert np.array_equal(values, np.repeat(keys, lens[keys])), "a pull returned wrong values"
         pulled += len(keys)
         w.advance_clock()
     node.barrier()
@@ -381,23 +382,22 @@ def _intent_then_pull_job(node, rounds):
     return pulled, s["local_pull_keys"], s["waited_pull_keys"], s["remote_pull_keys"]
 
 
-def _set_identity(node):
+def _identity_then(node, rounds):
+    """Every float of key k is k (set by rank 0), then the intent-and-pull rounds."""
     if node.rank == 0:
         w = node.worker()
-        keys = np.arange(1000)
-        w.set(keys, keys.astype(np.float32)[:, None])
+        keys = np.arange(node.store.num_keys)
+        w.set(keys, np.repeat(keys, node.store.lengths_of(keys)).astype(np.float32))
         w.wait()
     node.barrier()
-
-
-def _identity_then(node, rounds):
-    _set_identity(node)
     return _intent_then_pull_job(node, rounds)
 
 
+@pytest.mark.parametrize("lengths", ["uniform", "per-key"])
 @pytest.mark.parametrize("management", ["adaptive", "relocation_only", "replication_only"])
-def test_pulls_right_after_intent_are_correct_and_counted(management):
-    results = cluster(_identity_then, 2, args=(200,), num_keys=1000, value_length=1,
+def test_pulls_right_after_intent_are_correct_and_counted(management, lengths):
+    value_length = 1 if lengths == "uniform" else np.arange(1000) % 3 + 1
+    results = cluster(_identity_then, 2, args=(200,), num_keys=1000, value_length=value_length,
                       management=management, action_timing=False)
     for pulled, local, waited, remote in results:
         assert local + waited + remote == pulled
