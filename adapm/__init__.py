@@ -22,6 +22,7 @@ from .errors import (
     TransportError,
 )
 from .node import Node, init
+from .sampling import Sampling
 from .worker import Worker
 
 __version__ = "0.1.0"
@@ -29,6 +30,7 @@ __version__ = "0.1.0"
 __all__ = [
     "init",
     "Config",
+    "Sampling",
     "Node",
     "Worker",
     "AdaPMError",

@@ -25,6 +25,7 @@ from typing import Mapping, Optional, Union
 import numpy as np
 
 from .errors import ConfigError
+from .sampling import Sampling
 
 MANAGEMENT_VARIANTS = (
     "adaptive",
@@ -75,6 +76,10 @@ class Config:
     timing_alpha: float = _help("Smoothing factor of the clocks-per-round estimate.", default=0.1)
     timing_p: float = _help("Poisson quantile used by the action timer.", default=0.9999)
     timing_lambda0: float = _help("Initial clocks-per-round estimate.", default=10.0)
+    sampling: Optional[Sampling] = _help(
+        "The sampling domain of prepare_sample/pull_sample (adapm.Sampling); None: no sampling.",
+        default=None,
+    )
     max_rounds_per_s: Optional[float] = _help(
         "Optional cap on sync rounds per second; None: next round as soon as the last is answered.",
         default=None,
@@ -132,6 +137,13 @@ class Config:
                 f"management={self.management!r} supports at most {MAX_INTENT_NODES} nodes "
                 f"(owners keep per-key node sets as 64-bit masks), got world_size "
                 f"{self.world_size}; use static_partition or full_replication")
+        if self.sampling is not None:
+            if not isinstance(self.sampling, Sampling):
+                raise ConfigError(f"sampling must be an adapm.Sampling, got "
+                                  f"{type(self.sampling).__name__}")
+            if self.sampling.high > self.num_keys:
+                raise ConfigError(f"sampling: domain [{self.sampling.low}, {self.sampling.high}) "
+                                  f"reaches past num_keys {self.num_keys}")
         if not 0.0 < self.timing_alpha <= 1.0:
             raise ConfigError(f"timing_alpha must be in (0, 1], got {self.timing_alpha}")
         if not 0.0 < self.timing_p < 1.0:

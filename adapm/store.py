@@ -25,6 +25,7 @@ import numpy as np
 
 from . import _native_loader, routing
 from .config import Config
+from .sampling import SamplePool
 
 _native = _native_loader.load()
 
@@ -110,6 +111,8 @@ class Store:
         self.scatter_set_fast = self.native.scatter_set_fast
         self._free: dict[int, _SlotStack] = {}
         self._bump = 0
+        # Held keys of the sampling domain (local sampling draws among them).
+        self.sample_pool = SamplePool(config.sampling) if config.sampling is not None else None
         self.capacity = capacity
 
     # --- sizes -------------------------------------------------------------------------------
@@ -137,6 +140,10 @@ class Store:
 
     def scatter_set(self, keys: np.ndarray, vals: np.ndarray, missing: np.ndarray) -> int:
         return self.native.scatter_set(keys, vals, missing)
+
+    def holds(self, keys: np.ndarray) -> np.ndarray:
+        """Whether each key has a main copy or replica here now (a snapshot; any thread)."""
+        return self.state[keys] != NONE
 
     def local_keys(self) -> np.ndarray:
         """Keys with a main copy or replica here (a snapshot)."""
@@ -167,6 +174,8 @@ class Store:
         keys = np.ascontiguousarray(keys, dtype=np.int64)
         slots = self._allocate(keys)
         self.native.insert(keys, slots, int(state), values, versions)
+        if self.sample_pool is not None:
+            self.sample_pool.add(keys)
 
     def take_deltas(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Replicas' accumulated updates, moved out (zeroed here); and which keys had any."""
@@ -190,6 +199,8 @@ class Store:
         values = np.empty(total, dtype=np.float32)
         deltas = np.empty(total, dtype=np.float32) if with_deltas else None
         slots = np.empty(len(keys), dtype=np.int64)
+        if self.sample_pool is not None:
+            self.sample_pool.remove(keys)
         self.native.remove(keys, values, deltas, slots)
         held = slots >= 0
         self._release(keys[held], slots[held])

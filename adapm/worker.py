@@ -17,6 +17,7 @@ from . import args, routing
 from .comm import Pending
 from .errors import AdaPMError, AdaPMTimeout, InvalidArgument, StateError
 from .protocol import Kind, encode_one
+from .sampling import WorkerSampler
 from .store import NONE
 
 if TYPE_CHECKING:
@@ -37,7 +38,7 @@ class Worker:
 
     COUNTERS = ("local_pull_keys", "remote_pull_keys", "waited_pull_keys", "local_push_keys",
                 "remote_push_keys", "local_set_keys", "remote_set_keys", "intents_signalled",
-                "intents_acted")
+                "intents_acted", "sampled_keys", "sampled_local_keys", "sampled_remote_keys")
 
     def __init__(self, node: "Node", index: int) -> None:
         self._node = node
@@ -51,6 +52,8 @@ class Worker:
         sync = node.comm.sync if node.comm is not None else None
         # Intents go to the sync loop; under static partitioning (or on one node) nobody acts.
         self._intents = sync.new_worker_intents(self) if sync is not None else None
+        sampling = node.config.sampling
+        self._sampler = WorkerSampler(self, sampling, node.rank) if sampling is not None else None
 
     # --- data access -------------------------------------------------------------------------
 
@@ -131,13 +134,49 @@ class Worker:
         """
         self._node._check_open("intent")
         keys = args.as_keys(keys, self._store)
+        start, end = self._check_window(start, end)
+        self.counters["intents_signalled"] += len(keys)
+        if self._intents is not None and len(keys):
+            self._intents.signal(keys.copy(), start, end)
+
+    def _check_window(self, start, end) -> tuple[int, int]:
         start = args.as_clock(start, "start")
         end = start + 1 if end is None else args.as_clock(end, "end")
         if end <= start:
             raise InvalidArgument(f"end must be > start, got start={start} end={end}")
-        self.counters["intents_signalled"] += len(keys)
-        if self._intents is not None and len(keys):
-            self._intents.signal(keys.copy(), start, end)
+        return start, end
+
+    # --- sampling ----------------------------------------------------------------------------
+
+    def prepare_sample(self, n: int, start: int, end: Optional[int] = None) -> int:
+        """Prepare a sample of ``n`` keys to be pulled in clocks [start, end) (end=start+1).
+
+        Returns a handle for :meth:`pull_sample`. The domain, distribution and scheme are set
+        once per job in ``Config(sampling=adapm.Sampling(...))``. Scheme ``naive`` draws the
+        keys now and signals them as intent for [start, end), ``local`` draws at pull time
+        among the keys held on this node. Non-blocking; O(n). Raises InvalidArgument for a bad
+        ``n``, ``start`` or ``end`` (nothing is kept), StateError without a sampling domain.
+        """
+        self._node._check_open("prepare_sample")
+        if self._sampler is None:
+            raise StateError("prepare_sample: this job has no sampling domain; set "
+                             "Config(sampling=adapm.Sampling(low, high, ...))")
+        return self._sampler.prepare(n, start, end)
+
+    def pull_sample(self, handle: int) -> tuple[np.ndarray, np.ndarray]:
+        """Draw (``local``) or fetch (``naive``) the prepared sample: ``(keys, values)``.
+
+        ``keys`` is int64 of length n; ``values`` as :meth:`pull` returns them. Blocking like
+        :meth:`pull`; the ``local`` scheme never goes remote (a key that moves away while it is
+        read is drawn again). Each handle can be pulled once; a used or unknown handle raises
+        InvalidArgument. Counted in ``stats()`` as ``sampled_keys`` (``sampled_local_keys``,
+        ``sampled_remote_keys``), and as pulled keys.
+        """
+        self._node._check_open("pull_sample")
+        if self._sampler is None:
+            raise StateError("pull_sample: this job has no sampling domain; set "
+                             "Config(sampling=adapm.Sampling(low, high, ...))")
+        return self._sampler.pull(handle)
 
     def advance_clock(self) -> int:
         """Raise this worker's logical clock by one; returns the new clock. O(1)."""

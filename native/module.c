@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "intents.h"
+#include "sampling.h"
 #include "store.h"
 
 typedef struct {
@@ -502,12 +503,117 @@ static PyObject *count_intents(PyObject *module, PyObject *args) {
     return result;
 }
 
+/* Borrows a C-contiguous buffer of the given item size (writable or not); 0 on success. */
+static int borrow(PyObject *obj, Py_buffer *view, Py_ssize_t itemsize, int writable,
+                  const char *what) {
+    if (PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS | (writable ? PyBUF_WRITABLE : 0)) < 0)
+        return -1;
+    if (view->itemsize != itemsize) {
+        PyErr_Format(PyExc_TypeError, "%s: item size must be %zd, got %zd", what, itemsize,
+                     view->itemsize);
+        PyBuffer_Release(view);
+        return -1;
+    }
+    return 0;
+}
+
+/* alias_build(weights, prob, alias): float64 weights in, float64 prob and int64 alias out. */
+static PyObject *alias_build_py(PyObject *module, PyObject *args) {
+    PyObject *ow, *oprob, *oalias;
+    if (!PyArg_ParseTuple(args, "OOO", &ow, &oprob, &oalias)) return NULL;
+    Py_buffer w, prob, alias;
+    if (borrow(ow, &w, 8, 0, "alias_build weights") < 0) return NULL;
+    if (borrow(oprob, &prob, 8, 1, "alias_build prob") < 0) {
+        PyBuffer_Release(&w);
+        return NULL;
+    }
+    if (borrow(oalias, &alias, 8, 1, "alias_build alias") < 0) {
+        PyBuffer_Release(&w);
+        PyBuffer_Release(&prob);
+        return NULL;
+    }
+    PyObject *result = NULL;
+    const int64_t m = w.len / 8;
+    int64_t *scratch = NULL;
+    if (prob.len != w.len || alias.len != w.len || m == 0) {
+        PyErr_SetString(PyExc_ValueError, "alias_build: weights, prob and alias need one equal, "
+                                          "non-zero length");
+    } else if (!(scratch = PyMem_RawMalloc((size_t)m * 8))) {
+        PyErr_NoMemory();
+    } else {
+        int64_t got;
+        Py_BEGIN_ALLOW_THREADS
+        got = alias_build(w.buf, m, prob.buf, alias.buf, scratch);
+        Py_END_ALLOW_THREADS
+        if (got == -1 - m) {
+            PyErr_SetString(PyExc_ValueError, "sampling weights: the sum must be positive and finite");
+        } else if (got < 0) {
+            PyErr_Format(PyExc_ValueError, "sampling weights: entry %lld is %g; weights must be "
+                         "finite and >= 0", (long long)(-1 - got), ((double *)w.buf)[-1 - got]);
+        } else {
+            result = Py_NewRef(Py_None);
+        }
+    }
+    PyMem_RawFree(scratch);
+    PyBuffer_Release(&w);
+    PyBuffer_Release(&prob);
+    PyBuffer_Release(&alias);
+    return result;
+}
+
+/* pool_add / pool_remove(pool, pos, count, low, keys) -> new count */
+static PyObject *pool_update(PyObject *args, int add) {
+    PyObject *opool, *opos, *okeys;
+    long long count, low;
+    if (!PyArg_ParseTuple(args, "OOLLO", &opool, &opos, &count, &low, &okeys)) return NULL;
+    Py_buffer pool, pos, keys;
+    if (borrow(opool, &pool, 8, 1, "pool") < 0) return NULL;
+    if (borrow(opos, &pos, 8, 1, "pool positions") < 0) {
+        PyBuffer_Release(&pool);
+        return NULL;
+    }
+    if (borrow(okeys, &keys, 8, 0, "keys") < 0) {
+        PyBuffer_Release(&pool);
+        PyBuffer_Release(&pos);
+        return NULL;
+    }
+    PyObject *result = NULL;
+    const int64_t size = pos.len / 8;
+    if (pool.len != pos.len || count < 0 || count > size) {
+        PyErr_SetString(PyExc_ValueError, "pool: pool and positions need the domain's length, "
+                                          "and 0 <= count <= that");
+    } else {
+        const pool_t p = {pool.buf, pos.buf, low, low + size};
+        int64_t got;
+        Py_BEGIN_ALLOW_THREADS
+        got = add ? pool_add(&p, count, keys.buf, keys.len / 8)
+                  : pool_remove(&p, count, keys.buf, keys.len / 8);
+        Py_END_ALLOW_THREADS
+        result = PyLong_FromLongLong(got);
+    }
+    PyBuffer_Release(&pool);
+    PyBuffer_Release(&pos);
+    PyBuffer_Release(&keys);
+    return result;
+}
+
+static PyObject *pool_add_py(PyObject *module, PyObject *args) { return pool_update(args, 1); }
+static PyObject *pool_remove_py(PyObject *module, PyObject *args) { return pool_update(args, 0); }
+
 static PyMethodDef module_methods[] = {
     {"check_keys", check_keys, METH_VARARGS,
      "check_keys(keys, num_keys) -> int. Index of the first key outside [0, num_keys), or -1."},
     {"count_intents", count_intents, METH_VARARGS,
      "count_intents(counts, keys, delta, crossed) -> int. Adds delta (+1/-1) to counts[k] for "
      "each key in order (GIL released); writes the keys whose count crossed zero to crossed."},
+    {"alias_build", alias_build_py, METH_VARARGS,
+     "alias_build(weights, prob, alias) -> None. Vose's alias table of float64 weights into "
+     "float64 prob and int64 alias (same length), GIL released; ValueError on a bad weight."},
+    {"pool_add", pool_add_py, METH_VARARGS,
+     "pool_add(pool, pos, count, low, keys) -> new count. Adds keys of [low, low+len(pos)) to "
+     "the pool of held sampling keys (one writer at a time)."},
+    {"pool_remove", pool_remove_py, METH_VARARGS,
+     "pool_remove(pool, pos, count, low, keys) -> new count. Removes keys from the pool."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -1,0 +1,279 @@
+"""Negative sampling (DESIGN section 4): draws from a key range, local where possible.
+
+The sampling domain is set once per job, in ``Config(sampling=Sampling(...))``: a key range
+``[low, high)``, a distribution over it (uniform, or a weight per key drawn through an alias
+table, e.g. unigram^0.75 for word vectors), with or without replacement, and a scheme:
+
+- ``naive``: ``prepare_sample`` draws the keys and signals them as intent for ``[start, end)``,
+  so that by the time ``pull_sample`` pulls them they are local (if the intent came early
+  enough; otherwise the pull is remote, and counted so);
+- ``local`` (default, as in AdaPM): ``pull_sample`` draws among the keys of the domain that are
+  held on this node at that moment (main copy or replica), so it never goes remote. The draws
+  follow the domain's distribution restricted to those keys.
+
+Every draw is O(n) numpy work (or a few rounds of it), never a scan over the domain: a node keeps
+a *pool* of its held domain keys, updated in one native call whenever keys move in or out
+(``native/sampling.c``).
+
+This module imports no other part of adapm but errors and the native loader (``config`` imports
+it); the store and worker pass themselves in.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Optional
+
+import numpy as np
+
+from ._native_loader import load as _load_native
+from .errors import AdaPMError, ConfigError, InvalidArgument, InvalidType, StateError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .worker import Worker
+
+_native = _load_native()
+
+SCHEMES = ("local", "naive")
+
+# Redraw rounds before a draw gives up: each round redraws only the keys that failed (not held
+# here, or a duplicate without replacement). With a fraction p of the distribution's mass held
+# here, n (1 - p)^rounds keys are still missing: 1000 rounds cover p >= 2% for n = 10^6.
+_MAX_REDRAW_ROUNDS = 1000
+
+
+def _help(text: str, **kw):
+    return field(metadata={"help": text}, **kw)
+
+
+@dataclass(frozen=True, eq=False)
+class Sampling:
+    """The sampling domain of a job (the same on every node). Frozen and validated."""
+
+    low: int = _help("First key of the domain.")
+    high: int = _help("One past the last key of the domain (high > low).")
+    weights: Optional[np.ndarray] = _help(
+        "None: uniform over [low, high). Else one finite weight >= 0 per key of the domain (a "
+        "positive sum); keys are drawn with probability weight / sum.", default=None)
+    replacement: bool = _help(
+        "With replacement (default), or without: the keys of one sample are distinct.",
+        default=True)
+    scheme: str = _help("'local' (draw among keys held here; never remote) or 'naive' (draw "
+                        "at prepare time and signal them as intent).", default="local")
+    seed: int = _help("Seed of the draws; each worker of each node draws its own stream.",
+                      default=0)
+
+    def __post_init__(self) -> None:
+        for name in ("low", "high", "seed"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+                raise ConfigError(f"sampling.{name} must be an int, got {type(value).__name__}")
+            object.__setattr__(self, name, int(value))
+        if self.low < 0 or self.high <= self.low:
+            raise ConfigError(f"sampling: need 0 <= low < high, got low={self.low} "
+                              f"high={self.high}")
+        if self.scheme not in SCHEMES:
+            raise ConfigError(f"sampling.scheme must be one of {SCHEMES}, got {self.scheme!r}")
+        if not isinstance(self.replacement, bool):
+            raise ConfigError("sampling.replacement must be a bool")
+        if self.weights is not None:
+            weights = np.array(self.weights, dtype=np.float64)  # a private copy
+            if weights.ndim != 1 or len(weights) != self.size:
+                raise ConfigError(f"sampling.weights needs one weight per key of [low, high) "
+                                  f"({self.size}), got shape {weights.shape}")
+            prob, alias = np.empty_like(weights), np.empty(len(weights), dtype=np.int64)
+            try:
+                _native.alias_build(weights, prob, alias)
+            except ValueError as exc:
+                raise ConfigError(str(exc)) from None
+            positive = int(np.count_nonzero(weights))
+            weights.setflags(write=False)
+            object.__setattr__(self, "weights", weights)
+            object.__setattr__(self, "_alias", (prob, alias, positive))
+
+    @property
+    def size(self) -> int:
+        """Number of keys in the domain."""
+        return self.high - self.low
+
+    @property
+    def support(self) -> int:
+        """Number of keys that can be drawn (non-zero weight)."""
+        return self.size if self.weights is None else self._alias[2]
+
+    def draw(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        """``n`` keys from the whole domain's distribution (with replacement), int64."""
+        if self.weights is None:
+            return rng.integers(self.low, self.high, n, dtype=np.int64)
+        prob, alias, _ = self._alias
+        index = rng.integers(0, self.size, n, dtype=np.int64)
+        take_alias = rng.random(n) >= prob[index]
+        index[take_alias] = alias[index[take_alias]]
+        return index + self.low
+
+    def replace(self, **changes) -> "Sampling":
+        return dataclasses.replace(self, **changes)
+
+
+class SamplePool:
+    """A node's held keys of the sampling domain, for the ``local`` scheme.
+
+    ``add``/``remove`` are called by the one thread that moves keys in and out of the store (one
+    native call per batch); workers read ``keys[:count]`` at any time and must check that a
+    drawn key is still held (the store's gather does).
+    """
+
+    def __init__(self, sampling: Sampling) -> None:
+        self.low = sampling.low
+        # Entries past count keep old, in-domain keys: a racing reader draws a valid key.
+        self.keys = np.full(sampling.size, sampling.low, dtype=np.int64)
+        self._pos = np.full(sampling.size, -1, dtype=np.int64)
+        self.count = 0
+
+    def add(self, keys: np.ndarray) -> None:
+        self.count = _native.pool_add(self.keys, self._pos, self.count, self.low, keys)
+
+    def remove(self, keys: np.ndarray) -> None:
+        self.count = _native.pool_remove(self.keys, self._pos, self.count, self.low, keys)
+
+
+class WorkerSampler:
+    """One worker's sample handles and random stream (used by that worker's thread only)."""
+
+    def __init__(self, worker: "Worker", sampling: Sampling, rank: int) -> None:
+        self._worker = worker
+        self._sampling = sampling
+        self._rng = np.random.default_rng([sampling.seed, rank, worker.index])
+        self._prepared: dict[int, tuple[int, Optional[np.ndarray]]] = {}
+        self._next_handle = 0
+
+    def prepare(self, n, start, end) -> int:
+        s = self._sampling
+        n = _as_count(n)
+        if not s.replacement and n > s.support:
+            raise InvalidArgument(f"n: {n} distinct keys asked for, but the sampling domain "
+                                  f"has {s.support} keys that can be drawn")
+        worker = self._worker
+        keys = None
+        if s.scheme == "naive":
+            keys = self._draw(n, held=None)
+            worker.intent(keys, start, end)  # validates start and end before anything is kept
+        else:
+            worker._check_window(start, end)
+        handle = self._next_handle
+        self._next_handle += 1
+        self._prepared[handle] = (n, keys)
+        return handle
+
+    def pull(self, handle) -> tuple[np.ndarray, np.ndarray]:
+        if isinstance(handle, bool) or not isinstance(handle, (int, np.integer)):
+            raise InvalidType(f"handle: expected an int from prepare_sample, got "
+                                  f"{type(handle).__name__}")
+        prepared = self._prepared.pop(int(handle), None)
+        if prepared is None:
+            raise InvalidArgument(f"handle: {handle} is not a prepared sample of this worker "
+                                  f"(each handle can be pulled once)")
+        n, keys = prepared
+        worker = self._worker
+        counters = worker.counters
+        if keys is not None:  # naive: the keys were drawn and signalled at prepare time
+            local_before = counters["local_pull_keys"] + counters["waited_pull_keys"]
+            values = worker.pull(keys)
+            local = counters["local_pull_keys"] + counters["waited_pull_keys"] - local_before
+        else:
+            keys, values = self._pull_local(n)
+            local = n
+        counters["sampled_keys"] += n
+        counters["sampled_local_keys"] += local
+        counters["sampled_remote_keys"] += n - local
+        return keys, values
+
+    # --- drawing -----------------------------------------------------------------------------
+
+    def _pull_local(self, n: int) -> tuple[np.ndarray, np.ndarray]:
+        store = self._worker._store
+        if store.sample_pool.count == 0:
+            raise StateError(f"pull_sample: rank {self._worker._node.rank} holds no key of the "
+                             f"sampling domain [{self._sampling.low}, {self._sampling.high}) "
+                             f"now, so the local scheme has nothing to draw from")
+        keys = self._draw(n, held=store)
+        values = np.empty(store.floats_for(keys), dtype=np.float32)
+        for _ in range(_MAX_REDRAW_ROUNDS):
+            missing = self._worker._missing_buffer(n)
+            nmiss = store.gather(keys, values, missing)  # one C call, GIL released
+            if not nmiss:
+                self._worker.counters["local_pull_keys"] += n
+                if store.uniform_length:
+                    values = values.reshape(n, store.uniform_length)
+                return keys, values
+            # A key moved away between the draw and the read: draw those positions again.
+            bad = np.zeros(n, dtype=bool)
+            bad[missing[:nmiss]] = True
+            keys = self._redraw(keys, bad, store)
+            if not store.uniform_length:
+                values = np.empty(store.floats_for(keys), dtype=np.float32)
+        raise self._gave_up(n)
+
+    def _draw(self, n: int, held) -> np.ndarray:
+        """n keys from the distribution, restricted to keys held in ``held`` (a Store) if given."""
+        s, rng = self._sampling, self._rng
+        if held is not None and s.weights is None:
+            pool = held.sample_pool
+            count = pool.count
+            if not s.replacement and count < n:
+                raise StateError(f"pull_sample: {n} distinct keys asked for, but rank "
+                                 f"{self._worker._node.rank} holds only {count} keys of the "
+                                 f"sampling domain now (scheme 'local')")
+            if s.replacement:
+                index = rng.integers(0, count, n, dtype=np.int64)
+            else:
+                index = rng.choice(count, n, replace=False).astype(np.int64)
+            keys = pool.keys[index]
+        elif not s.replacement and s.weights is None:
+            keys = rng.choice(s.size, n, replace=False).astype(np.int64) + s.low
+        else:
+            keys = s.draw(rng, n)
+        bad = self._unfit(keys, held)
+        return self._redraw(keys, bad, held) if bad.any() else keys
+
+    def _redraw(self, keys: np.ndarray, bad: np.ndarray, held) -> np.ndarray:
+        """Draw again where ``bad`` until every key fits (held here; distinct if asked)."""
+        for _ in range(_MAX_REDRAW_ROUNDS):
+            if held is not None and self._sampling.weights is None:
+                pool = held.sample_pool
+                fresh = pool.keys[self._rng.integers(0, max(pool.count, 1), int(bad.sum()))]
+            else:
+                fresh = self._sampling.draw(self._rng, int(bad.sum()))
+            keys[bad] = fresh
+            bad = self._unfit(keys, held)
+            if not bad.any():
+                return keys
+        raise self._gave_up(len(keys))
+
+    def _unfit(self, keys: np.ndarray, held) -> np.ndarray:
+        """Positions to draw again: keys not held here (if ``held``), later duplicates (if
+        without replacement)."""
+        bad = np.zeros(len(keys), dtype=bool) if held is None else ~held.holds(keys)
+        if not self._sampling.replacement and len(keys) > 1:
+            order = np.argsort(keys, kind="stable")
+            ordered = keys[order]
+            repeat = np.zeros(len(keys), dtype=bool)
+            repeat[order[1:]] = ordered[1:] == ordered[:-1]
+            bad |= repeat
+        return bad
+
+    def _gave_up(self, n: int) -> AdaPMError:
+        s = self._sampling
+        return StateError(f"pull_sample: rank {self._worker._node.rank} could not draw {n} keys "
+                          f"in {_MAX_REDRAW_ROUNDS} rounds: too little of the sampling "
+                          f"distribution over [{s.low}, {s.high}) is held here now "
+                          f"(scheme {s.scheme!r}, replacement={s.replacement})")
+
+
+def _as_count(n) -> int:
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)):
+        raise InvalidType(f"n: expected an int number of keys, got {type(n).__name__}")
+    if n < 1:
+        raise InvalidArgument(f"n: must be >= 1, got {n}")
+    return int(n)

@@ -1,0 +1,60 @@
+/* Sampling support: see sampling.h. */
+#include "sampling.h"
+
+#include <math.h>
+
+int64_t alias_build(const double *w, int64_t m, double *prob, int64_t *alias, int64_t *scratch) {
+    double total = 0.0;
+    for (int64_t i = 0; i < m; i++) {
+        if (!(w[i] >= 0.0) || isinf(w[i])) return -1 - i; /* also catches NaN */
+        total += w[i];
+    }
+    if (!(total > 0.0) || isinf(total)) return -1 - m;
+    /* scratch holds the "small" indices from the bottom up and the "large" ones from the top
+     * down, so one array of m serves both stacks. */
+    int64_t nsmall = 0, nlarge = 0;
+    for (int64_t i = 0; i < m; i++) {
+        prob[i] = w[i] * (double)m / total;
+        alias[i] = i;
+        if (prob[i] < 1.0) scratch[nsmall++] = i;
+        else scratch[m - 1 - nlarge++] = i;
+    }
+    while (nsmall && nlarge) {
+        const int64_t s = scratch[--nsmall];
+        const int64_t l = scratch[m - nlarge]; /* top of the large stack */
+        alias[s] = l;
+        prob[l] -= 1.0 - prob[s];
+        if (prob[l] < 1.0) { /* l becomes small: move it from one stack to the other */
+            nlarge--;
+            scratch[nsmall++] = l;
+        }
+    }
+    /* What is left is 1 up to rounding. */
+    while (nlarge) prob[scratch[m - nlarge--]] = 1.0;
+    while (nsmall) prob[scratch[--nsmall]] = 1.0;
+    return 0;
+}
+
+int64_t pool_add(const pool_t *p, int64_t count, const int64_t *keys, int64_t n) {
+    for (int64_t i = 0; i < n; i++) {
+        const int64_t k = keys[i];
+        if (k < p->low || k >= p->high || p->pos[k - p->low] >= 0) continue;
+        p->pos[k - p->low] = count;
+        p->pool[count++] = k;
+    }
+    return count;
+}
+
+int64_t pool_remove(const pool_t *p, int64_t count, const int64_t *keys, int64_t n) {
+    for (int64_t i = 0; i < n; i++) {
+        const int64_t k = keys[i];
+        if (k < p->low || k >= p->high) continue;
+        const int64_t at = p->pos[k - p->low];
+        if (at < 0) continue;
+        const int64_t last = p->pool[--count];
+        p->pool[at] = last;
+        p->pos[last - p->low] = at;
+        p->pos[k - p->low] = -1;
+    }
+    return count;
+}

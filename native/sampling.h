@@ -1,0 +1,34 @@
+/* Sampling support (see adapm/sampling.py): alias tables for weighted draws, and the pool of a
+ * node's locally held keys of the sampling domain, for draws that must never go remote.
+ *
+ * Called with the GIL released; touches no Python object.
+ */
+#ifndef ADAPM_SAMPLING_H
+#define ADAPM_SAMPLING_H
+
+#include <stdint.h>
+
+/* Vose's alias method: from m weights (finite, >= 0, positive sum) builds prob[] and alias[] so
+ * that "i uniform in [0, m); u uniform in [0, 1); i if u < prob[i] else alias[i]" draws i with
+ * probability w[i] / sum(w). scratch holds m int64. Returns 0, or -1 - i for a bad weight w[i],
+ * or -1 - m when the sum is not positive. O(m). */
+int64_t alias_build(const double *w, int64_t m, double *prob, int64_t *alias, int64_t *scratch);
+
+/* The pool: pool[0..count) are the keys of [low, high) held here, in no order; pos[k - low] is
+ * k's index in pool, or -1. One writer (the thread that moves keys in and out); readers may read
+ * pool[] concurrently and must check that a drawn key is still held. */
+typedef struct {
+    int64_t *pool;
+    int64_t *pos;
+    int64_t low, high;
+} pool_t;
+
+/* Adds keys (those outside [low, high) or already in the pool are skipped); returns the new
+ * count. */
+int64_t pool_add(const pool_t *p, int64_t count, const int64_t *keys, int64_t n);
+
+/* Removes keys (those outside [low, high) or not in the pool are skipped) by moving the last
+ * entry into the freed place; returns the new count. */
+int64_t pool_remove(const pool_t *p, int64_t count, const int64_t *keys, int64_t n);
+
+#endif
