@@ -147,6 +147,12 @@ class WorkerSampler:
         self._rng = np.random.default_rng([sampling.seed, rank, worker.index])
         self._prepared: dict[int, tuple[int, Optional[np.ndarray]]] = {}
         self._next_handle = 0
+        store = worker._store
+        if store.uniform_length:
+            self._row_length = store.uniform_length
+        else:  # pull_sample(out=) needs to know the size of n rows before it draws them
+            lens = store.lens[sampling.low:sampling.high]
+            self._row_length = int(lens[0]) if np.all(lens == lens[0]) else 0
 
     def prepare(self, n, start, end) -> int:
         s = self._sampling
@@ -166,52 +172,69 @@ class WorkerSampler:
         self._prepared[handle] = (n, keys)
         return handle
 
-    def pull(self, handle) -> tuple[np.ndarray, np.ndarray]:
+    def pull(self, handle, out: Optional[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
         if isinstance(handle, bool) or not isinstance(handle, (int, np.integer)):
             raise InvalidType(f"handle: expected an int from prepare_sample, got "
-                                  f"{type(handle).__name__}")
-        prepared = self._prepared.pop(int(handle), None)
+                              f"{type(handle).__name__}")
+        prepared = self._prepared.get(int(handle))
         if prepared is None:
             raise InvalidArgument(f"handle: {handle} is not a prepared sample of this worker "
                                   f"(each handle can be pulled once)")
         n, keys = prepared
+        if out is not None:
+            self._check_out(out, n)
+        del self._prepared[int(handle)]
         worker = self._worker
         counters = worker.counters
         if keys is not None:  # naive: the keys were drawn and signalled at prepare time
             local_before = counters["local_pull_keys"] + counters["waited_pull_keys"]
-            values = worker.pull(keys)
+            values = worker.pull(keys, out)
             local = counters["local_pull_keys"] + counters["waited_pull_keys"] - local_before
         else:
-            keys, values = self._pull_local(n)
+            keys, values = self._pull_local(n, out)
             local = n
         counters["sampled_keys"] += n
         counters["sampled_local_keys"] += local
         counters["sampled_remote_keys"] += n - local
         return keys, values
 
+    def _check_out(self, out, n: int) -> None:
+        store = self._worker._store
+        if not self._row_length:
+            raise InvalidArgument("out: the keys of the sampling domain differ in value length, "
+                                  "so the size of a sample is not known before it is drawn")
+        shape = (n, self._row_length) if store.uniform_length else (n * self._row_length,)
+        if not isinstance(out, np.ndarray):
+            raise InvalidType(f"out must be a numpy float32 array, got {type(out).__name__}")
+        if out.dtype != np.float32:
+            raise InvalidType(f"out must have dtype float32, got {out.dtype}")
+        if out.shape != shape or not out.flags.c_contiguous or not out.flags.writeable:
+            raise InvalidArgument(f"out must be C-contiguous and writable of shape {shape} for "
+                                  f"a sample of {n} keys, got shape {out.shape}")
+
     # --- drawing -----------------------------------------------------------------------------
 
-    def _pull_local(self, n: int) -> tuple[np.ndarray, np.ndarray]:
+    def _pull_local(self, n: int, out: Optional[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
         store = self._worker._store
         if store.sample_pool.count == 0:
             raise StateError(f"pull_sample: rank {self._worker._node.rank} holds no key of the "
                              f"sampling domain [{self._sampling.low}, {self._sampling.high}) "
                              f"now, so the local scheme has nothing to draw from")
         keys = self._draw(n, held=store)
-        values = np.empty(store.floats_for(keys), dtype=np.float32)
+        values = np.empty(store.floats_for(keys), dtype=np.float32) if out is None else out
         for _ in range(_MAX_REDRAW_ROUNDS):
             missing = self._worker._missing_buffer(n)
             nmiss = store.gather(keys, values, missing)  # one C call, GIL released
             if not nmiss:
                 self._worker.counters["local_pull_keys"] += n
-                if store.uniform_length:
+                if store.uniform_length and values.ndim == 1:
                     values = values.reshape(n, store.uniform_length)
                 return keys, values
             # A key moved away between the draw and the read: draw those positions again.
             bad = np.zeros(n, dtype=bool)
             bad[missing[:nmiss]] = True
             keys = self._redraw(keys, bad, store)
-            if not store.uniform_length:
+            if not self._row_length:
                 values = np.empty(store.floats_for(keys), dtype=np.float32)
         raise self._gave_up(n)
 

@@ -163,10 +163,14 @@ class Worker:
                              "Config(sampling=adapm.Sampling(low, high, ...))")
         return self._sampler.prepare(n, start, end)
 
-    def pull_sample(self, handle: int) -> tuple[np.ndarray, np.ndarray]:
+    def pull_sample(self, handle: int, out: Optional[np.ndarray] = None
+                    ) -> tuple[np.ndarray, np.ndarray]:
         """Draw (``local``) or fetch (``naive``) the prepared sample: ``(keys, values)``.
 
-        ``keys`` is int64 of length n; ``values`` as :meth:`pull` returns them. Blocking like
+        ``keys`` is int64 of length n; ``values`` as :meth:`pull` returns them (with ``out``,
+        float32 and C-contiguous of the shape pull would return, it is filled and returned
+        without allocating: under per-key lengths its size must fit the drawn keys, so pass a
+        flat buffer and check ``len``; see the apps' runner). Blocking like
         :meth:`pull`; the ``local`` scheme never goes remote (a key that moves away while it is
         read is drawn again). Each handle can be pulled once; a used or unknown handle raises
         InvalidArgument. Counted in ``stats()`` as ``sampled_keys`` (``sampled_local_keys``,
@@ -176,7 +180,7 @@ class Worker:
         if self._sampler is None:
             raise StateError("pull_sample: this job has no sampling domain; set "
                              "Config(sampling=adapm.Sampling(low, high, ...))")
-        return self._sampler.pull(handle)
+        return self._sampler.pull(handle, out)
 
     def advance_clock(self) -> int:
         """Raise this worker's logical clock by one; returns the new clock. O(1)."""

@@ -203,3 +203,32 @@ def test_local_draws_never_go_remote_while_keys_move():
         assert s["sampled_keys"] == 30_000
         assert s["sampled_remote_keys"] == 0, (rank, s)
         assert s["relocations_in"] + s["replica_setups"] > 0, "no key moved: the test is void"
+
+
+@pytest.mark.parametrize("scheme", ["local", "naive"])
+def test_pull_sample_into_out(scheme):
+    lengths = np.where(np.arange(60) < 40, 3, 5)  # the domain [0, 40) has one length
+    config = adapm.Config(num_keys=60, value_length=lengths,
+                          sampling=adapm.Sampling(0, 40, scheme=scheme))
+    with adapm.init(config=config) as node:
+        w = node.worker()
+        w.set(np.arange(40), np.repeat(np.arange(40), 3).astype(np.float32))
+        h = w.prepare_sample(8, 0)
+        with pytest.raises(adapm.InvalidArgument, match="shape"):
+            w.pull_sample(h, out=np.empty(23, np.float32))
+        with pytest.raises(adapm.InvalidType, match="float32"):
+            w.pull_sample(h, out=np.empty(24, np.float64))
+        out = np.full(24, -1, np.float32)
+        keys, values = w.pull_sample(h, out=out)  # the handle survived the bad calls
+        assert values is out and np.array_equal(out, np.repeat(keys, 3).astype(np.float32))
+    config = adapm.Config(num_keys=60, value_length=lengths,
+                          sampling=adapm.Sampling(30, 50, scheme=scheme))
+    with adapm.init(config=config) as node:
+        w = node.worker()
+        with pytest.raises(adapm.InvalidArgument, match="differ in value length"):
+            w.pull_sample(w.prepare_sample(2, 0), out=np.empty(6, np.float32))
+    with single(adapm.Sampling(0, 100, scheme=scheme), value_length=4) as node:
+        w = node.worker()
+        out = np.empty((10, 4), np.float32)
+        keys, values = w.pull_sample(w.prepare_sample(10, 0), out=out)
+        assert values is out and len(keys) == 10
