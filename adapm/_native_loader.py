@@ -9,11 +9,11 @@ from .errors import AdaPMError
 FIX = "pip install -e '.[dev]'  (or: make install) in the adapm source tree"
 
 
-def load():
+def load(name: str = "adapm._native"):
     try:
-        return importlib.import_module("adapm._native")
+        return importlib.import_module(name)
     except ImportError as exc:
         raise AdaPMError(
-            f"adapm's native extension adapm._native is not built or does not load ({exc}). "
+            f"adapm's native extension {name} is not built or does not load ({exc}). "
             f"Build it with: {FIX}"
         ) from exc

@@ -129,6 +129,7 @@ class Node:
         if self.comm is not None:
             totals.update(self.comm.stats())
         totals["mean_staleness_ms"] = self.store.mean_staleness_ms()
+        totals["replica_reads"] = int(self.store.access_stats[0])
         accessed = totals["local_pull_keys"] + totals["waited_pull_keys"] + \
             totals["remote_pull_keys"] + totals["local_push_keys"] + totals["remote_push_keys"]
         remote = totals["remote_pull_keys"] + totals["remote_push_keys"]

@@ -1,0 +1,291 @@
+"""Knowledge-graph embeddings on adapm: ``python -m adapm.apps.kge --data DIR``.
+
+    python -m adapm.apps.kge generate data/kg --triples 20000      # a KG with planted structure
+    python -m adapm.apps.kge --data data/kg --epochs 5              # one node
+    adapm-run -n 2 python -m adapm.apps.kge --data data/kg          # two nodes
+    python -m adapm.apps.kge --data data/kg --baseline --workers 2  # no PM, one shared array
+
+Models: ComplEx (default), DistMult, RESCAL. Keys: entity e is key e, relation r is key E + r.
+Each key's value is its embedding followed by its AdaGrad accumulator (RESCAL: a relation is a
+d×d matrix, so keys have two lengths). Loss: logistic, over each positive triple and ``--neg``
+corrupted tails plus ``--neg`` corrupted heads, the corrupting entities drawn by the PM's
+``local`` sampling; L2 on the positives' rows. Training is per example inside one native call
+per mini-batch (``native/kernels/kge.c``), as the original AdaPM app trains per data point.
+Evaluation: filtered MRR, MR, Hits@1/3/10 over head and tail prediction (``kge_eval``).
+
+Export (``--export DIR``; outside tools read it): ``entities.tsv``, ``relations.tsv``
+(``id<TAB>name``), ``entity_embeddings.npy``, ``relation_embeddings.npy`` (float32, (n, width),
+no optimizer state), ``model.json`` (``{"model": ..., "dim": d}``). ComplEx: width 2d, real
+parts in columns [0, d), imaginary in [d, 2d), score Re(<h, r, conj(t)>); DistMult: width d,
+score sum(h*r*t); RESCAL: a relation row is its d×d matrix row-major, score h^T R t.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+
+import adapm
+
+from .._native_loader import load as _load
+from . import kge_data, kge_eval, runner
+
+_kernels = _load("adapm._kernels")
+
+MODELS = {"complex": _kernels.MODEL_COMPLEX, "distmult": _kernels.MODEL_DISTMULT,
+          "rescal": _kernels.MODEL_RESCAL}
+# Initial values as the original AdaPM KGE app: embeddings ~ N(0, 0.1), AdaGrad accumulators
+# at a small positive constant (so the first step divides by a non-zero square root).
+INIT_STD = 0.1
+INIT_ACCUMULATOR = 1e-6
+# Keys per deterministic block of initial values: a key's initial value depends only on the
+# seed and the key, whichever node creates it.
+_INIT_BLOCK = 4096
+
+
+@dataclass
+class _Plan:
+    keys: np.ndarray       # the batch's distinct keys (entities, then relations as E + r)
+    rows: np.ndarray       # (B, 3): each triple's (head, relation, tail) as indices into keys
+    sample_size: int       # 2 * neg * B: corrupted tails, then corrupted heads
+
+
+class KGETask:
+    """The KGE app as a runner task (see :class:`adapm.apps.runner.Task`)."""
+
+    name = "kge"
+
+    def __init__(self, kg: kge_data.KG, opts: argparse.Namespace) -> None:
+        self.kg = kg
+        self.model = opts.model
+        self.code = MODELS[opts.model]
+        self.dim = opts.dim
+        self.neg = opts.neg
+        self.lr, self.reg = opts.lr, opts.reg
+        self.seed = opts.seed
+        self.ent_width, self.rel_width = _kernels.kge_widths(self.code, self.dim)
+        E, R = kg.num_entities, kg.num_relations
+        self.num_entities = E
+        self.num_keys = E + R
+        if self.ent_width == self.rel_width:
+            self.value_length = 2 * self.ent_width
+        else:
+            self.value_length = np.concatenate([np.full(E, 2 * self.ent_width, np.int64),
+                                                np.full(R, 2 * self.rel_width, np.int64)])
+        self.sampling = adapm.Sampling(0, E, scheme=opts.sampling, seed=opts.seed)
+        split = getattr(kg, opts.eval_on)
+        self.eval_triples = split[:opts.eval_max] if opts.eval_max else split
+        self._filter = None  # built on first evaluation
+
+    # --- data and initial values -------------------------------------------------------------
+
+    def worker_points(self, part: int, parts: int) -> np.ndarray:
+        """A random split of train.txt: the same for a given seed, whatever the node count."""
+        order = np.random.default_rng([self.seed, 2]).permutation(len(self.kg.train))
+        return self.kg.train[np.array_split(order, parts)[part]]
+
+    def init_rows(self, keys: np.ndarray) -> np.ndarray:
+        """Packed initial rows of ``keys``: N(0, INIT_STD) embeddings, accumulators at
+        INIT_ACCUMULATOR; a function of the seed and the key only (whichever node calls)."""
+        E = self.num_entities
+        is_entity = keys < E
+        lengths = 2 * np.where(is_entity, self.ent_width, self.rel_width)
+        starts = np.cumsum(lengths) - lengths
+        out = np.empty(int(lengths.sum()), dtype=np.float32)
+        for where, base, width in ((np.flatnonzero(is_entity), 0, self.ent_width),
+                                   (np.flatnonzero(~is_entity), E, self.rel_width)):
+            if not len(where):
+                continue
+            rows = np.empty((len(where), 2 * width), dtype=np.float32)
+            rows[:, width:] = INIT_ACCUMULATOR
+            index = keys[where] - base
+            blocks = index // _INIT_BLOCK
+            for block in np.unique(blocks):  # a loop over blocks of keys, not over keys
+                mine = blocks == block
+                rng = np.random.default_rng([self.seed, 3, int(base > 0), int(block)])
+                values = rng.normal(0.0, INIT_STD, (_INIT_BLOCK, width)).astype(np.float32)
+                rows[mine, :width] = values[index[mine] % _INIT_BLOCK]
+            out[starts[where][:, None] + np.arange(2 * width)] = rows
+        return out
+
+    def trainer(self, batch_size: int) -> "KGETrainer":
+        return KGETrainer(self, batch_size)
+
+    # --- evaluation and export ---------------------------------------------------------------
+
+    def embeddings(self, worker) -> tuple[np.ndarray, np.ndarray]:
+        """All entity and relation embeddings (no optimizer state), pulled through ``worker``."""
+        E, R = self.num_entities, self.num_keys - self.num_entities
+        ent = np.empty((E, self.ent_width), dtype=np.float32)
+        chunk = 1 << 15
+        for i in range(0, E, chunk):
+            keys = np.arange(i, min(i + chunk, E), dtype=np.int64)
+            ent[i:i + len(keys)] = worker.pull(keys).reshape(len(keys), -1)[:, :self.ent_width]
+        rel = worker.pull(E + np.arange(R, dtype=np.int64)).reshape(R, -1)[:, :self.rel_width]
+        return ent, np.ascontiguousarray(rel)
+
+    def evaluate(self, worker, part: int, parts: int) -> list:
+        if self._filter is None:
+            kg = self.kg
+            self._filter = kge_eval.FilterIndex(np.concatenate([kg.train, kg.valid, kg.test]))
+        ent, rel = self.embeddings(worker)
+        mine = self.eval_triples[part::parts]
+        ranks = kge_eval.rank(self.model, ent, rel, mine, self._filter)
+        return kge_eval.rank_sums(ranks).tolist()
+
+    def metrics(self, sums: np.ndarray) -> dict:
+        return kge_eval.metrics(np.asarray(sums, dtype=np.float64))
+
+    def export(self, worker, directory: str) -> None:
+        ent, rel = self.embeddings(worker)
+        write_export(directory, self.model, self.dim, self.kg.entities, self.kg.relations,
+                     ent, rel)
+
+
+class KGETrainer:
+    """One worker thread's batches: buffers allocated once, one kernel call per batch."""
+
+    def __init__(self, task: KGETask, batch_size: int) -> None:
+        self.task = task
+        self.E = task.num_entities
+        k, b = task.neg, batch_size
+        self.uniform = isinstance(task.value_length, int)
+        ent_row, rel_row = 2 * task.ent_width, 2 * task.rel_width
+        max_rows = 3 * b + 2 * k * b
+        if self.uniform:
+            self.values = np.empty((max_rows, ent_row), dtype=np.float32)
+            self.updates = np.empty_like(self.values)
+            self.row_offsets = np.arange(max_rows, dtype=np.int64) * ent_row
+        else:
+            floats = 2 * b * ent_row + b * rel_row + 2 * k * b * ent_row
+            self.values = np.empty(floats, dtype=np.float32)
+            self.updates = np.empty_like(self.values)
+            self.lens = task.value_length
+        self.ent_row = ent_row
+        self.negatives = np.arange(2 * k * b, dtype=np.int64)
+
+    def plan(self, points: np.ndarray) -> _Plan:
+        b = len(points)
+        flat = np.concatenate([points[:, 0], points[:, 1] + self.E, points[:, 2]])
+        keys, inverse = np.unique(flat, return_inverse=True)
+        rows = np.ascontiguousarray(inverse.reshape(3, b).T, dtype=np.int64)
+        return _Plan(keys.astype(np.int64), rows, 2 * self.task.neg * b)
+
+    def step(self, worker, plan: _Plan, sample: Optional[int]) -> tuple[float, int]:
+        task = self.task
+        nu, ns = len(plan.keys), plan.sample_size
+        if self.uniform:
+            values = self.values[:nu + ns]
+            updates = self.updates[:nu + ns]
+            worker.pull(plan.keys, out=values[:nu])
+            sampled = worker.pull_sample(sample, out=values[nu:])[0] if ns else plan.keys[:0]
+            offsets = self.row_offsets[:nu + ns]
+        else:
+            lens = self.lens[plan.keys]
+            nf = int(lens.sum())
+            values = self.values[:nf + ns * self.ent_row]
+            updates = self.updates[:len(values)]
+            worker.pull(plan.keys, out=values[:nf])
+            sampled = worker.pull_sample(sample, out=values[nf:])[0] if ns else plan.keys[:0]
+            offsets = np.concatenate([np.cumsum(lens) - lens,
+                                      nf + self.negatives[:ns] * self.ent_row])
+        half = ns // 2
+        neg_tails = self.negatives[:half] + nu
+        neg_heads = self.negatives[half:ns] + nu
+        bce, reg = _kernels.kge_train_batch(task.code, task.dim, values.reshape(-1), offsets,
+                                            plan.rows, neg_heads, neg_tails,
+                                            updates.reshape(-1), task.lr, task.reg, task.reg)
+        keys = np.concatenate([plan.keys, sampled]) if ns else plan.keys
+        worker.push(keys, updates)
+        b = len(plan.rows)
+        return bce + reg, b * (1 + 2 * task.neg)
+
+
+def write_export(directory: str, model: str, dim: int, entities, relations,
+                 ent: np.ndarray, rel: np.ndarray) -> None:
+    """The export format of DESIGN section 9 (files replaced whole, each written atomically)."""
+    os.makedirs(directory, exist_ok=True)
+
+    def atomic(name: str, write) -> None:
+        path = os.path.join(directory, name)
+        tmp = path + ".tmp"
+        with open(tmp, "wb") as f:
+            write(f)
+        os.replace(tmp, path)
+
+    def names(items):
+        return "".join(f"{i}\t{name}\n" for i, name in enumerate(items)).encode()
+
+    atomic("entities.tsv", lambda f: f.write(names(entities)))
+    atomic("relations.tsv", lambda f: f.write(names(relations)))
+    atomic("entity_embeddings.npy", lambda f: np.save(f, ent.astype(np.float32)))
+    atomic("relation_embeddings.npy", lambda f: np.save(f, rel.astype(np.float32)))
+    atomic("model.json", lambda f: f.write(json.dumps({"model": model, "dim": dim}).encode()))
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m adapm.apps.kge",
+        description="Train knowledge-graph embeddings on adapm (or: generate OUT_DIR ... to "
+                    "write a KG with planted structure; see 'generate --help').")
+    p.add_argument("--data", required=True, metavar="DIR",
+                   help="directory with train.txt, valid.txt, test.txt (head<TAB>relation<TAB>tail)")
+    p.add_argument("--model", choices=sorted(MODELS), default="complex")
+    p.add_argument("--dim", type=runner._positive, default=100,
+                   help="embedding dimension d (ComplEx rows hold 2d floats)")
+    p.add_argument("--neg", type=runner._non_negative, default=6,
+                   help="negatives per positive and side (corrupted tails, corrupted heads)")
+    p.add_argument("--lr", type=_positive_float, default=0.1, help="AdaGrad learning rate")
+    p.add_argument("--reg", type=_non_negative_float, default=1e-3,
+                   help="L2 weight on the rows of positive triples")
+    p.add_argument("--sampling", choices=("local", "naive"), default="local",
+                   help="negative sampling scheme (local: never remote)")
+    p.add_argument("--eval-on", choices=("valid", "test"), default="valid")
+    p.add_argument("--eval-max", type=runner._non_negative, default=5000,
+                   help="evaluate on the first N triples of the split (0: all)")
+    runner.add_common_flags(p, ahead=1000, batch_size=100, epochs=10)
+    return p
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "generate":
+        return kge_data.generate_main(argv[1:])
+    p = parser()
+    opts = p.parse_args(argv)
+    if opts.baseline and adapm.Config.from_env(num_keys=1).world_size > 1:
+        p.error("--baseline runs in one process; start it without a launcher")
+    try:
+        kg = kge_data.load(opts.data)
+    except kge_data.DataError as exc:
+        print(f"{p.prog}: error: {exc}", file=sys.stderr)
+        return 2
+    runner.run(KGETask(kg, opts), opts)
+    return 0
+
+
+def _positive_float(text: str) -> float:
+    value = _non_negative_float(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError("must be > 0")
+    return value
+
+
+def _non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not np.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text}")
+    return value
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,361 @@
+"""The app runner shared by the native training apps (``python -m adapm.apps.kge`` and later wv, mf).
+
+What every app gets from here:
+
+- the common flags (``--epochs --batch-size --workers --management --seed --eval-every
+  --export --json --baseline --ahead``) and their validation;
+- the node: ``adapm.init`` under any launcher (or alone), or with ``--baseline`` the same
+  kernels over a plain shared array in one process (:mod:`adapm.apps.baseline`);
+- the split of the data: node r of N and its thread t train the part of global worker
+  ``g = r * workers + t`` of ``N * workers``, so ``--baseline --workers N*W`` trains the same
+  parts in the same order as N nodes of W threads;
+- one clock per mini-batch; intent for each batch (and its negative sample) signalled a fixed
+  number of data points ahead (``--ahead``, the app's default: 1000 triples for KGE, as the
+  paper), never tuned per task;
+- per epoch: a progress bar on rank 0 (tqdm, on a terminal), then one JSON line on rank 0 with
+  ``epoch``, ``train_seconds`` (first worker start to last worker end over all nodes),
+  ``points_per_s``, ``loss``, the app's quality metrics when evaluated, and ``stats``: every
+  node's ``stats()`` counted over the training phase of this epoch only (evaluation's pulls
+  are not in it);
+- export of the trained model on rank 0.
+
+An app is a *task* object (see :class:`Task`) and a per-thread *trainer*; the runner owns
+threads, clocks, intent, timing, collectives and output.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import threading
+import time
+from collections import deque
+from typing import Callable, Optional, Protocol, Sequence
+
+import numpy as np
+
+import adapm
+
+from ..config import MANAGEMENT_VARIANTS
+from .baseline import ArrayNode
+from .exchange import Exchange, LocalExchange
+
+# Counters whose per-epoch value is not a difference: means, recomputed from their weights.
+_MEANS = {"mean_round_ms": "rounds", "mean_staleness_ms": "replica_reads"}
+
+
+class Plan(Protocol):
+    """What a trainer prepared for one batch, ahead of time."""
+
+    keys: np.ndarray         # the batch's keys, signalled as intent and pulled when trained
+    sample_size: int         # negative sample size of the batch (0: none)
+
+
+class Trainer(Protocol):
+    """One worker thread's model code. Used by that thread only."""
+
+    def plan(self, points: np.ndarray) -> Plan:
+        """Prepare a batch of data points (cheap, called ``--ahead`` points in advance)."""
+
+    def step(self, worker, plan: Plan, sample: Optional[int]) -> tuple[float, int]:
+        """Train one batch: pull, one native kernel call, push. Returns (loss sum, steps)."""
+
+
+class Task(Protocol):
+    """An app: its model's keys, data, trainer, evaluation and export."""
+
+    name: str
+    num_keys: int                      # model keys [0, num_keys)
+    value_length: object               # int, or an int array of num_keys lengths
+    sampling: Optional[adapm.Sampling]
+
+    def worker_points(self, part: int, parts: int) -> np.ndarray:
+        """Data points (rows) of global worker ``part`` of ``parts``."""
+
+    def init_rows(self, keys: np.ndarray) -> np.ndarray:
+        """Initial values of ``keys`` (packed float32), a function of the seed and key only."""
+
+    def trainer(self, batch_size: int) -> Trainer: ...
+
+    def evaluate(self, worker, part: int, parts: int) -> list:
+        """Additive evaluation sums of this node's part (pulls what it needs)."""
+
+    def metrics(self, sums: np.ndarray) -> dict: ...
+
+    def export(self, worker, directory: str) -> None: ...
+
+
+def add_common_flags(parser: argparse.ArgumentParser, *, ahead: int, batch_size: int,
+                     epochs: int) -> None:
+    common = parser.add_argument_group("runner (common to every app)")
+    common.add_argument("--epochs", type=_positive, default=epochs, help="epochs to train")
+    common.add_argument("--batch-size", type=_positive, default=batch_size,
+                        help="data points per mini-batch (one clock each)")
+    common.add_argument("--workers", type=_positive, default=1,
+                        help="worker threads per node")
+    common.add_argument("--management", choices=MANAGEMENT_VARIANTS, default=None,
+                        help="parameter management variant (default: adaptive)")
+    common.add_argument("--seed", type=_non_negative, default=0,
+                        help="seed of the data split, shuffles, initial values and samples")
+    common.add_argument("--eval-every", type=_non_negative, default=1,
+                        help="evaluate every N epochs (0: only after the last)")
+    common.add_argument("--ahead", type=_non_negative, default=ahead,
+                        help=f"signal intent this many data points ahead (default {ahead}, "
+                             "as the paper; not a tuning knob)")
+    common.add_argument("--export", metavar="DIR", default=None,
+                        help="write the trained model to DIR (rank 0)")
+    common.add_argument("--json", metavar="FILE", default=None,
+                        help="also append the JSON lines to FILE (rank 0)")
+    common.add_argument("--baseline", action="store_true",
+                        help="one process, the same kernels, data order and threads over a "
+                             "plain shared array, without the parameter manager")
+    common.add_argument("--progress", choices=("auto", "on", "off"), default="auto",
+                        help="rank 0's progress bar: on a terminal (auto), always, never")
+
+
+def run(task: Task, opts: argparse.Namespace, *, out=None) -> list[dict]:
+    """Train ``task`` as ``opts`` say; returns rank 0's JSON records (other ranks: [])."""
+    out = sys.stdout if out is None else out
+    if opts.baseline:
+        node = ArrayNode(task.num_keys, task.value_length, task.sampling, opts.seed)
+        exchange_keys = 0
+    else:
+        uniform = isinstance(task.value_length, (int, np.integer))
+        probe = adapm.Config.from_env(num_keys=1)
+        row = int(task.value_length) if uniform else _REPORT_ROW
+        exchange_keys = Exchange.num_keys(probe.world_size, row)
+        lengths = task.value_length if uniform else np.concatenate(
+            [task.value_length, np.full(exchange_keys, _REPORT_ROW, dtype=np.int64)])
+        node = adapm.init(config=adapm.Config.from_env(
+            num_keys=task.num_keys + exchange_keys, value_length=lengths,
+            management=opts.management, sampling=task.sampling))
+    try:
+        records = _train(task, opts, node, out, exchange_keys)
+    except BaseException:
+        if not opts.baseline:
+            node._release()  # do not wait for peers in shutdown after a failure here
+        raise
+    node.shutdown()
+    return records
+
+
+# Value length of the exchange keys when the model's keys differ in length.
+_REPORT_ROW = 1024
+
+
+def _train(task: Task, opts, node, out, exchange_keys: int) -> list[dict]:
+    workers = [node.worker() for _ in range(opts.workers)]
+    lead = node.worker()  # the main thread's: initial values, exchanges, evaluation, export
+    if opts.baseline:
+        exchange = LocalExchange()
+    else:
+        uniform = isinstance(task.value_length, (int, np.integer))
+        exchange = Exchange(node, lead, task.num_keys,
+                            int(task.value_length) if uniform else _REPORT_ROW, uniform)
+    _initialise(task, node, lead)
+    parts = node.world_size * opts.workers
+    threads = [_Thread(task, opts, w, node.rank * opts.workers + t, parts)
+               for t, w in enumerate(workers)]
+    ahead_clocks = math.ceil(opts.ahead / opts.batch_size)
+    records = []
+    for epoch in range(1, opts.epochs + 1):
+        node.barrier()
+        before = node.stats()
+        bar = _progress(opts, node, epoch, sum(t.num_batches for t in threads))
+        runners = [threading.Thread(target=t.run_epoch, args=(epoch, ahead_clocks),
+                                    name=f"app-worker-{i}") for i, t in enumerate(threads)]
+        for r in runners:
+            r.start()
+        _watch(runners, threads, bar)
+        for t in threads:
+            if t.error is not None:
+                raise t.error
+        node.barrier()  # every node's training of this epoch is done
+        mine = {"start": min(t.started for t in threads), "end": max(t.ended for t in threads),
+                "loss": sum(t.loss for t in threads), "steps": sum(t.steps for t in threads),
+                "points": sum(t.points for t in threads),
+                "stats": _delta(before, node.stats())}
+        last = epoch == opts.epochs
+        evaluate = last or (opts.eval_every and epoch % opts.eval_every == 0)
+        if evaluate:
+            mine["eval"] = [float(x) for x in task.evaluate(lead, node.rank, node.world_size)]
+        every = exchange.allgather(mine)
+        if node.rank == 0:
+            record = _record(task, epoch, every, evaluate)
+            records.append(record)
+            _emit(record, out, opts.json)
+    if opts.export and node.rank == 0:
+        task.export(lead, opts.export)
+    node.barrier()
+    return records
+
+
+class _Thread:
+    """One worker thread's data, trainer and per-epoch results."""
+
+    def __init__(self, task: Task, opts, worker, part: int, parts: int) -> None:
+        self.task, self.opts, self.worker = task, opts, worker
+        self.part = part  # the global worker id: shuffles depend on it, not on the node count
+        self.points = 0
+        self._data = task.worker_points(part, parts)
+        points = self._data
+        self._trainer = task.trainer(opts.batch_size)
+        self.num_batches = math.ceil(len(points) / opts.batch_size)
+        self.done = 0
+        self.error: Optional[BaseException] = None
+        self.started = self.ended = 0.0
+        self.loss, self.steps = 0.0, 0
+
+    def run_epoch(self, epoch: int, ahead: int) -> None:
+        try:
+            self._run_epoch(epoch, ahead)
+        except BaseException as exc:  # surfaced in the main thread
+            self.error = exc
+
+    def _run_epoch(self, epoch: int, ahead: int) -> None:
+        w, trainer, bs = self.worker, self._trainer, self.opts.batch_size
+        rng = np.random.default_rng([self.opts.seed, 1, self.part, epoch])
+        order = self._data[rng.permutation(len(self._data))]
+        batches = [order[i:i + bs] for i in range(0, len(order), bs)]
+        self.done, self.loss, self.steps, self.points = 0, 0.0, 0, len(order)
+        self.started = time.time()
+        base = w.clock
+        plans: deque = deque()
+
+        def plan(j: int) -> None:
+            p = trainer.plan(batches[j])
+            w.intent(p.keys, base + j)
+            sample = w.prepare_sample(p.sample_size, base + j) if p.sample_size else None
+            plans.append((p, sample))
+
+        for j in range(min(ahead + 1, len(batches))):
+            plan(j)
+        w.wait_sync()  # the first batches' keys are here before the first step
+        for i in range(len(batches)):
+            if i > 0 and i + ahead < len(batches):
+                plan(i + ahead)
+            p, sample = plans.popleft()
+            loss, steps = trainer.step(w, p, sample)
+            self.loss += loss
+            self.steps += steps
+            w.advance_clock()
+            self.done += 1
+        w.wait()
+        self.ended = time.time()
+
+
+def _initialise(task: Task, node, lead) -> None:
+    """Every node sets the initial values of the model keys it holds (its home keys)."""
+    keys = node.local_keys()
+    keys = keys[keys < task.num_keys]
+    chunk = 1 << 16
+    for i in range(0, len(keys), chunk):
+        part = keys[i:i + chunk]
+        rows = task.init_rows(part)
+        uniform = isinstance(task.value_length, (int, np.integer))
+        lead.set(part, rows.reshape(len(part), -1) if uniform else rows)
+    lead.wait()
+    node.barrier()
+
+
+def _delta(before: dict, after: dict) -> dict:
+    """Counters of one training phase: after - before; means re-weighted; shares recomputed."""
+    out = {}
+    for name, value in after.items():
+        if name in _MEANS or name == "remote_access_share":
+            continue
+        if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+            out[name] = int(value) - int(before.get(name, 0))
+        else:
+            out[name] = value
+    for name, weight in _MEANS.items():
+        if name in after and weight in after:
+            n = after[weight] - before.get(weight, 0)
+            total = after[name] * after[weight] - before.get(name, 0.0) * before.get(weight, 0)
+            out[name] = total / n if n else 0.0
+    accessed = sum(out.get(k, 0) for k in ("local_pull_keys", "waited_pull_keys",
+                                           "remote_pull_keys", "local_push_keys",
+                                           "remote_push_keys"))
+    remote = out.get("remote_pull_keys", 0) + out.get("remote_push_keys", 0)
+    out["remote_access_share"] = remote / accessed if accessed else 0.0
+    return out
+
+
+def _record(task: Task, epoch: int, every: list, evaluated: bool) -> dict:
+    seconds = max(e["end"] for e in every) - min(e["start"] for e in every)
+    steps = sum(e["steps"] for e in every)
+    record = {"epoch": epoch, "train_seconds": round(seconds, 4),
+              "points_per_s": round(sum(e["points"] for e in every) / seconds, 1) if seconds else None,
+              "loss": sum(e["loss"] for e in every) / steps if steps else None}
+    if evaluated:
+        sums = np.sum([e["eval"] for e in every], axis=0)
+        record.update(task.metrics(sums))
+    record["stats"] = [e["stats"] for e in every]
+    return record
+
+
+def _emit(record: dict, out, json_path: Optional[str]) -> None:
+    line = json.dumps(record)
+    print(line, file=out, flush=True)
+    if json_path:
+        with open(json_path, "a") as f:
+            f.write(line + "\n")
+
+
+def _progress(opts, node, epoch: int, total: int):
+    if node.rank != 0 or opts.progress == "off":
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=f"epoch {epoch}", unit="batch", leave=False,
+                disable=None if opts.progress == "auto" else False, file=sys.stderr)
+
+
+def _watch(runners: Sequence[threading.Thread], threads: Sequence[_Thread], bar) -> None:
+    """Join the worker threads, updating rank 0's progress bar meanwhile."""
+    shown = 0
+    while True:
+        alive = [r for r in runners if r.is_alive()]
+        if not alive:
+            break
+        alive[0].join(0.2)
+        if bar is not None:
+            done = sum(t.done for t in threads)
+            bar.update(done - shown)
+            shown = done
+    if bar is not None:
+        bar.close()
+
+
+def _positive(text: str) -> int:
+    value = _int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _non_negative(text: str) -> int:
+    value = _int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+def _int(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+
+
+def main_with(build: Callable[[argparse.Namespace], Task], parser: argparse.ArgumentParser,
+              argv: Optional[list[str]] = None) -> int:
+    """Parse ``argv``, build the task (which reads the data), run it; an exit code."""
+    opts = parser.parse_args(argv)
+    if opts.baseline and adapm.Config.from_env(num_keys=1).world_size > 1:
+        parser.error("--baseline runs in one process; start it without a launcher")
+    task = build(opts)
+    run(task, opts)
+    return 0
