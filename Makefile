@@ -10,15 +10,24 @@ $(PY):
 	$(PYTHON) -m venv $(VENV)
 
 # Re-install when the package definition or the native sources change.
-$(STAMP): $(PY) pyproject.toml $(wildcard native/*.c native/*.h)
+$(STAMP): $(PY) pyproject.toml $(wildcard native/*.c native/*.h) \
+          $(wildcard native/kernels/*.c native/kernels/*.h)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
 install: $(STAMP)
 
-demo: install
-	$(VENV)/bin/adapm-run -n 2 $(PY) examples/demo.py
+# The demo: knowledge-graph embeddings (ComplEx) on a generated KG, 2 nodes under the launcher.
+# Each epoch's summary goes to the terminal; its JSON line to .demo/epochs.jsonl.
+DEMO := .demo
+$(DEMO)/kg/train.txt: | $(STAMP)
+	$(PY) -m adapm.apps.kge generate $(DEMO)/kg --triples 60000 --seed 1
+
+demo: install $(DEMO)/kg/train.txt
+	rm -f $(DEMO)/epochs.jsonl
+	OMP_WAIT_POLICY=PASSIVE $(VENV)/bin/adapm-run -n 2 $(PY) -m adapm.apps.kge --data $(DEMO)/kg \
+		--dim 32 --epochs 6 --export $(DEMO)/model --json $(DEMO)/epochs.jsonl > /dev/null
 
 test: install
 	$(PY) -m pytest -q
@@ -31,4 +40,4 @@ bench: install
 	$(PY) bench/remote.py
 
 clean:
-	rm -rf $(VENV) build *.egg-info adapm/*.so
+	rm -rf $(VENV) $(DEMO) build *.egg-info adapm/*.so

@@ -186,6 +186,7 @@ def _train(task: Task, opts, node, out, exchange_keys: int) -> list[dict]:
             record = _record(task, epoch, every, evaluate)
             records.append(record)
             _emit(record, out, opts.json)
+            print(_summary(record), file=sys.stderr, flush=True)
     if opts.export and node.rank == 0:
         task.export(lead, opts.export)
     node.barrier()
@@ -294,6 +295,25 @@ def _record(task: Task, epoch: int, every: list, evaluated: bool) -> dict:
         record.update(task.metrics(sums))
     record["stats"] = [e["stats"] for e in every]
     return record
+
+
+def _summary(record: dict) -> str:
+    """One human-readable line per epoch (stderr; the JSON line on stdout has everything)."""
+    nodes = record["stats"]
+    accessed = sum(s.get(k, 0) for s in nodes for k in (
+        "local_pull_keys", "waited_pull_keys", "remote_pull_keys", "local_push_keys",
+        "remote_push_keys"))
+    remote = sum(s.get("remote_pull_keys", 0) + s.get("remote_push_keys", 0) for s in nodes)
+    parts = [f"epoch {record['epoch']}: {record['train_seconds']:.2f} s",
+             f"{record['points_per_s']:,.0f} points/s" if record["points_per_s"] else "",
+             f"loss {record['loss']:.4f}" if record["loss"] is not None else ""]
+    parts += [f"{name} {record[name]:.4f}" for name in QUALITY if name in record]
+    parts.append(f"remote accesses {100 * remote / accessed if accessed else 0:.4f}%")
+    return ", ".join(p for p in parts if p)
+
+
+# Quality metrics shown in the summary line, when an app reports them.
+QUALITY = ("mrr", "hits@10", "analogy", "similarity", "rmse")
 
 
 def _emit(record: dict, out, json_path: Optional[str]) -> None:
