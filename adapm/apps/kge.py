@@ -136,6 +136,9 @@ class KGETask:
             self._filter = kge_eval.FilterIndex(np.concatenate([kg.train, kg.valid, kg.test]))
         ent, rel = self.embeddings(worker)
         mine = self.eval_triples[part::parts]
+        if not (np.isfinite(ent).all() and np.isfinite(rel).all()):
+            # A diverged model: report NaN quality (honestly) rather than ranking garbage.
+            return kge_eval.rank_sums(np.full(2 * len(mine), np.nan)).tolist()
         ranks = kge_eval.rank(self.model, ent, rel, mine, self._filter)
         return kge_eval.rank_sums(ranks).tolist()
 

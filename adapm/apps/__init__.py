@@ -1,0 +1,1 @@
+"""Native training apps: python -m adapm.apps.kge (and wv, mf later)."""
