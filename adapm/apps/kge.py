@@ -138,7 +138,7 @@ class KGETask:
         mine = self.eval_triples[part::parts]
         if not (np.isfinite(ent).all() and np.isfinite(rel).all()):
             # A diverged model: report NaN quality (honestly) rather than ranking garbage.
-            return kge_eval.rank_sums(np.full(2 * len(mine), np.nan)).tolist()
+            return [2.0 * len(mine)] + [float("nan")] * (len(kge_eval.rank_sums(np.ones(1))) - 1)
         ranks = kge_eval.rank(self.model, ent, rel, mine, self._filter)
         return kge_eval.rank_sums(ranks).tolist()
 
