@@ -32,7 +32,7 @@ import sys
 import threading
 import time
 from collections import deque
-from typing import Callable, Optional, Protocol, Sequence
+from typing import Optional, Protocol, Sequence
 
 import numpy as np
 
@@ -248,9 +248,9 @@ class _Thread:
 
 
 def _initialise(task: Task, node, lead) -> None:
-    """Every node sets the initial values of the model keys it holds (its home keys)."""
-    keys = node.local_keys()
-    keys = keys[keys < task.num_keys]
+    """Every node sets the initial values of the model keys it owns at the start: its home keys
+    (k % world_size == rank; under full_replication it also holds replicas of the others)."""
+    keys = np.arange(node.rank, task.num_keys, node.world_size, dtype=np.int64)
     chunk = 1 << 16
     for i in range(0, len(keys), chunk):
         part = keys[i:i + chunk]
@@ -368,14 +368,3 @@ def _int(text: str) -> int:
         return int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-
-
-def main_with(build: Callable[[argparse.Namespace], Task], parser: argparse.ArgumentParser,
-              argv: Optional[list[str]] = None) -> int:
-    """Parse ``argv``, build the task (which reads the data), run it; an exit code."""
-    opts = parser.parse_args(argv)
-    if opts.baseline and adapm.Config.from_env(num_keys=1).world_size > 1:
-        parser.error("--baseline runs in one process; start it without a launcher")
-    task = build(opts)
-    run(task, opts)
-    return 0

@@ -1,0 +1,61 @@
+"""The apps' runner pieces: collectives through the PM (real processes), per-phase stats."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import adapm
+from adapm.apps.exchange import PAYLOAD_BYTES, Exchange
+from adapm.apps.runner import _delta
+from adapm.testing import run_cluster
+
+FAST = dict(connect_timeout_s=20, request_timeout_s=20)
+
+
+def _exchange_job(node, row, uniform, base):
+    w = node.worker()
+    ex = Exchange(node, w, base, row, uniform)
+    got = []
+    for round_ in range(3):  # repeated rounds reuse the same keys
+        doc = {"rank": node.rank, "round": round_, "text": "ünïcode ✓" * node.rank,
+               "floats": [0.1, float("inf"), -2.5e300], "big": 2 ** 60 + node.rank}
+        got.append(ex.allgather(doc))
+    try:
+        ex.allgather({"x": "y" * PAYLOAD_BYTES})
+    except adapm.AdaPMError as exc:
+        too_big = str(exc)
+    else:
+        too_big = None
+    return got, too_big
+
+
+@pytest.mark.parametrize("management", ["adaptive", "full_replication"])
+@pytest.mark.parametrize("uniform", [True, False])
+def test_allgather_through_reserved_keys(management, uniform):
+    row, base = 16, 10
+    world = 3
+    num_keys = base + Exchange.num_keys(world, row)
+    lengths = row if uniform else np.full(num_keys, row, dtype=np.int64)
+    results = run_cluster(_exchange_job, world, args=(row, uniform, base), timeout_s=120,
+                          config=dict(num_keys=num_keys, value_length=lengths,
+                                      management=management, **FAST))
+    for rank, (got, too_big) in enumerate(results):
+        for round_, docs in enumerate(got):
+            assert [d["rank"] for d in docs] == [0, 1, 2]
+            assert all(d["round"] == round_ for d in docs)
+            assert docs[2]["text"] == "ünïcode ✓" * 2 and docs[1]["big"] == 2 ** 60 + 1
+            assert docs[0]["floats"] == [0.1, float("inf"), -2.5e300]
+        assert too_big is not None and "exceeds" in too_big and f"rank {rank}" in too_big
+
+
+def test_delta_counts_one_phase():
+    before = {"local_pull_keys": 10, "remote_pull_keys": 1, "rounds": 4, "mean_round_ms": 2.0,
+              "replica_reads": 0, "mean_staleness_ms": 0.0, "remote_access_share": 0.5}
+    after = {"local_pull_keys": 40, "remote_pull_keys": 1, "rounds": 6, "mean_round_ms": 3.0,
+             "replica_reads": 10, "mean_staleness_ms": 1.5, "remote_access_share": 0.01}
+    d = _delta(before, after)
+    assert d["local_pull_keys"] == 30 and d["remote_pull_keys"] == 0
+    assert d["rounds"] == 2 and d["mean_round_ms"] == pytest.approx((18 - 8) / 2)
+    assert d["mean_staleness_ms"] == pytest.approx(1.5)
+    assert d["remote_access_share"] == 0.0
