@@ -1,9 +1,9 @@
 """The single-node baseline: the apps' kernels over a plain shared float32 array, no PM.
 
 ``--baseline`` runs the same kernels, data order and threads as a PM run, in one process, with
-every parameter in one array that all worker threads read and write directly (Hogwild: no
-locks; a racing add between threads may be lost, as with any plain shared array). This is the
-paper's "efficient single-node" reference, against which a distributed run is measured.
+every parameter in one array that all worker threads read and write directly (Hogwild: reads
+take no lock; adds to a row are serialised, so no update is lost, as in the PM's store). This is
+the paper's "efficient single-node" reference, against which a distributed run is measured.
 
 ``ArrayNode`` and ``ArrayWorker`` offer the part of ``adapm.Node`` / ``adapm.Worker`` that the
 apps' runner uses, so the runner has one code path. Intent is a no-op here.

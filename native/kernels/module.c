@@ -364,8 +364,8 @@ PyDoc_STRVAR(table_scatter_add_doc,
 "Adds upd, the rows of keys packed back to back, to data[key_offset[k] : ... + key_len[k]] for\n"
 "each k in keys; duplicate keys add up. Same layout, checks and errors as table_gather (data is\n"
 "the writable one; len(upd) must equal the sum of key_len[keys]); nothing is added when a check\n"
-"fails. Blocking; the GIL is released for the check and the adds. No locks: threads adding to\n"
-"the same element at the same time may lose one of the adds, as with any plain shared array.");
+"fails. Blocking; the GIL is released for the check and the adds. Adds to one row are\n"
+"serialised by striped spinlocks, so concurrent adds from several threads are never lost.");
 
 static PyMethodDef module_methods[] = {
     {"kge_widths", (PyCFunction)(void (*)(void))py_kge_widths, METH_VARARGS | METH_KEYWORDS,

@@ -1,9 +1,27 @@
 /* Plain shared array table ops (see table.h). */
 #include "table.h"
 
+#include <stdatomic.h>
 #include <string.h>
 
 #include "common.h"
+
+/* Striped spinlocks serialise adds to a row, so no update is lost between threads (a baseline
+ * that dropped concurrent adds to hot rows, e.g. KGE relations, trained measurably worse:
+ * bench/kge.py). Reads take no lock. Shared by all tables; 2^12 stripes make two rows of one
+ * batch meet on a stripe rarely, and a lock is held for one row's adds only. */
+#define STRIPES 4096
+static atomic_uchar stripe_locks[STRIPES];
+
+static inline void lock_row(int64_t offset) {
+    atomic_uchar *l = &stripe_locks[(uint64_t)offset % STRIPES];
+    while (atomic_exchange_explicit(l, 1, memory_order_acquire))
+        while (atomic_load_explicit(l, memory_order_relaxed)) {}
+}
+
+static inline void unlock_row(int64_t offset) {
+    atomic_store_explicit(&stripe_locks[(uint64_t)offset % STRIPES], 0, memory_order_release);
+}
 
 int table_check_keys(const table_t *t, const int64_t *keys, int64_t n, int64_t packed_floats,
                      int64_t *bad_pos) {
@@ -42,7 +60,9 @@ int table_scatter_add(const table_t *t, const int64_t *keys, int64_t n, const fl
         const int64_t k = keys[i], len = t->key_len[k];
         float *restrict row = t->data + t->key_offset[k];
         const float *restrict src = upd;
+        lock_row(t->key_offset[k]);
         for (int64_t j = 0; j < len; j++) row[j] += src[j];
+        unlock_row(t->key_offset[k]);
         upd += len;
     }
     return TABLE_OK;
