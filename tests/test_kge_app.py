@@ -78,6 +78,7 @@ def test_every_epoch_has_one_json_line_with_every_field(trained):
         assert node_stats["local_pull_keys"] > 0
         assert node_stats["sampled_remote_keys"] == 0  # local sampling never goes remote
         assert 0 <= node_stats["remote_access_share"] < 0.01
+        assert 0 < node_stats["worker_cpu_s"] <= node_stats["process_cpu_s"] * 1.05
     assert [json.loads(line) for line in trained["one_file"].splitlines()] == trained["one"]
 
 

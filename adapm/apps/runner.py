@@ -164,6 +164,7 @@ def _train(task: Task, opts, node, out, exchange_keys: int) -> list[dict]:
         node.barrier()
         before = node.stats()
         bar = _progress(opts, node, epoch, sum(t.num_batches for t in threads))
+        cpu_before = time.process_time()
         runners = [threading.Thread(target=t.run_epoch, args=(epoch, ahead_clocks),
                                     name=f"app-worker-{i}") for i, t in enumerate(threads)]
         for r in runners:
@@ -173,10 +174,15 @@ def _train(task: Task, opts, node, out, exchange_keys: int) -> list[dict]:
             if t.error is not None:
                 raise t.error
         node.barrier()  # every node's training of this epoch is done
+        stats = _delta(before, node.stats())
+        # Where the CPU went (the PM's threads against the workers'): this process over the
+        # training phase, and the worker threads alone.
+        stats["process_cpu_s"] = round(time.process_time() - cpu_before, 3)
+        stats["worker_cpu_s"] = round(sum(t.cpu for t in threads), 3)
         mine = {"start": min(t.started for t in threads), "end": max(t.ended for t in threads),
                 "loss": sum(t.loss for t in threads), "steps": sum(t.steps for t in threads),
                 "points": sum(t.points for t in threads),
-                "stats": _delta(before, node.stats())}
+                "stats": stats}
         last = epoch == opts.epochs
         evaluate = last or (opts.eval_every and epoch % opts.eval_every == 0)
         if evaluate:
@@ -208,6 +214,7 @@ class _Thread:
         self.error: Optional[BaseException] = None
         self.started = self.ended = 0.0
         self.loss, self.steps = 0.0, 0
+        self.cpu = 0.0
 
     def run_epoch(self, epoch: int, ahead: int) -> None:
         try:
@@ -222,6 +229,7 @@ class _Thread:
         batches = [order[i:i + bs] for i in range(0, len(order), bs)]
         self.done, self.loss, self.steps, self.points = 0, 0.0, 0, len(order)
         self.started = time.time()
+        cpu = time.thread_time()
         base = w.clock
         plans: deque = deque()
 
@@ -245,6 +253,7 @@ class _Thread:
             self.done += 1
         w.wait()
         self.ended = time.time()
+        self.cpu = time.thread_time() - cpu
 
 
 def _initialise(task: Task, node, lead) -> None:
