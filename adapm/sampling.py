@@ -161,12 +161,11 @@ class WorkerSampler:
             raise InvalidArgument(f"n: {n} distinct keys asked for, but the sampling domain "
                                   f"has {s.support} keys that can be drawn")
         worker = self._worker
+        start, end = worker._check_window(start, end)  # before the draw moves the stream
         keys = None
         if s.scheme == "naive":
             keys = self._draw(n, held=None)
-            worker.intent(keys, start, end)  # validates start and end before anything is kept
-        else:
-            worker._check_window(start, end)
+            worker.intent(keys, start, end)
         handle = self._next_handle
         self._next_handle += 1
         self._prepared[handle] = (n, keys)

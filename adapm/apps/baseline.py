@@ -36,6 +36,8 @@ class ArrayNode:
         else:
             self.uniform_length = 0
             lens = np.ascontiguousarray(value_length, dtype=np.int64)
+        if sampling is not None and not sampling.replacement:
+            raise InvalidArgument("sampling: the baseline draws with replacement only")
         self.num_keys = num_keys
         self.lens = lens
         self.offsets = np.cumsum(lens) - lens
