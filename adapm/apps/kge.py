@@ -240,17 +240,17 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--data", required=True, metavar="DIR",
                    help="directory with train.txt, valid.txt, test.txt (head<TAB>relation<TAB>tail)")
     p.add_argument("--model", choices=sorted(MODELS), default="complex")
-    p.add_argument("--dim", type=runner._positive, default=100,
+    p.add_argument("--dim", type=runner.positive_int, default=100,
                    help="embedding dimension d (ComplEx rows hold 2d floats)")
-    p.add_argument("--neg", type=runner._non_negative, default=6,
+    p.add_argument("--neg", type=runner.non_negative_int, default=6,
                    help="negatives per positive and side (corrupted tails, corrupted heads)")
-    p.add_argument("--lr", type=_positive_float, default=0.1, help="AdaGrad learning rate")
-    p.add_argument("--reg", type=_non_negative_float, default=1e-3,
+    p.add_argument("--lr", type=runner.positive_float, default=0.1, help="AdaGrad learning rate")
+    p.add_argument("--reg", type=runner.non_negative_float, default=1e-3,
                    help="L2 weight on the rows of positive triples")
     p.add_argument("--sampling", choices=("local", "naive"), default="local",
                    help="negative sampling scheme (local: never remote)")
     p.add_argument("--eval-on", choices=("valid", "test"), default="valid")
-    p.add_argument("--eval-max", type=runner._non_negative, default=5000,
+    p.add_argument("--eval-max", type=runner.non_negative_int, default=5000,
                    help="evaluate on the first N triples of the split (0: all)")
     runner.add_common_flags(p, ahead=1000, batch_size=100, epochs=10)
     return p
@@ -271,23 +271,6 @@ def main(argv: Optional[list[str]] = None) -> int:
         return 2
     runner.run(KGETask(kg, opts), opts)
     return 0
-
-
-def _positive_float(text: str) -> float:
-    value = _non_negative_float(text)
-    if value == 0:
-        raise argparse.ArgumentTypeError("must be > 0")
-    return value
-
-
-def _non_negative_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not np.isfinite(value) or value < 0:
-        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text}")
-    return value
 
 
 if __name__ == "__main__":

@@ -90,18 +90,18 @@ class Task(Protocol):
 def add_common_flags(parser: argparse.ArgumentParser, *, ahead: int, batch_size: int,
                      epochs: int) -> None:
     common = parser.add_argument_group("runner (common to every app)")
-    common.add_argument("--epochs", type=_positive, default=epochs, help="epochs to train")
-    common.add_argument("--batch-size", type=_positive, default=batch_size,
+    common.add_argument("--epochs", type=positive_int, default=epochs, help="epochs to train")
+    common.add_argument("--batch-size", type=positive_int, default=batch_size,
                         help="data points per mini-batch (one clock each)")
-    common.add_argument("--workers", type=_positive, default=1,
+    common.add_argument("--workers", type=positive_int, default=1,
                         help="worker threads per node")
     common.add_argument("--management", choices=MANAGEMENT_VARIANTS, default=None,
                         help="parameter management variant (default: adaptive)")
-    common.add_argument("--seed", type=_non_negative, default=0,
+    common.add_argument("--seed", type=non_negative_int, default=0,
                         help="seed of the data split, shuffles, initial values and samples")
-    common.add_argument("--eval-every", type=_non_negative, default=1,
+    common.add_argument("--eval-every", type=non_negative_int, default=1,
                         help="evaluate every N epochs (0: only after the last)")
-    common.add_argument("--ahead", type=_non_negative, default=ahead,
+    common.add_argument("--ahead", type=non_negative_int, default=ahead,
                         help=f"signal intent this many data points ahead (default {ahead}, "
                              "as the paper; not a tuning knob)")
     common.add_argument("--export", metavar="DIR", default=None,
@@ -358,14 +358,16 @@ def _watch(runners: Sequence[threading.Thread], threads: Sequence[_Thread], bar)
         bar.close()
 
 
-def _positive(text: str) -> int:
+# argparse types for the apps' flags: a clear usage error for a bad value.
+
+def positive_int(text: str) -> int:
     value = _int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
     return value
 
 
-def _non_negative(text: str) -> int:
+def non_negative_int(text: str) -> int:
     value = _int(text)
     if value < 0:
         raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
@@ -377,3 +379,27 @@ def _int(text: str) -> int:
         return int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+
+
+def positive_float(text: str) -> float:
+    value = _float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
+    return value
+
+
+def non_negative_float(text: str) -> float:
+    value = _float(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text}")
+    return value
+
+
+def _float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {text}")
+    return value
