@@ -120,7 +120,6 @@ def run(task: Task, opts: argparse.Namespace, *, out=None) -> list[dict]:
     out = sys.stdout if out is None else out
     if opts.baseline:
         node = ArrayNode(task.num_keys, task.value_length, task.sampling, opts.seed)
-        exchange_keys = 0
     else:
         uniform = isinstance(task.value_length, (int, np.integer))
         probe = adapm.Config.from_env(num_keys=1)
@@ -132,7 +131,7 @@ def run(task: Task, opts: argparse.Namespace, *, out=None) -> list[dict]:
             num_keys=task.num_keys + exchange_keys, value_length=lengths,
             management=opts.management, sampling=task.sampling))
     try:
-        records = _train(task, opts, node, out, exchange_keys)
+        records = _train(task, opts, node, out)
     except BaseException:
         if not opts.baseline:
             node._release()  # do not wait for peers in shutdown after a failure here
@@ -145,7 +144,7 @@ def run(task: Task, opts: argparse.Namespace, *, out=None) -> list[dict]:
 _REPORT_ROW = 1024
 
 
-def _train(task: Task, opts, node, out, exchange_keys: int) -> list[dict]:
+def _train(task: Task, opts, node, out) -> list[dict]:
     workers = [node.worker() for _ in range(opts.workers)]
     lead = node.worker()  # the main thread's: initial values, exchanges, evaluation, export
     if opts.baseline:
@@ -207,9 +206,8 @@ class _Thread:
         self.part = part  # the global worker id: shuffles depend on it, not on the node count
         self.points = 0
         self._data = task.worker_points(part, parts)
-        points = self._data
         self._trainer = task.trainer(opts.batch_size)
-        self.num_batches = math.ceil(len(points) / opts.batch_size)
+        self.num_batches = math.ceil(len(self._data) / opts.batch_size)
         self.done = 0
         self.error: Optional[BaseException] = None
         self.started = self.ended = 0.0
