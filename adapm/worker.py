@@ -167,10 +167,11 @@ class Worker:
                     ) -> tuple[np.ndarray, np.ndarray]:
         """Draw (``local``) or fetch (``naive``) the prepared sample: ``(keys, values)``.
 
-        ``keys`` is int64 of length n; ``values`` as :meth:`pull` returns them (with ``out``,
-        float32 and C-contiguous of the shape pull would return, it is filled and returned
-        without allocating: under per-key lengths its size must fit the drawn keys, so pass a
-        flat buffer and check ``len``; see the apps' runner). Blocking like
+        ``keys`` is int64 of length n; ``values`` as :meth:`pull` returns them. With ``out``
+        (float32, C-contiguous, writable; shape (n, L) in a job with one value length L, flat
+        (n * L,) under per-key lengths, which needs every key of the domain to have length L)
+        the values are written there and ``out`` is returned; a bad ``out`` raises before the
+        handle is used, so the call can be repeated. Blocking like
         :meth:`pull`; the ``local`` scheme never goes remote (a key that moves away while it is
         read is drawn again). Each handle can be pulled once; a used or unknown handle raises
         InvalidArgument. Counted in ``stats()`` as ``sampled_keys`` (``sampled_local_keys``,
