@@ -234,12 +234,12 @@ def write_export(directory: str, model: str, dim: int, entities, relations,
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m adapm.apps.kge",
+        prog="python -m adapm.apps.kge", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
         description="Train knowledge-graph embeddings on adapm (or: generate OUT_DIR ... to "
                     "write a KG with planted structure; see 'generate --help').")
     p.add_argument("--data", required=True, metavar="DIR",
                    help="directory with train.txt, valid.txt, test.txt (head<TAB>relation<TAB>tail)")
-    p.add_argument("--model", choices=sorted(MODELS), default="complex")
+    p.add_argument("--model", choices=sorted(MODELS), default="complex", help="score function")
     p.add_argument("--dim", type=runner.positive_int, default=100,
                    help="embedding dimension d (ComplEx rows hold 2d floats)")
     p.add_argument("--neg", type=runner.non_negative_int, default=6,
@@ -249,7 +249,8 @@ def parser() -> argparse.ArgumentParser:
                    help="L2 weight on the rows of positive triples")
     p.add_argument("--sampling", choices=("local", "naive"), default="local",
                    help="negative sampling scheme (local: never remote)")
-    p.add_argument("--eval-on", choices=("valid", "test"), default="valid")
+    p.add_argument("--eval-on", choices=("valid", "test"), default="valid",
+                   help="the split that quality is measured on")
     p.add_argument("--eval-max", type=runner.non_negative_int, default=5000,
                    help="evaluate on the first N triples of the split (0: all)")
     runner.add_common_flags(p, ahead=1000, batch_size=100, epochs=10)
