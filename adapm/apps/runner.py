@@ -102,8 +102,8 @@ def add_common_flags(parser: argparse.ArgumentParser, *, ahead: int, batch_size:
     common.add_argument("--eval-every", type=non_negative_int, default=1,
                         help="evaluate every N epochs (0: only after the last)")
     common.add_argument("--ahead", type=non_negative_int, default=ahead,
-                        help=f"signal intent this many data points ahead (default {ahead}, "
-                             "as the paper; not a tuning knob)")
+                        help="signal intent this many data points ahead (the app's default "
+                             "follows the paper; not a tuning knob)")
     common.add_argument("--export", metavar="DIR", default=None,
                         help="write the trained model to DIR (rank 0)")
     common.add_argument("--json", metavar="FILE", default=None,
