@@ -249,7 +249,9 @@ class _Thread:
             self.steps += steps
             w.advance_clock()
             self.done += 1
-        w.wait()
+        # Every update of this epoch in the main copies (replica deltas too), so that
+        # evaluation and export after the barrier read all of them.
+        w.wait_sync()
         self.ended = time.time()
         self.cpu = time.thread_time() - cpu
 
