@@ -36,6 +36,8 @@ import time
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
+from ._argtypes import non_negative_float, positive_int
+
 PROG = "adapm-run"
 # How often the monitor loop looks at the children; bounds how late a failure is noticed.
 POLL_S = 0.05
@@ -189,32 +191,12 @@ def describe_status(returncode: int) -> str:
 # Command line
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {value}")
-    return value
-
-
-def _grace(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a number of seconds, got {text!r}") from None
-    if not (math.isfinite(value) and value >= 0):
-        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text!r}")
-    return value
-
-
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=PROG,
         description="Start N processes of an adapm job and stop them all if one fails.",
     )
-    parser.add_argument("-n", type=_positive_int, required=True, metavar="N",
+    parser.add_argument("-n", type=positive_int, required=True, metavar="N",
                         help="number of processes (ranks), >= 1")
     parser.add_argument("--hosts", metavar="H1,H2,...",
                         help="spread the ranks in contiguous blocks over these hosts (ssh for "
@@ -222,7 +204,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--iface", metavar="IFACE",
                         help="IPv4 address or interface name each process binds and advertises "
                              "(sets ADAPM_HOST)")
-    parser.add_argument("--grace", type=_grace, default=DEFAULT_GRACE_S, metavar="S",
+    parser.add_argument("--grace", type=non_negative_float, default=DEFAULT_GRACE_S, metavar="S",
                         help="seconds between SIGTERM and SIGKILL when stopping (default 5)")
     parser.add_argument("command", nargs=argparse.REMAINDER,
                         help="the program to run and its arguments ('--' before it is allowed)")

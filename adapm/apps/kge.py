@@ -33,6 +33,7 @@ import numpy as np
 
 import adapm
 
+from .. import _argtypes
 from .._native_loader import load as _load
 from . import kge_data, kge_eval, runner
 
@@ -240,18 +241,18 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--data", required=True, metavar="DIR",
                    help="directory with train.txt, valid.txt, test.txt (head<TAB>relation<TAB>tail)")
     p.add_argument("--model", choices=sorted(MODELS), default="complex", help="score function")
-    p.add_argument("--dim", type=runner.positive_int, default=100,
+    p.add_argument("--dim", type=_argtypes.positive_int, default=100,
                    help="embedding dimension d (ComplEx rows hold 2d floats)")
-    p.add_argument("--neg", type=runner.non_negative_int, default=6,
+    p.add_argument("--neg", type=_argtypes.non_negative_int, default=6,
                    help="negatives per positive and side (corrupted tails, corrupted heads)")
-    p.add_argument("--lr", type=runner.positive_float, default=0.1, help="AdaGrad learning rate")
-    p.add_argument("--reg", type=runner.non_negative_float, default=1e-3,
+    p.add_argument("--lr", type=_argtypes.positive_float, default=0.1, help="AdaGrad learning rate")
+    p.add_argument("--reg", type=_argtypes.non_negative_float, default=1e-3,
                    help="L2 weight on the rows of positive triples")
     p.add_argument("--sampling", choices=("local", "naive"), default="local",
                    help="negative sampling scheme (local: never remote)")
     p.add_argument("--eval-on", choices=("valid", "test"), default="valid",
                    help="the split that quality is measured on")
-    p.add_argument("--eval-max", type=runner.non_negative_int, default=5000,
+    p.add_argument("--eval-max", type=_argtypes.non_negative_int, default=5000,
                    help="evaluate on the first N triples of the split (0: all)")
     runner.add_common_flags(p, ahead=1000, batch_size=100, epochs=10)
     return p

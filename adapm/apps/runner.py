@@ -38,6 +38,7 @@ import numpy as np
 
 import adapm
 
+from .._argtypes import non_negative_int, positive_int
 from ..config import MANAGEMENT_VARIANTS
 from .baseline import ArrayNode
 from .exchange import Exchange, LocalExchange
@@ -121,9 +122,8 @@ def run(task: Task, opts: argparse.Namespace, *, out=None) -> list[dict]:
     if opts.baseline:
         node = ArrayNode(task.num_keys, task.value_length, task.sampling, opts.seed)
     else:
-        uniform = isinstance(task.value_length, (int, np.integer))
+        uniform, row = _uniform(task), _exchange_row(task)
         probe = adapm.Config.from_env(num_keys=1)
-        row = int(task.value_length) if uniform else _REPORT_ROW
         exchange_keys = Exchange.num_keys(probe.world_size, row)
         lengths = task.value_length if uniform else np.concatenate(
             [task.value_length, np.full(exchange_keys, _REPORT_ROW, dtype=np.int64)])
@@ -144,15 +144,23 @@ def run(task: Task, opts: argparse.Namespace, *, out=None) -> list[dict]:
 _REPORT_ROW = 1024
 
 
+def _uniform(task: Task) -> bool:
+    """Whether all of the task's keys have one value length."""
+    return isinstance(task.value_length, (int, np.integer))
+
+
+def _exchange_row(task: Task) -> int:
+    """Value length of the exchange keys: the model's, or _REPORT_ROW under per-key lengths."""
+    return int(task.value_length) if _uniform(task) else _REPORT_ROW
+
+
 def _train(task: Task, opts, node, out) -> list[dict]:
     workers = [node.worker() for _ in range(opts.workers)]
     lead = node.worker()  # the main thread's: initial values, exchanges, evaluation, export
     if opts.baseline:
         exchange = LocalExchange()
     else:
-        uniform = isinstance(task.value_length, (int, np.integer))
-        exchange = Exchange(node, lead, task.num_keys,
-                            int(task.value_length) if uniform else _REPORT_ROW, uniform)
+        exchange = Exchange(node, lead, task.num_keys, _exchange_row(task), _uniform(task))
     _initialise(task, node, lead)
     parts = node.world_size * opts.workers
     threads = [_Thread(task, opts, w, node.rank * opts.workers + t, parts)
@@ -264,8 +272,7 @@ def _initialise(task: Task, node, lead) -> None:
     for i in range(0, len(keys), chunk):
         part = keys[i:i + chunk]
         rows = task.init_rows(part)
-        uniform = isinstance(task.value_length, (int, np.integer))
-        lead.set(part, rows.reshape(len(part), -1) if uniform else rows)
+        lead.set(part, rows.reshape(len(part), -1) if _uniform(task) else rows)
     lead.wait()
     node.barrier()
 
@@ -356,50 +363,3 @@ def _watch(runners: Sequence[threading.Thread], threads: Sequence[_Thread], bar)
             shown = done
     if bar is not None:
         bar.close()
-
-
-# argparse types for the apps' flags: a clear usage error for a bad value.
-
-def positive_int(text: str) -> int:
-    value = _int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
-
-
-def non_negative_int(text: str) -> int:
-    value = _int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
-    return value
-
-
-def _int(text: str) -> int:
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-
-
-def positive_float(text: str) -> float:
-    value = _float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
-    return value
-
-
-def non_negative_float(text: str) -> float:
-    value = _float(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text}")
-    return value
-
-
-def _float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not math.isfinite(value):
-        raise argparse.ArgumentTypeError(f"must be a finite number, got {text}")
-    return value
