@@ -7,7 +7,7 @@ import numbers
 import numpy as np
 
 from .errors import InvalidArgument, InvalidType
-from .store import Store, _native
+from ._store import Store, _native
 
 
 _INT64 = np.dtype(np.int64)

@@ -9,13 +9,15 @@ from typing import Optional
 import numpy as np
 import zmq
 
-from . import cluster, routing
-from .comm import Comm
+from ._engine import routing
+from ._engine.events import Op, Request
+from ._engine.loop import EngineLoop
+from ._engine.state import NodeState
+from ._store import NONE, OWNER, REPLICA, Store
+from ._wire import rendezvous
+from ._wire.zmq_transport import Transport
 from .config import Config
 from .errors import AdaPMError, AdaPMTimeout, InvalidArgument, StateError
-from .protocol import Kind, encode_one
-from .store import NONE, OWNER, REPLICA, Store
-from .transport import Transport
 from .worker import Worker
 
 _active_lock = threading.Lock()
@@ -51,39 +53,54 @@ def init(num_keys: Optional[int] = None, value_length=None, *, config: Optional[
 
 
 class Node:
-    """One process of a job: the store, the communication thread and the worker handles.
+    """One process of a job: the store, the engine thread and the worker handles.
 
     Thread safety: ``worker()``, ``stats()`` and ``local_keys()`` may be called from any thread;
     ``barrier()`` and ``shutdown()`` are collective (every node calls them, one thread each).
     """
 
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: Config, *, transport=None, engine_class=EngineLoop) -> None:
+        """``transport``: an already connected transport (in-process clusters); by default a
+        ZeroMQ transport connected through the rendezvous when ``world_size > 1``.
+        ``engine_class``: what runs the engine state (a thread; the simulator in tests)."""
         self.config = config
         self.rank = config.rank
         self.world_size = config.world_size
         self.store = Store(config)
         self.store.insert(routing.home_keys(self.rank, config.num_keys, self.world_size), OWNER)
-        if config.management == "full_replication" and self.world_size > 1:
-            # Every node holds every key: replicas of all keys homed elsewhere, synced each round.
-            others = np.flatnonzero(self.store.state == NONE).astype(np.int64)
-            # In sync now (all zeros, version 0): staleness counts from here, not from boot.
-            self.store.synced_at[others] = time.monotonic()
-            self.store.insert(others, REPLICA)
         self._workers: list[Worker] = []
         self._workers_lock = threading.Lock()
         self._barrier_epoch = 0
         self._closed = False
         self._clean = False  # shutdown met all nodes: sockets may linger to flush
-        self.comm: Optional[Comm] = None
-        self.transport: Optional[Transport] = None
+        self._context = None
+        self.engine: Optional[EngineLoop] = None
+        self.transport = transport
         if self.world_size > 1:
-            self._connect()
+            if transport is None:
+                self._connect()
+            self.engine = engine_class(self.make_state(config, self.store), self.transport,
+                                       config.request_timeout_s)
+            self.engine.start()
+
+    @staticmethod
+    def make_state(config: Config, store: Store) -> NodeState:
+        """The engine state of a node whose store holds its home partition."""
+        state = NodeState(config.rank, config.world_size, store, config)
+        if state.policy.replicates_everything:
+            # Every node holds every key: replicas of all keys homed elsewhere, synced each round.
+            others = np.flatnonzero(store.state == NONE).astype(np.int64)
+            # In sync now (all zeros, version 0): staleness counts from here, not from boot.
+            store.synced_at[others] = time.monotonic()
+            store.insert(others, REPLICA)
+            state._replicas_added(others)
+        return state
 
     def _connect(self) -> None:
         context = zmq.Context()
         try:
-            self.transport = Transport(self.rank, cluster.resolve_host(self.config), context)
-            addresses = cluster.rendezvous(self.config, self.transport.address, context)
+            self.transport = Transport(self.rank, rendezvous.resolve_host(self.config), context)
+            addresses = rendezvous.rendezvous(self.config, self.transport.address, context)
             self.transport.connect(addresses)
         except BaseException:
             if self.transport is not None:
@@ -91,10 +108,6 @@ class Node:
             context.term()
             raise
         self._context = context
-        self.comm = Comm(self.rank, self.world_size, self.transport, self.store, self.config)
-        if self.comm.sync is not None:
-            self.comm.sync.replicas_added(np.flatnonzero(self.store.state == REPLICA))
-        self.comm.start()
 
     # --- handles and queries -----------------------------------------------------------------
 
@@ -122,12 +135,12 @@ class Node:
         totals.update({"messages_sent": 0, "messages_received": 0, "bytes_sent": 0,
                        "bytes_received": 0})
         if self.transport is not None:
-            totals.update(self.transport.counters)
-            totals.update(self.transport.by_kind)
+            totals.update(self.transport.traffic.snapshot())
         totals.update({"relocations_in": 0, "relocations_out": 0, "replica_setups": 0,
                        "replica_drops": 0, "rounds": 0, "mean_round_ms": 0.0})
-        if self.comm is not None:
-            totals.update(self.comm.stats())
+        if self.engine is not None:
+            totals.update(self.engine.state.stats())
+            totals["late_answers"] += self.engine.counters["late_answers"]
         totals["mean_staleness_ms"] = self.store.mean_staleness_ms()
         totals["replica_reads"] = int(self.store.access_stats[0])
         accessed = totals["local_pull_keys"] + totals["waited_pull_keys"] + \
@@ -151,46 +164,31 @@ class Node:
         self._barrier(timeout_s)
 
     def _barrier(self, timeout_s: Optional[float], refresh: bool = True) -> None:
-        if self.comm is None:
+        if self.engine is None:
             return
         epoch = self._barrier_epoch
         self._barrier_epoch += 1
         timeout_s = self.config.connect_timeout_s if timeout_s is None else timeout_s
-        client = self._control_client()
-        req_id, pending = self.comm.new_request(0, f"barrier #{epoch}", 1)
-        client.send(0, Kind.BARRIER, encode_one(Kind.BARRIER, self.rank, req_id, e=epoch))
+        call = self.engine.submit(Request(Op.BARRIER, epoch=epoch), f"barrier #{epoch}")
         try:
-            self.comm.wait(req_id, pending, timeout_s)
+            self.engine.wait(call, timeout_s)
         except AdaPMTimeout as exc:
             if self.rank == 0:
-                arrived = {src for src, _ in self.comm._barrier_waiting.get(epoch, [])}
-                missing = sorted(set(range(self.world_size)) - arrived)
+                missing = self.engine.state.barrier_missing(epoch)
                 raise AdaPMTimeout(f"rank 0: barrier #{epoch}: ranks {missing} did not arrive "
                                    f"within {timeout_s:g}s") from exc
             raise
-        if self.comm.sync is not None and refresh:
+        if refresh:
             # Replicas here catch up with every update acknowledged before the barrier.
-            req_id, pending = self.comm.new_request(self.rank, f"replica refresh after barrier "
-                                                               f"#{epoch}", 1)
-            client.send(self.rank, Kind.WAKE, encode_one(Kind.WAKE, self.rank, req_id, w=-1))
-            self.comm.wait(req_id, pending, timeout_s)
-
-    def _control_client(self):
-        # Collectives run on the caller's thread; keep one client per thread that calls them.
-        local = getattr(self, "_control_local", None)
-        if local is None:
-            local = self._control_local = threading.local()
-            self._control_clients = []
-        if not hasattr(local, "client"):
-            local.client = self.transport.client()
-            self._control_clients.append(local.client)
-        return local.client
+            call = self.engine.submit(Request(Op.ROUND),
+                                      f"replica refresh after barrier #{epoch}")
+            self.engine.wait(call, timeout_s)
 
     def shutdown(self, timeout_s: Optional[float] = None) -> None:
         """Flush every worker's queued operations, meet all nodes, then close. Idempotent.
 
         Collective: every node must call it. After it returns, every call on this node or its
-        workers raises StateError. Sockets and the communication thread are released even when
+        workers raises StateError. Sockets and the engine thread are released even when
         flushing or meeting fails (the error is raised after cleanup).
         """
         if self._closed:
@@ -201,8 +199,8 @@ class Node:
                 workers = list(self._workers)
             for handle in workers:
                 handle.wait_sync(timeout_s)  # replica updates reach their owners too
-            if self.comm is not None:
-                self.comm.quiesce(self.config.request_timeout_s)
+            if self.engine is not None:
+                self.engine.quiesce(self.config.request_timeout_s)
             self._barrier(timeout_s, refresh=False)
             self._clean = True
         except BaseException as exc:
@@ -213,7 +211,7 @@ class Node:
             raise error
 
     def _release(self) -> None:
-        """Stop the communication thread and close every socket; unregister the node."""
+        """Stop the engine thread and close every socket; unregister the node."""
         global _active
         if self._closed:
             return
@@ -221,22 +219,19 @@ class Node:
         with _active_lock:
             if _active is self:
                 _active = None
-        if self.comm is not None:
-            self.comm.stop()
-        for handle in self._workers:
-            handle._close()
-        for client in getattr(self, "_control_clients", []):
-            client.close()
+        if self.engine is not None:
+            self.engine.stop()
         if self.transport is not None:
             # A clean shutdown lets queued messages (e.g. a barrier release) go out; errors do not wait.
             self.transport.close(linger_ms=1000 if self._clean else 0)
+        if self._context is not None:
             self._context.term()
 
     def _check_open(self, what: str) -> None:
         if self._closed:
             raise StateError(f"{what}: node rank {self.rank} is shut down")
-        if self.comm is not None and self.comm.error is not None:
-            raise self.comm.error
+        if self.engine is not None and self.engine.error is not None:
+            raise self.engine.error
 
     def __enter__(self) -> "Node":
         return self

@@ -1,9 +1,9 @@
 """Worker handles: the API that training code calls for every batch.
 
-A handle belongs to one thread (it keeps per-thread buffers, a socket and a logical clock); a node
-may have any number of them. Locally held keys are read and written in the node's store directly
-(one native call per batch, GIL released). The rest go to their owner as one grouped message per
-destination node.
+A handle belongs to one thread (it keeps per-thread buffers and a logical clock); a node may have
+any number of them. Locally held keys are read and written in the node's store directly (one
+native call per batch, GIL released). The rest are handed to the node's engine as one request
+(:meth:`adapm._engine.loop.EngineLoop.submit`), which routes them to their owners.
 """
 
 from __future__ import annotations
@@ -13,12 +13,11 @@ from typing import TYPE_CHECKING, Optional
 
 import numpy as np
 
-from . import args, routing
-from .comm import Pending
-from .errors import AdaPMError, AdaPMTimeout, InvalidArgument, StateError
-from .protocol import Kind, encode_one
+from . import args
+from ._engine import routing
+from ._engine.events import Call, Op, Request
+from .errors import AdaPMError, InvalidArgument, StateError
 from .sampling import WorkerSampler
-from .store import NONE
 
 if TYPE_CHECKING:
     from .node import Node
@@ -26,10 +25,10 @@ if TYPE_CHECKING:
 # Pushes may be issued without waiting; answered ones are pruned once this many are pending.
 _PRUNE_OUTSTANDING = 1024
 
-# kind -> (operation name for errors, local counter, remote counter)
+# op -> (operation name for errors, local counter, remote counter)
 _UPDATE_NAMES = {
-    Kind.PUSH: ("push", "local_push_keys", "remote_push_keys"),
-    Kind.SET: ("set", "local_set_keys", "remote_set_keys"),
+    Op.PUSH: ("push", "local_push_keys", "remote_push_keys"),
+    Op.SET: ("set", "local_set_keys", "remote_set_keys"),
 }
 
 
@@ -47,11 +46,10 @@ class Worker:
         self.clock = 0
         self.counters = dict.fromkeys(self.COUNTERS, 0)
         self._missing = np.empty(1024, dtype=np.int64)
-        self._outstanding: list[tuple[int, Pending]] = []
-        self._client = None
-        sync = node.comm.sync if node.comm is not None else None
-        # Intents go to the sync loop; under static partitioning (or on one node) nobody acts.
-        self._intents = sync.new_worker_intents(self) if sync is not None else None
+        self._outstanding: list[Call] = []
+        self._engine = node.engine  # None on a single node: everything is local
+        # Intents go to the engine; under static partitioning (or on one node) nobody acts.
+        self._intents = self._engine.register_worker(self) if self._engine is not None else None
         sampling = node.config.sampling
         self._sampler = WorkerSampler(self, sampling, node.rank) if sampling is not None else None
 
@@ -78,11 +76,7 @@ class Worker:
             keys, out, nmiss = self._pull_checked(keys, out)
         self.counters["local_pull_keys"] += len(keys) - nmiss
         if nmiss:
-            positions = self._await_arrivals(keys, out, self._missing[:nmiss].copy())
-            self.counters["waited_pull_keys"] += nmiss - len(positions)
-            if len(positions):
-                self.counters["remote_pull_keys"] += len(positions)
-                self._pull_remote(keys, out, positions)
+            self._pull_missing(keys, out, self._missing[:nmiss].copy())
         return out
 
     def _pull_checked(self, keys, out):
@@ -111,7 +105,7 @@ class Worker:
         The local part is applied before return; the remote part is sent and acknowledged later
         (see :meth:`wait`). ``updates`` is not kept: the caller may reuse it at once.
         """
-        self._update(keys, updates, Kind.PUSH, "updates")
+        self._update(keys, updates, Op.PUSH, "updates")
 
     def set(self, keys, values) -> None:
         """Overwrite the values of ``keys``. Local part applied before return, remote part queued.
@@ -121,7 +115,7 @@ class Worker:
         that replica before the set and not yet synced are merged after it: set replicated
         keys between rounds of pushes (``wait_sync`` first) when that order matters.
         """
-        self._update(keys, values, Kind.SET, "values")
+        self._update(keys, values, Op.SET, "values")
 
     # --- intent and clocks -------------------------------------------------------------------
 
@@ -138,6 +132,7 @@ class Worker:
         self.counters["intents_signalled"] += len(keys)
         if self._intents is not None and len(keys):
             self._intents.signal(keys.copy(), start, end)
+            self._engine.wake()
 
     def _check_window(self, start, end) -> tuple[int, int]:
         start = args.as_clock(start, "start")
@@ -201,12 +196,12 @@ class Worker:
         first_error: Optional[BaseException] = None
         outstanding, self._outstanding = self._outstanding, []
         if outstanding:
-            comm = self._node.comm
-            timeout_s = comm.request_timeout_s if timeout_s is None else timeout_s
+            engine = self._engine
+            timeout_s = engine.request_timeout_s if timeout_s is None else timeout_s
             deadline = time.monotonic() + timeout_s
-        for req_id, pending in outstanding:
+        for call in outstanding:
             try:
-                comm.wait(req_id, pending, timeout_s, deadline=deadline)
+                engine.wait(call, timeout_s, deadline=deadline)
             except AdaPMError as exc:
                 first_error = first_error or exc
         if first_error is not None:
@@ -223,21 +218,13 @@ class Worker:
         self.wait(timeout_s)
         if self._intents is None:
             return
-        comm = self._node.comm
-        req_id, pending = comm.new_request(self._node.rank, "wait_sync (a sync round)", 1)
-        self._client_socket().send(self._node.rank, Kind.WAKE,
-                                   encode_one(Kind.WAKE, self._node.rank, req_id,
-                                              w=self.index))
-        try:
-            comm.wait(req_id, pending, timeout_s)
-        except AdaPMTimeout as exc:
-            raise AdaPMTimeout(f"rank {self._node.rank}: wait_sync of worker {self.index} timed "
-                               f"out; the sync round waits for ranks "
-                               f"{comm.sync.waiting_on()}") from exc
+        call = self._engine.submit(Request(Op.WAIT_SYNC, worker=self.index, clock=self.clock),
+                                   f"wait_sync of worker {self.index}")
+        self._engine.wait(call, timeout_s)
 
     # --- internals ---------------------------------------------------------------------------
 
-    def _update(self, keys, values, kind: Kind, name: str) -> None:
+    def _update(self, keys, values, kind: Op, name: str) -> None:
         # Per-call strings precomputed (Enum.name and f-strings cost ~0.5 us per call, a tenth
         # of a 100-key push): bench/store.py.
         what, local_counter, remote_counter = _UPDATE_NAMES[kind]
@@ -246,7 +233,7 @@ class Worker:
         nmiss = None
         if type(keys) is np.ndarray and type(values) is np.ndarray and store.uniform_length:
             # Fast path, as in pull: None (nothing changed) unless layout and keys are fine.
-            if kind is Kind.PUSH:
+            if kind is Op.PUSH:
                 nmiss = store.scatter_add_fast(keys, values, self._missing)
             else:
                 nmiss = store.scatter_set_fast(keys, values, self._missing)
@@ -257,14 +244,13 @@ class Worker:
             return
         self.counters[remote_counter] += nmiss
         positions = self._missing[:nmiss].copy()
-        for dst, group in routing.group_by_node(self._owners(keys[positions])):
-            pos = positions[group]
-            rows = store.select_rows(values.reshape(-1), keys, pos)
-            self._outstanding.append(self._send_request(dst, kind, keys, pos, [rows]))
+        rows = store.select_rows(values.reshape(-1), keys, positions)
+        self._outstanding.append(self._engine.submit(
+            Request(kind, keys[positions], positions, rows), f"{kind.name} of {nmiss} keys"))
         if len(self._outstanding) > _PRUNE_OUTSTANDING:
             self._prune()
 
-    def _update_checked(self, keys, values, kind: Kind, name: str):
+    def _update_checked(self, keys, values, kind: Op, name: str):
         """Local part of a push/set with full validation (bad input raises before any change)."""
         store = self._store
         # As in pull: the native call range-checks the whole batch before it changes anything.
@@ -273,7 +259,7 @@ class Worker:
         try:
             values = args.as_values(values, store, keys, name)
             missing = self._missing_buffer(len(keys))
-            if kind is Kind.PUSH:
+            if kind is Op.PUSH:
                 nmiss = store.scatter_add(keys, values, missing)
             else:
                 nmiss = store.scatter_set(keys, values, missing)
@@ -283,94 +269,33 @@ class Worker:
             raise
         return keys, values, nmiss
 
-    def _await_arrivals(self, keys: np.ndarray, out: np.ndarray,
-                        positions: np.ndarray) -> np.ndarray:
-        """Wait for missing keys that are on their way here; read them; return the rest.
+    def _pull_missing(self, keys: np.ndarray, out: np.ndarray, positions: np.ndarray) -> None:
+        """Get the keys at ``positions`` (not held here a moment ago) through the engine.
 
-        A key is on its way while this node has acted on an intent for it and the owner has not
-        yet answered that report: the owner sends the key (relocation or replica) before its
-        answer. Waiting for it costs at most the rest of the sync round, a remote pull at least
-        a round trip, and the request would only chase the key back here (bench/adaptive.py:
-        most late pulls were forwarded back to their origin). Keys that do not come (the owner
-        decided otherwise, or the intent ended) are returned for a remote pull.
+        The engine serves keys that arrived meanwhile, holds the request for keys on their way
+        here (this node acted on an intent and the owner has not answered yet: the owner sends
+        the key before its answer), and sends the rest to their owners. Parts served here count
+        as ``waited_pull_keys``, the others as ``remote_pull_keys``.
         """
-        comm = self._node.comm
-        sync = comm.sync if comm is not None else None
-        if sync is None:
-            return positions
-        store = self._store
-        missing = keys[positions]
-        if not sync.node.in_flight(missing).any():
-            return positions
-        deadline = time.monotonic() + comm.request_timeout_s
-        with comm.arrivals:
-            while True:
-                comm.raise_if_failed()
-                coming = sync.node.in_flight(missing) & (store.state[missing] == NONE)
-                if not coming.any():
-                    break
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise AdaPMTimeout(
-                        f"rank {self._node.rank}: pull of worker {self.index} waited "
-                        f"{comm.request_timeout_s:g}s for keys {missing[coming][:5].tolist()} "
-                        f"whose intent this node reported; the sync round waits for ranks "
-                        f"{sync.waiting_on()}")
-                comm.arrivals.wait(min(left, 0.5))
-        values = np.empty(store.floats_for(missing), dtype=np.float32)
-        nmiss = store.gather(missing, values, self._missing_buffer(len(missing)))
-        still = self._missing[:nmiss].copy()
-        found = np.ones(len(missing), dtype=bool)
-        found[still] = False
-        if store.uniform_length:
-            rows = values.reshape(len(missing), -1)
-            out.reshape(len(keys), -1)[positions[found]] = rows[found]
-        else:
-            offsets = self._row_offsets(keys)
-            lens = store.lens[missing]
-            flat_found = routing.segment_index((np.cumsum(lens) - lens)[found], lens[found])
-            out.reshape(-1)[routing.segment_index(offsets[positions[found]],
-                                                  lens[found])] = values[flat_found]
-        return positions[still]
-
-    def _pull_remote(self, keys: np.ndarray, out: np.ndarray, positions: np.ndarray) -> None:
-        requests = [self._send_request(dst, Kind.PULL, keys, positions[group], [])
-                    for dst, group in routing.group_by_node(self._owners(keys[positions]))]
-        comm = self._node.comm
-        deadline = time.monotonic() + comm.request_timeout_s
-        flat = out.reshape(-1)
-        offsets = self._row_offsets(keys) if not self._store.uniform_length else None
-        for req_id, pending in requests:
-            # An answer may come in parts (from the nodes a request was forwarded to).
-            for part in comm.wait(req_id, pending, deadline=deadline):
-                pos, values = part.arrays
-                comm.learn_owner(keys[pos], part.src)
-                if offsets is None:
-                    out.reshape(len(keys), -1)[pos] = values.reshape(len(pos), -1)
-                else:
-                    flat[routing.segment_index(offsets[pos], self._store.lens[keys[pos]])] = values
-
-    def _send_request(self, dst: int, kind: Kind, keys: np.ndarray, positions: np.ndarray,
-                      extra: list) -> tuple[int, Pending]:
-        """Send keys[positions] (and ``extra`` arrays) to ``dst``; answers name the positions."""
-        comm = self._node.comm
-        req_id, pending = comm.new_request(dst, f"{kind.name} of {len(positions)} keys",
-                                           len(positions))
-        frames = encode_one(kind, self._node.rank, req_id,
-                            [keys[positions], positions, *extra], o=self._node.rank)
-        self._client_socket().send(dst, kind, frames)
-        return req_id, pending
-
-    def _client_socket(self):
-        if self._client is None:
-            self._client = self._node.transport.client()
-        return self._client
-
-    def _owners(self, keys: np.ndarray) -> np.ndarray:
-        """Where we believe the owners of ``keys`` are (a hint; wrong guesses get forwarded)."""
-        if self._node.comm is None:
+        if self._engine is None:
             raise StateError("a single node holds every key; nothing should be remote")
-        return self._node.comm.hint[keys]
+        engine = self._engine
+        call = engine.submit(Request(Op.PULL, keys[positions], positions),
+                             f"PULL of {len(positions)} keys")
+        flat = out.reshape(-1)
+        store = self._store
+        offsets = self._row_offsets(keys) if not store.uniform_length else None
+        rank, waited = self._node.rank, 0
+        for part in engine.wait(call):
+            pos, values = part.arrays
+            if part.src == rank:
+                waited += len(pos)
+            if offsets is None:
+                out.reshape(len(keys), -1)[pos] = values.reshape(len(pos), -1)
+            else:
+                flat[routing.segment_index(offsets[pos], store.lens[keys[pos]])] = values
+        self.counters["waited_pull_keys"] += waited
+        self.counters["remote_pull_keys"] += len(positions) - waited
 
     def _row_offsets(self, keys: np.ndarray) -> np.ndarray:
         lengths = self._store.lens[keys]
@@ -382,18 +307,13 @@ class Worker:
         return self._missing
 
     def _prune(self) -> None:
-        done = [item for item in self._outstanding if item[1].event.is_set()]
+        done = [call for call in self._outstanding if call.done]
         if not done:
             return
-        self._outstanding = [item for item in self._outstanding if not item[1].event.is_set()]
-        for req_id, pending in done:
-            if pending.error is not None:
-                raise pending.error
-
-    def _close(self) -> None:
-        if self._client is not None:
-            self._client.close()
-            self._client = None
+        self._outstanding = [call for call in self._outstanding if not call.done]
+        for call in done:
+            if call.error is not None:
+                raise call.error
 
     def __repr__(self) -> str:
         return f"<adapm.Worker rank={self._node.rank} index={self.index} clock={self.clock}>"

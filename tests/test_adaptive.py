@@ -15,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from adapm.store import OWNER, REPLICA
+from adapm._store import OWNER, REPLICA
 from adapm.testing import run_cluster
 
 FAST = dict(connect_timeout_s=20, request_timeout_s=20)
@@ -39,9 +39,14 @@ def run_all(threads, errors) -> None:
 
 def placement(node) -> dict:
     """What a node holds, and what it knows as a home, for checks in the parent."""
-    comm = node.comm
-    return {"state": node.store.state.copy(),
-            "owner_at_home": None if comm is None else comm.owner.owner_at_home.copy()}
+    if node.engine is None:
+        return {"state": node.store.state.copy(), "owner_at_home": None}
+    router = node.engine.state.router
+    keys = np.arange(node.store.num_keys)
+    home = keys[router.is_home(keys)]
+    table = np.full(len(keys), -1)
+    table[home] = router.owner_at_home(home)
+    return {"state": node.store.state.copy(), "owner_at_home": table}
 
 
 def check_placement(results, world_size, num_keys):
@@ -266,11 +271,11 @@ def _forwarding_job(node):
     node.barrier()
     result = None
     if node.rank == 0:
-        assert node.comm.hint[1] == 1  # stale: rank 0 never heard of the move
+        assert node.engine.state.router.hint[1] == 1  # stale: rank 0 never heard of the move
         result = w.pull(key)[0, 0]
         w.push(key, np.ones((1, 1), np.float32))
         w.wait()
-        result = (result, int(node.comm.hint[1]))
+        result = (result, int(node.engine.state.router.hint[1]))
     node.barrier()
     s = node.stats()
     return result, node.local_keys().tolist(), s["forwarded_keys"], w.pull(key)[0, 0]
@@ -320,7 +325,7 @@ def _await_job(node):
     node.barrier()
     result = None
     if node.rank == 1:
-        intents = node.comm.sync.node
+        intents = node.engine.state.intents
         intents.count[0] = 1  # as if a round had acted on an intent whose report is unanswered
         got, errors = [], []
 
@@ -334,9 +339,7 @@ def _await_job(node):
         t.start()
         t.join(0.5)
         blocked = t.is_alive()  # still waiting for the key to arrive
-        with node.comm.arrivals:
-            intents.count[0] = 0  # the intent ended: the key is not coming, pull it
-            node.comm.notify_arrivals()
+        intents.count[0] = 0  # the intent ended: the key is not coming, pull it
         t.join()
         if errors:
             raise errors[0]

@@ -4,8 +4,8 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from adapm.intents import NodeIntents, WorkerIntents
-from adapm.timing import ActionTimer, ImmediateTimer
+from adapm._engine.intents import NodeIntents, WorkerIntents
+from adapm._engine.timing import ActionTimer, ImmediateTimer
 
 
 def arr(*ks):

@@ -2,7 +2,7 @@
 
 Nothing here may rely on one host: each rank runs in its own network namespace, with its own
 loopback and one 10.199.x.y/30 address on a veth end, so the only way between the ranks is that
-veth link. Each node must pick (via adapm.cluster.resolve_host), bind and advertise its
+veth link. Each node must pick (via adapm._wire.rendezvous.resolve_host), bind and advertise its
 namespace's address; a node that bound or advertised loopback could not be reached at all.
 
 The namespaces, the veth pair and the addresses exist only inside this test: the veth ends are
@@ -34,14 +34,14 @@ CHILD = textwrap.dedent(
     import os, sys
     import numpy as np
     import adapm
-    from adapm import cluster
+    from adapm._wire import rendezvous
 
     my_ip = sys.argv[1]
     rank = int(os.environ["ADAPM_RANK"])
     N, L, REPS = 64, 4, 3
 
     config = adapm.Config.from_env(num_keys=N, value_length=L)
-    chosen = cluster.resolve_host(config)
+    chosen = rendezvous.resolve_host(config)
     assert chosen == my_ip, f"rank {rank}: resolve_host chose {chosen!r}, expected {my_ip!r}"
     node = adapm.init(config=config)
     address = node.transport.address

@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from adapm.policy import OwnerPolicy
+from adapm._engine.policy import make_policy
 
 
 def keys(*ks):
@@ -26,7 +26,7 @@ def as_dict(pairs):
 
 def test_non_overlapping_access_relocates():
     # Scenario 1: each key is needed by exactly one (non-owner) node -> relocation, no replicas.
-    p = OwnerPolicy(rank=0, world_size=3, num_keys=10, management="adaptive")
+    p = make_policy("adaptive", 0, 3, 10)
     a = p.on_intent(keys(1, 2), node=1, has_intent=on(2))
     assert as_dict(a.relocate) == {1: [1, 2]} and not a.setup
     b = p.on_intent(keys(3), node=2, has_intent=on(1))
@@ -35,7 +35,7 @@ def test_non_overlapping_access_relocates():
 
 def test_partial_overlap_replicates_only_shared_keys():
     # Scenario 2: node 1 wants {1, 2}, node 2 wants {2, 3}; owner 0 wants nothing.
-    p = OwnerPolicy(rank=0, world_size=3, num_keys=10, management="adaptive")
+    p = make_policy("adaptive", 0, 3, 10)
     p.on_intent(keys(1), node=1, has_intent=on(1))  # alone -> relocate (caller moves it)
     p.take(keys(1))
     a = p.on_intent(keys(2), node=1, has_intent=on(1))
@@ -47,7 +47,7 @@ def test_partial_overlap_replicates_only_shared_keys():
 
 
 def test_hot_spot_replicates_and_main_copy_stays():
-    p = OwnerPolicy(rank=0, world_size=4, num_keys=10, management="adaptive")
+    p = make_policy("adaptive", 0, 4, 10)
     p.on_intent(keys(7), node=0, has_intent=on(1))  # the owner itself needs it
     a = p.on_intent(keys(7), node=1, has_intent=on(1))
     assert not a.relocate and as_dict(a.setup) == {1: [7]}
@@ -66,7 +66,7 @@ def test_hot_spot_replicates_and_main_copy_stays():
 
 
 def test_relocates_only_when_exactly_one_non_owner():
-    p = OwnerPolicy(rank=1, world_size=3, num_keys=5, management="adaptive")
+    p = make_policy("adaptive", 1, 3, 5)
     assert not p.on_intent(keys(0), node=1, has_intent=on(1))  # only the owner: nothing
     a = p.on_intent(keys(0), node=2, has_intent=on(1))  # {1, 2}: replicate, do not relocate
     assert not a.relocate and as_dict(a.setup) == {2: [0]}
@@ -75,29 +75,29 @@ def test_relocates_only_when_exactly_one_non_owner():
 
 
 def test_empty_intent_moves_nothing():
-    p = OwnerPolicy(rank=0, world_size=2, num_keys=5, management="adaptive")
+    p = make_policy("adaptive", 0, 2, 5)
     a = p.on_intent(keys(3), node=0, has_intent=off(1))
     assert not a
 
 
 def test_variants():
-    rel = OwnerPolicy(rank=0, world_size=3, num_keys=5, management="relocation_only")
+    rel = make_policy("relocation_only", 0, 3, 5)
     rel.on_intent(keys(1), node=1, has_intent=on(1))
     a = rel.on_intent(keys(1), node=2, has_intent=on(1))
     assert as_dict(a.relocate) == {2: [1]} and not a.setup  # latest requester wins
-    rep = OwnerPolicy(rank=0, world_size=3, num_keys=5, management="replication_only")
+    rep = make_policy("replication_only", 0, 3, 5)
     b = rep.on_intent(keys(1), node=1, has_intent=on(1))
     assert not b.relocate and as_dict(b.setup) == {1: [1]}
     for variant in ("static_partition", "full_replication"):
-        assert not OwnerPolicy(0, 3, 5, variant).on_intent(keys(1), node=1, has_intent=on(1))
+        assert not make_policy(variant, 0, 3, 5).on_intent(keys(1), node=1, has_intent=on(1))
 
 
 def test_take_and_install_move_the_masks():
-    a = OwnerPolicy(rank=0, world_size=3, num_keys=5, management="adaptive")
+    a = make_policy("adaptive", 0, 3, 5)
     a.on_intent(keys(4), node=1, has_intent=on(1))
     s, r = a.take(keys(4))
     assert a.intent[4] == 0
-    b = OwnerPolicy(rank=1, world_size=3, num_keys=5, management="adaptive")
+    b = make_policy("adaptive", 1, 3, 5)
     b.install(keys(4), s, r)
     # Node 2 joins at the new owner: replicate to 2 (1 is the owner and has intent).
     c = b.on_intent(keys(4), node=2, has_intent=on(1))
@@ -106,7 +106,7 @@ def test_take_and_install_move_the_masks():
 
 def test_too_many_nodes_for_masks():
     with pytest.raises(ValueError):
-        OwnerPolicy(rank=0, world_size=65, num_keys=5, management="adaptive")
+        make_policy("adaptive", 0, 65, 5)
 
 
 events = st.lists(st.tuples(st.integers(0, 3), st.lists(st.integers(0, 7), min_size=1,
@@ -118,7 +118,7 @@ events = st.lists(st.tuples(st.integers(0, 3), st.lists(st.integers(0, 7), min_s
 @settings(max_examples=200, deadline=None)
 def test_invariants_under_random_events(evs):
     """R ⊆ S \\ {owner}; every relocation targets the only node in S; replicas only if |S| >= 2."""
-    p = OwnerPolicy(rank=0, world_size=4, num_keys=8, management="adaptive")
+    p = make_policy("adaptive", 0, 4, 8)
     for node, ks, flag in evs:
         ks = np.array(ks, dtype=np.int64)
         acts = p.on_intent(ks, node=node, has_intent=np.full(len(ks), flag))

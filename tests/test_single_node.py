@@ -48,7 +48,7 @@ def node(make_node):
 def test_single_node_identity(node):
     assert node.rank == 0
     assert node.world_size == 1
-    assert node.comm is None and node.transport is None  # no sockets for one node
+    assert node.engine is None and node.transport is None  # no sockets for one node
 
 
 def test_values_start_at_zero(node):

@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy.stats import poisson
 
-from adapm.timing import ActionTimer, ImmediateTimer, poisson_quantile
+from adapm._engine.timing import ActionTimer, ImmediateTimer, poisson_quantile
 
 
 @given(st.floats(1e-6, 1 - 1e-9), st.floats(0.0, 5000.0))

@@ -17,8 +17,8 @@ import msgpack
 import numpy as np
 import zmq
 
-from .config import Config, parse_address
-from .errors import AdaPMTimeout, ConfigError, TransportError
+from ..config import Config, parse_address
+from ..errors import AdaPMTimeout, ConfigError, TransportError
 from .protocol import Kind
 
 # How long the rendezvous host keeps its socket open after answering, so the answers get out.

@@ -20,7 +20,7 @@ import itertools
 
 import numpy as np
 
-from ._native_loader import load as _load_native
+from .._native_loader import load as _load_native
 
 _native = _load_native()
 

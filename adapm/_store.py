@@ -23,7 +23,8 @@ import mmap
 
 import numpy as np
 
-from . import _native_loader, routing
+from . import _native_loader
+from ._engine import routing
 from .config import Config
 from .sampling import SamplePool
 

@@ -34,7 +34,7 @@ from typing import Sequence
 import msgpack
 import numpy as np
 
-from .errors import TransportError
+from ..errors import TransportError
 
 
 class Kind(enum.IntEnum):

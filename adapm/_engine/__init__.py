@@ -1,0 +1,10 @@
+"""The engine: one node's directory and protocol as a pure state machine, and the loop around it.
+
+- :mod:`.state` — :class:`~.state.NodeState`, changed only by ``handle(event) -> instructions``
+  (with the owner side in :mod:`.serve` and the requester side in :mod:`.rounds`);
+- :mod:`.loop` — the engine thread: polls a transport, feeds events in, carries instructions out;
+- :mod:`.sim` — many nodes in one thread over the in-process transport, for property tests;
+- pure helpers: :mod:`.routing`, :mod:`.policy`, :mod:`.intents`, :mod:`.timing`.
+
+Nothing here is public API; importing this package imports nothing else.
+"""

@@ -1,0 +1,113 @@
+"""What goes into the engine (events) and what comes out (instructions), and the ``Call``
+through which a worker thread waits for its request.
+
+Events: :class:`Received` (a message from a peer), :class:`Submitted` (a worker's request),
+:class:`Tick` (time passed; a round may be due). Instructions: :class:`Send` (a message for a
+peer) and :class:`Finish` (complete a call). ``NodeState.handle`` takes one event and returns the
+instructions, in order; whoever runs it carries them out (the engine loop, or the simulator).
+"""
+
+from __future__ import annotations
+
+import enum
+import threading
+from typing import Optional
+
+import numpy as np
+
+
+class Op(enum.IntEnum):
+    """What a worker can ask of its engine."""
+
+    PULL = 1  # keys, positions -> answers (positions, rows)
+    PUSH = 2  # keys, positions, rows -> acknowledged
+    SET = 3  # keys, positions, rows -> acknowledged
+    WAIT_SYNC = 4  # worker, clock: a round after which the worker's active intents are served
+    ROUND = 5  # a round that starts after the call (replicas refreshed)
+    BARRIER = 6  # epoch: all nodes arrived
+
+
+class Call:
+    """One request of a worker thread to its engine, completed once by the engine thread.
+
+    The worker blocks on ``event``. ``parts`` are the answer messages (their arrays are views
+    that stay valid while the call is referenced). ``ranks``: the nodes asked (for error
+    messages); ``waiting_for``: keys the engine holds the request for because they are on their
+    way here (for error messages). ``abandoned``: the worker gave up (timeout); a late answer is
+    then only counted.
+    """
+
+    __slots__ = ("what", "ranks", "event", "parts", "error", "abandoned", "waiting_for")
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+        self.ranks: list[int] = []
+        self.event = threading.Event()
+        self.parts: list = []
+        self.error: Optional[BaseException] = None
+        self.abandoned = False
+        self.waiting_for: Optional[np.ndarray] = None
+
+    @property
+    def done(self) -> bool:
+        return self.event.is_set()
+
+
+class Request:
+    """A submitted operation (see :class:`Op`); arrays are owned by the engine once submitted."""
+
+    __slots__ = ("op", "keys", "positions", "rows", "worker", "clock", "epoch")
+
+    def __init__(self, op: Op, keys=None, positions=None, rows=None, worker: int = -1,
+                 clock: int = 0, epoch: int = 0) -> None:
+        self.op = op
+        self.keys = keys
+        self.positions = positions
+        self.rows = rows
+        self.worker = worker
+        self.clock = clock
+        self.epoch = epoch
+
+
+class Received:
+    __slots__ = ("message",)
+
+    def __init__(self, message) -> None:
+        self.message = message
+
+
+class Submitted:
+    __slots__ = ("call", "request")
+
+    def __init__(self, call: Call, request: Request) -> None:
+        self.call = call
+        self.request = request
+
+
+class Tick:
+    """Time is ``now`` (monotonic seconds); ``clocks[i]``: worker i's clock."""
+
+    __slots__ = ("now", "clocks")
+
+    def __init__(self, now: float, clocks: list[int]) -> None:
+        self.now = now
+        self.clocks = clocks
+
+
+class Send:
+    __slots__ = ("dst", "message")
+
+    def __init__(self, dst: int, message) -> None:
+        self.dst = dst
+        self.message = message
+
+
+class Finish:
+    """Complete ``call`` with ``parts`` or ``error``."""
+
+    __slots__ = ("call", "parts", "error")
+
+    def __init__(self, call: Call, parts: list, error: Optional[BaseException] = None) -> None:
+        self.call = call
+        self.parts = parts
+        self.error = error

@@ -1,0 +1,185 @@
+"""The engine thread: feeds a :class:`~.state.NodeState` its events and carries out what it says.
+
+One thread per node polls the transport (messages from peers; woken by worker threads), hands
+each message, each submitted request and a periodic :class:`~.events.Tick` to
+``NodeState.handle``, and carries out the instructions: messages go out bundled, one wire
+message per peer per handled wire message (or submission, or tick), in the order posted — an
+owner that posts a relocation before its answer delivers them in that order; finished calls wake
+their worker.
+
+Worker threads reach the engine only through :meth:`EngineLoop.submit` (a request in, a
+:class:`~.events.Call` back) and :meth:`EngineLoop.wait`; they never touch sockets or the state.
+
+A failure in this thread is not lost in a log: it is stored, every waiting call raises it (an
+:class:`AdaPMError` naming this rank, ``raise ... from`` the cause), and so does every later call.
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+import threading
+import time
+import traceback
+from typing import Optional
+
+from ..errors import AdaPMError, AdaPMTimeout
+from .events import Call, Finish, Received, Request, Send, Submitted, Tick
+
+# How often a waiting worker checks whether the engine thread failed.
+_FAILURE_CHECK_S = 0.5
+
+
+class EngineLoop:
+    """Runs one node's engine on a background thread. ``submit``/``wait``/``wake`` are for any
+    thread; everything else is called by the node."""
+
+    def __init__(self, state, transport, request_timeout_s: float) -> None:
+        self.state = state
+        self.transport = transport
+        self.rank = state.rank
+        self.request_timeout_s = request_timeout_s
+        self.error: Optional[AdaPMError] = None
+        self.counters = {"late_answers": 0}
+        self._submissions: collections.deque = collections.deque()
+        self._workers: list = []  # Worker handles, by index: their clocks go into each Tick
+        self._live: set[Call] = set()  # submitted, not finished (engine thread only)
+        self._outbox: dict[int, list] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"adapm-engine-{self.rank}",
+                                        daemon=True)
+
+    # --- any thread --------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def register_worker(self, worker):
+        """A new worker (the node calls this under its lock, in index order); returns the
+        worker's intents queue, or None when nothing acts on intent."""
+        self._workers.append(worker)
+        if not self.state.policy.runs_rounds:
+            return None
+        return self.state.register_worker(worker.clock)
+
+    def submit(self, request: Request, what: str) -> Call:
+        """Hand ``request`` to the engine thread; returns the Call to :meth:`wait` on.
+
+        Never blocks. The request's arrays belong to the engine from now on.
+        """
+        self.raise_if_failed()
+        call = Call(what)
+        self._submissions.append((call, request))
+        self.transport.wake()
+        if self.error is not None:  # failed meanwhile: the loop may not have seen this call
+            raise self.error
+        return call
+
+    def wake(self) -> None:
+        """Make the engine look at its workers now (an intent was signalled)."""
+        self.transport.wake()
+
+    def wait(self, call: Call, timeout_s: Optional[float] = None,
+             deadline: Optional[float] = None) -> list:
+        """Block until ``call`` is finished; returns its parts or raises its error.
+
+        AdaPMTimeout names this rank, the ranks asked and what was awaited. ``deadline``
+        (time.monotonic) lets a caller share one ``timeout_s`` between calls.
+        """
+        timeout_s = self.request_timeout_s if timeout_s is None else timeout_s
+        if deadline is None:
+            deadline = time.monotonic() + timeout_s
+        while not call.event.wait(min(_FAILURE_CHECK_S, max(0.0, deadline - time.monotonic()))):
+            if self.error is not None:
+                raise self.error
+            if time.monotonic() >= deadline:
+                call.abandoned = True
+                raise AdaPMTimeout(self._timeout_text(call, timeout_s))
+        if call.error is not None:
+            raise call.error
+        return call.parts
+
+    def _timeout_text(self, call: Call, timeout_s: float) -> str:
+        if call.ranks:
+            ranks = (f"rank {call.ranks[0]}" if len(call.ranks) == 1
+                     else f"ranks {sorted(call.ranks)}")
+            return f"rank {self.rank}: no answer from {ranks} to {call.what} within {timeout_s:g}s"
+        if call.waiting_for is not None:
+            return (f"rank {self.rank}: {call.what} waited {timeout_s:g}s for keys "
+                    f"{call.waiting_for[:5].tolist()} whose intent this node reported; the sync "
+                    f"round waits for ranks {self.state.round_waiting_on()}")
+        return (f"rank {self.rank}: {call.what} not finished within {timeout_s:g}s; the sync "
+                f"round waits for ranks {self.state.round_waiting_on()}")
+
+    def raise_if_failed(self) -> None:
+        if self.error is not None:
+            raise self.error
+
+    def quiesce(self, timeout_s: float) -> None:
+        """Start no more sync rounds; wait until the running one is answered (shutdown)."""
+        self.state.closing = True
+        self.transport.wake()
+        deadline = time.monotonic() + timeout_s
+        while self.state._open and self.error is None and time.monotonic() < deadline:
+            time.sleep(0.001)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.transport.wake()
+        if self._thread.is_alive() and threading.current_thread() is not self._thread:
+            self._thread.join()
+
+    # --- the engine thread -------------------------------------------------------------------
+
+    def _run(self) -> None:
+        state, transport, clock = self.state, self.transport, time.monotonic
+        workers, submissions = self._workers, self._submissions
+        try:
+            while not self._stop.is_set():
+                timeout_ms = math.ceil(state.poll_timeout_s(clock()) * 1000)
+                for _, messages in transport.poll(timeout_ms):
+                    for msg in messages:
+                        self._carry_out(state.handle(Received(msg), clock()))
+                    # What this message caused goes out now, not after the whole batch: a
+                    # worker may be blocked on it (bench/adaptive.py: from post to send took
+                    # ~1.1 ms on average when sends waited for the end of the pass, ~0.65 ms so).
+                    self._flush()
+                while submissions:
+                    call, request = submissions.popleft()
+                    self._live.add(call)
+                    self._carry_out(state.handle(Submitted(call, request), clock()))
+                self._carry_out(state.handle(Tick(clock(), [w.clock for w in workers]), clock()))
+                self._flush()
+        except BaseException as exc:  # surfaces in callers' threads, not only in a log
+            error = AdaPMError(f"rank {self.rank}: communication thread failed: {exc!r}\n"
+                               + traceback.format_exc())
+            error.__cause__ = exc
+            self.error = error
+            while submissions:
+                self._live.add(submissions.popleft()[0])
+            for call in self._live:
+                call.error = error
+                call.event.set()
+            self._live.clear()
+
+    def _carry_out(self, instructions: list) -> None:
+        for ins in instructions:
+            if type(ins) is Send:
+                self._outbox.setdefault(ins.dst, []).append(ins.message)
+            else:
+                self._finish(ins)
+
+    def _finish(self, ins: Finish) -> None:
+        call = ins.call
+        self._live.discard(call)
+        if call.abandoned:
+            self.counters["late_answers"] += 1
+        call.parts = ins.parts
+        call.error = ins.error
+        call.event.set()
+
+    def _flush(self) -> None:
+        if self._outbox:
+            outbox, self._outbox = self._outbox, {}
+            for dst, messages in outbox.items():
+                self.transport.send(dst, messages)

@@ -1,0 +1,316 @@
+"""The requester side of :class:`~.state.NodeState`: sync rounds.
+
+A round
+1. collects every worker's intents (the action timer decides which to act on now),
+2. reports to owners, per key, the node's intent state where it changed (0→1, 1→0); a replica
+   whose intent ended is dropped here first and its last delta goes along (nothing is lost),
+3. sends every replica's accumulated delta or, if it has none, its version to the owner, which
+   merges and answers with the new value only where the replica is behind,
+4. groups all of that per destination node: one SYNC message per node (sections: intent
+   reports, deltas, version checks), and none to nodes with nothing to say,
+5. completes when every position of every request is answered (answers may come from the node
+   a request was forwarded to).
+
+A round starts only when one is needed: a worker's clock moved or it signalled intents, a
+replica is held here (deltas and checks), or someone waits (``wait_sync``, the refresh after a
+barrier). While no worker moves and rounds change nothing, each
+waits longer than the last (up to :data:`MAX_IDLE_GAP_S`), so an idle node holding replicas
+costs little; an idle node holding none runs no rounds at all.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .._store import OWNER, REPLICA
+from .._wire.protocol import Kind, Message
+from .events import Finish
+from .intents import WorkerIntents, unique
+from .routing import group_by_node
+from .timing import ActionTimer, ImmediateTimer
+
+# After a round that changed nothing, the next waits this long, doubling up to MAX_IDLE_GAP_S
+# while rounds stay quiet (an idle node holding replicas: ~25 rounds/s instead of ~1000).
+MIN_IDLE_GAP_S = 0.001
+MAX_IDLE_GAP_S = 0.04
+# How long the loop may sleep when no round is due: bounds how late an idle node notices that
+# a worker's clock moved (advance_clock does not wake the engine; intent() does).
+CLOCK_POLL_S = 0.005
+# Longest sleep while a round runs (how quickly the loop notices a stop request).
+IDLE_POLL_S = 0.05
+
+
+class _Round:
+    """Context of one SYNC request of a round: its keys by position, and the report flags."""
+
+    __slots__ = ("keys", "num_intents", "flags", "dst")
+
+    def __init__(self, keys: np.ndarray, num_intents: int, flags: np.ndarray) -> None:
+        self.dst = -1
+        self.keys = keys
+        self.num_intents = num_intents
+        self.flags = flags
+
+
+class _Waiter:
+    __slots__ = ("call", "worker", "clock", "first_round")
+
+    def __init__(self, call, worker, clock: int, first_round: int) -> None:
+        self.call = call
+        self.worker = worker
+        self.clock = clock
+        self.first_round = first_round
+
+
+class Rounds:
+    """Mixin of NodeState (see there for the attributes)."""
+
+    def __init__(self) -> None:
+        config = self.config
+        self.worker_intents: list[WorkerIntents] = []
+        self.replica_keys = np.empty(0, dtype=np.int64)  # sorted
+        self.rounds_started = 0
+        self.rounds_done = 0
+        self.round_time_total = 0.0
+        self.closing = False  # shutdown: start no more rounds
+        self._round_start = 0.0
+        self._open: set[int] = set()  # request ids of the running round
+        self._next_round_at = 0.0
+        self._idle_gap = 0.0
+        self._quiet = True  # the running round changed nothing so far
+        self._forced: set[int] = set()
+        self._waiters: list[_Waiter] = []
+        self._last_clocks: list[int] = []
+        self._min_gap = 1.0 / config.max_rounds_per_s if config.max_rounds_per_s else 0.0
+
+    # --- registration (any thread) -----------------------------------------------------------
+
+    def register_worker(self, clock: int) -> WorkerIntents:
+        """Intents of a new worker (index = number registered before). Call from one thread at
+        a time (the node does, under its lock); the engine thread sees it on its next round."""
+        config = self.config
+        if config.action_timing:
+            timer = ActionTimer(config.timing_alpha, config.timing_p, config.timing_lambda0, clock)
+        else:
+            timer = ImmediateTimer(clock)
+        intents = WorkerIntents(timer)
+        self.worker_intents.append(intents)  # list.append is atomic
+        return intents
+
+    # --- replicas held here ------------------------------------------------------------------
+
+    def _replicas_added(self, keys: np.ndarray) -> None:
+        # Not np.union1d: its np.unique hashes, ~10x slower than this sort (intents.unique).
+        self.replica_keys = unique(np.concatenate((self.replica_keys, keys)))
+
+    def _replicas_removed(self, keys: np.ndarray) -> None:
+        if len(keys):
+            self.replica_keys = np.setdiff1d(self.replica_keys, keys, assume_unique=True)
+
+    # --- waiting -----------------------------------------------------------------------------
+
+    def _add_waiter(self, call, worker, clock: int) -> None:
+        """Finish ``call`` after a round that starts from now on; for ``worker`` (wait_sync),
+        once its intents active at ``clock`` are served (acting on all of them at once)."""
+        if worker is not None:
+            self._forced.add(worker)
+        self._waiters.append(_Waiter(call, worker, clock, self.rounds_started + 1))
+        self._next_round_at = 0.0
+
+    def poll_timeout_s(self, now: float) -> float:
+        """How long the loop may sleep before the next :class:`Tick` is worth handling."""
+        if not self.policy.runs_rounds or self._open or self.closing:
+            return IDLE_POLL_S
+        wait = self._next_round_at - now
+        return min(wait, CLOCK_POLL_S) if wait > 0 else CLOCK_POLL_S
+
+    def round_waiting_on(self) -> list[int]:
+        """Ranks the running round still waits for (a snapshot, for error messages)."""
+        ranks = set()
+        for req_id in list(self._open):
+            req = self.requests.get(req_id)
+            if req is not None and req.round is not None:
+                ranks.add(req.round.dst)
+        return sorted(ranks)
+
+    # --- the round ---------------------------------------------------------------------------
+
+    def _tick(self, clocks: list[int]) -> None:
+        """Start a round if none runs, one is due and one is needed."""
+        if self.awaiting:  # an intent may have ended meanwhile: its keys are not coming
+            self._arrived = True
+        if not self.policy.runs_rounds or self._open or self.closing:
+            return
+        if self.now < self._next_round_at or not self._round_needed(clocks):
+            return
+        # Quiet: nobody waits and no worker moved; stays so if the round changes nothing.
+        self._quiet = not self._waiters and clocks == self._last_clocks
+        self._last_clocks = list(clocks)
+        self.rounds_started += 1
+        self._round_start = self.now
+        for dst, arrays, count, context in self._build_round(clocks):
+            req_id = self._new_round_request(count, context)
+            context.dst = dst
+            self._open.add(req_id)
+            self._post(dst, Kind.SYNC, req_id, arrays, o=self.rank)
+        if not self._open:
+            self._finish_round(empty=True)
+
+    def _round_needed(self, clocks: list[int]) -> bool:
+        if self._waiters or len(self.replica_keys) or clocks != self._last_clocks:
+            return True
+        return any(w.inbox for w in list(self.worker_intents))
+
+    def _round_request_done(self, req_id: int) -> None:
+        self._open.discard(req_id)
+        if not self._open:
+            self._finish_round(empty=False)
+
+    def _finish_round(self, empty: bool) -> None:
+        self.rounds_done += 1
+        if not empty:
+            self.round_time_total += self.now - self._round_start
+        if self._quiet:
+            self._idle_gap = min(max(2 * self._idle_gap, MIN_IDLE_GAP_S), MAX_IDLE_GAP_S)
+        else:  # an empty round waits a little: nothing to do now, maybe soon
+            self._idle_gap = MIN_IDLE_GAP_S if empty else 0.0
+        self._next_round_at = self._round_start + max(self._min_gap, self._idle_gap)
+        still = []
+        for waiter in self._waiters:
+            if self.rounds_done >= waiter.first_round and (
+                    waiter.worker is None or self._intents_served(waiter.worker, waiter.clock)):
+                self._out.append(Finish(waiter.call, []))
+            else:
+                if self.rounds_done >= waiter.first_round:
+                    waiter.first_round = self.rounds_done + 1
+                    self._next_round_at = 0.0
+                    if waiter.worker is not None:
+                        self._forced.add(waiter.worker)
+                still.append(waiter)
+        self._waiters = still
+
+    def _build_round(self, clocks: list[int]) -> list:
+        """This round's requests: [(owner, SYNC arrays, number of entries, _Round)]."""
+        store, intents = self.store, self.intents
+        for index, worker in enumerate(list(self.worker_intents)):
+            clock = clocks[index] if index < len(clocks) else 0
+            acted, expired = worker.collect(clock, force=index in self._forced)
+            intents.add(acted)
+            intents.remove(expired)
+            if acted or expired:
+                self._quiet = False
+            self.counters["intents_acted"] += sum(len(k) for k in acted)
+        self._forced.clear()
+        ikeys, iflags = intents.changes()
+        if not self.policy.reports_intents:
+            # Nothing acts on them (every key is everywhere already): taken as told, so that
+            # wait_sync sees them served.
+            intents.acknowledge(ikeys, iflags)
+            ikeys, iflags = ikeys[:0], iflags[:0]
+        owned = store.state[ikeys] == OWNER
+        if owned.any():
+            # This node owns these keys: decide now, without a message to itself
+            # (bench/adaptive.py: most reports are about a node's own keys).
+            mine, mine_flags = ikeys[owned], iflags[owned]
+            self._execute(self.policy.on_intent(mine, self.rank, mine_flags))
+            intents.acknowledge(mine, mine_flags)
+            self._arrived = True
+            ikeys, iflags = ikeys[~owned], iflags[~owned]
+        # A replica whose intent ended is dropped now; its last delta travels with the report.
+        ending = ikeys[~iflags]
+        drop = ending[store.state[ending] == REPLICA]
+        dkeys, drows, dver = [], [], []
+        if len(drop):
+            dver.append(store.version[drop].copy())
+            _, deltas = store.remove(drop, with_deltas=True)
+            drows.append(deltas)
+            dkeys.append(drop)
+            self._replicas_removed(drop)
+            self.counters["replica_drops"] += len(drop)
+        held = self.replica_keys
+        ckeys = cver = held[:0]
+        if len(held):
+            deltas, nonzero = store.take_deltas(held)
+            versions = store.version[held].copy()
+            if nonzero.any():
+                dkeys.append(held[nonzero])
+                drows.append(store.select_rows(deltas, held, nonzero))
+                dver.append(versions[nonzero])
+            ckeys, cver = held[~nonzero], versions[~nonzero]
+        if dkeys:
+            dkeys, drows, dver = (np.concatenate(x) for x in (dkeys, drows, dver))
+            self._quiet = False
+        else:
+            dkeys, drows, dver = held[:0], np.empty(0, dtype=np.float32), held[:0]
+        if len(ikeys):
+            self._quiet = False
+        if not (len(ikeys) or len(dkeys) or len(ckeys)):
+            return []
+        return self._grouped(ikeys, iflags, dkeys, drows, dver, ckeys, cver)
+
+    def _grouped(self, ikeys, iflags, dkeys, drows, dver, ckeys, cver) -> list:
+        """One SYNC request per destination (the owner we believe in).
+
+        Entries are numbered over the sections in order (intents, deltas, checks); a request
+        carries each entry's number as its position, and answers name those.
+        """
+        keys = np.concatenate((ikeys, dkeys, ckeys))
+        ni, nd = len(ikeys), len(dkeys)
+        flags = iflags.astype(np.int8)
+        out = []
+        for dst, positions in group_by_node(self.router.hint[keys]):
+            # positions ascend (a stable sort); cut them into the three sections
+            a, b = np.searchsorted(positions, (ni, ni + nd))
+            p_i, p_d, p_c = positions[:a], positions[a:b], positions[b:]
+            d_index, c_index = p_d - ni, p_c - ni - nd
+            arrays = [ikeys[p_i], p_i, flags[p_i],
+                      dkeys[d_index], p_d, self.store.select_rows(drows, dkeys, d_index),
+                      dver[d_index],
+                      ckeys[c_index], p_c, cver[c_index]]
+            out.append((dst, arrays, len(positions), _Round(keys, ni, iflags)))
+        return out
+
+    def _apply_sync_answer(self, context: _Round, msg: Message) -> None:
+        """A (partial) SYNC_RESP: intent reports taken in; replicas' versions and values."""
+        positions, versions, refresh_positions, values = msg.arrays
+        store, keys = self.store, context.keys
+        answered_keys = keys[positions]
+        self.router.learn(answered_keys, msg.src, store.state[answered_keys] == OWNER)
+        reports = positions < context.num_intents
+        if reports.any():
+            reported = positions[reports]
+            self.intents.acknowledge(keys[reported], context.flags[reported])
+            self._arrived = True
+            synced, versions = positions[~reports], versions[~reports]
+        else:
+            synced = positions
+        if len(refresh_positions):
+            self._quiet = False
+            by_position = np.empty(len(keys), dtype=np.int64)
+            by_position[synced] = versions
+            store.refresh(keys[refresh_positions], values, by_position[refresh_positions])
+        answered = keys[synced]
+        still = store.state[answered] == REPLICA
+        store.version[answered[still]] = versions[still]
+        store.synced_at[answered[still]] = self.now
+
+    # --- queries -----------------------------------------------------------------------------
+
+    def _intents_served(self, worker: int, clock: int) -> bool:
+        """Owners have taken in every intent of ``worker`` active at ``clock``.
+
+        An owner answers an intent report only after it sent the relocation or replica it
+        decided on, over the same connection, so the keys have arrived by then. (Under
+        ``relocation_only`` a key that several nodes want follows the latest of them, so it may
+        have moved on again.)
+        """
+        intents = self.worker_intents[worker]
+        if intents.has_unacted_active(clock):
+            return False
+        told = self.intents.told
+        return all(np.all(told[keys]) for keys in intents.active_batches(clock))
+
+    def round_stats(self) -> dict:
+        done = max(self.rounds_done, 1)
+        return {"rounds": self.rounds_done, "mean_round_ms": 1000.0 * self.round_time_total / done}
+

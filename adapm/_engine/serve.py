@@ -1,0 +1,209 @@
+"""The owner side of :class:`~.state.NodeState`: serve keyed requests, forward or queue the rest,
+and carry out the policy's decisions (relocate, set up replicas).
+
+Every keyed request (pull, push, set, and a sync round's intent reports, replica deltas and
+version checks) carries the keys and their positions in the origin's request. A node
+
+- serves the keys it owns and answers the origin directly (with those positions);
+- forwards keys it does not own to the next hop (:meth:`~.routing.Router.next_hop`);
+- holds keys that are in flight *to* it in a queue, and serves them when they arrive (requests
+  wait where the key is going instead of bouncing).
+
+Forward pointers always lead to a newer owner, so forwarding cannot loop; a hop limit turns any
+bug into a loud error instead.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .._store import NONE, OWNER, REPLICA
+from .._wire.protocol import CHECKS, DELTAS, INTENTS, Kind, Message, subset
+from .routing import group_by_node, home_of
+
+_NO_ROWS = np.empty(0, dtype=np.float32)
+
+
+class Serving:
+    """Mixin of NodeState (see there for the attributes)."""
+
+    # --- entry -------------------------------------------------------------------------------
+
+    def _keyed(self, msg: Message) -> None:
+        """A keyed request: serve what is owned here, forward or queue the rest."""
+        keys = msg.keys()
+        owned = self.store.state[keys] == OWNER
+        if owned.all():
+            self._serve(msg)
+            return
+        if owned.any():
+            self._serve(subset(msg, np.flatnonzero(owned), self.store))
+        rest_index = np.flatnonzero(~owned)
+        rest = subset(msg, rest_index, self.store)
+        nxt = self.router.next_hop(keys[rest_index])
+        here = np.flatnonzero(nxt < 0)
+        if len(here):
+            self.queued.append(subset(rest, here, self.store))
+            self.counters["queued_keys"] += len(here)
+        onward = np.flatnonzero(nxt >= 0)
+        if not len(onward):
+            return
+        hops = rest.header.get("h", 0) + 1  # forwards so far, this one included
+        if hops > self.max_hops:
+            self._post(rest.header["o"], Kind.ERROR, rest.req_id,
+                       msg=f"routing loop: keys {keys[rest_index][onward[:5]].tolist()} "
+                           f"passed {hops} nodes (last rank {self.rank})")
+            return
+        for dst, positions in group_by_node(nxt[onward]):
+            part = subset(rest, onward[positions], self.store)
+            part.header["h"] = hops
+            part.header["s"] = part.src = self.rank
+            self.counters["forwarded_keys"] += len(positions)
+            self._post_message(dst, part)
+
+    def _retry_queued(self) -> None:
+        """Keys arrived: serve (or pass on) what waited for them."""
+        queued, self.queued = self.queued, []
+        for msg in queued:
+            self._keyed(msg)
+
+    # --- serving owned keys ------------------------------------------------------------------
+
+    def _serve(self, msg: Message) -> None:
+        kind, origin = msg.kind, msg.header["o"]
+        keys, positions = msg.arrays[0], msg.arrays[1]
+        store = self.store
+        if kind == Kind.PULL:
+            values = np.empty(store.floats_for(keys), dtype=np.float32)
+            self._expect_none_missing(store.gather(keys, values, self._scratch(len(keys))))
+            self._post(origin, Kind.PULL_RESP, msg.req_id, [positions, values])
+        elif kind in (Kind.PUSH, Kind.SET):
+            values = msg.arrays[2]
+            scatter = store.scatter_add if kind == Kind.PUSH else store.scatter_set
+            self._expect_none_missing(scatter(keys, values, self._scratch(len(keys))))
+            self._post(origin, Kind.ACK, msg.req_id, [positions])
+        elif kind == Kind.SYNC:
+            self._serve_sync(msg, origin)
+        else:
+            raise ValueError(f"not a keyed request: {kind.name}")
+
+    def _serve_sync(self, msg: Message, origin: int) -> None:
+        """A sync round's request: merge deltas, answer stale replicas, then decide on intents.
+
+        Deltas first, so a dropped replica's last delta is in before the key can move. The
+        answer is computed before the intents are acted on (a decision may move a key away),
+        and posted after the relocations and replicas they cause: the origin receives those
+        first, on the same connection.
+        """
+        store = self.store
+        sections = msg.sections()
+        ikeys, ipos, iflags = sections[INTENTS]
+        dkeys, dpos, drows, dver = sections[DELTAS]
+        ckeys, cpos, cver = sections[CHECKS]
+        if not len(dkeys) and not len(ckeys):  # intent reports only: the common case
+            if len(ikeys):
+                self._execute(self.policy.on_intent(ikeys, origin, iflags.astype(bool)))
+            self._post(origin, Kind.SYNC_RESP, msg.req_id,
+                       [ipos, np.full(len(ipos), -1, dtype=np.int64), ipos[:0], _NO_ROWS])
+            return
+        skeys = np.concatenate((dkeys, ckeys)) if len(ckeys) else dkeys
+        spos = np.concatenate((dpos, cpos)) if len(ckeys) else dpos
+        # Workers here may write between the reads below. A version we report must never be
+        # newer than the value the holder ends up with (else the holder would think itself
+        # current while it is not): report the version read *before* a value was taken.
+        reported = store.version[skeys].copy()
+        behind = np.concatenate((dver, cver)) != reported
+        if len(dkeys):
+            self._expect_none_missing(store.scatter_add(dkeys, drows, self._scratch(len(dkeys))))
+            reported[:len(dkeys)] += 1  # the merge itself: holder's base + its delta = this version
+        stale = skeys[behind]
+        reported[behind] = store.version[stale]
+        values = np.empty(store.floats_for(stale), dtype=np.float32)
+        if len(stale):
+            self._expect_none_missing(store.gather(stale, values, self._scratch(len(stale))))
+        if len(ikeys):
+            self._execute(self.policy.on_intent(ikeys, origin, iflags.astype(bool)))
+        self._post(origin, Kind.SYNC_RESP, msg.req_id,
+                   [np.concatenate((ipos, spos)),
+                    np.concatenate((np.full(len(ipos), -1, dtype=np.int64), reported)),
+                    spos[behind], values])
+
+    def _expect_none_missing(self, nmiss: int) -> None:
+        if nmiss:
+            # Only the engine removes keys, and it checked ownership just before.
+            raise AssertionError(f"rank {self.rank}: {nmiss} owned keys vanished while serving")
+
+    # --- carrying out the policy's decisions -------------------------------------------------
+
+    def _execute(self, actions) -> None:
+        for dst, keys in actions.relocate:
+            self._relocate_out(dst, keys)
+        for dst, keys in actions.setup:
+            self._send_setup(dst, keys)
+        self.counters["replica_drops_at_owner"] += actions.dropped
+
+    def _relocate_out(self, dst: int, keys: np.ndarray) -> None:
+        store = self.store
+        values, _ = store.remove(keys)
+        versions = store.version[keys].copy()  # after removal: no write can follow here
+        intent, replicas = self.policy.take(keys)
+        epochs = self.router.moved_out(keys, dst)
+        self.counters["relocations_out"] += len(keys)
+        self._post(dst, Kind.RELOCATE, 0, [keys, values, versions, intent, replicas, epochs])
+        # The new owner updates the homes it is itself (relocate_in); tell the others.
+        elsewhere = home_of(keys, self.world_size) != dst
+        self._tell_homes(keys[elsewhere], np.full(int(elsewhere.sum()), dst, dtype=np.int64),
+                         epochs[elsewhere])
+
+    def _tell_homes(self, keys: np.ndarray, owners: np.ndarray, epochs: np.ndarray) -> None:
+        for home, positions in group_by_node(home_of(keys, self.world_size)):
+            if home == self.rank:
+                self.router.update_home(keys[positions], owners[positions], epochs[positions])
+            else:
+                self._post(home, Kind.OWNER_UPDATE, 0,
+                           [keys[positions], owners[positions], epochs[positions]])
+
+    def _relocate_in(self, msg: Message) -> None:
+        keys, values, versions, intent, replicas, epochs = msg.arrays
+        store = self.store
+        state = store.state[keys]
+        if np.any(state == OWNER):
+            raise AssertionError(f"rank {self.rank}: received keys it already owns")
+        held = state == REPLICA
+        if held.any():
+            # Our replica's unsent updates are not in the value we got: promote adds them.
+            store.promote(keys[held], store.select_rows(values, keys, held), versions[held])
+            self._replicas_removed(keys[held])
+        if (~held).any():
+            store.insert(keys[~held], OWNER, store.select_rows(values, keys, ~held), versions[~held])
+        self.policy.install(keys, intent, replicas)
+        self.router.moved_in(keys, epochs)
+        self.counters["relocations_in"] += len(keys)
+        self._arrived = True
+        if self.queued:
+            self._retry_queued()
+
+    def _send_setup(self, dst: int, keys: np.ndarray) -> None:
+        versions = self.store.version[keys].copy()  # before the value: never newer than it
+        values = np.empty(self.store.floats_for(keys), dtype=np.float32)
+        self._expect_none_missing(self.store.gather(keys, values, self._scratch(len(keys))))
+        self._post(dst, Kind.SETUP, 0, [keys, values, versions])
+
+    def _setup_in(self, msg: Message) -> None:
+        """A replica from the owner: install it only if this node still wants the key."""
+        keys, values, versions = msg.arrays
+        store = self.store
+        take = (store.state[keys] == NONE) & self.intents.wants(keys)
+        if take.any():
+            # synced_at first: workers may read the replica as soon as it is inserted, and a
+            # read before this line would take the key's old synced_at as its refresh time
+            # (bench/adaptive.py, replication_only: staleness of seconds in a 0.2 s run).
+            store.synced_at[keys[take]] = self.now
+            store.insert(keys[take], REPLICA, store.select_rows(values, keys, take),
+                         versions[take])
+            self._replicas_added(keys[take])
+            self.router.learn(keys, msg.src, store.state[keys] == OWNER)
+            self._arrived = True
+        self.counters["replica_setups"] += int(take.sum())
+        self.counters["replica_setups_discarded"] += int((~take).sum())
+

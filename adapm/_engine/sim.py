@@ -1,0 +1,171 @@
+"""Many nodes in one thread: the engine of each, the in-process transport between them, and a
+scheduler that decides which message is delivered next. For property tests.
+
+Each simulated node is a real :class:`~adapm.node.Node` (store, worker handles, the same
+``NodeState``) whose engine is a :class:`SimEngine` instead of a thread: a worker's request is
+handled at once, and a blocking wait *runs the simulation* until the call is finished. Messages
+wait on their link (order kept per link, as on a ZeroMQ connection); each step either delivers
+the oldest message of a link or ticks a node, chosen by a seeded ``random.Random``, so a test
+explores interleavings, replays them by seed, and hypothesis shrinks them. Time is virtual: it
+advances a little with every step.
+
+Failures are the test's: an exception in a node's engine propagates to the caller, and a wait
+that the simulation cannot finish raises :class:`SimulationStuck` (a lost request or a hang).
+"""
+
+from __future__ import annotations
+
+import functools
+import random
+from typing import Callable, Optional
+
+from .._wire.inproc import InprocNetwork
+from ..errors import AdaPMTimeout
+from .events import Call, Finish, Op, Received, Request, Send, Submitted, Tick
+
+# Virtual seconds per step: rounds' idle gaps (a few ms) pass within tens of steps.
+STEP_S = 0.0002
+
+
+class SimulationStuck(AdaPMTimeout):
+    """The simulation ran out of steps before a call finished: a lost request or a hang."""
+
+
+class SimEngine:
+    """What a Node's workers see of their engine, run by a :class:`Simulation`."""
+
+    def __init__(self, state, transport, request_timeout_s: float, sim: "Simulation") -> None:
+        self.state = state
+        self.transport = transport
+        self.rank = state.rank
+        self.request_timeout_s = request_timeout_s
+        self.sim = sim
+        self.error = None
+        self.counters = {"late_answers": 0}
+        self.workers: list = []
+        sim.engines.append(self)
+
+    def start(self) -> None:
+        pass
+
+    def register_worker(self, worker):
+        self.workers.append(worker)
+        if not self.state.policy.runs_rounds:
+            return None
+        return self.state.register_worker(worker.clock)
+
+    def submit(self, request: Request, what: str) -> Call:
+        call = Call(what)
+        self.sim.handle(self, Submitted(call, request))
+        return call
+
+    def wake(self) -> None:
+        pass
+
+    def wait(self, call: Call, timeout_s: Optional[float] = None,
+             deadline: Optional[float] = None) -> list:
+        self.sim.run_until(lambda: call.done, what=f"rank {self.rank}: {call.what}")
+        if call.error is not None:
+            raise call.error
+        return call.parts
+
+    def raise_if_failed(self) -> None:
+        pass
+
+    def quiesce(self, timeout_s: float) -> None:
+        self.state.closing = True
+        self.sim.run_until(lambda: not self.state._open, what=f"rank {self.rank}: quiesce")
+
+    def stop(self) -> None:
+        pass
+
+
+class Simulation:
+    """``world_size`` nodes of ``config`` (a :class:`~adapm.config.Config`, rank ignored)."""
+
+    def __init__(self, config, seed: int = 0, max_steps: int = 200_000) -> None:
+        from ..node import Node  # the node module imports the engine, not the other way
+
+        self.world_size = config.world_size
+        self.rng = random.Random(seed)
+        self.now = 1.0
+        self.max_steps = max_steps
+        self.steps = 0
+        self.engines: list[SimEngine] = []
+        self.network = InprocNetwork(self.world_size)
+        self.nodes = [
+            Node(config.replace(rank=rank), transport=self.network.endpoint(rank),
+                 engine_class=functools.partial(SimEngine, sim=self))
+            for rank in range(self.world_size)
+        ]
+
+    # --- running -----------------------------------------------------------------------------
+
+    def handle(self, engine: SimEngine, event) -> None:
+        self.now += STEP_S
+        outbox: dict[int, list] = {}
+        for ins in engine.state.handle(event, self.now):
+            if type(ins) is Send:
+                outbox.setdefault(ins.dst, []).append(ins.message)
+            else:
+                self._finish(engine, ins)
+        for dst, messages in outbox.items():
+            engine.transport.send(dst, messages)
+
+    def _finish(self, engine: SimEngine, ins: Finish) -> None:
+        call = ins.call
+        if call.done:
+            raise AssertionError(f"rank {engine.rank}: {call.what} finished twice")
+        if call.abandoned:
+            engine.counters["late_answers"] += 1
+        call.parts, call.error = ins.parts, ins.error
+        call.event.set()
+
+    def step(self) -> None:
+        """Deliver one wire message on a random link, or tick a random node."""
+        self.steps += 1
+        links = self.network.links_with_mail()
+        if links and self.rng.random() < 0.8:
+            src, dst = links[self.rng.randrange(len(links))]
+            engine = self.engines[dst]
+            for msg in engine.transport.receive(self.network.take(src, dst)):
+                self.handle(engine, Received(msg))
+        else:
+            engine = self.engines[self.rng.randrange(self.world_size)]
+            self.handle(engine, Tick(self.now, [w.clock for w in engine.workers]))
+
+    def run_until(self, condition: Callable[[], bool], what: str = "a condition") -> None:
+        start = self.steps
+        while not condition():
+            if self.steps - start >= self.max_steps:
+                raise SimulationStuck(f"{what}: not done after {self.max_steps} simulated steps")
+            self.step()
+
+    def run(self, steps: int) -> None:
+        for _ in range(steps):
+            self.step()
+
+    def settle(self) -> None:
+        """Run until no message is in flight and no round runs (rounds may still be due)."""
+        self.run_until(lambda: not self.network.links_with_mail()
+                       and not any(e.state._open for e in self.engines), what="settle")
+
+    # --- collectives (every node at once) ----------------------------------------------------
+
+    def barrier(self) -> None:
+        """``node.barrier()`` on every node: all arrive, then each refreshes its replicas."""
+        for kind in (Op.BARRIER, Op.ROUND):
+            calls = []
+            for node in self.nodes:
+                epoch = node._barrier_epoch
+                calls.append(node.engine.submit(Request(kind, epoch=epoch), f"{kind.name}"))
+            for call in calls:
+                self.run_until(lambda: call.done, what=f"{kind.name}")
+                if call.error is not None:
+                    raise call.error
+        for node in self.nodes:
+            node._barrier_epoch += 1
+
+    def close(self) -> None:
+        for node in self.nodes:
+            node._release()

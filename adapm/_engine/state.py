@@ -1,0 +1,300 @@
+"""One node's engine state and its only entry point, ``NodeState.handle(event, now)``.
+
+The state is everything the protocol knows on a node: the store's directory (which keys are held
+here, as main copy or replica), routing (:class:`~.routing.Router`), the owner's per-key intent
+and replica sets (the management :mod:`~.policy`), this node's intents (:mod:`~.intents`), the
+requests this node is waiting on, the requests waiting here for keys on their way, and the sync
+round. ``handle`` takes one event (a message arrived, a worker submitted a request, time passed)
+and returns instructions (send a message, finish a worker's call). It does no I/O and reads no
+clock: time comes with each event. So the same code runs behind the ZeroMQ loop, and in one test
+thread for many simulated nodes with a chosen message order (:mod:`.sim`).
+
+The store's values are read and written here too (serving, relocations, replicas), under the
+store's own per-key locks, while worker threads read and write them directly.
+
+Split over three modules by role: this one (dispatch, requests, answers, barrier),
+:mod:`.serve` (the owner side: serve, forward, queue, relocate, replicate) and :mod:`.rounds`
+(the requester side: intents, replica deltas and version checks, waiters).
+"""
+
+from __future__ import annotations
+
+import collections
+
+import numpy as np
+
+from .._store import NONE, OWNER
+from .._wire.protocol import ANSWERS, KEYED, Kind, Message, message, subset
+from ..errors import PeerError, StateError
+from .events import Call, Finish, Op, Received, Request, Send, Submitted, Tick
+from .intents import NodeIntents
+from .policy import make_policy
+from .rounds import Rounds
+from .routing import Router, group_by_node
+from .serve import Serving
+
+
+class Outstanding:
+    """A request this node sent and waits on. ``call`` is None for a sync round's requests.
+
+    ``keys``/``positions``: what a worker's request asked for, by position in the worker's call
+    (positions ascend), so an answer's positions name the keys it answers for.
+    """
+
+    __slots__ = ("call", "remaining", "keys", "positions", "parts", "round")
+
+    def __init__(self, call, remaining: int, keys=None, positions=None, round=None) -> None:
+        self.call = call
+        self.remaining = remaining
+        self.keys = keys
+        self.positions = positions
+        self.parts: list[Message] = []
+        self.round = round
+
+
+# Counters kept by the state (stats() reads a copy); every name exists from the start so that a
+# copy taken from another thread never sees the dict change size.
+COUNTERS = ("late_answers", "relocations_in", "relocations_out", "replica_setups",
+            "replica_setups_discarded", "replica_drops", "replica_drops_at_owner",
+            "forwarded_keys", "queued_keys", "awaited_keys", "intents_acted")
+
+
+class NodeState(Serving, Rounds):
+    """See the module docstring. Not thread-safe: one thread calls ``handle``; other threads
+    may read ``counters`` and ``stats()`` (snapshots)."""
+
+    def __init__(self, rank: int, world_size: int, store, config) -> None:
+        self.rank = rank
+        self.world_size = world_size
+        self.store = store
+        self.config = config
+        self.router = Router(rank, world_size, store.num_keys)
+        self.policy = make_policy(config.management, rank, world_size, store.num_keys)
+        self.intents = NodeIntents(store.num_keys) if self.policy.runs_rounds else None
+        self.requests: dict[int, Outstanding] = {}
+        self._next_id = 1
+        self.queued: list[Message] = []  # keyed requests for keys on their way here
+        self.awaiting: list[Message] = []  # own requests for keys whose intent was reported
+        self.barrier_waiting: dict[int, list[tuple[int, int]]] = {}  # rank 0: epoch -> waiters
+        self.counters = dict.fromkeys(COUNTERS, 0)
+        self.max_hops = 4 * world_size
+        self.now = 0.0
+        self._local: collections.deque[Message] = collections.deque()
+        self._out: list = []
+        self._arrived = False  # keys came in: retry what waits for them
+        self._scratch_buffer = np.empty(1024, dtype=np.int64)
+        Rounds.__init__(self)
+
+    # --- the entry point ---------------------------------------------------------------------
+
+    def handle(self, event, now: float) -> list:
+        """Take one event; return the instructions it causes (Send, Finish), in order.
+
+        Messages this node posts to itself are handled before returning, after the event, in
+        the order posted. An exception means a broken invariant or a peer's bad message: the
+        node cannot go on (the loop fails every waiting call with it).
+        """
+        self.now = now
+        out = self._out = []
+        kind = type(event)
+        if kind is Received:
+            self._dispatch(event.message)
+        elif kind is Submitted:
+            self._submitted(event.call, event.request)
+        elif kind is Tick:
+            self._tick(event.clocks)
+        else:
+            raise TypeError(f"not an engine event: {event!r}")
+        while self._local or self._arrived:
+            while self._local:
+                self._dispatch(self._local.popleft())
+            if self._arrived:
+                self._arrived = False
+                self._retry_awaiting()
+        self._out = []
+        return out
+
+    # --- posting -----------------------------------------------------------------------------
+
+    def _post(self, dst: int, kind: Kind, req_id: int, arrays=(), **fields) -> None:
+        self._post_message(dst, message(kind, self.rank, req_id, arrays, **fields))
+
+    def _post_message(self, dst: int, msg: Message) -> None:
+        if dst == self.rank:
+            self._local.append(msg)
+        else:
+            self._out.append(Send(dst, msg))
+
+    def _scratch(self, n: int) -> np.ndarray:
+        """Room for the missing positions of a store call (the engine expects none)."""
+        if len(self._scratch_buffer) < n:
+            self._scratch_buffer = np.empty(max(n, 2 * len(self._scratch_buffer)), dtype=np.int64)
+        return self._scratch_buffer
+
+    def _new_request(self, outstanding: Outstanding) -> int:
+        req_id = self._next_id
+        self._next_id += 1
+        self.requests[req_id] = outstanding
+        return req_id
+
+    def _new_round_request(self, count: int, context) -> int:
+        return self._new_request(Outstanding(None, count, round=context))
+
+    # --- dispatch ----------------------------------------------------------------------------
+
+    def _dispatch(self, msg: Message) -> None:
+        kind = msg.kind
+        if kind in ANSWERS:
+            self._answer(msg)
+        elif kind in KEYED:
+            self._keyed(msg)
+        elif kind == Kind.RELOCATE:
+            self._relocate_in(msg)
+        elif kind == Kind.SETUP:
+            self._setup_in(msg)
+        elif kind == Kind.OWNER_UPDATE:
+            keys, owners, epochs = msg.arrays
+            self.router.update_home(keys, owners, epochs)
+        elif kind == Kind.BARRIER:
+            self._serve_barrier(msg.src, msg.req_id, msg.header["e"])
+        else:
+            raise StateError(f"rank {self.rank}: unexpected {kind.name} from rank {msg.src}")
+
+    # --- requests of this node's workers -----------------------------------------------------
+
+    def _submitted(self, call: Call, request: Request) -> None:
+        op = request.op
+        if op in (Op.PULL, Op.PUSH, Op.SET):
+            kind = Kind(int(op))  # Op and Kind share the numbers of the keyed requests
+            keys, positions = request.keys, request.positions
+            req_id = self._new_request(Outstanding(call, len(keys), keys, positions))
+            arrays = [keys, positions] if op == Op.PULL else [keys, positions, request.rows]
+            self._route_own(message(kind, self.rank, req_id, arrays, o=self.rank))
+        elif op == Op.BARRIER:
+            req_id = self._new_request(Outstanding(call, 1))
+            if self.rank == 0:
+                self._serve_barrier(0, req_id, request.epoch)
+            else:
+                call.ranks = [0]
+                self._post(0, Kind.BARRIER, req_id, e=request.epoch)
+        elif op in (Op.WAIT_SYNC, Op.ROUND):
+            if not self.policy.runs_rounds:
+                self._out.append(Finish(call, []))
+            else:
+                self._add_waiter(call, request.worker if op == Op.WAIT_SYNC else None,
+                                 request.clock)
+        else:
+            raise StateError(f"rank {self.rank}: unknown request {op!r}")
+
+    def _route_own(self, msg: Message) -> None:
+        """A worker's keyed request: serve what is here now, hold what is on its way here, send
+        the rest to where we believe its owner is."""
+        keys = msg.arrays[0]
+        state = self.store.state[keys]
+        # A replica serves pulls and pushes (its delta goes to the owner with the next round);
+        # a set goes to the main copy.
+        here = state == OWNER if msg.kind == Kind.SET else state != NONE
+        if here.all():
+            self._serve(msg)
+            return
+        if here.any():
+            self._serve(subset(msg, np.flatnonzero(here), self.store))
+            msg = subset(msg, np.flatnonzero(~here), self.store)
+            keys = msg.arrays[0]
+        if self.intents is not None:
+            coming = self.intents.in_flight(keys)
+            if coming.any():
+                # Its owner answers our intent report only after sending it (relocation or
+                # replica), so it comes within this round: wait here rather than chase it
+                # (bench/adaptive.py: most late pulls were forwarded back to their origin).
+                self.awaiting.append(subset(msg, np.flatnonzero(coming), self.store))
+                self.counters["awaited_keys"] += int(coming.sum())
+                call = self.requests[msg.req_id].call
+                call.waiting_for = keys[coming]
+                if coming.all():
+                    return
+                msg = subset(msg, np.flatnonzero(~coming), self.store)
+                keys = msg.arrays[0]
+        dst = self.router.first_hop(keys)
+        here = np.flatnonzero(dst < 0)
+        if len(here):  # on its way here (a relocation we have not received yet)
+            self.queued.append(subset(msg, here, self.store))
+            self.counters["queued_keys"] += len(here)
+        onward = np.flatnonzero(dst >= 0)
+        if not len(onward):
+            return
+        call = self.requests[msg.req_id].call
+        for peer, positions in group_by_node(dst[onward]):
+            part = msg if len(positions) == len(keys) else subset(msg, onward[positions], self.store)
+            if peer not in call.ranks:
+                call.ranks.append(peer)
+            self._post_message(peer, part)
+
+    def _retry_awaiting(self) -> None:
+        """Keys arrived, or reports were answered: go on with own requests that waited."""
+        awaiting, self.awaiting = self.awaiting, []
+        for msg in awaiting:
+            if msg.req_id in self.requests:
+                self._route_own(msg)
+
+    # --- answers -----------------------------------------------------------------------------
+
+    def _answer(self, msg: Message) -> None:
+        req = self.requests.get(msg.req_id)
+        if req is None:
+            # Only a request this node gave up on can be answered after it was complete.
+            self.counters["late_answers"] += 1
+            return
+        if msg.kind == Kind.ERROR:
+            del self.requests[msg.req_id]
+            what = req.call.what if req.call is not None else "a sync round"
+            error = PeerError(f"rank {self.rank}: rank {msg.src} could not serve {what}: "
+                              f"{msg.header.get('msg')}")
+            if req.call is None:
+                raise error
+            self._out.append(Finish(req.call, [], error))
+            return
+        if msg.kind == Kind.BARRIER_RELEASE:
+            req.remaining = 0
+        else:
+            positions = msg.arrays[0]
+            req.remaining -= len(positions)
+            if req.remaining < 0:
+                raise StateError(f"rank {self.rank}: request {msg.req_id} answered twice "
+                                 f"(last part from rank {msg.src})")
+            if req.round is not None:
+                self._apply_sync_answer(req.round, msg)
+            else:
+                if msg.src != self.rank and len(positions):
+                    keys = req.keys[np.searchsorted(req.positions, positions)]
+                    self.router.learn(keys, msg.src, self.store.state[keys] == OWNER)
+                req.parts.append(msg)
+        if req.remaining <= 0:
+            del self.requests[msg.req_id]
+            if req.round is not None:
+                self._round_request_done(msg.req_id)
+            else:
+                self._out.append(Finish(req.call, req.parts))
+
+    # --- barrier (rank 0 counts arrivals) ----------------------------------------------------
+
+    def _serve_barrier(self, src: int, req_id: int, epoch: int) -> None:
+        waiters = self.barrier_waiting.setdefault(epoch, [])
+        waiters.append((src, req_id))
+        if len(waiters) == self.world_size:
+            del self.barrier_waiting[epoch]
+            for src, req_id in waiters:
+                self._post(src, Kind.BARRIER_RELEASE, req_id, e=epoch)
+
+    def barrier_missing(self, epoch: int) -> list[int]:
+        """Ranks that have not arrived at barrier ``epoch`` (rank 0; a snapshot)."""
+        arrived = {src for src, _ in list(self.barrier_waiting.get(epoch, []))}
+        return sorted(set(range(self.world_size)) - arrived)
+
+    # --- statistics --------------------------------------------------------------------------
+
+    def stats(self) -> dict:
+        out = dict(self.counters)
+        out.update(self.round_stats())
+        return out
+

@@ -1,0 +1,41 @@
+"""Traffic counters of one node's transport: logical messages, wire messages and bytes, per kind.
+
+``messages_*`` and ``bytes_*`` count logical messages; a wire message may carry several
+(``wire_messages_*``). Per-kind bytes are each message's header and arrays; the totals also
+include framing and padding. Written by the engine thread only; ``snapshot`` may be read from
+any thread (a copy of plain ints).
+"""
+
+from __future__ import annotations
+
+_TOTALS = {d: (f"wire_messages_{d}", f"messages_{d}", f"bytes_{d}") for d in ("sent", "received")}
+_NAMES: dict = {}  # (direction, kind) -> per-kind counter names
+
+
+class Traffic:
+    def __init__(self) -> None:
+        self.counters = {"messages_sent": 0, "messages_received": 0, "bytes_sent": 0,
+                         "bytes_received": 0, "wire_messages_sent": 0,
+                         "wire_messages_received": 0}
+        self.by_kind: dict[str, int] = {}
+
+    def count(self, direction: str, wire_bytes: int, messages) -> None:
+        """One wire message of ``wire_bytes`` carrying ``messages`` (each with kind and nbytes)."""
+        wire, logical, size = _TOTALS[direction]
+        counters, by_kind = self.counters, self.by_kind
+        counters[wire] += 1
+        counters[logical] += len(messages)
+        counters[size] += wire_bytes
+        for m in messages:
+            names = _NAMES.get((direction, m.kind))
+            if names is None:
+                name = m.kind.name.lower()
+                names = _NAMES[direction, m.kind] = (f"messages_{direction}_{name}",
+                                                    f"bytes_{direction}_{name}")
+            by_kind[names[0]] = by_kind.get(names[0], 0) + 1
+            by_kind[names[1]] = by_kind.get(names[1], 0) + m.nbytes
+
+    def snapshot(self) -> dict:
+        out = dict(self.counters)
+        out.update(dict(self.by_kind))
+        return out

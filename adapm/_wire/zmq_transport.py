@@ -1,0 +1,139 @@
+"""ZeroMQ transport: the only module that touches sockets (besides the rendezvous).
+
+Topology (as ps-lite's van): every node binds one ROUTER on which it receives everything,
+requests and answers alike, and connects one DEALER to each peer's ROUTER for everything it sends.
+So the engine thread polls one socket, whatever the number of nodes, plus an eventfd through
+which other threads wake it (:meth:`Transport.wake`).
+
+Threads: the sockets belong to the engine thread; only :meth:`Transport.wake` may be called from
+any thread. Workers never touch sockets: they hand requests to the engine (see
+:mod:`adapm._engine.loop`).
+
+Zero copy: frames are sent with ``copy=False``; pyzmq copies frames below its ``COPY_THRESHOLD``
+(64 KiB) itself, since tracking a zero-copy buffer costs more than copying a small one. Small
+arrays are packed into one frame before that (:mod:`adapm._wire.protocol`).
+
+Counters: ``messages_*`` and ``bytes_*`` count logical messages (and per kind); a ZeroMQ message
+may carry several (``wire_messages_*``). Per-kind bytes are each message's header and arrays;
+the totals also include the alignment padding.
+"""
+
+from __future__ import annotations
+
+import os
+
+import zmq
+
+from ..errors import TransportError
+from .protocol import Kind, Message, decode, encode, frame_bytes
+from .traffic import Traffic
+
+_SNDMORE = int(zmq.SNDMORE)
+
+
+def _check_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
+
+
+class Transport:
+    """Sockets of one node. All methods but :meth:`wake` are for the engine thread."""
+
+    def __init__(self, rank: int, host: str, context: zmq.Context | None = None) -> None:
+        self.rank = rank
+        self.context = context or zmq.Context()
+        self._own_context = context is None
+        try:
+            self.router = self.context.socket(zmq.ROUTER)
+            self.router.setsockopt(zmq.RCVHWM, 0)  # never drop or block: we bound traffic by design
+            self.router.setsockopt(zmq.LINGER, 0)
+            if ":" in host:
+                self.router.setsockopt(zmq.IPV6, 1)
+            port = self.router.bind_to_random_port(f"tcp://{_check_host(host)}")
+            self.address = f"tcp://{_check_host(host)}:{port}"
+        except zmq.ZMQError as exc:
+            raise TransportError(f"rank {rank}: cannot bind on host {host!r}: {exc}") from exc
+        self.peers: dict[int, zmq.Socket] = {}
+        self.poller = zmq.Poller()
+        self.poller.register(self.router, zmq.POLLIN)
+        # Other threads wake a blocked poll through this counter (one syscall, no socket).
+        self._wake_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        self.poller.register(self._wake_fd, zmq.POLLIN)
+        self.traffic = Traffic()
+
+    def connect(self, addresses: list[str]) -> None:
+        """Connect a DEALER to every other node's ROUTER (addresses indexed by rank)."""
+        for peer, address in enumerate(addresses):
+            if peer == self.rank:
+                continue
+            sock = self.context.socket(zmq.DEALER)
+            sock.setsockopt(zmq.SNDHWM, 0)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.setsockopt(zmq.IDENTITY, str(self.rank).encode())
+            if address.startswith("tcp://["):
+                sock.setsockopt(zmq.IPV6, 1)
+            try:
+                sock.connect(address)
+            except zmq.ZMQError as exc:
+                raise TransportError(f"rank {self.rank}: cannot connect to rank {peer} at "
+                                     f"{address}: {exc}") from exc
+            self.peers[peer] = sock
+
+    def send(self, dst: int, messages: list[Message]) -> None:
+        """Send ``messages`` (in order) to peer ``dst`` in one ZeroMQ message."""
+        frames = encode(messages)
+        self._send_frames(dst, messages[0].kind, frames)
+        self.traffic.count("sent", frame_bytes(frames), messages)
+
+    def _send_frames(self, dst: int, kind: Kind, frames: list) -> None:
+        try:
+            sock = self.peers[dst]
+        except KeyError:
+            raise TransportError(f"rank {self.rank}: no connection to rank {dst}") from None
+        try:
+            # One send per frame with a plain int flag: send_multipart builds an IntFlag per
+            # frame (enum arithmetic, a few us each).
+            last = len(frames) - 1
+            for i, frame in enumerate(frames):
+                sock.send(frame, 0 if i == last else _SNDMORE, copy=False)
+        except zmq.ZMQError as exc:
+            raise TransportError(f"rank {self.rank}: sending {kind.name} to rank {dst}: {exc}") from exc
+
+    def wake(self) -> None:
+        """Make a blocked :meth:`poll` return now. Any thread; never blocks."""
+        os.eventfd_write(self._wake_fd, 1)
+
+    def poll(self, timeout_ms: int) -> list[tuple[int, list[Message]]]:
+        """Messages that arrived within ``timeout_ms`` (or until woken): [(source rank, messages)].
+
+        Reads at most a batch per call, so a busy peer cannot starve the caller's other work.
+        A message that cannot be parsed raises TransportError.
+        """
+        try:
+            ready = dict(self.poller.poll(timeout_ms))
+            if self._wake_fd in ready:
+                try:
+                    os.eventfd_read(self._wake_fd)
+                except BlockingIOError:  # another read took it first
+                    pass
+            out = []
+            if self.router in ready:
+                for _ in range(256):
+                    try:
+                        frames = self.router.recv_multipart(zmq.NOBLOCK, copy=False)
+                    except zmq.Again:
+                        break
+                    messages = decode(frames[1:])
+                    self.traffic.count("received", frame_bytes(frames[1:]), messages)
+                    out.append((messages[0].src if messages else -1, messages))
+            return out
+        except zmq.ZMQError as exc:
+            raise TransportError(f"rank {self.rank}: receive failed: {exc}") from exc
+
+    def close(self, linger_ms: int = 0) -> None:
+        self.router.close(linger=0)
+        os.close(self._wake_fd)
+        for sock in self.peers.values():
+            sock.close(linger=linger_ms)
+        self.peers.clear()
+        if self._own_context:
+            self.context.term()
