@@ -137,7 +137,8 @@ class Node:
         if self.transport is not None:
             totals.update(self.transport.traffic.snapshot())
         totals.update({"relocations_in": 0, "relocations_out": 0, "replica_setups": 0,
-                       "replica_drops": 0, "rounds": 0, "mean_round_ms": 0.0})
+                       "replica_drops": 0, "rounds": 0, "empty_rounds": 0,
+                       "mean_round_ms": 0.0})
         if self.engine is not None:
             totals.update(self.engine.state.stats())
             totals["late_answers"] += self.engine.counters["late_answers"]

@@ -255,6 +255,10 @@ def run_variant(o: dict, nodes: int, settings: dict, world_size: int) -> dict:
         "staleness_ms": stale_us / reads / 1000.0 if reads else 0.0,
         "round_ms": sum(s["mean_round_ms"] for s in st) / len(st),
         "rounds": sum(s["rounds"] for s in st) / len(st),
+        # Logical messages a node sent (every kind) per round that it ran and sent something in.
+        "msgs_per_round": (sum(s["messages_sent"] / (s["rounds"] - s["empty_rounds"])
+                               for s in st) / len(st)
+                           if all(s["rounds"] > s["empty_rounds"] for s in st) else None),
         "cpu_us_per_clock": 1e6 * sum(r["cpu"] for r in results) / (keys / o["batch"]),
         "stats": st,
         "rep_times": results[0]["rep_times"],
@@ -339,14 +343,17 @@ def main(argv=None) -> None:
           f"{o['shared_keys']:.0%} of keys, intent {o['ahead']} clocks ahead, "
           f"{o['compute_ms']:g} ms of model time (sleep) per clock\n")
     print("| variant | nodes | throughput (keys/s) | vs 1 node | remote share | waited share "
-          "| MB sent/node | relocations | replica set-ups | staleness (ms) | round (ms) |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+          "| MB sent/node | relocations | replica set-ups | staleness (ms) | round (ms) "
+          "| msgs/round/node | CPU/clock (us) |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for name, nodes, r, base in rows:
         print(f"| {name} | {nodes} | {r['throughput']:,.0f} | "
               f"{r['throughput'] / base['throughput']:.2f} | {100 * r['remote_share']:.4f}% | "
               f"{100 * r['waited_share']:.4f}% | "
               f"{r['mb_sent']:.1f} | {r['relocations']:,} | {r['setups']:,} | "
-              f"{r['staleness_ms']:.2f} | {r['round_ms']:.2f} |")
+              f"{r['staleness_ms']:.2f} | {r['round_ms']:.2f} | "
+              f"{'-' if r['msgs_per_round'] is None else format(r['msgs_per_round'], '.1f')} | "
+              f"{r['cpu_us_per_clock']:.0f} |")
     if opts.details:
         for name, nodes, r, _ in rows:
             for rank, s in enumerate(r["stats"]):
@@ -354,8 +361,9 @@ def main(argv=None) -> None:
                          if k.startswith("bytes_sent_")}
                 print(f"{name} rank {rank}: rounds {s['rounds']}, elapsed {r['elapsed']:.2f}s, "
                       f"CPU/clock (all nodes) {r['cpu_us_per_clock']:.0f} us, "
-                      f"bytes sent by kind " + ", ".join(f"{k} {v / 1e6:.2f}MB"
-                                                         for k, v in sorted(kinds.items())))
+                      f"sent by kind (messages, MB) " + ", ".join(
+                          f"{k} {s.get('messages_sent_' + k, 0)} {v / 1e6:.2f}"
+                          for k, v in sorted(kinds.items())))
     for threads, base in spread:
         keys = o["clocks"] * o["batch"] * threads
         low, high = keys / max(base["rep_times"]) / 1e6, keys / min(base["rep_times"]) / 1e6

@@ -64,6 +64,10 @@ class WorkerIntents:
             acted.append(keys)
         return acted, expired
 
+    def empty(self) -> bool:
+        """No intent signalled, waiting or acted on: nothing here depends on the clock."""
+        return not (self.inbox or self._pending or self._acted)
+
     def active_batches(self, clock: int) -> list[np.ndarray]:
         """Acted-on key batches that are active at ``clock`` (start <= clock < end)."""
         return [keys for end, _, start, keys in self._acted if start <= clock < end]

@@ -129,6 +129,9 @@ class Router:
 
     def update_home(self, keys: np.ndarray, owners: np.ndarray, epochs: np.ndarray) -> None:
         """Home bookkeeping for keys homed here: keep the owner with the newest epoch."""
+        if len(keys) > 1:  # merged updates may name a key twice: the newest must win
+            order = np.argsort(epochs, kind="stable")
+            keys, owners, epochs = keys[order], owners[order], epochs[order]
         index = keys // self.world_size
         newer = epochs > self.home_epoch[index]
         self.home_owner[index[newer]] = owners[newer]

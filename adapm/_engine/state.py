@@ -34,6 +34,11 @@ from .routing import Router, group_by_node
 from .serve import Serving
 
 
+# Kinds held back and merged per peer (see NodeState._release); home updates go once per round.
+_MERGED = frozenset({Kind.RELOCATE, Kind.SETUP, Kind.OWNER_UPDATE})
+_PER_PASS = frozenset({Kind.RELOCATE, Kind.SETUP})
+
+
 class Outstanding:
     """A request this node sent and waits on. ``call`` is None for a sync round's requests.
 
@@ -81,6 +86,7 @@ class NodeState(Serving, Rounds):
         self.now = 0.0
         self._local: collections.deque[Message] = collections.deque()
         self._out: list = []
+        self._held: dict[int, dict[Kind, list]] = {}  # peer -> kind -> arrays, not yet sent
         self._arrived = False  # keys came in: retry what waits for them
         self._scratch_buffer = np.empty(1024, dtype=np.int64)
         Rounds.__init__(self)
@@ -103,6 +109,9 @@ class NodeState(Serving, Rounds):
             self._submitted(event.call, event.request)
         elif kind is Tick:
             self._tick(event.clocks)
+            # Home updates wait for the next round of this node (_tick sends them when it
+            # starts one) unless none is running; everything else goes out now.
+            self._release_all(None if not self._open else _PER_PASS)
         else:
             raise TypeError(f"not an engine event: {event!r}")
         while self._local or self._arrived:
@@ -122,8 +131,39 @@ class NodeState(Serving, Rounds):
     def _post_message(self, dst: int, msg: Message) -> None:
         if dst == self.rank:
             self._local.append(msg)
+        elif msg.kind in _MERGED:
+            # Held back and merged with others of its kind for dst (see _release).
+            self._held.setdefault(dst, {}).setdefault(msg.kind, []).append(msg.arrays)
         else:
+            self._release(dst)  # what was posted to dst before goes first
             self._out.append(Send(dst, msg))
+
+    def _release(self, dst: int, kinds=None) -> None:
+        """Send the held messages for ``dst`` (of ``kinds``; all by default), one per kind.
+
+        Relocations, replica set-ups and home updates have no request id and their arrays are
+        per key, so the ones for one peer merge into one message: an owner that serves several
+        SYNC requests in one pass of the loop sends each peer one set-up message, not one per
+        request, and home updates go once per round (bench/adaptive.py, 4 nodes: ~12 home
+        updates per node and round before). Held messages for a peer always go before any
+        other message to it, so order per link is kept where it matters (a relocation or
+        replica before the answer that reports it).
+        """
+        held = self._held.get(dst)
+        if not held:
+            return
+        for kind in list(held):
+            if kinds is not None and kind not in kinds:
+                continue
+            parts = held.pop(kind)
+            arrays = parts[0] if len(parts) == 1 else [np.concatenate(c) for c in zip(*parts)]
+            self._out.append(Send(dst, message(kind, self.rank, 0, arrays)))
+        if not held:
+            del self._held[dst]
+
+    def _release_all(self, kinds=None) -> None:
+        for dst in list(self._held):
+            self._release(dst, kinds)
 
     def _scratch(self, n: int) -> np.ndarray:
         """Room for the missing positions of a store call (the engine expects none)."""
