@@ -55,7 +55,6 @@ class Kind(enum.IntEnum):
     # control
     BARRIER = 30  # to rank 0: "e" epoch
     BARRIER_RELEASE = 31
-    WAKE = 32  # from a local thread to its communication thread: "w" worker index or -1
     HELLO = 40  # rendezvous: "addr", "fp" (config fingerprint)
     TABLE = 41  # rendezvous answer: "addrs"
 
@@ -167,11 +166,6 @@ def encode(messages: Sequence[Message]) -> list:
         headers.append(packed)
         m.nbytes = size + len(packed)
     return [b"".join(headers), b"".join(payload), *own]
-
-
-def encode_one(kind: Kind, src: int, req_id: int, arrays: Sequence[np.ndarray] = (),
-               **fields) -> list:
-    return encode([message(kind, src, req_id, arrays, **fields)])
 
 
 def decode(frames: Sequence) -> list[Message]:
