@@ -85,12 +85,11 @@ class Submitted:
 
 
 class Tick:
-    """Time is ``now`` (monotonic seconds); ``clocks[i]``: worker i's clock."""
+    """Time passed (the time comes with ``handle``); ``clocks[i]``: worker i's clock now."""
 
-    __slots__ = ("now", "clocks")
+    __slots__ = ("clocks",)
 
-    def __init__(self, now: float, clocks: list[int]) -> None:
-        self.now = now
+    def __init__(self, clocks: list[int]) -> None:
         self.clocks = clocks
 
 

@@ -154,7 +154,7 @@ class EngineLoop:
                     call, request = submissions.popleft()
                     self._live.add(call)
                     self._carry_out(state.handle(Submitted(call, request), clock()))
-                self._carry_out(state.handle(Tick(clock(), [w.clock for w in workers]), clock()))
+                self._carry_out(state.handle(Tick([w.clock for w in workers]), clock()))
                 self._flush()
         except BaseException as exc:  # surfaces in callers' threads, not only in a log
             error = AdaPMError(f"rank {self.rank}: communication thread failed: {exc!r}\n"

@@ -132,7 +132,7 @@ class Simulation:
                 self.handle(engine, Received(msg))
         else:
             engine = self.engines[self.rng.randrange(self.world_size)]
-            self.handle(engine, Tick(self.now, [w.clock for w in engine.workers]))
+            self.handle(engine, Tick([w.clock for w in engine.workers]))
 
     def run_until(self, condition: Callable[[], bool], what: str = "a condition") -> None:
         start = self.steps
