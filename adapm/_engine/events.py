@@ -52,6 +52,13 @@ class Call:
     def done(self) -> bool:
         return self.event.is_set()
 
+    def finish(self, parts: list, error: Optional[BaseException] = None) -> None:
+        """Complete the call and wake its worker (engine side; once per call)."""
+        if self.event.is_set():
+            raise AssertionError(f"{self.what} finished twice")
+        self.parts, self.error = parts, error
+        self.event.set()
+
 
 class Request:
     """A submitted operation (see :class:`Op`); arrays are owned by the engine once submitted."""

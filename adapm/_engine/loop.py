@@ -58,8 +58,6 @@ class EngineLoop:
         """A new worker (the node calls this under its lock, in index order); returns the
         worker's intents queue, or None when nothing acts on intent."""
         self._workers.append(worker)
-        if not self.state.policy.runs_rounds:
-            return None
         return self.state.register_worker(worker.clock)
 
     def submit(self, request: Request, what: str) -> Call:
@@ -164,8 +162,7 @@ class EngineLoop:
             while submissions:
                 self._live.add(submissions.popleft()[0])
             for call in self._live:
-                call.error = error
-                call.event.set()
+                call.finish([], error)
             self._live.clear()
 
     def _carry_out(self, instructions: list) -> None:
@@ -180,9 +177,7 @@ class EngineLoop:
         self._live.discard(call)
         if call.abandoned:
             self.counters["late_answers"] += 1
-        call.parts = ins.parts
-        call.error = ins.error
-        call.event.set()
+        call.finish(ins.parts, ins.error)
 
     def _flush(self) -> None:
         if self._outbox:

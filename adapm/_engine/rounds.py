@@ -20,6 +20,8 @@ costs little; an idle node holding none runs no rounds at all.
 
 from __future__ import annotations
 
+from typing import Optional
+
 import numpy as np
 
 from .._store import OWNER, REPLICA
@@ -87,9 +89,12 @@ class Rounds:
 
     # --- registration (any thread) -----------------------------------------------------------
 
-    def register_worker(self, clock: int) -> WorkerIntents:
-        """Intents of a new worker (index = number registered before). Call from one thread at
-        a time (the node does, under its lock); the engine thread sees it on its next round."""
+    def register_worker(self, clock: int) -> Optional[WorkerIntents]:
+        """Intents of a new worker (index = number registered before), or None when nothing
+        acts on intent. Call from one thread at a time (the node does, under its lock); the
+        engine thread sees it on its next round."""
+        if not self.policy.runs_rounds:
+            return None
         config = self.config
         if config.action_timing:
             timer = ActionTimer(config.timing_alpha, config.timing_p, config.timing_lambda0, clock)
