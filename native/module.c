@@ -15,6 +15,17 @@
 #include "sampling.h"
 #include "store.h"
 
+/* Short calls keep the GIL. Releasing it is cheap, but taking it back waits until the thread
+ * that took it lets go, and on a busy machine that costs far more than the call: in
+ * bench/adaptive.py (2 nodes on 2 cores) the engine thread's count_intents over ~5k keys took
+ * ~0.27 ms of wall time per call, most of it waiting to get the GIL back after a ~10 us pass. So
+ * a call releases the GIL only when it moves at least this many elements (keys plus floats,
+ * ~10-20 us of work); the worker fast path (fast_call) always releases it, since that is where
+ * the engine thread gets its turn. */
+#define RELEASE_GIL_FROM 32768
+#define NOGIL_BEGIN(work) { PyThreadState *_nogil_save = (work) >= RELEASE_GIL_FROM ? PyEval_SaveThread() : NULL;
+#define NOGIL_END if (_nogil_save) PyEval_RestoreThread(_nogil_save); }
+
 typedef struct {
     PyObject_HEAD
     store_t s;
@@ -164,10 +175,10 @@ static PyObject *Store_gather(StoreObject *self, PyObject *args) {
     }
     /* Range check (out stays untouched when it fails) and gather in one GIL-released region. */
     int64_t r = 0, bad;
-    Py_BEGIN_ALLOW_THREADS
+    NOGIL_BEGIN(n + nout)
     bad = store_check_keys(keys, n, self->s.num_keys);
     if (bad < 0) r = store_gather(&self->s, keys, n, out, nout, missing);
-    Py_END_ALLOW_THREADS
+    NOGIL_END
     if (key_range_error(self, keys, bad) < 0) goto fail;
     release_batch(&bt);
     if (r < 0) return PyErr_Format(PyExc_ValueError, "out is too small for the requested keys");
@@ -193,10 +204,10 @@ static PyObject *scatter(StoreObject *self, PyObject *args, int mode) {
     /* The whole batch is range-checked before the first key changes; both steps in one
      * GIL-released region. */
     int64_t r = 0, bad;
-    Py_BEGIN_ALLOW_THREADS
+    NOGIL_BEGIN(n + nvals)
     bad = store_check_keys(keys, n, self->s.num_keys);
     if (bad < 0) r = store_scatter(&self->s, keys, n, vals, nvals, missing, mode);
-    Py_END_ALLOW_THREADS
+    NOGIL_END
     if (key_range_error(self, keys, bad) < 0) goto fail;
     release_batch(&bt);
     if (r < 0) return PyErr_Format(PyExc_ValueError, "values are too short for the given keys");
@@ -305,9 +316,9 @@ static PyObject *Store_insert(StoreObject *self, PyObject *args) {
         goto fail;
     }
     int64_t r;
-    Py_BEGIN_ALLOW_THREADS
+    NOGIL_BEGIN(n + nvals)
     r = store_insert(&self->s, keys, n, slots, (int8_t)new_state, vals, nvals, versions);
-    Py_END_ALLOW_THREADS
+    NOGIL_END
     release_batch(&bt);
     if (r < 0) return PyErr_Format(PyExc_ValueError, "insert: slot out of range or values short");
     Py_RETURN_NONE;
@@ -331,9 +342,9 @@ static PyObject *Store_take_deltas(StoreObject *self, PyObject *args) {
         goto fail;
     }
     int64_t r;
-    Py_BEGIN_ALLOW_THREADS
+    NOGIL_BEGIN(n + nout)
     r = store_take_deltas(&self->s, keys, n, out, nout, nonzero);
-    Py_END_ALLOW_THREADS
+    NOGIL_END
     release_batch(&bt);
     if (r < 0) return PyErr_Format(PyExc_ValueError, "take_deltas: out is too small");
     Py_RETURN_NONE;
@@ -358,9 +369,9 @@ static PyObject *Store_refresh(StoreObject *self, PyObject *args) {
         goto fail;
     }
     int64_t r;
-    Py_BEGIN_ALLOW_THREADS
+    NOGIL_BEGIN(n + nvals)
     r = store_refresh(&self->s, keys, n, vals, nvals, versions, promote);
-    Py_END_ALLOW_THREADS
+    NOGIL_END
     release_batch(&bt);
     if (r < 0) return PyErr_Format(PyExc_ValueError, "refresh: values are too short");
     return PyLong_FromLongLong(r);
@@ -390,9 +401,9 @@ static PyObject *Store_remove(StoreObject *self, PyObject *args) {
     }
     int64_t cap = vals ? nvals : (deltas ? ndeltas : INT64_MAX);
     int64_t r;
-    Py_BEGIN_ALLOW_THREADS
+    NOGIL_BEGIN(n + (cap == INT64_MAX ? 0 : cap))
     r = store_remove(&self->s, keys, n, vals, deltas, cap, slots);
-    Py_END_ALLOW_THREADS
+    NOGIL_END
     release_batch(&bt);
     if (r < 0) return PyErr_Format(PyExc_ValueError, "remove: output buffers too small");
     Py_RETURN_NONE;
@@ -457,52 +468,6 @@ static PyObject *check_keys(PyObject *module, PyObject *args) {
     return PyLong_FromLongLong(bad);
 }
 
-/* count_intents(counts, keys, delta, crossed) -> number of keys written to crossed */
-static PyObject *count_intents(PyObject *module, PyObject *args) {
-    PyObject *ocounts, *okeys, *ocrossed;
-    int delta;
-    if (!PyArg_ParseTuple(args, "OOiO", &ocounts, &okeys, &delta, &ocrossed)) return NULL;
-    if (delta != 1 && delta != -1) {
-        PyErr_SetString(PyExc_ValueError, "count_intents: delta must be +1 or -1");
-        return NULL;
-    }
-    Py_buffer counts, keys, crossed;
-    if (PyObject_GetBuffer(ocounts, &counts, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) return NULL;
-    if (PyObject_GetBuffer(okeys, &keys, PyBUF_C_CONTIGUOUS) < 0) {
-        PyBuffer_Release(&counts);
-        return NULL;
-    }
-    if (PyObject_GetBuffer(ocrossed, &crossed, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) {
-        PyBuffer_Release(&counts);
-        PyBuffer_Release(&keys);
-        return NULL;
-    }
-    PyObject *result = NULL;
-    const int64_t n = keys.len / 8;
-    if (counts.itemsize != 4 || keys.itemsize != 8 || crossed.itemsize != 8
-        || crossed.len / 8 < n) {
-        PyErr_SetString(PyExc_ValueError,
-                        "count_intents: int32 counts, int64 keys, int64 crossed >= len(keys)");
-    } else {
-        int64_t got;
-        Py_BEGIN_ALLOW_THREADS
-        got = intents_count(counts.buf, counts.len / 4, keys.buf, n, delta, crossed.buf);
-        Py_END_ALLOW_THREADS
-        if (got < 0) {
-            PyErr_Format(PyExc_ValueError,
-                         "count_intents: key %lld at position %lld is out of range or has no "
-                         "count to remove", (long long)((int64_t *)keys.buf)[-1 - got],
-                         (long long)(-1 - got));
-        } else {
-            result = PyLong_FromLongLong(got);
-        }
-    }
-    PyBuffer_Release(&counts);
-    PyBuffer_Release(&keys);
-    PyBuffer_Release(&crossed);
-    return result;
-}
-
 /* Borrows a C-contiguous buffer of the given item size (writable or not); 0 on success. */
 static int borrow(PyObject *obj, Py_buffer *view, Py_ssize_t itemsize, int writable,
                   const char *what) {
@@ -516,6 +481,99 @@ static int borrow(PyObject *obj, Py_buffer *view, Py_ssize_t itemsize, int writa
     }
     return 0;
 }
+
+/* count_intents(counts, keys, delta, mark, dirty, ndirty) -> new ndirty (see intents.h) */
+static PyObject *count_intents(PyObject *module, PyObject *args) {
+    PyObject *ocounts, *okeys, *omark, *odirty;
+    int delta;
+    long long ndirty;
+    if (!PyArg_ParseTuple(args, "OOiOOL", &ocounts, &okeys, &delta, &omark, &odirty, &ndirty))
+        return NULL;
+    if (delta != 1 && delta != -1) {
+        PyErr_SetString(PyExc_ValueError, "count_intents: delta must be +1 or -1");
+        return NULL;
+    }
+    Py_buffer counts, keys, mark, dirty;
+    if (borrow(ocounts, &counts, 4, 1, "count_intents: counts") < 0) return NULL;
+    if (borrow(okeys, &keys, 8, 0, "count_intents: keys") < 0) goto fail_counts;
+    if (borrow(omark, &mark, 1, 1, "count_intents: mark") < 0) goto fail_keys;
+    if (borrow(odirty, &dirty, 8, 1, "count_intents: dirty") < 0) goto fail_mark;
+    PyObject *result = NULL;
+    const int64_t n = keys.len / 8, num_keys = counts.len / 4;
+    if (mark.len != num_keys || ndirty < 0 || dirty.len / 8 < ndirty + n) {
+        PyErr_SetString(PyExc_ValueError, "count_intents: mark must have one byte per count "
+                                          "and dirty room for ndirty + len(keys) keys");
+    } else {
+        int64_t got;
+        NOGIL_BEGIN(n)
+        got = intents_count(counts.buf, num_keys, keys.buf, n, delta, mark.buf, dirty.buf,
+                            ndirty);
+        NOGIL_END
+        if (got < 0) {
+            PyErr_Format(PyExc_ValueError,
+                         "count_intents: key %lld at position %lld is out of range or has no "
+                         "count to remove", (long long)((int64_t *)keys.buf)[-1 - got],
+                         (long long)(-1 - got));
+        } else {
+            result = PyLong_FromLongLong(got);
+        }
+    }
+    PyBuffer_Release(&dirty);
+    PyBuffer_Release(&mark);
+    PyBuffer_Release(&keys);
+    PyBuffer_Release(&counts);
+    return result;
+fail_mark:
+    PyBuffer_Release(&mark);
+fail_keys:
+    PyBuffer_Release(&keys);
+fail_counts:
+    PyBuffer_Release(&counts);
+    return NULL;
+}
+
+/* intent_changes(counts, told, mark, dirty, ndirty, out_keys, out_flags) -> m (see intents.h) */
+static PyObject *intent_changes(PyObject *module, PyObject *args) {
+    PyObject *ocounts, *otold, *omark, *odirty, *okeys, *oflags;
+    long long ndirty;
+    if (!PyArg_ParseTuple(args, "OOOOLOO", &ocounts, &otold, &omark, &odirty, &ndirty, &okeys,
+                          &oflags))
+        return NULL;
+    Py_buffer v[6];
+    PyObject *objs[6] = {ocounts, otold, omark, odirty, okeys, oflags};
+    const Py_ssize_t sizes[6] = {4, 1, 1, 8, 8, 1};
+    const int writable[6] = {0, 0, 1, 0, 1, 1};
+    int got_views = 0;
+    PyObject *result = NULL;
+    for (; got_views < 6; got_views++)
+        if (borrow(objs[got_views], &v[got_views], sizes[got_views], writable[got_views],
+                   "intent_changes") < 0)
+            goto done;
+    const int64_t num_keys = v[0].len / 4;
+    if (v[1].len != num_keys || v[2].len != num_keys || ndirty < 0 || v[3].len / 8 < ndirty
+        || v[4].len / 8 < ndirty || v[5].len < ndirty) {
+        PyErr_SetString(PyExc_ValueError, "intent_changes: told and mark need one byte per "
+                                          "count; dirty, out_keys and out_flags ndirty entries");
+        goto done;
+    }
+    const int64_t *dirty = v[3].buf;
+    for (int64_t i = 0; i < ndirty; i++) {
+        if (dirty[i] < 0 || dirty[i] >= num_keys) {
+            PyErr_Format(PyExc_ValueError, "intent_changes: dirty key %lld out of range",
+                         (long long)dirty[i]);
+            goto done;
+        }
+    }
+    int64_t m;
+    NOGIL_BEGIN(ndirty)
+    m = intents_changes(v[0].buf, v[1].buf, v[2].buf, dirty, ndirty, v[4].buf, v[5].buf);
+    NOGIL_END
+    result = PyLong_FromLongLong(m);
+done:
+    for (int i = 0; i < got_views; i++) PyBuffer_Release(&v[i]);
+    return result;
+}
+
 
 /* alias_build(weights, prob, alias): float64 weights in, float64 prob and int64 alias out. */
 static PyObject *alias_build_py(PyObject *module, PyObject *args) {
@@ -604,8 +662,12 @@ static PyMethodDef module_methods[] = {
     {"check_keys", check_keys, METH_VARARGS,
      "check_keys(keys, num_keys) -> int. Index of the first key outside [0, num_keys), or -1."},
     {"count_intents", count_intents, METH_VARARGS,
-     "count_intents(counts, keys, delta, crossed) -> int. Adds delta (+1/-1) to counts[k] for "
-     "each key in order (GIL released); writes the keys whose count crossed zero to crossed."},
+     "count_intents(counts, keys, delta, mark, dirty, ndirty) -> int. Adds delta (+1/-1) to "
+     "counts[k] for each key in order; appends each key whose count crossed zero and is not "
+     "marked to dirty[ndirty:] (marking it); returns the new ndirty."},
+    {"intent_changes", intent_changes, METH_VARARGS,
+     "intent_changes(counts, told, mark, dirty, ndirty, out_keys, out_flags) -> int. Unmarks "
+     "the dirty keys and writes those whose (count > 0) differs from told, with that flag."},
     {"alias_build", alias_build_py, METH_VARARGS,
      "alias_build(weights, prob, alias) -> None. Vose's alias table of float64 weights into "
      "float64 prob and int64 alias (same length), GIL released; ValueError on a bad weight."},
