@@ -179,11 +179,12 @@ class Store:
             self.sample_pool.add(keys)
 
     def take_deltas(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Replicas' accumulated updates, moved out (zeroed here); and which keys had any."""
+        """Replicas' accumulated updates, moved out (zeroed here): (the rows of the keys that
+        had any, packed back to back in key order; which keys had any)."""
         deltas = np.empty(self.floats_for(keys), dtype=np.float32)
         nonzero = np.empty(len(keys), dtype=np.int8)
-        self.native.take_deltas(keys, deltas, nonzero)
-        return deltas, nonzero.astype(bool)
+        written = self.native.take_deltas(keys, deltas, nonzero)
+        return deltas[:written], nonzero.astype(bool)
 
     def refresh(self, keys: np.ndarray, values: np.ndarray, versions: np.ndarray) -> int:
         """Replicas (others skipped): value = values + updates made here since the last take."""

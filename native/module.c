@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "intents.h"
+#include "policy.h"
 #include "sampling.h"
 #include "store.h"
 
@@ -347,7 +348,7 @@ static PyObject *Store_take_deltas(StoreObject *self, PyObject *args) {
     NOGIL_END
     release_batch(&bt);
     if (r < 0) return PyErr_Format(PyExc_ValueError, "take_deltas: out is too small");
-    Py_RETURN_NONE;
+    return PyLong_FromLongLong(r);
 fail:
     release_batch(&bt);
     return NULL;
@@ -430,7 +431,8 @@ static PyMethodDef Store_methods[] = {
     {"insert", (PyCFunction)Store_insert, METH_VARARGS,
      "insert(keys, slots, state, vals, versions) -> None. Make keys local at the given slots."},
     {"take_deltas", (PyCFunction)Store_take_deltas, METH_VARARGS,
-     "take_deltas(keys, out, nonzero) -> None. Replicas: move deltas out (zeroing them)."},
+     "take_deltas(keys, out, nonzero) -> floats written. Replicas: move deltas out (zeroing "
+     "them), only the rows of keys with updates, packed in key order."},
     {"refresh", (PyCFunction)Store_refresh, METH_VARARGS,
      "refresh(keys, vals, versions, promote) -> int. Replicas: value = vals + delta."},
     {"remove", (PyCFunction)Store_remove, METH_VARARGS,
@@ -530,6 +532,51 @@ fail_keys:
 fail_counts:
     PyBuffer_Release(&counts);
     return NULL;
+}
+
+/* policy_decide(variant, rank, node, intent, replicas, keys, has_intent, relocate_to, setup)
+ * -> replicas dropped (see policy.h) */
+static PyObject *policy_decide_py(PyObject *module, PyObject *args) {
+    int variant, rank, node;
+    PyObject *objs[7];
+    if (!PyArg_ParseTuple(args, "iiiOOOOOO", &variant, &rank, &node, &objs[0], &objs[1],
+                          &objs[2], &objs[3], &objs[4], &objs[5]))
+        return NULL;
+    if (variant < POLICY_ADAPTIVE || variant > POLICY_RELOCATION_ONLY || rank < 0 || rank >= 64
+        || node < 0 || node >= 64) {
+        PyErr_SetString(PyExc_ValueError, "policy_decide: bad variant, rank or node");
+        return NULL;
+    }
+    Py_buffer v[6];
+    const Py_ssize_t sizes[6] = {8, 8, 8, 1, 8, 8};
+    const int writable[6] = {1, 1, 0, 0, 1, 1};
+    int got_views = 0;
+    PyObject *result = NULL;
+    for (; got_views < 6; got_views++)
+        if (borrow(objs[got_views], &v[got_views], sizes[got_views], writable[got_views],
+                   "policy_decide") < 0)
+            goto done;
+    const int64_t num_keys = v[0].len / 8, n = v[2].len / 8;
+    if (v[1].len != v[0].len || v[3].len != n || v[4].len / 8 != n || v[5].len / 8 != n) {
+        PyErr_SetString(PyExc_ValueError, "policy_decide: intent and replicas must match; "
+                                          "has_intent, relocate_to and setup one per key");
+        goto done;
+    }
+    const int64_t bad = store_check_keys(v[2].buf, n, num_keys);
+    if (bad >= 0) {
+        PyErr_Format(PyExc_IndexError, "policy_decide: keys[%lld] = %lld is outside [0, %lld)",
+                     (long long)bad, (long long)((int64_t *)v[2].buf)[bad], (long long)num_keys);
+        goto done;
+    }
+    int64_t dropped;
+    NOGIL_BEGIN(n)
+    dropped = policy_decide(variant, rank, node, v[0].buf, v[1].buf, v[2].buf, n, v[3].buf,
+                            v[4].buf, v[5].buf);
+    NOGIL_END
+    result = PyLong_FromLongLong(dropped);
+done:
+    for (int i = 0; i < got_views; i++) PyBuffer_Release(&v[i]);
+    return result;
 }
 
 /* intent_changes(counts, told, mark, dirty, ndirty, out_keys, out_flags) -> m (see intents.h) */
@@ -665,6 +712,11 @@ static PyMethodDef module_methods[] = {
      "count_intents(counts, keys, delta, mark, dirty, ndirty) -> int. Adds delta (+1/-1) to "
      "counts[k] for each key in order; appends each key whose count crossed zero and is not "
      "marked to dirty[ndirty:] (marking it); returns the new ndirty."},
+    {"policy_decide", policy_decide_py, METH_VARARGS,
+     "policy_decide(variant, rank, node, intent, replicas, keys, has_intent, relocate_to, "
+     "setup) -> int. One batch of intent reports of `node` for owned keys: updates the S and R "
+     "masks, writes each key's relocation target (-1: none) and new replica mask; returns the "
+     "number of replicas dropped from R."},
     {"intent_changes", intent_changes, METH_VARARGS,
      "intent_changes(counts, told, mark, dirty, ndirty, out_keys, out_flags) -> int. Unmarks "
      "the dirty keys and writes those whose (count > 0) differs from told, with that flag."},

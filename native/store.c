@@ -326,15 +326,13 @@ int64_t store_take_deltas(const store_t *s, const int64_t *keys, int64_t n, floa
                 out[off + j] = d[j];
                 any |= d[j] != 0.0f;
             }
-            memset(d, 0, (size_t)len * sizeof(float));
-        } else {
-            memset(out + off, 0, (size_t)len * sizeof(float));
+            if (any) memset(d, 0, (size_t)len * sizeof(float));
         }
         write_unlock(seq);
         nonzero[i] = (int8_t)any;
-        off += len;
+        if (any) off += len; /* packed: rows of keys without updates are overwritten */
     }
-    return n;
+    return off;
 }
 
 int64_t store_refresh(const store_t *s, const int64_t *keys, int64_t n, const float *vals,

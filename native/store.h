@@ -64,8 +64,10 @@ int64_t store_insert(const store_t *s, const int64_t *keys, int64_t n, const int
                      int8_t new_state, const float *vals, int64_t vals_floats,
                      const int64_t *versions);
 
-/* Replicas only: copies each key's delta out and zeroes it, atomically per key; nonzero[i]
- * tells whether key i had any update. Keys that are not replicas give zeros. */
+/* Replicas only: moves each key's delta out (zeroing it), atomically per key; nonzero[i] tells
+ * whether key i had any update. Only the rows of keys with updates are written, packed back to
+ * back in key order (what the sync round sends). Returns the number of floats written, or -1 if
+ * out is too small (out_floats). Keys that are not replicas count as without updates. */
 int64_t store_take_deltas(const store_t *s, const int64_t *keys, int64_t n, float *out,
                           int64_t out_floats, int8_t *nonzero);
 

@@ -139,3 +139,67 @@ def test_config_refuses_too_many_nodes_for_intent_variants():
         with pytest.raises(ConfigError, match="at most 64 nodes"):
             Config(num_keys=10, world_size=65, rendezvous="127.0.0.1:5000", management=variant)
     Config(num_keys=10, world_size=65, rendezvous="127.0.0.1:5000", management="static_partition")
+
+
+def _reference_decide(variant, rank, intent, replicas, keys, node, has_intent):
+    """The rules of the policy module docstring, written with numpy (the native pass must agree)."""
+    bit, own = np.uint64(1 << node), np.uint64(1 << rank)
+    before = intent[keys]
+    after = np.where(has_intent, before | bit, before & ~bit)
+    intent[keys] = after
+    held = replicas[keys]
+    dropped = int(np.bitwise_count(held & ~after).sum())
+    held = held & after
+    count = np.bitwise_count(after)
+    relocate_to = np.full(len(keys), -1, dtype=np.int64)
+    if variant == "adaptive":
+        single = (count == 1) & ((after & ~own) != 0)
+        relocate_to[single] = np.bitwise_count(after[single] - np.uint64(1))
+        want = np.where(count >= 2, after & ~own & ~held, np.uint64(0))
+    elif variant == "replication_only":
+        want = after & ~own & ~held
+    else:
+        want = np.zeros(len(keys), dtype=np.uint64)
+        if node != rank:
+            relocate_to[has_intent & ((before & bit) == 0)] = node
+    replicas[keys] = held | want
+    relocations = {int(d): sorted(keys[relocate_to == d].tolist()) for d in np.unique(relocate_to)
+                   if d >= 0}
+    setups = {d: sorted(keys[(want & np.uint64(1 << d)) != 0].tolist()) for d in range(64)
+              if np.any((want & np.uint64(1 << d)) != 0)}
+    return dropped, relocations, setups
+
+
+reports = st.lists(st.tuples(st.integers(0, 5),
+                             st.lists(st.tuples(st.integers(0, 11), st.booleans()), min_size=1,
+                                      max_size=12, unique_by=lambda t: t[0])),
+                   max_size=30)
+
+
+@given(st.sampled_from(["adaptive", "replication_only", "relocation_only"]),
+       st.integers(0, 5), reports)
+@settings(max_examples=300, deadline=None)
+def test_native_decisions_match_the_rules(variant, rank, batches):
+    """Differential: the native pass gives the masks and actions of the numpy rules."""
+    p = make_policy(variant, rank, 6, 12)
+    intent = np.zeros(12, dtype=np.uint64)
+    replicas = np.zeros(12, dtype=np.uint64)
+    for node, entries in batches:
+        ks = np.array([k for k, _ in entries], dtype=np.int64)
+        flags = np.array([f for _, f in entries], dtype=bool)
+        dropped, relocations, setups = _reference_decide(variant, rank, intent, replicas, ks,
+                                                         node, flags)
+        acts = p.on_intent(ks, node=node, has_intent=flags)
+        assert acts.dropped == dropped
+        assert as_dict(acts.relocate) == relocations
+        assert as_dict(acts.setup) == setups
+        assert np.array_equal(p.intent, intent) and np.array_equal(p.replicas, replicas)
+
+
+def test_native_decisions_check_their_input():
+    p = make_policy("adaptive", 0, 4, 8)
+    with pytest.raises(IndexError, match="outside"):
+        p.on_intent(keys(3, 8), node=1, has_intent=on(2))
+    assert not p.intent.any()  # nothing changed before the error
+    with pytest.raises(ValueError):
+        p.on_intent(keys(3, 4), node=1, has_intent=on(1))

@@ -32,7 +32,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .._native_loader import load as _load_native
 from ..config import MAX_INTENT_NODES as MAX_NODES
+from .routing import group_by_node
+
+_native = _load_native()
 
 
 @dataclass
@@ -52,7 +56,6 @@ def _bit(rank: int) -> np.uint64:
 
 
 _BITS = [_bit(rank) for rank in range(MAX_NODES)]
-_ZERO = np.uint64(0)
 
 
 class Policy:
@@ -94,7 +97,10 @@ class FullReplication(Policy):
 
 
 class _MaskPolicy(Policy):
-    """Keeps S and R per owned key (uint64 masks over ranks: at most 64 nodes)."""
+    """Keeps S and R per owned key (uint64 masks over ranks: at most 64 nodes). The per-key
+    rules run in one native pass per batch (native/policy.c); subclasses only name theirs."""
+
+    variant: int  # native/policy.h: POLICY_ADAPTIVE, ...
 
     def __init__(self, rank: int, world_size: int, num_keys: int) -> None:
         if world_size > MAX_NODES:
@@ -102,42 +108,27 @@ class _MaskPolicy(Policy):
         super().__init__(rank, world_size, num_keys)
         self.intent = np.zeros(num_keys, dtype=np.uint64)
         self.replicas = np.zeros(num_keys, dtype=np.uint64)
-        self._not_own = ~_bit(rank)
 
     def on_intent(self, keys: np.ndarray, node: int, has_intent: np.ndarray) -> Actions:
-        if len(keys) == 0:
-            return Actions()
-        # Few numpy calls per batch: reports often carry a handful of keys, and the fixed
-        # cost per call then dominates (bench/adaptive.py, 4 nodes: ~1,400 small forwarded
-        # reports per node and run).
-        bit = _BITS[node]
-        before = self.intent[keys]
-        after = np.where(has_intent, before | bit, before & ~bit)
-        self.intent[keys] = after
         actions = Actions()
-        replicas = self.replicas[keys]
-        stale = replicas & ~after  # R <- R ∩ S: replicas whose holder no longer has intent
-        if stale.any():
-            replicas = replicas & after
-            self.replicas[keys] = replicas
-            actions.dropped = int(np.bitwise_count(stale).sum())
-        self._decide(keys, node, has_intent, before, after, replicas, actions)
+        if len(keys) == 0:
+            return actions
+        relocate_to = np.empty(len(keys), dtype=np.int64)
+        setup = np.empty(len(keys), dtype=np.uint64)
+        actions.dropped = _native.policy_decide(
+            self.variant, self.rank, node, self.intent, self.replicas,
+            np.ascontiguousarray(keys, dtype=np.int64),
+            np.ascontiguousarray(has_intent, dtype=bool).view(np.uint8), relocate_to, setup)
+        moving = np.flatnonzero(relocate_to >= 0)
+        if len(moving):
+            for dst, positions in group_by_node(relocate_to[moving]):
+                actions.relocate.append((dst, keys[moving[positions]]))
+        if setup.any():
+            for dst in range(self.world_size):  # a loop over nodes, never over keys
+                sel = (setup & _BITS[dst]) != 0
+                if dst != self.rank and sel.any():
+                    actions.setup.append((dst, keys[sel]))
         return actions
-
-    def _decide(self, keys, node, has_intent, before, after, replicas, actions) -> None:
-        raise NotImplementedError
-
-    def _replicate(self, keys: np.ndarray, want: np.ndarray, actions: Actions) -> None:
-        """A replica of each key at every node whose bit is set in ``want``."""
-        if want.any():
-            for node in range(self.world_size):  # a loop over nodes, never over keys
-                if node == self.rank:
-                    continue
-                sel = (want & _BITS[node]) != 0
-                if sel.any():
-                    group = keys[sel]
-                    actions.setup.append((node, group))
-                    self.replicas[group] |= _BITS[node]
 
     def take(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         s, r = self.intent[keys].copy(), self.replicas[keys].copy()
@@ -155,36 +146,21 @@ class Adaptive(_MaskPolicy):
     """S = {r}, r != owner: relocate to r; |S| >= 2: a replica at every other node in S."""
 
     name = "adaptive"
-
-    def _decide(self, keys, node, has_intent, before, s, replicas, actions) -> None:
-        others = s & self._not_own
-        count = np.bitwise_count(s)
-        single = (count == 1) & (others != 0)
-        if single.any():
-            actions.relocate.extend(_split_by_single_bit(keys[single], s[single]))
-        self._replicate(keys, np.where(count >= 2, others & ~replicas, _ZERO), actions)
+    variant = 0
 
 
 class ReplicationOnly(_MaskPolicy):
     """Never relocates: a replica at every non-owner with intent."""
 
     name = "replication_only"
-
-    def _decide(self, keys, node, has_intent, before, s, replicas, actions) -> None:
-        self._replicate(keys, s & self._not_own & ~replicas, actions)
+    variant = 1
 
 
 class RelocationOnly(_MaskPolicy):
     """Relocates to every node that newly signals intent (the latest wins, as in Lapse)."""
 
     name = "relocation_only"
-
-    def _decide(self, keys, node, has_intent, before, s, replicas, actions) -> None:
-        if node == self.rank:
-            return
-        newly_on = keys[has_intent & ((before & _BITS[node]) == 0)]
-        if len(newly_on):
-            actions.relocate.append((node, newly_on))
+    variant = 2
 
 
 POLICIES = {"adaptive": Adaptive, "relocation_only": RelocationOnly,
@@ -196,13 +172,3 @@ def make_policy(management: str, rank: int, world_size: int, num_keys: int) -> P
     """The policy object of ``Config.management`` for one node."""
     return POLICIES[management](rank, world_size, num_keys)
 
-
-def _split_by_single_bit(keys: np.ndarray, masks: np.ndarray) -> list[tuple[int, np.ndarray]]:
-    """Group keys whose mask has exactly one bit set by that bit's index."""
-    if len(keys) == 0:
-        return []
-    index = np.bitwise_count(masks - np.uint64(1)).astype(np.int64)
-    order = np.argsort(index, kind="stable")
-    index, keys = index[order], keys[order]
-    cuts = np.flatnonzero(index[1:] != index[:-1]) + 1
-    return [(int(i[0]), k) for i, k in zip(np.split(index, cuts), np.split(keys, cuts))]

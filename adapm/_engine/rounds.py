@@ -247,7 +247,7 @@ class Rounds:
             versions = store.version[held].copy()
             if nonzero.any():
                 dkeys.append(held[nonzero])
-                drows.append(store.select_rows(deltas, held, nonzero))
+                drows.append(deltas)
                 dver.append(versions[nonzero])
             ckeys, cver = held[~nonzero], versions[~nonzero]
         if dkeys:
