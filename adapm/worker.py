@@ -246,7 +246,8 @@ class Worker:
         positions = self._missing[:nmiss].copy()
         rows = store.select_rows(values.reshape(-1), keys, positions)
         self._outstanding.append(self._engine.submit(
-            Request(kind, keys[positions], positions, rows), f"{kind.name} of {nmiss} keys"))
+            Request(kind, keys[positions], positions, rows, worker=self.index, clock=self.clock),
+            f"{kind.name} of {nmiss} keys"))
         if len(self._outstanding) > _PRUNE_OUTSTANDING:
             self._prune()
 
@@ -280,7 +281,8 @@ class Worker:
         if self._engine is None:
             raise StateError("a single node holds every key; nothing should be remote")
         engine = self._engine
-        call = engine.submit(Request(Op.PULL, keys[positions], positions),
+        call = engine.submit(Request(Op.PULL, keys[positions], positions, worker=self.index,
+                                     clock=self.clock),
                              f"PULL of {len(positions)} keys")
         flat = out.reshape(-1)
         store = self._store

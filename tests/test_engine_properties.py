@@ -9,7 +9,11 @@ After every worker's wait_sync and a barrier:
   float32, so sums are exact), on every node;
 - exactly one node owns each key, and the key's home knows which;
 - no request is left waiting, lost or answered twice (the simulator raises on a second answer
-  and on a wait it cannot finish); forwarding never loops (it would raise PeerError).
+  and on a wait it cannot finish); forwarding never loops (it would raise PeerError);
+- the event stream tells the truth: replayed from the initial placement, each node's ALLOC /
+  DEALLOC and REPLICA_SETUP / REPLICA_DROP events give exactly the keys it holds in the end,
+  intent starts and stops alternate per key and end where owners were told, every event batch
+  agrees with the counters, and round records are numbered 1, 2, ... in time order.
 
 Pulls during the schedule must return whole numbers no larger than what was pushed so far.
 ``make test`` runs 200 schedules per management variant; ``make test-slow`` 2000.
@@ -24,7 +28,8 @@ from hypothesis import strategies as st
 
 import adapm
 from adapm._engine.sim import Simulation
-from adapm._store import OWNER
+from adapm._engine.stream import Event
+from adapm._store import NONE, OWNER, REPLICA
 
 VARIANTS = ["adaptive", "relocation_only", "replication_only", "static_partition",
             "full_replication"]
@@ -75,10 +80,83 @@ def run_schedule(management: str, s: dict) -> None:
                           world_size=s["world_size"], rendezvous="127.0.0.1:1",
                           management=management, action_timing=s["timing"])
     sim = Simulation(config, seed=s["seed"])
+    recorders = []
+    for node in sim.nodes:
+        recorders.append(Recorder())
+        node.engine.state.subscribe(recorders[-1])
     try:
         _run(sim, s)
+        for node, recorder in zip(sim.nodes, recorders):
+            recorder.check(node, management)
     finally:
         sim.close()
+
+
+class Recorder:
+    """An event sink that keeps everything, and checks it against the node in the end."""
+
+    def __init__(self) -> None:
+        self.events = []
+        self.rounds = []
+
+    def on_keys(self, event, keys, now, clock, peer) -> None:
+        self.events.append((event, np.array(keys), now, clock, peer))
+
+    def on_round(self, record) -> None:
+        self.rounds.append(record)
+
+    def check(self, node, management: str) -> None:
+        state, store, rank = node.engine.state, node.store, node.rank
+        num_keys = store.num_keys
+        owned = np.arange(num_keys) % node.world_size == rank
+        replica = ~owned if management == "full_replication" else np.zeros(num_keys, bool)
+        intent = np.zeros(num_keys, dtype=bool)
+        sizes = dict.fromkeys(Event, 0)
+        last = 0.0
+        for event, keys, now, clock, peer in self.events:
+            assert now >= last, "events out of time order"
+            last = now
+            sizes[event] += len(keys)
+            where = f"rank {rank}: {event.name} of {keys.tolist()}"
+            if event == Event.ALLOC:
+                assert not owned[keys].any() and peer != rank, where
+                owned[keys], replica[keys] = True, False  # a replica held here is promoted
+            elif event == Event.DEALLOC:
+                assert owned[keys].all() and peer != rank, where
+                owned[keys] = False
+            elif event == Event.REPLICA_SETUP:
+                assert not (owned[keys] | replica[keys]).any(), where
+                replica[keys] = True
+            elif event == Event.REPLICA_DROP:
+                assert replica[keys].all(), where
+                replica[keys] = False
+            elif event == Event.INTENT_START:
+                assert not intent[keys].any(), where
+                intent[keys] = True
+            elif event == Event.INTENT_STOP:
+                assert intent[keys].all(), where
+                intent[keys] = False
+            else:
+                assert event == Event.REMOTE_ACCESS and peer != rank, where
+        np.testing.assert_array_equal(owned, store.state == OWNER, err_msg=f"rank {rank}: owned")
+        np.testing.assert_array_equal(replica, store.state == REPLICA,
+                                      err_msg=f"rank {rank}: replicas")
+        assert not (owned & replica).any() and np.all((store.state == NONE) == ~(owned | replica))
+        if state.intents is not None:
+            np.testing.assert_array_equal(intent, state.intents.told,
+                                          err_msg=f"rank {rank}: intents told")
+        counters = state.counters
+        assert sizes[Event.ALLOC] == counters["relocations_in"]
+        assert sizes[Event.DEALLOC] == counters["relocations_out"]
+        assert sizes[Event.REPLICA_SETUP] == counters["replica_setups"]
+        assert sizes[Event.REPLICA_DROP] == counters["replica_drops"]
+        stats = node.stats()
+        assert stats["remote_pull_keys"] <= sizes[Event.REMOTE_ACCESS] <= (
+            stats["remote_pull_keys"] + stats["remote_push_keys"] + stats["remote_set_keys"])
+        assert [r.number for r in self.rounds] == list(range(1, state.rounds_done + 1))
+        assert all(r.start <= r.end for r in self.rounds)
+        assert all(r.empty or r.counters["relocations_in"] <= counters["relocations_in"]
+                   for r in self.rounds)
 
 
 def _run(sim: Simulation, s: dict) -> None:

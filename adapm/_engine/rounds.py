@@ -29,6 +29,7 @@ from .._wire.protocol import Kind, Message
 from .events import Finish
 from .intents import WorkerIntents, unique
 from .routing import group_by_node
+from .stream import Event, RoundRecord
 from .timing import ActionTimer, ImmediateTimer
 
 # After a round that changed nothing, the next waits this long, doubling up to MAX_IDLE_GAP_S
@@ -149,6 +150,8 @@ class Rounds:
         """Start a round if none runs, one is due and one is needed."""
         if self.awaiting:  # an intent may have ended meanwhile: its keys are not coming
             self._arrived = True
+        if self.sinks:
+            self.clock = min(clocks) if clocks else 0
         if not self.policy.runs_rounds or self._open or self.closing:
             return
         if self.now < self._next_round_at or not self._round_needed(clocks):
@@ -188,6 +191,11 @@ class Rounds:
         else:  # an empty round waits a little: nothing to do now, maybe soon
             self._idle_gap = MIN_IDLE_GAP_S if empty else 0.0
         self._next_round_at = self._round_start + max(self._min_gap, self._idle_gap)
+        if self.sinks:
+            record = RoundRecord(self.rounds_done, self._round_start, self.now, empty,
+                                 dict(self.counters))
+            for sink in self.sinks:
+                sink.on_round(record)
         still = []
         for waiter in self._waiters:
             if self.rounds_done >= waiter.first_round and (
@@ -215,6 +223,9 @@ class Rounds:
             self.counters["intents_acted"] += sum(len(k) for k in acted)
         self._forced.clear()
         ikeys, iflags = intents.changes()
+        if self.sinks and len(ikeys):
+            self._emit(Event.INTENT_START, ikeys[iflags])
+            self._emit(Event.INTENT_STOP, ikeys[~iflags])
         if not self.policy.reports_intents:
             # Nothing acts on them (every key is everywhere already): taken as told, so that
             # wait_sync sees them served.
@@ -240,6 +251,8 @@ class Rounds:
             dkeys.append(drop)
             self._replicas_removed(drop)
             self.counters["replica_drops"] += len(drop)
+            if self.sinks:
+                self._emit(Event.REPLICA_DROP, drop)
         held = self.replica_keys
         ckeys = cver = held[:0]
         if len(held):

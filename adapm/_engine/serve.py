@@ -20,6 +20,7 @@ import numpy as np
 from .._store import NONE, OWNER, REPLICA
 from .._wire.protocol import CHECKS, DELTAS, INTENTS, Kind, Message, subset
 from .routing import group_by_node, home_of
+from .stream import Event
 
 _NO_ROWS = np.empty(0, dtype=np.float32)
 
@@ -149,6 +150,8 @@ class Serving:
         intent, replicas = self.policy.take(keys)
         epochs = self.router.moved_out(keys, dst)
         self.counters["relocations_out"] += len(keys)
+        if self.sinks:
+            self._emit(Event.DEALLOC, keys, dst)
         self._post(dst, Kind.RELOCATE, 0, [keys, values, versions, intent, replicas, epochs])
         # The new owner updates the homes it is itself (relocate_in); tell the others.
         elsewhere = home_of(keys, self.world_size) != dst
@@ -179,6 +182,8 @@ class Serving:
         self.policy.install(keys, intent, replicas)
         self.router.moved_in(keys, epochs)
         self.counters["relocations_in"] += len(keys)
+        if self.sinks:
+            self._emit(Event.ALLOC, keys, msg.src)
         self._arrived = True
         if self.queued:
             self._retry_queued()
@@ -202,6 +207,8 @@ class Serving:
             store.insert(keys[take], REPLICA, store.select_rows(values, keys, take),
                          versions[take])
             self._replicas_added(keys[take])
+            if self.sinks:
+                self._emit(Event.REPLICA_SETUP, keys[take], msg.src)
             self.router.learn(keys, msg.src, store.state[keys] == OWNER)
             self._arrived = True
         self.counters["replica_setups"] += int(take.sum())

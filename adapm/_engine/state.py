@@ -30,6 +30,7 @@ from .events import Call, Finish, Op, Received, Request, Send, Submitted, Tick
 from .intents import NodeIntents
 from .policy import make_policy
 from .rounds import Rounds
+from .stream import Event
 from .routing import Router, group_by_node
 from .serve import Serving
 
@@ -46,10 +47,12 @@ class Outstanding:
     (positions ascend), so an answer's positions name the keys it answers for.
     """
 
-    __slots__ = ("call", "remaining", "keys", "positions", "parts", "round")
+    __slots__ = ("call", "remaining", "keys", "positions", "parts", "round", "clock")
 
-    def __init__(self, call, remaining: int, keys=None, positions=None, round=None) -> None:
+    def __init__(self, call, remaining: int, keys=None, positions=None, round=None,
+                 clock: int = 0) -> None:
         self.call = call
+        self.clock = clock  # the worker's clock when it asked (for the event stream)
         self.remaining = remaining
         self.keys = keys
         self.positions = positions
@@ -89,7 +92,22 @@ class NodeState(Serving, Rounds):
         self._held: dict[int, dict[Kind, list]] = {}  # peer -> kind -> arrays, not yet sent
         self._arrived = False  # keys came in: retry what waits for them
         self._scratch_buffer = np.empty(1024, dtype=np.int64)
+        self.sinks: list = []  # event stream subscribers (see .stream)
+        self.clock = 0  # smallest worker clock at the last Tick (kept while a sink listens)
         Rounds.__init__(self)
+
+    # --- the event stream --------------------------------------------------------------------
+
+    def subscribe(self, sink) -> None:
+        """Report events to ``sink`` from now on (an :class:`~.stream.EventSink`). Any thread
+        (list.append is atomic); the sink is called on the engine thread."""
+        self.sinks.append(sink)
+
+    def _emit(self, event: Event, keys: np.ndarray, peer: int = -1, clock=None) -> None:
+        """To every sink. Callers check ``self.sinks`` first, so that off costs one check."""
+        clock = self.clock if clock is None else clock
+        for sink in self.sinks:
+            sink.on_keys(event, keys, self.now, clock, peer)
 
     # --- the entry point ---------------------------------------------------------------------
 
@@ -207,7 +225,8 @@ class NodeState(Serving, Rounds):
         if op in (Op.PULL, Op.PUSH, Op.SET):
             kind = Kind(int(op))  # Op and Kind share the numbers of the keyed requests
             keys, positions = request.keys, request.positions
-            req_id = self._new_request(Outstanding(call, len(keys), keys, positions))
+            req_id = self._new_request(Outstanding(call, len(keys), keys, positions,
+                                                   clock=request.clock))
             arrays = [keys, positions] if op == Op.PULL else [keys, positions, request.rows]
             self._route_own(message(kind, self.rank, req_id, arrays, o=self.rank))
         elif op == Op.BARRIER:
@@ -308,6 +327,8 @@ class NodeState(Serving, Rounds):
                 if msg.src != self.rank and len(positions):
                     keys = req.keys[np.searchsorted(req.positions, positions)]
                     self.router.learn(keys, msg.src, self.store.state[keys] == OWNER)
+                    if self.sinks:
+                        self._emit(Event.REMOTE_ACCESS, keys, msg.src, req.clock)
                 req.parts.append(msg)
         if req.remaining <= 0:
             del self.requests[msg.req_id]
