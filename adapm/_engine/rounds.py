@@ -25,7 +25,7 @@ from typing import Optional
 import numpy as np
 
 from .._store import OWNER, REPLICA
-from .._wire.protocol import Kind, Message
+from .._wire.protocol import NO_MOVES, Kind, Message
 from .events import Finish
 from .intents import WorkerIntents, unique
 from .routing import group_by_node
@@ -161,12 +161,12 @@ class Rounds:
         self._last_clocks = list(clocks)
         self.rounds_started += 1
         self._round_start = self.now
-        self._release_all()  # home updates go out once per round
         for dst, arrays, count, context in self._build_round(clocks):
             req_id = self._new_round_request(count, context)
             context.dst = dst
             self._open.add(req_id)
-            self._post(dst, Kind.SYNC, req_id, arrays, o=self.rank)
+            self._post(dst, Kind.SYNC, req_id, [*arrays, *NO_MOVES], o=self.rank)  # + moves
+        self._release_all()  # moves for peers this round sends nothing to: now, alone
         if not self._open:
             self._finish_round(empty=True)
 
@@ -298,7 +298,7 @@ class Rounds:
 
     def _apply_sync_answer(self, context: _Round, msg: Message) -> None:
         """A (partial) SYNC_RESP: intent reports taken in; replicas' versions and values."""
-        positions, versions, refresh_positions, values = msg.arrays
+        positions, versions, refresh_positions, values = msg.arrays[:4]
         store, keys = self.store, context.keys
         answered_keys = keys[positions]
         self.router.learn(answered_keys, msg.src, store.state[answered_keys] == OWNER)

@@ -18,7 +18,9 @@ from __future__ import annotations
 import numpy as np
 
 from .._store import NONE, OWNER, REPLICA
-from .._wire.protocol import CHECKS, DELTAS, INTENTS, Kind, Message, subset
+from .._wire.protocol import (
+    CHECKS, DELTAS, HOME_UPDATES, INTENTS, NO_MOVES, RELOCATIONS, SETUPS, Kind, Message, subset,
+)
 from .routing import group_by_node, home_of
 from .stream import Event
 
@@ -105,7 +107,8 @@ class Serving:
             if len(ikeys):
                 self._execute(self.policy.on_intent(ikeys, origin, iflags.astype(bool)))
             self._post(origin, Kind.SYNC_RESP, msg.req_id,
-                       [ipos, np.full(len(ipos), -1, dtype=np.int64), ipos[:0], _NO_ROWS])
+                       [ipos, np.full(len(ipos), -1, dtype=np.int64), ipos[:0], _NO_ROWS,
+                        *NO_MOVES])
             return
         skeys = np.concatenate((dkeys, ckeys)) if len(ckeys) else dkeys
         spos = np.concatenate((dpos, cpos)) if len(ckeys) else dpos
@@ -127,7 +130,7 @@ class Serving:
         self._post(origin, Kind.SYNC_RESP, msg.req_id,
                    [np.concatenate((ipos, spos)),
                     np.concatenate((np.full(len(ipos), -1, dtype=np.int64), reported)),
-                    spos[behind], values])
+                    spos[behind], values, *NO_MOVES])
 
     def _expect_none_missing(self, nmiss: int) -> None:
         if nmiss:
@@ -152,7 +155,7 @@ class Serving:
         self.counters["relocations_out"] += len(keys)
         if self.sinks:
             self._emit(Event.DEALLOC, keys, dst)
-        self._post(dst, Kind.RELOCATE, 0, [keys, values, versions, intent, replicas, epochs])
+        self._hold_move(dst, RELOCATIONS, [keys, values, versions, intent, replicas, epochs])
         # The new owner updates the homes it is itself (relocate_in); tell the others.
         elsewhere = home_of(keys, self.world_size) != dst
         self._tell_homes(keys[elsewhere], np.full(int(elsewhere.sum()), dst, dtype=np.int64),
@@ -163,11 +166,10 @@ class Serving:
             if home == self.rank:
                 self.router.update_home(keys[positions], owners[positions], epochs[positions])
             else:
-                self._post(home, Kind.OWNER_UPDATE, 0,
-                           [keys[positions], owners[positions], epochs[positions]])
+                self._hold_move(home, HOME_UPDATES,
+                                [keys[positions], owners[positions], epochs[positions]])
 
-    def _relocate_in(self, msg: Message) -> None:
-        keys, values, versions, intent, replicas, epochs = msg.arrays
+    def _relocate_in(self, src: int, keys, values, versions, intent, replicas, epochs) -> None:
         store = self.store
         state = store.state[keys]
         if np.any(state == OWNER):
@@ -183,7 +185,7 @@ class Serving:
         self.router.moved_in(keys, epochs)
         self.counters["relocations_in"] += len(keys)
         if self.sinks:
-            self._emit(Event.ALLOC, keys, msg.src)
+            self._emit(Event.ALLOC, keys, src)
         self._arrived = True
         if self.queued:
             self._retry_queued()
@@ -192,11 +194,10 @@ class Serving:
         versions = self.store.version[keys].copy()  # before the value: never newer than it
         values = np.empty(self.store.floats_for(keys), dtype=np.float32)
         self._expect_none_missing(self.store.gather(keys, values, self._scratch(len(keys))))
-        self._post(dst, Kind.SETUP, 0, [keys, values, versions])
+        self._hold_move(dst, SETUPS, [keys, values, versions])
 
-    def _setup_in(self, msg: Message) -> None:
+    def _setup_in(self, src: int, keys, values, versions) -> None:
         """A replica from the owner: install it only if this node still wants the key."""
-        keys, values, versions = msg.arrays
         store = self.store
         take = (store.state[keys] == NONE) & self.intents.wants(keys)
         if take.any():
@@ -208,8 +209,8 @@ class Serving:
                          versions[take])
             self._replicas_added(keys[take])
             if self.sinks:
-                self._emit(Event.REPLICA_SETUP, keys[take], msg.src)
-            self.router.learn(keys, msg.src, store.state[keys] == OWNER)
+                self._emit(Event.REPLICA_SETUP, keys[take], src)
+            self.router.learn(keys, src, store.state[keys] == OWNER)
             self._arrived = True
         self.counters["replica_setups"] += int(take.sum())
         self.counters["replica_setups_discarded"] += int((~take).sum())

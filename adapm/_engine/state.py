@@ -24,7 +24,10 @@ import collections
 import numpy as np
 
 from .._store import NONE, OWNER
-from .._wire.protocol import ANSWERS, KEYED, Kind, Message, message, subset
+from .._wire.protocol import (
+    ANSWERS, CARRIERS, DTYPES, HOME_UPDATES, KEYED, MOVE_SECTIONS, RELOCATIONS, SETUPS, Kind,
+    Message, message, subset,
+)
 from ..errors import PeerError, StateError
 from .events import Call, Finish, Op, Received, Request, Send, Submitted, Tick
 from .intents import NodeIntents
@@ -35,9 +38,7 @@ from .routing import Router, group_by_node
 from .serve import Serving
 
 
-# Kinds held back and merged per peer (see NodeState._release); home updates go once per round.
-_MERGED = frozenset({Kind.RELOCATE, Kind.SETUP, Kind.OWNER_UPDATE})
-_PER_PASS = frozenset({Kind.RELOCATE, Kind.SETUP})
+_EMPTY = {role: np.empty(0, dtype=dtype) for role, dtype in DTYPES.items()}
 
 
 class Outstanding:
@@ -67,6 +68,22 @@ COUNTERS = ("late_answers", "relocations_in", "relocations_out", "replica_setups
             "forwarded_keys", "queued_keys", "awaited_keys", "intents_acted")
 
 
+_MOVE_ROLES = [role for section in MOVE_SECTIONS for role in section]
+
+
+def _merged(held: list) -> list:
+    """The flat move arrays of one peer's held moves: each section's parts concatenated."""
+    out = []
+    for section, parts in zip(MOVE_SECTIONS, held):
+        if not parts:
+            out.extend(_EMPTY[role] for role in section)
+        elif len(parts) == 1:
+            out.extend(parts[0])
+        else:
+            out.extend(np.concatenate(column) for column in zip(*parts))
+    return out
+
+
 class NodeState(Serving, Rounds):
     """See the module docstring. Not thread-safe: one thread calls ``handle``; other threads
     may read ``counters`` and ``stats()`` (snapshots)."""
@@ -89,7 +106,7 @@ class NodeState(Serving, Rounds):
         self.now = 0.0
         self._local: collections.deque[Message] = collections.deque()
         self._out: list = []
-        self._held: dict[int, dict[Kind, list]] = {}  # peer -> kind -> arrays, not yet sent
+        self._held: dict[int, list] = {}  # peer -> moves not yet sent, per move section
         self._arrived = False  # keys came in: retry what waits for them
         self._scratch_buffer = np.empty(1024, dtype=np.int64)
         self.sinks: list = []  # event stream subscribers (see .stream)
@@ -127,9 +144,8 @@ class NodeState(Serving, Rounds):
             self._submitted(event.call, event.request)
         elif kind is Tick:
             self._tick(event.clocks)
-            # Home updates wait for the next round of this node (_tick sends them when it
-            # starts one) unless none is running; everything else goes out now.
-            self._release_all(None if not self._open else _PER_PASS)
+            if not self._open:  # during a round, moves wait for a carrier (see _post_message)
+                self._release_all()
         else:
             raise TypeError(f"not an engine event: {event!r}")
         while self._local or self._arrived:
@@ -149,39 +165,44 @@ class NodeState(Serving, Rounds):
     def _post_message(self, dst: int, msg: Message) -> None:
         if dst == self.rank:
             self._local.append(msg)
-        elif msg.kind in _MERGED:
-            # Held back and merged with others of its kind for dst (see _release).
-            self._held.setdefault(dst, {}).setdefault(msg.kind, []).append(msg.arrays)
+        elif msg.kind in CARRIERS:
+            held = self._held.pop(dst, None)
+            if held is not None:  # the moves for dst ride along
+                msg.arrays[-len(_MOVE_ROLES):] = _merged(held)
+            self._out.append(Send(dst, msg))
         else:
-            self._release(dst)  # what was posted to dst before goes first
+            self._release(dst)  # moves for dst go first
             self._out.append(Send(dst, msg))
 
-    def _release(self, dst: int, kinds=None) -> None:
-        """Send the held messages for ``dst`` (of ``kinds``; all by default), one per kind.
-
-        Relocations, replica set-ups and home updates have no request id and their arrays are
-        per key, so the ones for one peer merge into one message: an owner that serves several
-        SYNC requests in one pass of the loop sends each peer one set-up message, not one per
-        request, and home updates go once per round (bench/adaptive.py, 4 nodes: ~12 home
-        updates per node and round before). Held messages for a peer always go before any
-        other message to it, so order per link is kept where it matters (a relocation or
-        replica before the answer that reports it).
-        """
+    def _hold_move(self, dst: int, section: int, arrays: list) -> None:
+        """A relocation, replica or home update for ``dst``: held until a message to ``dst``
+        goes out that can carry it (SYNC, SYNC_RESP), or a message that must not overtake it
+        (any other), or the next round starts (see :meth:`_release`)."""
         held = self._held.get(dst)
-        if not held:
-            return
-        for kind in list(held):
-            if kinds is not None and kind not in kinds:
-                continue
-            parts = held.pop(kind)
-            arrays = parts[0] if len(parts) == 1 else [np.concatenate(c) for c in zip(*parts)]
-            self._out.append(Send(dst, message(kind, self.rank, 0, arrays)))
-        if not held:
-            del self._held[dst]
+        if held is None:
+            held = self._held[dst] = [[], [], []]
+        held[section].append(arrays)
 
-    def _release_all(self, kinds=None) -> None:
+    def _release(self, dst: int) -> None:
+        """Send the moves held for ``dst`` on their own (one MOVES message).
+
+        Moves have no request id and their arrays are per key, so all moves for one peer merge
+        into one message. They wait for a message that carries them: every round exchanges a
+        SYNC and a SYNC_RESP with each peer it has business with, so a relocation or replica
+        decided while serving a peer's SYNC goes out with the answer, and home updates with the
+        next round's SYNC (bench/adaptive.py, 2 nodes: ~5.5 messages per node and round when
+        each kind went on its own, one after the other). Held moves for a peer always go before
+        any other message to it (a relocation before the answer that reports it, before a
+        request forwarded to the new owner); and when a round starts, or at a Tick with no
+        round running, whatever waits goes alone, so nothing waits longer than a round.
+        """
+        held = self._held.pop(dst, None)
+        if held is not None:
+            self._out.append(Send(dst, message(Kind.MOVES, self.rank, 0, _merged(held))))
+
+    def _release_all(self) -> None:
         for dst in list(self._held):
-            self._release(dst, kinds)
+            self._release(dst)
 
     def _scratch(self, n: int) -> np.ndarray:
         """Room for the missing positions of a store call (the engine expects none)."""
@@ -202,21 +223,27 @@ class NodeState(Serving, Rounds):
 
     def _dispatch(self, msg: Message) -> None:
         kind = msg.kind
+        if kind in CARRIERS:  # moves first: a relocation before the answer that reports it
+            self._moves_in(msg)
+            if kind == Kind.MOVES:
+                return
         if kind in ANSWERS:
             self._answer(msg)
         elif kind in KEYED:
             self._keyed(msg)
-        elif kind == Kind.RELOCATE:
-            self._relocate_in(msg)
-        elif kind == Kind.SETUP:
-            self._setup_in(msg)
-        elif kind == Kind.OWNER_UPDATE:
-            keys, owners, epochs = msg.arrays
-            self.router.update_home(keys, owners, epochs)
         elif kind == Kind.BARRIER:
             self._serve_barrier(msg.src, msg.req_id, msg.header["e"])
         else:
             raise StateError(f"rank {self.rank}: unexpected {kind.name} from rank {msg.src}")
+
+    def _moves_in(self, msg: Message) -> None:
+        sections = msg.sections()[-len(MOVE_SECTIONS):]
+        if len(sections[RELOCATIONS][0]):
+            self._relocate_in(msg.src, *sections[RELOCATIONS])
+        if len(sections[SETUPS][0]):
+            self._setup_in(msg.src, *sections[SETUPS])
+        if len(sections[HOME_UPDATES][0]):
+            self.router.update_home(*sections[HOME_UPDATES])
 
     # --- requests of this node's workers -----------------------------------------------------
 

@@ -24,6 +24,14 @@ then serve part of a request and forward the rest, and the origin puts every par
 its place. A keyed request has one or more *sections* (a ``SYNC`` has three: intent reports,
 replica deltas, version checks), each starting with its keys and positions; the positions of
 all sections together number the request's entries.
+
+*Moves* (what an owner decided: keys relocated to the receiver, replicas for it, and home
+updates for keys homed at the receiver) have no request of their own. They ride along with the
+sync traffic that flows between two nodes every round anyway: ``SYNC`` and ``SYNC_RESP`` end with
+the three move sections (:data:`MOVE_SECTIONS`, usually empty), and only moves that find no such
+message in time go alone, as a ``MOVES`` message. A receiver takes a message's moves in before
+the rest of it (a relocation before the answer that reports it). So two nodes exchange about one
+message each way per round, whatever the owners decide.
 """
 
 from __future__ import annotations
@@ -48,10 +56,8 @@ class Kind(enum.IntEnum):
     ACK = 11
     SYNC_RESP = 12  # per entry: version (-1 for intent reports); new values where behind
     ERROR = 13  # header "msg": why a request could not be served
-    # owner -> node, unsolicited
-    RELOCATE = 20  # the key moves: value, version, intent and replica masks, epoch
-    SETUP = 21  # a replica for the receiver
-    OWNER_UPDATE = 22  # to a key's home: new owner and epoch
+    # owner -> node, unsolicited: relocations, replicas, home updates (MOVE_SECTIONS)
+    MOVES = 20
     # control
     BARRIER = 30  # to rank 0: "e" epoch
     BARRIER_RELEASE = 31
@@ -72,22 +78,32 @@ DTYPES = {KEYS: np.dtype("<i8"), POS: np.dtype("<i8"), ROWS: np.dtype("<f4"),
 # accumulated updates and the version they are based on. Checks: a replica's version only.
 INTENTS, DELTAS, CHECKS = 0, 1, 2
 
+# Moves: relocations (key, value, version, intent mask S, replica mask R, epoch), replicas
+# (key, value, version), home updates (key, new owner, epoch).
+RELOCATIONS, SETUPS, HOME_UPDATES = 0, 1, 2
+MOVE_SECTIONS = ((KEYS, ROWS, VERSIONS, MASKS, MASKS, VERSIONS), (KEYS, ROWS, VERSIONS),
+                 (KEYS, RANKS, VERSIONS))
+MOVE_ARRAYS = sum(len(section) for section in MOVE_SECTIONS)
+
 SCHEMA: dict[Kind, tuple[tuple[str, ...], ...]] = {
     Kind.PULL: ((KEYS, POS),),
     Kind.PUSH: ((KEYS, POS, ROWS),),
     Kind.SET: ((KEYS, POS, ROWS),),
-    Kind.SYNC: ((KEYS, POS, FLAGS), (KEYS, POS, ROWS, VERSIONS), (KEYS, POS, VERSIONS)),
+    Kind.SYNC: ((KEYS, POS, FLAGS), (KEYS, POS, ROWS, VERSIONS), (KEYS, POS, VERSIONS),
+                *MOVE_SECTIONS),
     Kind.PULL_RESP: ((POS, ROWS),),
     Kind.ACK: ((POS,),),
-    Kind.SYNC_RESP: ((POS, VERSIONS, POS, ROWS),),
-    Kind.RELOCATE: ((KEYS, ROWS, VERSIONS, MASKS, MASKS, VERSIONS),),
-    Kind.SETUP: ((KEYS, ROWS, VERSIONS),),
-    Kind.OWNER_UPDATE: ((KEYS, RANKS, VERSIONS),),
+    Kind.SYNC_RESP: ((POS, VERSIONS, POS, ROWS), *MOVE_SECTIONS),
+    Kind.MOVES: MOVE_SECTIONS,
 }
 ROLES = {kind: tuple(role for section in sections for role in section)
          for kind, sections in SCHEMA.items()}
 
 KEYED = frozenset({Kind.PULL, Kind.PUSH, Kind.SET, Kind.SYNC})
+# Kinds that end with the move sections.
+CARRIERS = frozenset({Kind.SYNC, Kind.SYNC_RESP, Kind.MOVES})
+# Sections of a keyed request that hold keyed entries (the rest are moves).
+_KEYED_SECTIONS = {Kind.PULL: 1, Kind.PUSH: 1, Kind.SET: 1, Kind.SYNC: 3}
 ANSWERS = frozenset({Kind.PULL_RESP, Kind.ACK, Kind.SYNC_RESP, Kind.ERROR, Kind.BARRIER_RELEASE})
 
 # Arrays at least this large get a frame of their own, sent without copying (pyzmq's own
@@ -115,15 +131,20 @@ class Message:
         self.nbytes = nbytes
 
     def sections(self) -> list[list[np.ndarray]]:
+        """The arrays by section (moves included, for the kinds that carry them)."""
         out, at = [], 0
         for section in SCHEMA[self.kind]:
             out.append(self.arrays[at:at + len(section)])
             at += len(section)
         return out
 
+    def moves(self) -> list[np.ndarray]:
+        """The move arrays of a carrier kind, flat over :data:`MOVE_SECTIONS`."""
+        return self.arrays[-MOVE_ARRAYS:]
+
     def keys(self) -> np.ndarray:
-        """The keys of a keyed request, all sections in order."""
-        sections = self.sections()
+        """The keys of a keyed request, all its keyed sections in order."""
+        sections = self.sections()[:_KEYED_SECTIONS[self.kind]]
         if len(sections) == 1:
             return sections[0][0]
         return np.concatenate([s[0] for s in sections])
@@ -209,10 +230,12 @@ def decode(frames: Sequence) -> list[Message]:
 
 
 def subset(message: Message, index: np.ndarray, store) -> Message:
-    """The part of a keyed request for its entries at ``index`` (ascending, into ``keys()``)."""
+    """The part of a keyed request for its entries at ``index`` (ascending, into ``keys()``),
+    without moves (they were for the node that received the message)."""
     arrays = []
     offset = 0
-    for section, roles in zip(message.sections(), SCHEMA[message.kind]):
+    keyed = _KEYED_SECTIONS[message.kind]
+    for section, roles in zip(message.sections()[:keyed], SCHEMA[message.kind][:keyed]):
         keys = section[0]
         lo, hi = np.searchsorted(index, (offset, offset + len(keys)))
         picked = index[lo:hi] - offset
@@ -220,7 +243,12 @@ def subset(message: Message, index: np.ndarray, store) -> Message:
         for role, array in zip(roles, section):
             arrays.append(store.select_rows(array, keys, picked) if role == ROWS
                           else array[picked])
+    if message.kind in CARRIERS:
+        arrays.extend(NO_MOVES)
     return Message(message.kind, message.src, message.req_id, dict(message.header), arrays)
+
+
+NO_MOVES = tuple(np.empty(0, dtype=DTYPES[role]) for section in MOVE_SECTIONS for role in section)
 
 
 def _buffer(frame):
