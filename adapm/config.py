@@ -36,10 +36,6 @@ MANAGEMENT_VARIANTS = (
 )
 
 
-# Owners keep, per key, the set of nodes with intent as a 64-bit mask (policy.py).
-MAX_INTENT_NODES = 64
-
-
 def _help(text: str, **kw):
     return field(metadata={"help": text}, **kw)
 
@@ -131,12 +127,6 @@ class Config:
             raise ConfigError(
                 f"management must be one of {MANAGEMENT_VARIANTS}, got {self.management!r}"
             )
-        if self.world_size > MAX_INTENT_NODES and self.management in (
-                "adaptive", "replication_only", "relocation_only"):
-            raise ConfigError(
-                f"management={self.management!r} supports at most {MAX_INTENT_NODES} nodes "
-                f"(owners keep per-key node sets as 64-bit masks), got world_size "
-                f"{self.world_size}; use static_partition or full_replication")
         if self.sampling is not None:
             if not isinstance(self.sampling, Sampling):
                 raise ConfigError(f"sampling must be an adapm.Sampling, got "

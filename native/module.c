@@ -534,19 +534,21 @@ fail_counts:
     return NULL;
 }
 
-/* policy_decide(variant, rank, node, intent, replicas, keys, has_intent, relocate_to, setup)
- * -> replicas dropped (see policy.h) */
+/* policy_decide(variant, rank, node, world_size, intent, replicas, keys, has_intent,
+ *               relocate_to, setup) -> replicas dropped (see policy.h) */
 static PyObject *policy_decide_py(PyObject *module, PyObject *args) {
-    int variant, rank, node;
-    PyObject *objs[7];
-    if (!PyArg_ParseTuple(args, "iiiOOOOOO", &variant, &rank, &node, &objs[0], &objs[1],
-                          &objs[2], &objs[3], &objs[4], &objs[5]))
+    int variant;
+    long long rank, node, world_size;
+    PyObject *objs[6];
+    if (!PyArg_ParseTuple(args, "iLLLOOOOOO", &variant, &rank, &node, &world_size, &objs[0],
+                          &objs[1], &objs[2], &objs[3], &objs[4], &objs[5]))
         return NULL;
-    if (variant < POLICY_ADAPTIVE || variant > POLICY_RELOCATION_ONLY || rank < 0 || rank >= 64
-        || node < 0 || node >= 64) {
-        PyErr_SetString(PyExc_ValueError, "policy_decide: bad variant, rank or node");
+    if (variant < POLICY_ADAPTIVE || variant > POLICY_RELOCATION_ONLY || world_size < 1
+        || rank < 0 || rank >= world_size || node < 0 || node >= world_size) {
+        PyErr_SetString(PyExc_ValueError, "policy_decide: bad variant, rank, node or world size");
         return NULL;
     }
+    const int64_t words = (world_size + 63) / 64;
     Py_buffer v[6];
     const Py_ssize_t sizes[6] = {8, 8, 8, 1, 8, 8};
     const int writable[6] = {1, 1, 0, 0, 1, 1};
@@ -556,10 +558,12 @@ static PyObject *policy_decide_py(PyObject *module, PyObject *args) {
         if (borrow(objs[got_views], &v[got_views], sizes[got_views], writable[got_views],
                    "policy_decide") < 0)
             goto done;
-    const int64_t num_keys = v[0].len / 8, n = v[2].len / 8;
-    if (v[1].len != v[0].len || v[3].len != n || v[4].len / 8 != n || v[5].len / 8 != n) {
-        PyErr_SetString(PyExc_ValueError, "policy_decide: intent and replicas must match; "
-                                          "has_intent, relocate_to and setup one per key");
+    const int64_t num_keys = v[0].len / 8 / words, n = v[2].len / 8;
+    if (v[0].len != num_keys * words * 8 || v[1].len != v[0].len || v[3].len != n
+        || v[4].len / 8 != n || v[5].len / 8 != n * words) {
+        PyErr_SetString(PyExc_ValueError, "policy_decide: intent and replicas must be "
+                                          "(num_keys, words); has_intent and relocate_to one "
+                                          "per key; setup (len(keys), words)");
         goto done;
     }
     const int64_t bad = store_check_keys(v[2].buf, n, num_keys);
@@ -569,9 +573,9 @@ static PyObject *policy_decide_py(PyObject *module, PyObject *args) {
         goto done;
     }
     int64_t dropped;
-    NOGIL_BEGIN(n)
-    dropped = policy_decide(variant, rank, node, v[0].buf, v[1].buf, v[2].buf, n, v[3].buf,
-                            v[4].buf, v[5].buf);
+    NOGIL_BEGIN(n * words)
+    dropped = policy_decide(variant, rank, node, words, v[0].buf, v[1].buf, v[2].buf, n,
+                            v[3].buf, v[4].buf, v[5].buf);
     NOGIL_END
     result = PyLong_FromLongLong(dropped);
 done:
@@ -713,8 +717,8 @@ static PyMethodDef module_methods[] = {
      "counts[k] for each key in order; appends each key whose count crossed zero and is not "
      "marked to dirty[ndirty:] (marking it); returns the new ndirty."},
     {"policy_decide", policy_decide_py, METH_VARARGS,
-     "policy_decide(variant, rank, node, intent, replicas, keys, has_intent, relocate_to, "
-     "setup) -> int. One batch of intent reports of `node` for owned keys: updates the S and R "
+     "policy_decide(variant, rank, node, world_size, intent, replicas, keys, has_intent, "
+     "relocate_to, setup) -> int. One batch of intent reports of `node` for owned keys: updates the S and R "
      "masks, writes each key's relocation target (-1: none) and new replica mask; returns the "
      "number of replicas dropped from R."},
     {"intent_changes", intent_changes, METH_VARARGS,

@@ -41,9 +41,9 @@ _KINDS = ["intent"] * 3 + ["push"] * 3 + ["advance"] * 4 + ["pull", "wait_sync",
 
 
 @st.composite
-def schedules(draw):
-    world_size = draw(st.integers(2, 4))
-    num_keys = draw(st.integers(world_size, 10))
+def schedules(draw, min_nodes=2, max_nodes=4):
+    world_size = draw(st.integers(min_nodes, max_nodes))
+    num_keys = draw(st.integers(world_size, max(10, world_size + 8)))
     workers = draw(st.integers(1, 2))
     per_key = draw(st.booleans())
     lengths = (np.array(draw(st.lists(st.integers(1, 3), min_size=num_keys,
@@ -53,7 +53,11 @@ def schedules(draw):
     hot = draw(st.integers(1, num_keys))
     key = st.one_of(st.integers(0, hot - 1), st.integers(0, num_keys - 1))
     keys = st.lists(key, min_size=1, max_size=5)
-    who = st.tuples(st.integers(0, world_size - 1), st.integers(0, workers - 1))
+    # Nodes on both sides of the 64-bit boundaries of the owners' masks where there are many.
+    rank = st.one_of(st.integers(0, min(world_size, 3) - 1),
+                     st.integers(max(0, world_size - 3), world_size - 1),
+                     st.integers(0, world_size - 1))
+    who = st.tuples(rank, st.integers(0, workers - 1))
     ops = []
     for _ in range(draw(st.integers(0, 40))):
         kind = draw(st.sampled_from(_KINDS))
@@ -241,6 +245,14 @@ _SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow,
 @settings(max_examples=200, **_SETTINGS)
 @given(schedule=schedules())
 def test_engine_properties(management, schedule):
+    run_schedule(management, schedule)
+
+
+@pytest.mark.parametrize("management", ["adaptive", "relocation_only", "replication_only"])
+@settings(max_examples=6, **_SETTINGS)
+@given(schedule=schedules(min_nodes=65, max_nodes=70))
+def test_engine_properties_beyond_64_nodes(management, schedule):
+    """The intent-based variants on more nodes than one mask word holds."""
     run_schedule(management, schedule)
 
 

@@ -310,9 +310,7 @@ def test_build_env():
 @given(st.integers(1, 1000).flatmap(lambda n: st.tuples(st.integers(0, n - 1), st.just(n))))
 def test_build_env_round_trips_through_config(rank_size):
     rank, size = rank_size
-    # static_partition: intent-based variants stop at 64 nodes, sizes here go beyond.
-    cfg = Config.from_env(env=build_env(rank, size, "127.0.0.1:4000", "127.0.0.1"), num_keys=10,
-                          management="static_partition")
+    cfg = Config.from_env(env=build_env(rank, size, "127.0.0.1:4000", "127.0.0.1"), num_keys=10)
     assert (cfg.rank, cfg.world_size, cfg.rendezvous, cfg.host) == (
         rank, size, "127.0.0.1:4000", "127.0.0.1"
     )

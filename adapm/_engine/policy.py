@@ -22,8 +22,9 @@ all) and ``full_replication`` (every node replicates every key; rounds only sync
 intent. Besides deciding, a policy tells the engine what the variant needs of it
 (:attr:`Policy.runs_rounds`, :attr:`Policy.reports_intents`, :attr:`Policy.replicates_everything`).
 
-No sockets, no clocks, no store: :class:`Actions` says what to send, the caller does it. Masks
-are uint64, so adaptive variants support up to 64 nodes.
+No sockets, no clocks, no store: :class:`Actions` says what to send, the caller does it. A mask
+is ``ceil(world_size / 64)`` uint64 words per key (rank r is bit r % 64 of word r // 64), so the
+intent-based variants run on any number of nodes; one word up to 64 nodes.
 """
 
 from __future__ import annotations
@@ -33,7 +34,6 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .._native_loader import load as _load_native
-from ..config import MAX_INTENT_NODES as MAX_NODES
 from .routing import group_by_node
 
 _native = _load_native()
@@ -51,11 +51,9 @@ class Actions:
         return bool(self.relocate or self.setup or self.dropped)
 
 
-def _bit(rank: int) -> np.uint64:
-    return np.uint64(1) << np.uint64(rank)
-
-
-_BITS = [_bit(rank) for rank in range(MAX_NODES)]
+def mask_words(world_size: int) -> int:
+    """uint64 words per key of an intent or replica mask over ``world_size`` ranks."""
+    return (world_size + 63) // 64
 
 
 class Policy:
@@ -74,8 +72,8 @@ class Policy:
         return Actions()
 
     def take(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Per-key state of keys that leave this node (relocation): (S, R) masks."""
-        zero = np.zeros(len(keys), dtype=np.uint64)
+        """Per-key state of keys that leave this node (relocation): (S, R) masks, flat."""
+        zero = np.zeros(len(keys) * mask_words(self.world_size), dtype=np.uint64)
         return zero, zero
 
     def install(self, keys: np.ndarray, intent: np.ndarray, replicas: np.ndarray) -> None:
@@ -97,26 +95,27 @@ class FullReplication(Policy):
 
 
 class _MaskPolicy(Policy):
-    """Keeps S and R per owned key (uint64 masks over ranks: at most 64 nodes). The per-key
-    rules run in one native pass per batch (native/policy.c); subclasses only name theirs."""
+    """Keeps S and R per owned key (masks over ranks, :func:`mask_words` words per key). The
+    per-key rules run in one native pass per batch (native/policy.c); subclasses only name
+    theirs."""
 
     variant: int  # native/policy.h: POLICY_ADAPTIVE, ...
 
     def __init__(self, rank: int, world_size: int, num_keys: int) -> None:
-        if world_size > MAX_NODES:
-            raise ValueError(f"management={self.name!r} supports at most {MAX_NODES} nodes")
         super().__init__(rank, world_size, num_keys)
-        self.intent = np.zeros(num_keys, dtype=np.uint64)
-        self.replicas = np.zeros(num_keys, dtype=np.uint64)
+        self.words = mask_words(world_size)
+        self.intent = np.zeros((num_keys, self.words), dtype=np.uint64)
+        self.replicas = np.zeros((num_keys, self.words), dtype=np.uint64)
+        self._own_word, self._own_bit = divmod(rank, 64)
 
     def on_intent(self, keys: np.ndarray, node: int, has_intent: np.ndarray) -> Actions:
         actions = Actions()
         if len(keys) == 0:
             return actions
         relocate_to = np.empty(len(keys), dtype=np.int64)
-        setup = np.empty(len(keys), dtype=np.uint64)
+        setup = np.empty((len(keys), self.words), dtype=np.uint64)
         actions.dropped = _native.policy_decide(
-            self.variant, self.rank, node, self.intent, self.replicas,
+            self.variant, self.rank, node, self.world_size, self.intent, self.replicas,
             np.ascontiguousarray(keys, dtype=np.int64),
             np.ascontiguousarray(has_intent, dtype=bool).view(np.uint8), relocate_to, setup)
         moving = np.flatnonzero(relocate_to >= 0)
@@ -124,22 +123,27 @@ class _MaskPolicy(Policy):
             for dst, positions in group_by_node(relocate_to[moving]):
                 actions.relocate.append((dst, keys[moving[positions]]))
         if setup.any():
-            for dst in range(self.world_size):  # a loop over nodes, never over keys
-                sel = (setup & _BITS[dst]) != 0
-                if dst != self.rank and sel.any():
-                    actions.setup.append((dst, keys[sel]))
+            # (key, node) pairs from the set bits; one pass, whatever the number of nodes
+            bits = np.unpackbits(setup.astype("<u8").view(np.uint8), axis=1, bitorder="little")
+            index, nodes = np.nonzero(bits)
+            for dst, positions in group_by_node(nodes):
+                actions.setup.append((dst, keys[index[positions]]))
         return actions
 
     def take(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        s, r = self.intent[keys].copy(), self.replicas[keys].copy()
+        """The masks of ``keys``, flat (``words`` per key, as they travel), and forgets them."""
+        s, r = self.intent[keys].reshape(-1), self.replicas[keys].reshape(-1)
         self.intent[keys] = 0
         self.replicas[keys] = 0
         return s, r
 
     def install(self, keys: np.ndarray, intent: np.ndarray, replicas: np.ndarray) -> None:
-        """The new owner never holds a replica of its own keys."""
-        self.intent[keys] = intent
-        self.replicas[keys] = replicas & ~_bit(self.rank)
+        """Masks of keys relocated here (flat, as :meth:`take` gives them). The new owner never
+        holds a replica of its own keys."""
+        self.intent[keys] = intent.reshape(len(keys), self.words)
+        held = replicas.reshape(len(keys), self.words).copy()
+        held[:, self._own_word] &= ~np.uint64(1 << self._own_bit)
+        self.replicas[keys] = held
 
 
 class Adaptive(_MaskPolicy):

@@ -78,8 +78,9 @@ DTYPES = {KEYS: np.dtype("<i8"), POS: np.dtype("<i8"), ROWS: np.dtype("<f4"),
 # accumulated updates and the version they are based on. Checks: a replica's version only.
 INTENTS, DELTAS, CHECKS = 0, 1, 2
 
-# Moves: relocations (key, value, version, intent mask S, replica mask R, epoch), replicas
-# (key, value, version), home updates (key, new owner, epoch).
+# Moves: relocations (key, value, version, intent mask S, replica mask R, epoch; a mask is
+# ceil(world_size / 64) uint64 words per key), replicas (key, value, version), home updates
+# (key, new owner, epoch).
 RELOCATIONS, SETUPS, HOME_UPDATES = 0, 1, 2
 MOVE_SECTIONS = ((KEYS, ROWS, VERSIONS, MASKS, MASKS, VERSIONS), (KEYS, ROWS, VERSIONS),
                  (KEYS, RANKS, VERSIONS))
