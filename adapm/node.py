@@ -138,10 +138,11 @@ class Node:
             totals.update(self.transport.traffic.snapshot())
         totals.update({"relocations_in": 0, "relocations_out": 0, "replica_setups": 0,
                        "replica_drops": 0, "rounds": 0, "empty_rounds": 0,
-                       "mean_round_ms": 0.0})
+                       "mean_round_ms": 0.0, "engine_cpu_s": 0.0})
         if self.engine is not None:
             totals.update(self.engine.state.stats())
             totals["late_answers"] += self.engine.counters["late_answers"]
+            totals["engine_cpu_s"] = self.engine.cpu_seconds()
         totals["mean_staleness_ms"] = self.store.mean_staleness_ms()
         totals["replica_reads"] = int(self.store.access_stats[0])
         accessed = totals["local_pull_keys"] + totals["waited_pull_keys"] + \

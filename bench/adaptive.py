@@ -44,7 +44,12 @@ Columns:
 - relocations: relocations_in summed over nodes; replica set-ups: replica_setups summed;
 - staleness: mean time since the last refresh of each replica read (ms), over all replica reads
   of all nodes (the per-node ``mean_staleness_ms`` weighted by replica reads);
-- round: mean sync round time (ms), mean over nodes.
+- round: mean sync round time (ms), mean over nodes;
+- msgs/round/node: logical messages a node sent per round it ran that sent something (every
+  kind, answers to other nodes' rounds included; ``-``: the variant runs no rounds);
+- CPU/clock: CPU time of all node processes (every thread) per clock of work; engine CPU/clock:
+  the engine threads' share of it (``stats()["engine_cpu_s"]``, the thread's own CPU clock):
+  what the parameter manager itself costs, on top of the workers' accesses.
 Below the table, one line per node count checks the adaptive row against the targets (remote
 share <= 0.01%, bytes <= 1/3 of replication_only's, throughput >= 0.8x one node).
 ``--details`` adds per node: rounds, CPU time per clock (all threads of all nodes) and bytes by
@@ -182,17 +187,19 @@ def _job(node, o: dict, nodes: int) -> dict:
                for i in range(len(workers))]
     for th in threads:
         th.start()
-    times, cpus = [], []
+    times, cpus, engine_cpus = [], [], []
     try:
         ready.wait()
         node.barrier()
         for rep in range(reps):
             start = time.perf_counter()
             cpu_start = time.process_time()  # all threads of this process, comm included
+            engine_start = node.stats()["engine_cpu_s"]
             go[rep].set()
             done.wait()
             times.append(max(finished) - start)
             cpus.append(time.process_time() - cpu_start)
+            engine_cpus.append(node.stats()["engine_cpu_s"] - engine_start)
     except threading.BrokenBarrierError:
         pass
     for th in threads:
@@ -200,7 +207,7 @@ def _job(node, o: dict, nodes: int) -> dict:
     if errors:
         raise errors[0]
     best = int(np.argmin(times))
-    elapsed, cpu = times[best], cpus[best]
+    elapsed, cpu, engine_cpu = times[best], cpus[best], engine_cpus[best]
     stats = node.stats()
     reads, read_us, synced_us = (int(x) for x in node.store.access_stats)
 
@@ -222,7 +229,7 @@ def _job(node, o: dict, nodes: int) -> dict:
             mismatched = [(int(k), float(got[k, 0]), int(expect[k])) for k in bad[:10]]
             mismatched.append(("mismatched keys", int(len(bad))))
     node.barrier()
-    return {"elapsed": elapsed, "cpu": cpu, "keys": len(workers) * clocks * o["batch"],
+    return {"elapsed": elapsed, "cpu": cpu, "engine_cpu": engine_cpu, "keys": len(workers) * clocks * o["batch"],
             "stats": stats, "staleness": (reads, read_us - synced_us), "mismatched": mismatched,
             "rep_times": times}
 
@@ -260,6 +267,7 @@ def run_variant(o: dict, nodes: int, settings: dict, world_size: int) -> dict:
                                for s in st) / len(st)
                            if all(s["rounds"] > s["empty_rounds"] for s in st) else None),
         "cpu_us_per_clock": 1e6 * sum(r["cpu"] for r in results) / (keys / o["batch"]),
+        "engine_us_per_clock": 1e6 * sum(r["engine_cpu"] for r in results) / (keys / o["batch"]),
         "stats": st,
         "rep_times": results[0]["rep_times"],
     }
@@ -344,8 +352,8 @@ def main(argv=None) -> None:
           f"{o['compute_ms']:g} ms of model time (sleep) per clock\n")
     print("| variant | nodes | throughput (keys/s) | vs 1 node | remote share | waited share "
           "| MB sent/node | relocations | replica set-ups | staleness (ms) | round (ms) "
-          "| msgs/round/node | CPU/clock (us) |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+          "| msgs/round/node | CPU/clock (us) | engine CPU/clock (us) |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for name, nodes, r, base in rows:
         print(f"| {name} | {nodes} | {r['throughput']:,.0f} | "
               f"{r['throughput'] / base['throughput']:.2f} | {100 * r['remote_share']:.4f}% | "
@@ -353,7 +361,7 @@ def main(argv=None) -> None:
               f"{r['mb_sent']:.1f} | {r['relocations']:,} | {r['setups']:,} | "
               f"{r['staleness_ms']:.2f} | {r['round_ms']:.2f} | "
               f"{'-' if r['msgs_per_round'] is None else format(r['msgs_per_round'], '.1f')} | "
-              f"{r['cpu_us_per_clock']:.0f} |")
+              f"{r['cpu_us_per_clock']:.0f} | {r['engine_us_per_clock']:.0f} |")
     if opts.details:
         for name, nodes, r, _ in rows:
             for rank, s in enumerate(r["stats"]):

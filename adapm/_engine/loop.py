@@ -46,6 +46,7 @@ class EngineLoop:
         self._live: set[Call] = set()  # submitted, not finished (engine thread only)
         self._outbox: dict[int, list] = {}
         self._stop = threading.Event()
+        self._final_cpu_s = 0.0  # the thread's CPU time when it ended
         self._thread = threading.Thread(target=self._run, name=f"adapm-engine-{self.rank}",
                                         daemon=True)
 
@@ -115,6 +116,16 @@ class EngineLoop:
         return (f"rank {self.rank}: {call.what} not finished within {timeout_s:g}s; the sync "
                 f"round waits for ranks {self.state.round_waiting_on()}")
 
+    def cpu_seconds(self) -> float:
+        """CPU time the engine thread has used so far (its own clock; any thread may ask)."""
+        ident = self._thread.ident
+        if ident is not None and self._thread.is_alive():
+            try:
+                return time.clock_gettime(time.pthread_getcpuclockid(ident))
+            except (OSError, AttributeError):  # ended meanwhile, or not a POSIX system
+                pass
+        return self._final_cpu_s
+
     def raise_if_failed(self) -> None:
         if self.error is not None:
             raise self.error
@@ -154,7 +165,9 @@ class EngineLoop:
                     self._carry_out(state.handle(Submitted(call, request), clock()))
                 self._carry_out(state.handle(Tick([w.clock for w in workers]), clock()))
                 self._flush()
+            self._final_cpu_s = time.thread_time()
         except BaseException as exc:  # surfaces in callers' threads, not only in a log
+            self._final_cpu_s = time.thread_time()
             error = AdaPMError(f"rank {self.rank}: communication thread failed: {exc!r}\n"
                                + traceback.format_exc())
             error.__cause__ = exc
