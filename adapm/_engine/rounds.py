@@ -9,7 +9,11 @@ A round
 4. groups all of that per destination node: one SYNC message per node (sections: intent
    reports, deltas, version checks), and none to nodes with nothing to say,
 5. completes when every position of every request is answered (answers may come from the node
-   a request was forwarded to).
+   a request was forwarded to). An intent report sent to a node that no longer owns the key
+   comes back with where to send it; when the round's requests are all answered, the
+   redirected reports go out as one more wave, one SYNC per owner, and the round completes
+   when that wave is answered (a report redirected to this node, whose key came with the
+   answer, is decided here at once).
 
 A round starts only when one is needed: a worker's clock moved or it signalled intents, a
 replica is held here (deltas and checks), or someone waits (``wait_sync``, the refresh after a
@@ -25,6 +29,7 @@ from typing import Optional
 import numpy as np
 
 from .._store import OWNER, REPLICA
+from ..errors import StateError
 from .._wire.protocol import NO_MOVES, Kind, Message
 from .events import Finish
 from .intents import WorkerIntents, unique
@@ -42,6 +47,13 @@ MAX_IDLE_GAP_S = 0.2
 CLOCK_POLL_S = 0.005
 # Longest sleep while a round runs (how quickly the loop notices a stop request).
 IDLE_POLL_S = 0.05
+
+
+# The replica sections of a wave that carries intent reports only: (keys, rows, versions) of
+# deltas and (keys, versions) of checks.
+_NO_REPLICA_SECTIONS = (np.empty(0, dtype=np.int64), np.empty(0, dtype=np.float32),
+                        np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64),
+                        np.empty(0, dtype=np.int64))
 
 
 class _Round:
@@ -84,6 +96,8 @@ class Rounds:
         self._idle_gap = 0.0
         self._quiet = True  # the running round changed nothing so far
         self._forced: set[int] = set()
+        self._wave: list = []  # redirected intent reports: [(keys, flags)] for the next wave
+        self._waves = 0  # waves of the running round after the first
         self._waiters: list[_Waiter] = []
         self._last_clocks: list[int] = []
         self._min_gap = 1.0 / config.max_rounds_per_s if config.max_rounds_per_s else 0.0
@@ -161,11 +175,8 @@ class Rounds:
         self._last_clocks = list(clocks)
         self.rounds_started += 1
         self._round_start = self.now
-        for dst, arrays, count, context in self._build_round(clocks):
-            req_id = self._new_round_request(count, context)
-            context.dst = dst
-            self._open.add(req_id)
-            self._post(dst, Kind.SYNC, req_id, [*arrays, *NO_MOVES], o=self.rank)  # + moves
+        self._waves = 0
+        self._post_round(self._build_round(clocks))
         self._release_all()  # moves for peers this round sends nothing to: now, alone
         if not self._open:
             self._finish_round(empty=True)
@@ -177,8 +188,30 @@ class Rounds:
 
     def _round_request_done(self, req_id: int) -> None:
         self._open.discard(req_id)
+        if not self._open and self._wave:
+            self._send_wave()
         if not self._open:
             self._finish_round(empty=False)
+
+    def _send_wave(self) -> None:
+        """Redirected intent reports to where they were redirected, one SYNC per owner."""
+        self._waves += 1
+        self.counters["redirect_waves"] += 1
+        if self._waves > self.max_hops:  # redirects lead to newer owners: this is a bug
+            keys = np.concatenate([k for k, _ in self._wave])
+            raise StateError(f"rank {self.rank}: intent reports for keys {keys[:5].tolist()} "
+                             f"redirected {self._waves} times in one round")
+        keys = np.concatenate([k for k, _ in self._wave])
+        flags = np.concatenate([f for _, f in self._wave])
+        self._wave = []
+        self._post_round(self._grouped(keys, flags, *_NO_REPLICA_SECTIONS))
+
+    def _post_round(self, requests: list) -> None:
+        for dst, arrays, count, context in requests:
+            req_id = self._new_round_request(count, context)
+            context.dst = dst
+            self._open.add(req_id)
+            self._post(dst, Kind.SYNC, req_id, [*arrays, *NO_MOVES], o=self.rank)  # + moves
 
     def _finish_round(self, empty: bool) -> None:
         self.rounds_done += 1
@@ -297,9 +330,12 @@ class Rounds:
         return out
 
     def _apply_sync_answer(self, context: _Round, msg: Message) -> None:
-        """A (partial) SYNC_RESP: intent reports taken in; replicas' versions and values."""
-        positions, versions, refresh_positions, values = msg.arrays[:4]
+        """A (partial) SYNC_RESP: intent reports taken in or redirected; replicas' versions and
+        values."""
+        positions, versions, refresh_positions, values, moved, ranks = msg.arrays[:6]
         store, keys = self.store, context.keys
+        if len(moved):
+            self._redirected(keys[moved], context.flags[moved], ranks)
         answered_keys = keys[positions]
         self.router.learn(answered_keys, msg.src, store.state[answered_keys] == OWNER)
         reports = positions < context.num_intents
@@ -319,6 +355,22 @@ class Rounds:
         still = store.state[answered] == REPLICA
         store.version[answered[still]] = versions[still]
         store.synced_at[answered[still]] = self.now
+
+    def _redirected(self, keys: np.ndarray, flags: np.ndarray, ranks: np.ndarray) -> None:
+        """Intent reports that went to a node that does not own the keys; ``ranks``: where it
+        says they are. Keys owned here by now (the relocation came with the answer) are decided
+        at once; the rest go with the round's next wave."""
+        self.counters["redirected_keys"] += len(keys)
+        self.router.hint[keys] = ranks
+        owned = self.store.state[keys] == OWNER
+        if owned.any():
+            mine, mine_flags = keys[owned], flags[owned]
+            self._execute(self.policy.on_intent(mine, self.rank, mine_flags))
+            self.intents.acknowledge(mine, mine_flags)
+            self._arrived = True
+            keys, flags = keys[~owned], flags[~owned]
+        if len(keys):
+            self._wave.append((keys, flags))
 
     # --- queries -----------------------------------------------------------------------------
 

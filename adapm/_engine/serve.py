@@ -25,6 +25,7 @@ from .routing import group_by_node, home_of
 from .stream import Event
 
 _NO_ROWS = np.empty(0, dtype=np.float32)
+_NO_POS = np.empty(0, dtype=np.int64)
 
 
 class Serving:
@@ -33,17 +34,34 @@ class Serving:
     # --- entry -------------------------------------------------------------------------------
 
     def _keyed(self, msg: Message) -> None:
-        """A keyed request: serve what is owned here, forward or queue the rest."""
+        """A keyed request: serve what is owned here, forward or queue the rest.
+
+        Intent reports of a SYNC for keys that are elsewhere are not forwarded but answered
+        with where to report them (the next hop): the origin sends them there with the rest of
+        its round's redirected reports, one message per owner, and not one forward per
+        misrouted request (bench/adaptive.py, 4 nodes: ~12 forwarded SYNC messages per node
+        and round, half of them forwarded again). A key on its way here waits here; replica
+        deltas and checks are forwarded (a delta must reach the owner, and they are rare:
+        replicated keys do not move).
+        """
         keys = msg.keys()
         owned = self.store.state[keys] == OWNER
         if owned.all():
             self._serve(msg)
             return
-        if owned.any():
-            self._serve(subset(msg, np.flatnonzero(owned), self.store))
         rest_index = np.flatnonzero(~owned)
-        rest = subset(msg, rest_index, self.store)
         nxt = self.router.next_hop(keys[rest_index])
+        redirect = None
+        if msg.kind == Kind.SYNC:
+            elsewhere = (rest_index < len(msg.arrays[0])) & (nxt >= 0)
+            if elsewhere.any():
+                redirect = (msg.arrays[1][rest_index[elsewhere]], nxt[elsewhere])
+                rest_index, nxt = rest_index[~elsewhere], nxt[~elsewhere]
+        if owned.any() or redirect is not None:
+            self._serve(subset(msg, np.flatnonzero(owned), self.store), redirect)
+        if not len(rest_index):
+            return
+        rest = subset(msg, rest_index, self.store)
         here = np.flatnonzero(nxt < 0)
         if len(here):
             self.queued.append(subset(rest, here, self.store))
@@ -72,7 +90,9 @@ class Serving:
 
     # --- serving owned keys ------------------------------------------------------------------
 
-    def _serve(self, msg: Message) -> None:
+    def _serve(self, msg: Message, redirect=None) -> None:
+        """Serve ``msg`` (all its keys are owned here); ``redirect``: (positions, ranks) of
+        intent reports of the same SYNC to send back to the origin with the answer."""
         kind, origin = msg.kind, msg.header["o"]
         keys, positions = msg.arrays[0], msg.arrays[1]
         store = self.store
@@ -86,11 +106,11 @@ class Serving:
             self._expect_none_missing(scatter(keys, values, self._scratch(len(keys))))
             self._post(origin, Kind.ACK, msg.req_id, [positions])
         elif kind == Kind.SYNC:
-            self._serve_sync(msg, origin)
+            self._serve_sync(msg, origin, redirect)
         else:
             raise ValueError(f"not a keyed request: {kind.name}")
 
-    def _serve_sync(self, msg: Message, origin: int) -> None:
+    def _serve_sync(self, msg: Message, origin: int, redirect=None) -> None:
         """A sync round's request: merge deltas, answer stale replicas, then decide on intents.
 
         Deltas first, so a dropped replica's last delta is in before the key can move. The
@@ -100,6 +120,7 @@ class Serving:
         """
         store = self.store
         sections = msg.sections()
+        redirected = list(redirect) if redirect is not None else [_NO_POS, _NO_POS]
         ikeys, ipos, iflags = sections[INTENTS]
         dkeys, dpos, drows, dver = sections[DELTAS]
         ckeys, cpos, cver = sections[CHECKS]
@@ -108,7 +129,7 @@ class Serving:
                 self._execute(self.policy.on_intent(ikeys, origin, iflags.astype(bool)))
             self._post(origin, Kind.SYNC_RESP, msg.req_id,
                        [ipos, np.full(len(ipos), -1, dtype=np.int64), ipos[:0], _NO_ROWS,
-                        *NO_MOVES])
+                        *redirected, *NO_MOVES])
             return
         skeys = np.concatenate((dkeys, ckeys)) if len(ckeys) else dkeys
         spos = np.concatenate((dpos, cpos)) if len(ckeys) else dpos
@@ -130,7 +151,7 @@ class Serving:
         self._post(origin, Kind.SYNC_RESP, msg.req_id,
                    [np.concatenate((ipos, spos)),
                     np.concatenate((np.full(len(ipos), -1, dtype=np.int64), reported)),
-                    spos[behind], values, *NO_MOVES])
+                    spos[behind], values, *redirected, *NO_MOVES])
 
     def _expect_none_missing(self, nmiss: int) -> None:
         if nmiss:

@@ -57,6 +57,10 @@ class SimEngine:
         self.sim.handle(self, Submitted(call, request))
         return call
 
+    def cpu_seconds(self) -> float:
+        """No engine thread of its own: its work is done in the caller's thread."""
+        return 0.0
+
     def wake(self) -> None:
         pass
 

@@ -65,7 +65,8 @@ class Outstanding:
 # copy taken from another thread never sees the dict change size.
 COUNTERS = ("late_answers", "relocations_in", "relocations_out", "replica_setups",
             "replica_setups_discarded", "replica_drops", "replica_drops_at_owner",
-            "forwarded_keys", "queued_keys", "awaited_keys", "intents_acted")
+            "forwarded_keys", "redirected_keys", "redirect_waves", "queued_keys", "awaited_keys",
+            "intents_acted")
 
 
 _MOVE_ROLES = [role for section in MOVE_SECTIONS for role in section]
@@ -345,6 +346,8 @@ class NodeState(Serving, Rounds):
         else:
             positions = msg.arrays[0]
             req.remaining -= len(positions)
+            if msg.kind == Kind.SYNC_RESP:
+                req.remaining -= len(msg.arrays[4])  # redirected intent reports
             if req.remaining < 0:
                 raise StateError(f"rank {self.rank}: request {msg.req_id} answered twice "
                                  f"(last part from rank {msg.src})")
