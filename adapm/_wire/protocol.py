@@ -203,9 +203,14 @@ def decode(frames: Sequence) -> list[Message]:
         at, own, consumed = 0, 2, 0
         for header in unpacker:
             end = unpacker.tell()
-            kind = _KINDS[header["k"]]
+            if not isinstance(header, dict):
+                raise ValueError(f"a header is a {type(header).__name__}, not a map")
+            kind = _KINDS[_integer(header, "k")]
+            src, req_id = _integer(header, "s"), _integer(header, "i")
             roles = ROLES.get(kind, ())
             lengths = header.pop("n")
+            if not isinstance(lengths, list) or not all(type(n) is int for n in lengths):
+                raise ValueError(f"{kind.name}: array lengths must be a list of integers")
             if len(lengths) != len(roles):
                 raise ValueError(f"{kind.name} carries {len(lengths)} arrays, "
                                  f"expected {len(roles)}")
@@ -223,12 +228,20 @@ def decode(frames: Sequence) -> list[Message]:
                                             offset=at))
                 at += n + (-n % _ALIGN if n else 0)
                 size += n
-            out.append(Message(kind, int(header["s"]), int(header["i"]), header, arrays, size))
+            out.append(Message(kind, src, req_id, header, arrays, size))
         if own != len(frames):
             raise ValueError(f"{len(frames)} frames, the headers describe {own}")
         return out
-    except (ValueError, KeyError, TypeError, IndexError, msgpack.UnpackException) as exc:
+    except (ValueError, KeyError, TypeError, IndexError, OverflowError,
+            msgpack.UnpackException) as exc:
         raise TransportError(f"malformed message: {exc}") from exc
+
+
+def _integer(header: dict, name: str) -> int:
+    value = header[name]
+    if type(value) is not int:  # not a float, not a bool
+        raise ValueError(f"header field {name!r} is {value!r}, not an integer")
+    return value
 
 
 def subset(message: Message, index: np.ndarray, store) -> Message:
