@@ -208,6 +208,27 @@ class Store:
         self._release(keys[held], slots[held])
         return values, deltas
 
+    # --- for native code that inserts and removes keys itself (one thread at a time) ----------
+
+    def allocate_slots(self, keys: np.ndarray) -> np.ndarray:
+        """Slots for ``keys``, which the caller inserts next (or gives back with
+        :meth:`release_slots` if it cannot)."""
+        return self._allocate(keys)
+
+    def release_slots(self, keys: np.ndarray, slots: np.ndarray) -> None:
+        """The slots of ``keys``, removed by the caller, are free again."""
+        self._release(keys, slots)
+
+    def removing(self, keys: np.ndarray) -> None:
+        """``keys`` are about to be removed: local sampling stops drawing them."""
+        if self.sample_pool is not None:
+            self.sample_pool.remove(keys)
+
+    def inserted(self, keys: np.ndarray) -> None:
+        """``keys`` were inserted: local sampling may draw them."""
+        if self.sample_pool is not None:
+            self.sample_pool.add(keys)
+
     def _allocate(self, keys: np.ndarray) -> np.ndarray:
         if self.uniform_length:
             return self._allocate_length(self.uniform_length, len(keys))

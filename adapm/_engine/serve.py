@@ -168,12 +168,17 @@ class Serving:
         self.counters["replica_drops_at_owner"] += actions.dropped
 
     def _relocate_out(self, dst: int, keys: np.ndarray) -> None:
-        store = self.store
-        values, _ = store.remove(keys)
-        versions = store.version[keys].copy()  # after removal: no write can follow here
-        intent, replicas = self.policy.take(keys)
-        epochs = self.router.moved_out(keys, dst)
-        self.counters["relocations_out"] += len(keys)
+        """Owned ``keys`` leave for ``dst``: store, masks, forward pointers and hints change in
+        one native pass (native/directory.c); the relocation waits for a carrier to dst."""
+        store, n, words = self.store, len(keys), self.policy.words
+        keys = np.ascontiguousarray(keys, dtype=np.int64)
+        values = np.empty(store.floats_for(keys), dtype=np.float32)
+        versions, epochs, slots = (np.empty(n, dtype=np.int64) for _ in range(3))
+        intent, replicas = (np.empty(n * words, dtype=np.uint64) for _ in range(2))
+        store.removing(keys)
+        self.directory.relocate_out(keys, dst, values, versions, intent, replicas, epochs, slots)
+        store.release_slots(keys, slots)
+        self.counters["relocations_out"] += n
         if self.sinks:
             self._emit(Event.DEALLOC, keys, dst)
         self._hold_move(dst, RELOCATIONS, [keys, values, versions, intent, replicas, epochs])
@@ -191,19 +196,23 @@ class Serving:
                                 [keys[positions], owners[positions], epochs[positions]])
 
     def _relocate_in(self, src: int, keys, values, versions, intent, replicas, epochs) -> None:
+        """Keys relocated here: a replica held here is promoted (its unsent updates are added to
+        the value that came), others are inserted; masks, epochs, hints and the home table
+        change in the same native pass (native/directory.c)."""
         store = self.store
-        state = store.state[keys]
-        if np.any(state == OWNER):
-            raise AssertionError(f"rank {self.rank}: received keys it already owns")
-        held = state == REPLICA
-        if held.any():
-            # Our replica's unsent updates are not in the value we got: promote adds them.
-            store.promote(keys[held], store.select_rows(values, keys, held), versions[held])
-            self._replicas_removed(keys[held])
-        if (~held).any():
-            store.insert(keys[~held], OWNER, store.select_rows(values, keys, ~held), versions[~held])
-        self.policy.install(keys, intent, replicas)
-        self.router.moved_in(keys, epochs)
+        fresh = store.state[keys] != REPLICA
+        slots = store.allocate_slots(keys[fresh])
+        promoted = np.empty(len(keys), dtype=np.int8)
+        try:
+            self.directory.relocate_in(keys, values, versions, intent, replicas, epochs, slots,
+                                       promoted)
+        except ValueError:  # nothing changed (e.g. a key owned here already): slots go back
+            store.release_slots(keys[fresh], slots)
+            raise
+        promoted = promoted.view(bool)
+        if promoted.any():
+            self._replicas_removed(keys[promoted])
+        store.inserted(keys[fresh])
         self.counters["relocations_in"] += len(keys)
         if self.sinks:
             self._emit(Event.ALLOC, keys, src)

@@ -23,6 +23,7 @@ import collections
 
 import numpy as np
 
+from .._native_loader import load as _load_native
 from .._store import NONE, OWNER
 from .._wire.protocol import (
     ANSWERS, CARRIERS, DTYPES, HOME_UPDATES, KEYED, MOVE_SECTIONS, RELOCATIONS, SETUPS, Kind,
@@ -38,6 +39,7 @@ from .routing import Router, group_by_node
 from .serve import Serving
 
 
+_native = _load_native()
 _EMPTY = {role: np.empty(0, dtype=dtype) for role, dtype in DTYPES.items()}
 
 
@@ -96,6 +98,13 @@ class NodeState(Serving, Rounds):
         self.config = config
         self.router = Router(rank, world_size, store.num_keys)
         self.policy = make_policy(config.management, rank, world_size, store.num_keys)
+        # Relocations in native code, over the store and these arrays (variants that relocate).
+        self.directory = None
+        if hasattr(self.policy, "intent"):
+            router = self.router
+            self.directory = _native.Directory(
+                store.native, router.hint, router.forward, router.epoch, router.home_owner,
+                router.home_epoch, self.policy.intent, self.policy.replicas, rank, world_size)
         self.intents = NodeIntents(store.num_keys) if self.policy.runs_rounds else None
         self.requests: dict[int, Outstanding] = {}
         self._next_id = 1

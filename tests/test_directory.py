@@ -1,0 +1,176 @@
+"""Relocations in native code (native/directory.c) against their reference in numpy.
+
+The engine relocates keys out and in with one native pass each (``NodeState._relocate_out`` /
+``_relocate_in``). The reference is what the Python pieces say: ``Store.remove`` / ``insert`` /
+``promote``, ``Router.moved_out`` / ``moved_in`` and the policy's ``take`` / ``install``. Random
+sequences of relocations out and in, replica set-ups and pushes run on both, and afterwards
+every array agrees: the store's directory and values (replicas' unsent updates included), the
+routing state, the home table and the masks, and what each relocation sent.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import adapm
+from adapm._engine.policy import make_policy
+from adapm._engine.routing import Router, home_keys, home_of
+from adapm._engine.state import NodeState
+from adapm._store import NONE, OWNER, REPLICA, Store
+from adapm._wire.protocol import RELOCATIONS
+
+NUM_KEYS = 12
+
+
+def _config(world_size: int, rank: int, lengths) -> adapm.Config:
+    return adapm.Config(num_keys=NUM_KEYS, value_length=lengths, world_size=world_size,
+                        rank=rank, rendezvous="127.0.0.1:1", management="adaptive")
+
+
+class Reference:
+    """The numpy pieces the native pass replaces, on a store of their own."""
+
+    def __init__(self, config) -> None:
+        self.rank, self.world_size = config.rank, config.world_size
+        self.store = Store(config)
+        self.store.insert(home_keys(self.rank, NUM_KEYS, self.world_size), OWNER)
+        self.router = Router(self.rank, self.world_size, NUM_KEYS)
+        self.policy = make_policy("adaptive", self.rank, self.world_size, NUM_KEYS)
+
+    def relocate_out(self, keys, dst):
+        values, _ = self.store.remove(keys)
+        versions = self.store.version[keys].copy()
+        s, r = self.policy.take(keys)
+        epochs = self.router.moved_out(keys, dst)
+        # The old owner tells the homes; being one itself, it updates its own table.
+        mine = home_of(keys, self.world_size) == self.rank
+        self.router.update_home(keys[mine], np.full(int(mine.sum()), dst), epochs[mine])
+        return [keys, values, versions, s, r, epochs]
+
+    def relocate_in(self, keys, values, versions, s, r, epochs):
+        store = self.store
+        held = store.state[keys] == REPLICA
+        if held.any():
+            store.promote(keys[held], store.select_rows(values, keys, held), versions[held])
+        if (~held).any():
+            store.insert(keys[~held], OWNER, store.select_rows(values, keys, ~held),
+                         versions[~held])
+        self.policy.install(keys, s, r)
+        self.router.moved_in(keys, epochs)
+
+
+def _values(store) -> tuple:
+    """Every held key's value and unsent delta, by key (slots may differ between stores)."""
+    held = np.flatnonzero(store.state != NONE)
+    out = np.empty(store.floats_for(held), dtype=np.float32)
+    store.gather(held, out, np.empty(len(held), dtype=np.int64))
+    deltas = [store.delta[s & ((1 << 62) - 1): (s & ((1 << 62) - 1)) + n].tolist()
+              for s, n in zip(store.slot[held], store.lengths_of(held))]
+    return held.tolist(), out.tolist(), deltas
+
+
+def _agree(node: NodeState, ref: Reference) -> None:
+    a, b = node.store, ref.store
+    np.testing.assert_array_equal(a.state, b.state)
+    np.testing.assert_array_equal(a.version, b.version)
+    assert _values(a) == _values(b)
+    for name in ("hint", "forward", "epoch", "home_owner", "home_epoch"):
+        np.testing.assert_array_equal(getattr(node.router, name), getattr(ref.router, name),
+                                      err_msg=name)
+    np.testing.assert_array_equal(node.policy.intent, ref.policy.intent)
+    np.testing.assert_array_equal(node.policy.replicas, ref.policy.replicas)
+
+
+@st.composite
+def cases(draw):
+    world_size = draw(st.sampled_from([2, 3, 5, 70]))
+    rank = draw(st.integers(0, world_size - 1))
+    lengths = draw(st.one_of(st.integers(1, 3),
+                             st.lists(st.integers(1, 3), min_size=NUM_KEYS, max_size=NUM_KEYS)))
+    ops = draw(st.lists(st.tuples(st.sampled_from(["out", "in", "replica", "push"]),
+                                  st.integers(0, 2**32 - 1)), max_size=25))
+    return world_size, rank, lengths, ops
+
+
+@given(cases())
+@settings(max_examples=200, deadline=None)
+def test_native_relocations_match_the_reference(case):
+    world_size, rank, lengths, ops = case
+    config = _config(world_size, rank, np.array(lengths) if isinstance(lengths, list) else lengths)
+    store = Store(config)
+    store.insert(home_keys(rank, NUM_KEYS, world_size), OWNER)
+    node = NodeState(rank, world_size, store, config)
+    ref = Reference(config)
+    others = [r for r in range(world_size) if r != rank]
+    for what, seed in ops:
+        rng = np.random.default_rng(seed)
+        state = store.state
+        if what == "out":
+            owned = np.flatnonzero(state == OWNER)
+            if not len(owned):
+                continue
+            keys = rng.choice(owned, rng.integers(1, len(owned) + 1), replace=False)
+            dst = int(rng.choice(others))
+            for k in keys:  # masks to move along
+                bits = rng.integers(0, 2**63, node.policy.words, dtype=np.uint64)
+                node.policy.intent[k] = ref.policy.intent[k] = bits
+                node.policy.replicas[k] = ref.policy.replicas[k] = bits >> np.uint64(1)
+            node._relocate_out(dst, keys)
+            sent = node._held.pop(dst)[RELOCATIONS][0]
+            expected = ref.relocate_out(keys, dst)
+            for got, want in zip(sent, expected):
+                np.testing.assert_array_equal(got, want)
+        elif what == "in":
+            candidates = np.flatnonzero(state != OWNER)
+            if not len(candidates):
+                continue
+            keys = rng.choice(candidates, rng.integers(1, len(candidates) + 1), replace=False)
+            n, words = len(keys), node.policy.words
+            values = rng.integers(-9, 9, store.floats_for(keys)).astype(np.float32)
+            versions = rng.integers(0, 50, n)
+            s = rng.integers(0, 2**63, n * words, dtype=np.uint64)
+            r = rng.integers(0, 2**63, n * words, dtype=np.uint64)
+            epochs = rng.integers(0, 20, n)
+            src = int(rng.choice(others))
+            node._relocate_in(src, keys, values, versions, s, r, epochs)
+            ref.relocate_in(keys, values, versions, s, r, epochs)
+        elif what == "replica":
+            free = np.flatnonzero(state == NONE)
+            if not len(free):
+                continue
+            keys = rng.choice(free, rng.integers(1, len(free) + 1), replace=False)
+            values = rng.integers(-9, 9, store.floats_for(keys)).astype(np.float32)
+            versions = rng.integers(0, 50, len(keys))
+            for s in (store, ref.store):
+                s.insert(keys, REPLICA, values, versions)
+            node._replicas_added(keys)
+        else:  # updates to held keys: replicas keep them as unsent deltas
+            held = np.flatnonzero(state != NONE)
+            if not len(held):
+                continue
+            keys = rng.choice(held, rng.integers(1, len(held) + 1), replace=False)
+            values = rng.integers(-3, 3, store.floats_for(keys)).astype(np.float32)
+            for s in (store, ref.store):
+                s.scatter_add(keys, values, np.empty(len(keys), dtype=np.int64))
+        _agree(node, ref)
+    assert set(node.replica_keys.tolist()) == set(np.flatnonzero(store.state == REPLICA).tolist())
+
+
+def test_relocating_a_key_not_owned_changes_nothing():
+    config = _config(2, 0, 2)
+    store = Store(config)
+    store.insert(home_keys(0, NUM_KEYS, 2), OWNER)
+    node = NodeState(0, 2, store, config)
+    before = store.state.copy(), node.router.hint.copy()
+    with pytest.raises(ValueError, match="key 1 is not owned here"):
+        node._relocate_out(1, np.array([0, 1], dtype=np.int64))
+    np.testing.assert_array_equal(store.state, before[0])
+    np.testing.assert_array_equal(node.router.hint, before[1])
+    with pytest.raises(ValueError, match="key 2 is owned here already"):
+        node._relocate_in(1, np.array([1, 2], dtype=np.int64), np.zeros(4, np.float32),
+                          np.zeros(2, np.int64), np.zeros(2, np.uint64), np.zeros(2, np.uint64),
+                          np.ones(2, np.int64))
+    np.testing.assert_array_equal(store.state, before[0])
