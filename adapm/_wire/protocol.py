@@ -31,7 +31,8 @@ sync traffic that flows between two nodes every round anyway: ``SYNC`` and ``SYN
 the three move sections (:data:`MOVE_SECTIONS`, usually empty), and only moves that find no such
 message in time go alone, as a ``MOVES`` message. A receiver takes a message's moves in before
 the rest of it (a relocation before the answer that reports it). So two nodes exchange about one
-message each way per round, whatever the owners decide.
+message each way per round, whatever the owners decide. Empty move sections are left out on
+the wire (the header lists fewer arrays) and read back as empty.
 """
 
 from __future__ import annotations
@@ -168,7 +169,11 @@ def encode(messages: Sequence[Message]) -> list:
     for m in messages:
         lengths = []
         size = 0
-        for array in m.arrays:
+        arrays = m.arrays
+        if m.kind in CARRIERS and m.kind != Kind.MOVES and not any(
+                len(a) for a in arrays[-MOVE_ARRAYS:]):
+            arrays = arrays[:-MOVE_ARRAYS]  # no moves: the receiver fills in empty ones
+        for array in arrays:
             n = array.nbytes
             size += n
             if n >= OWN_FRAME_BYTES:
@@ -211,7 +216,10 @@ def decode(frames: Sequence) -> list[Message]:
             lengths = header.pop("n")
             if not isinstance(lengths, list) or not all(type(n) is int for n in lengths):
                 raise ValueError(f"{kind.name}: array lengths must be a list of integers")
-            if len(lengths) != len(roles):
+            moves_left_out = kind in CARRIERS and len(lengths) == len(roles) - MOVE_ARRAYS
+            if moves_left_out:
+                roles = roles[:-MOVE_ARRAYS]
+            elif len(lengths) != len(roles):
                 raise ValueError(f"{kind.name} carries {len(lengths)} arrays, "
                                  f"expected {len(roles)}")
             arrays = []
@@ -228,6 +236,8 @@ def decode(frames: Sequence) -> list[Message]:
                                             offset=at))
                 at += n + (-n % _ALIGN if n else 0)
                 size += n
+            if moves_left_out:
+                arrays.extend(NO_MOVES)
             out.append(Message(kind, src, req_id, header, arrays, size))
         if own != len(frames):
             raise ValueError(f"{len(frames)} frames, the headers describe {own}")
