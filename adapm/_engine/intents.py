@@ -1,9 +1,10 @@
 """Intent bookkeeping: per worker (signalled → acted → expired) and per node (who to tell).
 
-Worker side: ``Worker.intent`` copies the keys and appends ``(keys, start, end)`` to a deque,
-so signalling never slows the worker down, however far ahead or however many keys. The sync loop
-drains the deque once per round into two heaps of *batches* (one per intent call): ``pending``
-ordered by start, ``acted`` ordered by end. Per-key work is numpy or one native pass.
+Worker side: ``Worker.intent`` copies the keys and appends ``(start, seq, end, keys)`` to a
+deque, so signalling never slows the worker down, however far ahead or however many keys. The
+sync loop drains the deque once per round into two heaps of *batches* (one per intent call):
+``pending`` ordered by start, ``acted`` ordered by end. Per-key work is numpy or one native
+pass.
 
 Node side: :class:`NodeIntents` counts acted-on intents per key over all workers of the node.
 Only 0→1 and 1→0 transitions matter to owners ("node has intent" / "intent ended"), and what is
@@ -38,7 +39,7 @@ class WorkerIntents:
 
     def signal(self, keys: np.ndarray, start: int, end: int) -> None:
         """Record an intent (thread-safe: deque.append is atomic)."""
-        self.inbox.append((keys, start, end))
+        self.inbox.append((start, next(_seq), end, keys))  # ordered as the pending heap
 
     def collect(self, clock: int, force: bool = False) -> tuple[list, list]:
         """One round at the worker's ``clock``: (key batches to act on now, batches that expired).
@@ -46,21 +47,23 @@ class WorkerIntents:
         ``force`` acts on every intent that is active now (start <= clock), whatever the timer
         says (``wait_sync`` needs that).
         """
-        while self.inbox:
-            keys, start, end = self.inbox.popleft()
-            heapq.heappush(self._pending, (start, next(_seq), end, keys))
+        # One pass per batch (a worker signals one per clock): locals, no re-packing.
+        push, pop = heapq.heappush, heapq.heappop
+        inbox, pending, acted_heap = self.inbox, self._pending, self._acted
+        while inbox:
+            push(pending, inbox.popleft())
         horizon = self.timer.horizon(clock)
         if force:
             horizon = max(horizon, clock + 1)
         expired = []
-        while self._acted and self._acted[0][0] <= clock:
-            expired.append(heapq.heappop(self._acted)[3])
+        while acted_heap and acted_heap[0][0] <= clock:
+            expired.append(pop(acted_heap)[3])
         acted = []
-        while self._pending and self._pending[0][0] < horizon:
-            start, seq, end, keys = heapq.heappop(self._pending)
+        while pending and pending[0][0] < horizon:
+            start, seq, end, keys = pop(pending)
             if end <= clock:
                 continue  # over before we acted: never counted, nothing to undo
-            heapq.heappush(self._acted, (end, seq, start, keys))
+            push(acted_heap, (end, seq, start, keys))
             acted.append(keys)
         return acted, expired
 
@@ -75,7 +78,7 @@ class WorkerIntents:
     def has_unacted_active(self, clock: int) -> bool:
         """Whether an intent active at ``clock`` is still waiting to be acted on."""
         return any(start <= clock < end for start, _, end, _ in self._pending) or any(
-            start <= clock < end for keys, start, end in list(self.inbox))
+            start <= clock < end for start, _, end, _ in list(self.inbox))
 
 
 class NodeIntents:

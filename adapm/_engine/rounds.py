@@ -253,7 +253,8 @@ class Rounds:
             intents.remove(expired)
             if acted or expired:
                 self._quiet = False
-            self.counters["intents_acted"] += sum(len(k) for k in acted)
+            if acted:
+                self.counters["intents_acted"] += sum(map(len, acted))
         self._forced.clear()
         ikeys, iflags = intents.changes()
         if self.sinks and len(ikeys):

@@ -26,9 +26,9 @@ import numpy as np
 from .._native_loader import load as _load_native
 from .._store import NONE, OWNER
 from .._wire.protocol import (
-    ANSWERS, CARRIERS, DTYPES, HOME_UPDATES, KEYED, MOVE_SECTIONS, RELOCATIONS, SETUPS, Kind,
-    Message, message, subset,
+    ANSWERS, CARRIERS, DTYPES, KEYED, MOVE_SECTIONS, Kind, Message, message, subset,
 )
+from .._wire.protocol import NO_MOVES as _NO_MOVES
 from ..errors import PeerError, StateError
 from .events import Call, Finish, Op, Received, Request, Send, Submitted, Tick
 from .intents import NodeIntents
@@ -247,13 +247,16 @@ class NodeState(Serving, Rounds):
             raise StateError(f"rank {self.rank}: unexpected {kind.name} from rank {msg.src}")
 
     def _moves_in(self, msg: Message) -> None:
-        sections = msg.sections()[-len(MOVE_SECTIONS):]
-        if len(sections[RELOCATIONS][0]):
-            self._relocate_in(msg.src, *sections[RELOCATIONS])
-        if len(sections[SETUPS][0]):
-            self._setup_in(msg.src, *sections[SETUPS])
-        if len(sections[HOME_UPDATES][0]):
-            self.router.update_home(*sections[HOME_UPDATES])
+        moves = msg.moves()
+        if moves[0] is _NO_MOVES[0]:  # the decoder's empties: nothing moved (the usual case)
+            return
+        relocations, setups, homes = moves[:6], moves[6:9], moves[9:]
+        if len(relocations[0]):
+            self._relocate_in(msg.src, *relocations)
+        if len(setups[0]):
+            self._setup_in(msg.src, *setups)
+        if len(homes[0]):
+            self.router.update_home(*homes)
 
     # --- requests of this node's workers -----------------------------------------------------
 

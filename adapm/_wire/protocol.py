@@ -101,6 +101,9 @@ SCHEMA: dict[Kind, tuple[tuple[str, ...], ...]] = {
 }
 ROLES = {kind: tuple(role for section in sections for role in section)
          for kind, sections in SCHEMA.items()}
+# Where each section's arrays are in a message's flat list: [(start, end)] per kind.
+_SLICES = {kind: [(sum(len(s) for s in sections[:i]), sum(len(s) for s in sections[:i + 1]))
+                  for i in range(len(sections))] for kind, sections in SCHEMA.items()}
 
 KEYED = frozenset({Kind.PULL, Kind.PUSH, Kind.SET, Kind.SYNC})
 # Kinds that end with the move sections.
@@ -135,11 +138,8 @@ class Message:
 
     def sections(self) -> list[list[np.ndarray]]:
         """The arrays by section (moves included, for the kinds that carry them)."""
-        out, at = [], 0
-        for section in SCHEMA[self.kind]:
-            out.append(self.arrays[at:at + len(section)])
-            at += len(section)
-        return out
+        arrays = self.arrays
+        return [arrays[a:b] for a, b in _SLICES[self.kind]]
 
     def moves(self) -> list[np.ndarray]:
         """The move arrays of a carrier kind, flat over :data:`MOVE_SECTIONS`."""
