@@ -128,6 +128,24 @@ class NodeIntents:
         self._ndirty = 0
         return keys[:m], flags[:m]
 
+    def pending(self) -> bool:
+        """Keys wait for :meth:`changes` to look at them."""
+        return self._ndirty > 0
+
+    def report_again(self, keys: np.ndarray) -> None:
+        """``keys`` (unique) were reported but not taken in (the report went to a node that no
+        longer owns them): the next :meth:`changes` looks at them again."""
+        keys = np.ascontiguousarray(keys, dtype=np.int64)
+        fresh = keys[self._mark[keys] == 0]
+        need = self._ndirty + len(fresh)
+        if len(self._dirty) < need:
+            grown = np.empty(max(need, 2 * len(self._dirty)), dtype=np.int64)
+            grown[:self._ndirty] = self._dirty[:self._ndirty]
+            self._dirty = grown
+        self._mark[fresh] = 1
+        self._dirty[self._ndirty:need] = fresh
+        self._ndirty = need
+
     def acknowledge(self, keys: np.ndarray, has_intent: np.ndarray) -> None:
         self.told[keys] = has_intent
 

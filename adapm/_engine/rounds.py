@@ -10,10 +10,10 @@ A round
    reports, deltas, version checks), and none to nodes with nothing to say,
 5. completes when every position of every request is answered (answers may come from the node
    a request was forwarded to). An intent report sent to a node that no longer owns the key
-   comes back with where to send it; when the round's requests are all answered, the
-   redirected reports go out as one more wave, one SYNC per owner, and the round completes
-   when that wave is answered (a report redirected to this node, whose key came with the
-   answer, is decided here at once).
+   comes back with where to send it: the key's location hint is corrected and the report,
+   still not taken in, goes with the next round, which then starts at once, together with
+   everything else that round has for the same owner (a report redirected to this node, whose
+   key came with the answer, is decided here at once).
 
 A round starts only when one is needed: a worker's clock moved or it signalled intents, a
 replica is held here (deltas and checks), or someone waits (``wait_sync``, the refresh after a
@@ -29,7 +29,6 @@ from typing import Optional
 import numpy as np
 
 from .._store import OWNER, REPLICA
-from ..errors import StateError
 from .._wire.protocol import NO_MOVES, Kind, Message
 from .events import Finish
 from .intents import WorkerIntents, unique
@@ -47,13 +46,6 @@ MAX_IDLE_GAP_S = 0.2
 CLOCK_POLL_S = 0.005
 # Longest sleep while a round runs (how quickly the loop notices a stop request).
 IDLE_POLL_S = 0.05
-
-
-# The replica sections of a wave that carries intent reports only: (keys, rows, versions) of
-# deltas and (keys, versions) of checks.
-_NO_REPLICA_SECTIONS = (np.empty(0, dtype=np.int64), np.empty(0, dtype=np.float32),
-                        np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64),
-                        np.empty(0, dtype=np.int64))
 
 
 class _Round:
@@ -96,8 +88,7 @@ class Rounds:
         self._idle_gap = 0.0
         self._quiet = True  # the running round changed nothing so far
         self._forced: set[int] = set()
-        self._wave: list = []  # redirected intent reports: [(keys, flags)] for the next wave
-        self._waves = 0  # waves of the running round after the first
+        self._redirected_now = False  # reports of the running round were redirected
         self._waiters: list[_Waiter] = []
         self._last_clocks: list[int] = []
         self._min_gap = 1.0 / config.max_rounds_per_s if config.max_rounds_per_s else 0.0
@@ -143,7 +134,7 @@ class Rounds:
         """How long the loop may sleep before the next :class:`Tick` is worth handling."""
         if not self.policy.runs_rounds or self._open or self.closing:
             return IDLE_POLL_S
-        if not (self._waiters or len(self.replica_keys)) and all(
+        if not (self._waiters or len(self.replica_keys) or self.intents.pending()) and all(
                 w.empty() for w in list(self.worker_intents)):
             return IDLE_POLL_S  # nothing depends on clocks; intent() wakes the loop
         wait = self._next_round_at - now
@@ -175,7 +166,7 @@ class Rounds:
         self._last_clocks = list(clocks)
         self.rounds_started += 1
         self._round_start = self.now
-        self._waves = 0
+        self._redirected_now = False
         self._post_round(self._build_round(clocks))
         self._release_all()  # moves for peers this round sends nothing to: now, alone
         if not self._open:
@@ -184,27 +175,14 @@ class Rounds:
     def _round_needed(self, clocks: list[int]) -> bool:
         if self._waiters or len(self.replica_keys) or clocks != self._last_clocks:
             return True
+        if self.intents.pending():  # reports to send again (redirected)
+            return True
         return any(w.inbox for w in list(self.worker_intents))
 
     def _round_request_done(self, req_id: int) -> None:
         self._open.discard(req_id)
-        if not self._open and self._wave:
-            self._send_wave()
         if not self._open:
             self._finish_round(empty=False)
-
-    def _send_wave(self) -> None:
-        """Redirected intent reports to where they were redirected, one SYNC per owner."""
-        self._waves += 1
-        self.counters["redirect_waves"] += 1
-        if self._waves > self.max_hops:  # redirects lead to newer owners: this is a bug
-            keys = np.concatenate([k for k, _ in self._wave])
-            raise StateError(f"rank {self.rank}: intent reports for keys {keys[:5].tolist()} "
-                             f"redirected {self._waves} times in one round")
-        keys = np.concatenate([k for k, _ in self._wave])
-        flags = np.concatenate([f for _, f in self._wave])
-        self._wave = []
-        self._post_round(self._grouped(keys, flags, *_NO_REPLICA_SECTIONS))
 
     def _post_round(self, requests: list) -> None:
         for dst, arrays, count, context in requests:
@@ -219,6 +197,8 @@ class Rounds:
             self.rounds_empty += 1
         else:
             self.round_time_total += self.now - self._round_start
+        if self._redirected_now:  # reports wait for the next round: start it now
+            self._quiet = False
         if self._quiet:
             self._idle_gap = min(max(2 * self._idle_gap, MIN_IDLE_GAP_S), MAX_IDLE_GAP_S)
         else:  # an empty round waits a little: nothing to do now, maybe soon
@@ -257,13 +237,10 @@ class Rounds:
                 self.counters["intents_acted"] += sum(map(len, acted))
         self._forced.clear()
         ikeys, iflags = intents.changes()
-        if self.sinks and len(ikeys):
-            self._emit(Event.INTENT_START, ikeys[iflags])
-            self._emit(Event.INTENT_STOP, ikeys[~iflags])
         if not self.policy.reports_intents:
             # Nothing acts on them (every key is everywhere already): taken as told, so that
             # wait_sync sees them served.
-            intents.acknowledge(ikeys, iflags)
+            self._acknowledge(ikeys, iflags)
             ikeys, iflags = ikeys[:0], iflags[:0]
         owned = store.state[ikeys] == OWNER
         if owned.any():
@@ -271,7 +248,7 @@ class Rounds:
             # (bench/adaptive.py: most reports are about a node's own keys).
             mine, mine_flags = ikeys[owned], iflags[owned]
             self._execute(self.policy.on_intent(mine, self.rank, mine_flags))
-            intents.acknowledge(mine, mine_flags)
+            self._acknowledge(mine, mine_flags)
             self._arrived = True
             ikeys, iflags = ikeys[~owned], iflags[~owned]
         # A replica whose intent ended is dropped now; its last delta travels with the report.
@@ -342,7 +319,7 @@ class Rounds:
         reports = positions < context.num_intents
         if reports.any():
             reported = positions[reports]
-            self.intents.acknowledge(keys[reported], context.flags[reported])
+            self._acknowledge(keys[reported], context.flags[reported])
             self._arrived = True
             synced, versions = positions[~reports], versions[~reports]
         else:
@@ -357,21 +334,29 @@ class Rounds:
         store.version[answered[still]] = versions[still]
         store.synced_at[answered[still]] = self.now
 
+    def _acknowledge(self, keys: np.ndarray, has_intent: np.ndarray) -> None:
+        """The owner took in this node's intent state for ``keys`` (or it decided here)."""
+        self.intents.acknowledge(keys, has_intent)
+        if self.sinks and len(keys):
+            self._emit(Event.INTENT_START, keys[has_intent])
+            self._emit(Event.INTENT_STOP, keys[~has_intent])
+
     def _redirected(self, keys: np.ndarray, flags: np.ndarray, ranks: np.ndarray) -> None:
         """Intent reports that went to a node that does not own the keys; ``ranks``: where it
         says they are. Keys owned here by now (the relocation came with the answer) are decided
-        at once; the rest go with the round's next wave."""
+        at once; the rest are reported again by the next round (to the corrected hint)."""
         self.counters["redirected_keys"] += len(keys)
         self.router.hint[keys] = ranks
         owned = self.store.state[keys] == OWNER
         if owned.any():
             mine, mine_flags = keys[owned], flags[owned]
             self._execute(self.policy.on_intent(mine, self.rank, mine_flags))
-            self.intents.acknowledge(mine, mine_flags)
+            self._acknowledge(mine, mine_flags)
             self._arrived = True
             keys, flags = keys[~owned], flags[~owned]
         if len(keys):
-            self._wave.append((keys, flags))
+            self.intents.report_again(keys)
+            self._redirected_now = True
 
     # --- queries -----------------------------------------------------------------------------
 

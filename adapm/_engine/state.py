@@ -67,7 +67,7 @@ class Outstanding:
 # copy taken from another thread never sees the dict change size.
 COUNTERS = ("late_answers", "relocations_in", "relocations_out", "replica_setups",
             "replica_setups_discarded", "replica_drops", "replica_drops_at_owner",
-            "forwarded_keys", "redirected_keys", "redirect_waves", "queued_keys", "awaited_keys",
+            "forwarded_keys", "redirected_keys", "queued_keys", "awaited_keys",
             "intents_acted")
 
 

@@ -32,8 +32,8 @@ class Event(enum.IntEnum):
     DEALLOC = 2  # the main copy left; ``peer``: where it went
     REPLICA_SETUP = 3  # a replica was installed here; ``peer``: the owner that sent it
     REPLICA_DROP = 4  # the replica here was dropped (this node's intent ended)
-    INTENT_START = 5  # this node now has acted-on intent (as reported to the owners)
-    INTENT_STOP = 6  # this node's intent ended (as reported to the owners)
+    INTENT_START = 5  # this node now has acted-on intent (the owner took the report in)
+    INTENT_STOP = 6  # this node's intent ended (the owner took the report in)
     REMOTE_ACCESS = 7  # a worker's pull, push or set of these keys was served by ``peer``
 
 
