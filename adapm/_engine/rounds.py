@@ -51,12 +51,14 @@ IDLE_POLL_S = 0.05
 class _Round:
     """Context of one SYNC request of a round: its keys by position, and the report flags."""
 
-    __slots__ = ("keys", "num_intents", "flags", "dst")
+    __slots__ = ("keys", "num_intents", "num_deltas", "flags", "dst")
 
-    def __init__(self, keys: np.ndarray, num_intents: int, flags: np.ndarray) -> None:
+    def __init__(self, keys: np.ndarray, num_intents: int, num_deltas: int,
+                 flags: np.ndarray) -> None:
         self.dst = -1
         self.keys = keys
         self.num_intents = num_intents
+        self.num_deltas = num_deltas
         self.flags = flags
 
 
@@ -304,16 +306,20 @@ class Rounds:
                       dkeys[d_index], p_d, self.store.select_rows(drows, dkeys, d_index),
                       dver[d_index],
                       ckeys[c_index], p_c, cver[c_index]]
-            out.append((dst, arrays, len(positions), _Round(keys, ni, iflags)))
+            out.append((dst, arrays, len(positions), _Round(keys, ni, nd, iflags)))
         return out
 
     def _apply_sync_answer(self, context: _Round, msg: Message) -> None:
         """A (partial) SYNC_RESP: intent reports taken in or redirected; replicas' versions and
         values."""
-        positions, versions, refresh_positions, values, moved, ranks = msg.arrays[:6]
+        positions, versions, refresh_positions, values, moved, ranks, back, rows = msg.arrays[:8]
         store, keys = self.store, context.keys
         if len(moved):
             self._redirected(keys[moved], context.flags[moved], ranks)
+        if len(back):
+            deltas = back[back < context.num_intents + context.num_deltas]
+            if len(deltas):
+                self._returned(keys[deltas], rows)
         answered_keys = keys[positions]
         self.router.learn(answered_keys, msg.src, store.state[answered_keys] == OWNER)
         reports = positions < context.num_intents
@@ -333,6 +339,35 @@ class Rounds:
         still = store.state[answered] == REPLICA
         store.version[answered[still]] = versions[still]
         store.synced_at[answered[still]] = self.now
+
+    def _returned(self, keys: np.ndarray, rows: np.ndarray) -> None:
+        """Replica deltas for ``keys`` came back: their owner had relocated them to this node
+        (the relocation came with or before the answer). Applied here where this node owns the
+        keys; sent on where they moved on since (version checks that came back need nothing:
+        the replica is gone)."""
+        store = self.store
+        self.counters["returned_deltas"] += len(keys)
+        owned = store.state[keys] == OWNER
+        if owned.any():
+            mine = keys[owned]
+            missing = store.scatter_add(mine, store.select_rows(rows, keys, owned),
+                                        self._scratch(len(mine)))
+            self._expect_none_missing(missing)
+        if owned.all():
+            return
+        # Moved on: a SYNC of this round to this node, which forwards the deltas (an answer's
+        # version -1 is never taken for a replica's: these keys are not replicas here).
+        keys, rows = keys[~owned], store.select_rows(rows, keys, ~owned)
+        n = len(keys)
+        none = np.empty(0, dtype=np.int64)
+        context = _Round(keys, 0, n, np.empty(0, dtype=bool))
+        req_id = self._new_round_request(n, context)
+        context.dst = self.rank
+        self._open.add(req_id)
+        self._post(self.rank, Kind.SYNC, req_id,
+                   [none, none, np.empty(0, dtype=np.int8), keys, np.arange(n, dtype=np.int64),
+                    rows, np.full(n, -1, dtype=np.int64), none, none, none, *NO_MOVES],
+                   o=self.rank)
 
     def _acknowledge(self, keys: np.ndarray, has_intent: np.ndarray) -> None:
         """The owner took in this node's intent state for ``keys`` (or it decided here)."""

@@ -37,12 +37,13 @@ class Serving:
         """A keyed request: serve what is owned here, forward or queue the rest.
 
         Intent reports of a SYNC for keys that are elsewhere are not forwarded but answered
-        with where to report them (the next hop): the origin sends them there with the rest of
-        its round's redirected reports, one message per owner, and not one forward per
-        misrouted request (bench/adaptive.py, 4 nodes: ~12 forwarded SYNC messages per node
-        and round, half of them forwarded again). A key on its way here waits here; replica
-        deltas and checks are forwarded (a delta must reach the owner, and they are rare:
-        replicated keys do not move).
+        with where to report them (the next hop): the origin reports them there with its next
+        round, one message per owner, and not one forward per misrouted request
+        (bench/adaptive.py, 4 nodes: ~12 forwarded SYNC messages per node and round, half of
+        them forwarded again). Replica deltas and checks for keys that went to the origin
+        itself (the delta crossed the relocation) go back inside the answer, which carries the
+        relocation too. A key on its way here waits here; other deltas and checks are
+        forwarded (a delta must reach the owner).
         """
         keys = msg.keys()
         owned = self.store.state[keys] == OWNER
@@ -53,10 +54,19 @@ class Serving:
         nxt = self.router.next_hop(keys[rest_index])
         redirect = None
         if msg.kind == Kind.SYNC:
-            elsewhere = (rest_index < len(msg.arrays[0])) & (nxt >= 0)
-            if elsewhere.any():
-                redirect = (msg.arrays[1][rest_index[elsewhere]], nxt[elsewhere])
-                rest_index, nxt = rest_index[~elsewhere], nxt[~elsewhere]
+            ni, nd = len(msg.arrays[0]), len(msg.arrays[3])
+            report = rest_index < ni
+            elsewhere = report & (nxt >= 0)
+            back = ~report & (nxt == msg.header["o"])
+            if elsewhere.any() or back.any():
+                positions = np.concatenate((msg.arrays[1], msg.arrays[4], msg.arrays[8]))
+                back_index = rest_index[back]
+                deltas = back_index[back_index < ni + nd] - ni
+                redirect = (positions[rest_index[elsewhere]], nxt[elsewhere],
+                            positions[back_index],
+                            self.store.select_rows(msg.arrays[5], msg.arrays[3], deltas))
+                keep = ~(elsewhere | back)
+                rest_index, nxt = rest_index[keep], nxt[keep]
         if owned.any() or redirect is not None:
             self._serve(subset(msg, np.flatnonzero(owned), self.store), redirect)
         if not len(rest_index):
@@ -92,7 +102,8 @@ class Serving:
 
     def _serve(self, msg: Message, redirect=None) -> None:
         """Serve ``msg`` (all its keys are owned here); ``redirect``: (positions, ranks) of
-        intent reports of the same SYNC to send back to the origin with the answer."""
+        intent reports of the same SYNC to send back to the origin with the answer, and
+        (positions, delta rows) of its deltas and checks that go back to the origin."""
         kind, origin = msg.kind, msg.header["o"]
         keys, positions = msg.arrays[0], msg.arrays[1]
         store = self.store
@@ -120,7 +131,8 @@ class Serving:
         """
         store = self.store
         sections = msg.sections()
-        redirected = list(redirect) if redirect is not None else [_NO_POS, _NO_POS]
+        redirected = (list(redirect) if redirect is not None
+                      else [_NO_POS, _NO_POS, _NO_POS, _NO_ROWS])
         ikeys, ipos, iflags = sections[INTENTS]
         dkeys, dpos, drows, dver = sections[DELTAS]
         ckeys, cpos, cver = sections[CHECKS]

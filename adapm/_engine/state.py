@@ -67,7 +67,7 @@ class Outstanding:
 # copy taken from another thread never sees the dict change size.
 COUNTERS = ("late_answers", "relocations_in", "relocations_out", "replica_setups",
             "replica_setups_discarded", "replica_drops", "replica_drops_at_owner",
-            "forwarded_keys", "redirected_keys", "queued_keys", "awaited_keys",
+            "forwarded_keys", "redirected_keys", "returned_deltas", "queued_keys", "awaited_keys",
             "intents_acted")
 
 
@@ -358,8 +358,8 @@ class NodeState(Serving, Rounds):
         else:
             positions = msg.arrays[0]
             req.remaining -= len(positions)
-            if msg.kind == Kind.SYNC_RESP:
-                req.remaining -= len(msg.arrays[4])  # redirected intent reports
+            if msg.kind == Kind.SYNC_RESP:  # redirected reports, returned deltas and checks
+                req.remaining -= len(msg.arrays[4]) + len(msg.arrays[6])
             if req.remaining < 0:
                 raise StateError(f"rank {self.rank}: request {msg.req_id} answered twice "
                                  f"(last part from rank {msg.src})")

@@ -56,7 +56,8 @@ class Kind(enum.IntEnum):
     PULL_RESP = 10
     ACK = 11
     SYNC_RESP = 12  # per entry: version (-1 for intent reports); new values where behind;
-    #                 intent reports for keys not owned here: where to report them instead
+    #                 intent reports for keys not owned here: where to report them instead;
+    #                 deltas and checks for keys that went to the origin: returned to it
     ERROR = 13  # header "msg": why a request could not be served
     # owner -> node, unsolicited: relocations, replicas, home updates (MOVE_SECTIONS)
     MOVES = 20
@@ -96,7 +97,7 @@ SCHEMA: dict[Kind, tuple[tuple[str, ...], ...]] = {
                 *MOVE_SECTIONS),
     Kind.PULL_RESP: ((POS, ROWS),),
     Kind.ACK: ((POS,),),
-    Kind.SYNC_RESP: ((POS, VERSIONS, POS, ROWS, POS, RANKS), *MOVE_SECTIONS),
+    Kind.SYNC_RESP: ((POS, VERSIONS, POS, ROWS, POS, RANKS, POS, ROWS), *MOVE_SECTIONS),
     Kind.MOVES: MOVE_SECTIONS,
 }
 ROLES = {kind: tuple(role for section in sections for role in section)
