@@ -229,7 +229,8 @@ def _job(node, o: dict, nodes: int) -> dict:
             mismatched = [(int(k), float(got[k, 0]), int(expect[k])) for k in bad[:10]]
             mismatched.append(("mismatched keys", int(len(bad))))
     node.barrier()
-    return {"elapsed": elapsed, "cpu": cpu, "engine_cpu": engine_cpu, "keys": len(workers) * clocks * o["batch"],
+    return {"elapsed": elapsed, "cpu": cpu, "engine_cpu": engine_cpu,
+            "keys": len(workers) * clocks * o["batch"],
             "stats": stats, "staleness": (reads, read_us - synced_us), "mismatched": mismatched,
             "rep_times": times}
 

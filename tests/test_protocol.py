@@ -101,8 +101,8 @@ def test_mangled_frames_are_rejected_or_match_the_schema(batch, edits):
 
 odd_values = st.one_of(st.integers(-2**63, 2**64 - 1), st.floats(), st.booleans(), st.none(),
                        st.text(max_size=3), st.binary(max_size=3),
-                       st.lists(st.one_of(st.integers(-2**63, 2**64 - 1), st.floats(), st.booleans()),
-                                max_size=3))
+                       st.lists(st.one_of(st.integers(-2**63, 2**64 - 1), st.floats(),
+                                          st.booleans()), max_size=3))
 
 
 @given(st.lists(st.fixed_dictionaries(

@@ -131,7 +131,10 @@ class _MaskPolicy(Policy):
         return actions
 
     def take(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """The masks of ``keys``, flat (``words`` per key, as they travel), and forgets them."""
+        """The masks of ``keys``, flat (``words`` per key, as they travel), and forgets them.
+
+        With :meth:`install`, the reference of what native/directory.c does to the masks when
+        it relocates keys (tests/test_directory.py)."""
         s, r = self.intent[keys].reshape(-1), self.replicas[keys].reshape(-1)
         self.intent[keys] = 0
         self.replicas[keys] = 0

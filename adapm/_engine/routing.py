@@ -114,7 +114,11 @@ class Router:
         self.hint[keys[~owned_here]] = rank
 
     def moved_out(self, keys: np.ndarray, dst: int) -> np.ndarray:
-        """Keys leave for ``dst``; returns their new epochs (the receiver installs them)."""
+        """Keys leave for ``dst``; returns their new epochs (the receiver installs them).
+
+        With :meth:`moved_in`, the reference semantics of the relocations in
+        native/directory.c, which the engine runs (tests/test_directory.py holds one against
+        the other)."""
         epochs = self.epoch[keys] + 1
         self.forward[keys] = dst
         self.hint[keys] = dst
