@@ -1,6 +1,6 @@
 """A large key space on few nodes: init time, memory per node, and the adaptive workload over it.
 
-    python bench/scale.py                          # 10^8 keys x 8 floats on 2 nodes
+    python bench/scale.py                          # 10^8 keys x 8 floats on 2 nodes, 10,000 clocks
     python bench/scale.py --num-keys 10000000      # a quicker look
 
 Per node it reports
@@ -120,7 +120,7 @@ def main(argv=None) -> None:
     parser.add_argument("--nodes", type=int, default=2)
     parser.add_argument("--num-keys", type=int, default=100_000_000)
     parser.add_argument("--value-length", type=int, default=8)
-    parser.add_argument("--clocks", type=int, default=3000)
+    parser.add_argument("--clocks", type=int, default=10_000)
     parser.add_argument("--batch", type=int, default=100)
     parser.add_argument("--ahead", type=int, default=100)
     parser.add_argument("--management", default="adaptive")
