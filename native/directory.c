@@ -38,10 +38,15 @@ int64_t dir_relocate_in(const directory_t *d, const int64_t *keys, int64_t n,
     for (int64_t i = 0; i < n; i++) {
         const int8_t state = s->state[keys[i]];
         if (state == KEY_OWNER) return -1 - i;
-        fresh += state != KEY_REPLICA;
-        need += key_len(s, keys[i]);
+        const int64_t len = key_len(s, keys[i]);
+        if (state != KEY_REPLICA) { /* inserted at the next slot: it must fit the slab */
+            if (fresh >= nslots) return -1 - n;
+            if (slots[fresh] < 0 || slots[fresh] + len > s->slab_floats) return -1 - n;
+            fresh++;
+        }
+        need += len;
     }
-    if (need > values_floats || fresh > nslots) return -1 - n;
+    if (need > values_floats) return -1 - n;
     const int64_t w = d->words, own_word = d->rank / 64;
     const uint64_t own_bit = (uint64_t)1 << (d->rank % 64);
     int64_t off = 0, j = 0;

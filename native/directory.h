@@ -37,8 +37,8 @@ int64_t dir_relocate_out(const directory_t *d, const int64_t *keys, int64_t n, i
  * other keys are inserted at slots[j] (the j-th key that was not a replica). The new owner's
  * replica bit is cleared, the epoch installed, the hint set to this node and, for keys homed
  * here, the home table updated if the epoch is newer. was_replica[i] says which were
- * promoted. Returns n, or -1 - i if keys[i] is owned here already (then nothing changed), or
- * -1 - n if values or slots are too short. */
+ * promoted. Returns n, or -1 - i if keys[i] is owned here already, or -1 - n if values or
+ * slots are too short or a slot is outside the slab; then nothing changed. */
 int64_t dir_relocate_in(const directory_t *d, const int64_t *keys, int64_t n,
                         const float *values, int64_t values_floats, const int64_t *versions,
                         const uint64_t *s_in, const uint64_t *r_in, const int64_t *epochs,

@@ -151,7 +151,9 @@ static PyObject *Directory_relocate_in(DirectoryObject *self, PyObject *args) {
     r = dir_relocate_in(&self->d, v[0].buf, n, v[1].buf, v[1].len / 4, v[2].buf, v[3].buf,
                         v[4].buf, v[5].buf, v[6].buf, v[6].len / 8, v[7].buf);
     NOGIL_END
-    if (r == -1 - n) PyErr_SetString(PyExc_ValueError, "relocate_in: values or slots too short");
+    if (r == -1 - n)
+        PyErr_SetString(PyExc_ValueError, "relocate_in: values or slots too short, or a slot "
+                                          "outside the slab");
     else if (r < 0)
         PyErr_Format(PyExc_ValueError, "relocate_in: key %lld is owned here already",
                      (long long)((int64_t *)v[0].buf)[-1 - r]);

@@ -174,3 +174,25 @@ def test_relocating_a_key_not_owned_changes_nothing():
                           np.zeros(2, np.int64), np.zeros(2, np.uint64), np.zeros(2, np.uint64),
                           np.ones(2, np.int64))
     np.testing.assert_array_equal(store.state, before[0])
+
+
+def test_native_relocation_checks_its_buffers():
+    config = _config(2, 0, 2)
+    store = Store(config)
+    store.insert(home_keys(0, NUM_KEYS, 2), OWNER)
+    node = NodeState(0, 2, store, config)
+    keys = np.array([1], dtype=np.int64)  # homed at rank 1: not held here
+    args = [np.zeros(2, np.float32), np.zeros(1, np.int64), np.zeros(1, np.uint64),
+            np.zeros(1, np.uint64), np.ones(1, np.int64)]
+    for slots in (np.array([10**12], np.int64), np.array([-5], np.int64),
+                  np.empty(0, np.int64)):
+        with pytest.raises(ValueError, match="slot"):
+            node.directory.relocate_in(keys, *args, slots, np.empty(1, np.int8))
+    with pytest.raises(ValueError, match="values"):
+        node.directory.relocate_in(keys, np.zeros(1, np.float32), *args[1:],
+                                   np.array([0], np.int64), np.empty(1, np.int8))
+    with pytest.raises(IndexError):
+        node.directory.relocate_out(np.array([NUM_KEYS], np.int64), 1, *(
+            np.empty(k, d) for k, d in ((2, np.float32), (1, np.int64), (1, np.uint64),
+                                        (1, np.uint64), (1, np.int64), (1, np.int64))))
+    assert store.state[1] == NONE and node.router.hint[1] == 1
