@@ -235,6 +235,13 @@ def _job(node, o: dict, nodes: int) -> dict:
             "rep_times": times}
 
 
+def access_counts(stats: list) -> tuple[int, int]:
+    """(keys pulled or pushed, of them remotely) over the nodes' ``stats()``."""
+    accessed = sum(s["local_pull_keys"] + s["waited_pull_keys"] + s["remote_pull_keys"]
+                   + s["local_push_keys"] + s["remote_push_keys"] for s in stats)
+    return accessed, sum(s["remote_pull_keys"] + s["remote_push_keys"] for s in stats)
+
+
 def run_variant(o: dict, nodes: int, settings: dict, world_size: int) -> dict:
     config = {"num_keys": o["num_keys"], "value_length": o["value_length"], **settings}
     results = run_cluster(_job, world_size=world_size, args=(o, nodes), timeout_s=o["timeout"],
@@ -246,9 +253,7 @@ def run_variant(o: dict, nodes: int, settings: dict, world_size: int) -> dict:
     keys = sum(r["keys"] for r in results)
     elapsed = max(r["elapsed"] for r in results)
     st = [r["stats"] for r in results]
-    accessed = sum(s["local_pull_keys"] + s["waited_pull_keys"] + s["remote_pull_keys"]
-                   + s["local_push_keys"] + s["remote_push_keys"] for s in st)
-    remote = sum(s["remote_pull_keys"] + s["remote_push_keys"] for s in st)
+    accessed, remote = access_counts(st)
     waited = sum(s["waited_pull_keys"] for s in st)
     reads = sum(r["staleness"][0] for r in results)
     stale_us = sum(r["staleness"][1] for r in results)

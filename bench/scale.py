@@ -32,6 +32,7 @@ import time
 import numpy as np
 
 from adapm.testing import run_cluster
+from adaptive import access_counts  # bench/adaptive.py, next to this script
 
 
 def sequence(o: dict, nodes: int, node: int) -> np.ndarray:
@@ -139,9 +140,7 @@ def main(argv=None) -> None:
     keys = sum(r["keys"] for r in results)
     elapsed = max(r["elapsed"] for r in results)
     st = [r["stats"] for r in results]
-    accessed = sum(s["local_pull_keys"] + s["waited_pull_keys"] + s["remote_pull_keys"]
-                   + s["local_push_keys"] + s["remote_push_keys"] for s in st)
-    remote = sum(s["remote_pull_keys"] + s["remote_push_keys"] for s in st)
+    accessed, remote = access_counts(st)
     print(f"{opts.num_keys:,} keys x {opts.value_length} floats on {opts.nodes} nodes "
           f"({opts.management}); {opts.clocks} clocks x {opts.batch} keys per node, intent "
           f"{opts.ahead} clocks ahead; machine: nproc={os.cpu_count()}, "

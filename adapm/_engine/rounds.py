@@ -244,15 +244,9 @@ class Rounds:
             # wait_sync sees them served.
             self._acknowledge(ikeys, iflags)
             ikeys, iflags = ikeys[:0], iflags[:0]
-        owned = store.state[ikeys] == OWNER
-        if owned.any():
-            # This node owns these keys: decide now, without a message to itself
-            # (bench/adaptive.py: most reports are about a node's own keys).
-            mine, mine_flags = ikeys[owned], iflags[owned]
-            self._execute(self.policy.on_intent(mine, self.rank, mine_flags))
-            self._acknowledge(mine, mine_flags)
-            self._arrived = True
-            ikeys, iflags = ikeys[~owned], iflags[~owned]
+        # Keys owned here are decided now, without a message to itself (bench/adaptive.py:
+        # most reports are about a node's own keys).
+        ikeys, iflags = self._decide_owned(ikeys, iflags)
         # A replica whose intent ended is dropped now; its last delta travels with the report.
         ending = ikeys[~iflags]
         drop = ending[store.state[ending] == REPLICA]
@@ -369,6 +363,18 @@ class Rounds:
                     rows, np.full(n, -1, dtype=np.int64), none, none, none, *NO_MOVES],
                    o=self.rank)
 
+    def _decide_owned(self, keys: np.ndarray, flags: np.ndarray) -> tuple:
+        """This node's intent state for ``keys``: where it owns a key, decide here and take it
+        as told; returns the keys (and flags) owned elsewhere, to report."""
+        owned = self.store.state[keys] == OWNER
+        if not owned.any():
+            return keys, flags
+        mine, mine_flags = keys[owned], flags[owned]
+        self._execute(self.policy.on_intent(mine, self.rank, mine_flags))
+        self._acknowledge(mine, mine_flags)
+        self._arrived = True
+        return keys[~owned], flags[~owned]
+
     def _acknowledge(self, keys: np.ndarray, has_intent: np.ndarray) -> None:
         """The owner took in this node's intent state for ``keys`` (or it decided here)."""
         self.intents.acknowledge(keys, has_intent)
@@ -382,13 +388,7 @@ class Rounds:
         at once; the rest are reported again by the next round (to the corrected hint)."""
         self.counters["redirected_keys"] += len(keys)
         self.router.hint[keys] = ranks
-        owned = self.store.state[keys] == OWNER
-        if owned.any():
-            mine, mine_flags = keys[owned], flags[owned]
-            self._execute(self.policy.on_intent(mine, self.rank, mine_flags))
-            self._acknowledge(mine, mine_flags)
-            self._arrived = True
-            keys, flags = keys[~owned], flags[~owned]
+        keys, flags = self._decide_owned(keys, flags)
         if len(keys):
             self.intents.report_again(keys)
             self._redirected_now = True
