@@ -73,3 +73,120 @@ int64_t dir_relocate_in(const directory_t *d, const int64_t *keys, int64_t n,
     }
     return n;
 }
+
+void dir_decide_sizes(const directory_t *d, const int64_t *keys, int64_t n,
+                      const int64_t *relocate_to, const uint64_t *setup, decide_sizes_t *out) {
+    const store_t *s = d->store;
+    const int64_t w = d->words;
+    decide_sizes_t z = {0, 0, 0, 0, 0};
+    const int64_t used = d->world_size % 64;
+    const uint64_t stray = used ? ~(((uint64_t)1 << used) - 1) : 0;
+    for (int64_t i = 0; i < n; i++) {
+        const int64_t key = keys[i], len = key_len(s, key), dst = relocate_to[i];
+        if (dst >= d->world_size || (setup[i * w + w - 1] & stray)) {
+            out->relocations = -1;
+            return;
+        }
+        if (dst >= 0) {
+            z.relocations++;
+            z.relocation_floats += len;
+            const int64_t home = key % d->world_size;
+            if (home != dst && home != d->rank) z.home_updates++;
+        }
+        int64_t bits = 0;
+        for (int64_t j = 0; j < w; j++) bits += __builtin_popcountll(setup[i * w + j]);
+        z.setups += bits;
+        z.setup_floats += bits * len;
+    }
+    *out = z;
+}
+
+/* Starts of each rank's run in an output ordered by rank, from the counts: cursor[r]. */
+static void run_starts(const int64_t *count, int64_t world_size, int64_t *cursor) {
+    int64_t at = 0;
+    for (int64_t r = 0; r < world_size; r++) {
+        cursor[r] = at;
+        at += count[r];
+    }
+}
+
+int64_t dir_decide_execute(const directory_t *d, const int64_t *keys, int64_t n,
+                           const int64_t *relocate_to, const uint64_t *setup,
+                           const decide_sizes_t *sizes, decide_out_t *o, int64_t *cursor) {
+    const store_t *s = d->store;
+    const int64_t w = d->words, world = d->world_size;
+    /* Relocations: keys ordered by destination, then one dir_relocate_out per destination. */
+    memset(o->r_count, 0, (size_t)world * sizeof(int64_t));
+    for (int64_t i = 0; i < n; i++)
+        if (relocate_to[i] >= 0) o->r_count[relocate_to[i]]++;
+    run_starts(o->r_count, world, cursor);
+    for (int64_t i = 0; i < n; i++)
+        if (relocate_to[i] >= 0) o->r_keys[cursor[relocate_to[i]]++] = keys[i];
+    int64_t at = 0, floats = 0;
+    for (int64_t dst = 0; dst < world; dst++) {
+        const int64_t m = o->r_count[dst];
+        if (!m) continue;
+        int64_t run_floats = 0;
+        for (int64_t i = at; i < at + m; i++) run_floats += key_len(s, o->r_keys[i]);
+        if (dir_relocate_out(d, o->r_keys + at, m, dst, o->r_values + floats, run_floats,
+                             o->r_versions + at, o->r_s + at * w, o->r_r + at * w,
+                             o->r_epochs + at, o->r_slots + at) < 0)
+            return -1;
+        at += m;
+        floats += run_floats;
+    }
+    /* Home updates: the new owner updates the homes it is itself; the old one tells the rest,
+     * and its own home table takes the newest epoch (updates from old and new owners cross). */
+    memset(o->h_count, 0, (size_t)world * sizeof(int64_t));
+    at = 0;
+    for (int64_t dst = 0; dst < world; dst++) {
+        for (int64_t i = at; i < at + o->r_count[dst]; i++) {
+            const int64_t key = o->r_keys[i], home = key % world;
+            if (home == d->rank) {
+                const int64_t h = key / world;
+                if (o->r_epochs[i] > d->home_epoch[h]) {
+                    d->home_epoch[h] = o->r_epochs[i];
+                    d->home_owner[h] = (int32_t)dst;
+                }
+            } else if (home != dst) {
+                o->h_count[home]++;
+            }
+        }
+        at += o->r_count[dst];
+    }
+    run_starts(o->h_count, world, cursor);
+    at = 0;
+    for (int64_t dst = 0; dst < world; dst++) {
+        for (int64_t i = at; i < at + o->r_count[dst]; i++) {
+            const int64_t key = o->r_keys[i], home = key % world;
+            if (home == dst || home == d->rank) continue;
+            const int64_t j = cursor[home]++;
+            o->h_keys[j] = key;
+            o->h_owners[j] = dst;
+            o->h_epochs[j] = o->r_epochs[i];
+        }
+        at += o->r_count[dst];
+    }
+    /* Set-ups: (key, node) pairs ordered by node; versions read before the values (a version
+     * sent must never be newer than the value sent with it: workers here may write between). */
+    memset(o->s_count, 0, (size_t)world * sizeof(int64_t));
+    for (int64_t i = 0; i < n; i++)
+        for (int64_t j = 0; j < w; j++)
+            for (uint64_t bits = setup[i * w + j]; bits; bits &= bits - 1)
+                o->s_count[j * 64 + __builtin_ctzll(bits)]++;
+    run_starts(o->s_count, world, cursor);
+    for (int64_t i = 0; i < n; i++)
+        for (int64_t j = 0; j < w; j++)
+            for (uint64_t bits = setup[i * w + j]; bits; bits &= bits - 1)
+                o->s_keys[cursor[j * 64 + __builtin_ctzll(bits)]++] = keys[i];
+    for (int64_t i = 0; i < sizes->setups; i++) {
+        const int64_t key = o->s_keys[i];
+        if (s->state[key] != KEY_OWNER) return -1;
+        o->s_versions[i] = __atomic_load_n(&s->version[key], __ATOMIC_ACQUIRE);
+    }
+    /* None missing: every key is owned, and only this thread removes keys. */
+    if (sizes->setups && store_gather(s, o->s_keys, sizes->setups, o->s_values,
+                                      sizes->setup_floats, cursor) != 0)
+        return -1;
+    return 0;
+}

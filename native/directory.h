@@ -44,4 +44,40 @@ int64_t dir_relocate_in(const directory_t *d, const int64_t *keys, int64_t n,
                         const uint64_t *s_in, const uint64_t *r_in, const int64_t *epochs,
                         const int64_t *slots, int64_t nslots, int8_t *was_replica);
 
+/* An owner's decision on one node's intent reports, carried out (see adapm/_engine/serve.py,
+ * NodeState._decide): policy_decide's verdicts (relocate_to[i], setup[i][words]) for keys[i]
+ * become relocations (dir_relocate_out, grouped by destination), replica set-ups (the value and
+ * version to send, grouped by destination) and home updates (relocated keys homed neither here
+ * nor at their new owner, grouped by home; those homed here update the home table directly).
+ * First dir_decide_sizes says how large the outputs are; the caller allocates them. */
+typedef struct {
+    int64_t relocations, relocation_floats; /* keys relocated, floats of their values */
+    int64_t setups, setup_floats;           /* (key, node) pairs that get a replica */
+    int64_t home_updates;                   /* to other nodes */
+} decide_sizes_t;
+
+/* out->relocations = -1 if a verdict names a rank >= world_size (masks with stray bits). */
+void dir_decide_sizes(const directory_t *d, const int64_t *keys, int64_t n,
+                      const int64_t *relocate_to, const uint64_t *setup, decide_sizes_t *out);
+
+/* Every array is sized by dir_decide_sizes (per relocation, per set-up pair, per home update;
+ * masks `words` per relocation); the *_count arrays have world_size entries: how many of the
+ * entries, which are ordered by rank, go to each rank. Within a rank, entries keep the order
+ * of keys. */
+typedef struct {
+    int64_t *r_count, *r_keys, *r_versions, *r_epochs, *r_slots;
+    float *r_values;
+    uint64_t *r_s, *r_r;
+    int64_t *s_count, *s_keys, *s_versions;
+    float *s_values;
+    int64_t *h_count, *h_keys, *h_owners, *h_epochs;
+} decide_out_t;
+
+/* Carries out the verdicts (keys owned here, unique, as policy_decide had them); cursor:
+ * scratch of max(world_size, setups) entries. Returns 0, or -1 if a relocated or replicated key is not owned here (a
+ * relocation is then partly done: callers check ownership before policy_decide). */
+int64_t dir_decide_execute(const directory_t *d, const int64_t *keys, int64_t n,
+                           const int64_t *relocate_to, const uint64_t *setup,
+                           const decide_sizes_t *sizes, decide_out_t *o, int64_t *cursor);
+
 #endif

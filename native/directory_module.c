@@ -6,6 +6,7 @@
  */
 #include "directory.h"
 #include "module.h"
+#include "policy.h"
 
 typedef struct {
     PyObject_HEAD
@@ -87,42 +88,15 @@ static int check_keys(const DirectoryObject *self, const int64_t *keys, int64_t 
     return 0;
 }
 
-/* relocate_out(keys, dst, values, versions, s_out, r_out, epochs, slots) -> None */
-static PyObject *Directory_relocate_out(DirectoryObject *self, PyObject *args) {
-    PyObject *o[7];
-    long long dst;
-    if (!PyArg_ParseTuple(args, "OLOOOOOO", &o[0], &dst, &o[1], &o[2], &o[3], &o[4], &o[5],
-                          &o[6]))
-        return NULL;
-    Py_buffer v[7];
-    const Py_ssize_t sizes[7] = {8, 4, 8, 8, 8, 8, 8};
-    const int writable[7] = {0, 1, 1, 1, 1, 1, 1};
-    int got = 0;
-    PyObject *result = NULL;
-    for (; got < 7; got++)
-        if (borrow(o[got], &v[got], sizes[got], writable[got], "relocate_out") < 0) goto done;
-    const int64_t n = v[0].len / 8, w = self->d.words;
-    if (dst < 0 || dst >= self->d.world_size || dst == self->d.rank || v[2].len / 8 != n
-        || v[3].len / 8 != n * w || v[4].len / 8 != n * w || v[5].len / 8 != n
-        || v[6].len / 8 != n) {
-        PyErr_SetString(PyExc_ValueError, "relocate_out: dst must be another rank; versions, "
-                                          "epochs and slots one per key, masks words per key");
-        goto done;
-    }
-    if (check_keys(self, v[0].buf, n) < 0) goto done;
-    int64_t r;
-    NOGIL_BEGIN(v[1].len / 4)
-    r = dir_relocate_out(&self->d, v[0].buf, n, dst, v[1].buf, v[1].len / 4, v[2].buf,
-                         v[3].buf, v[4].buf, v[5].buf, v[6].buf);
-    NOGIL_END
-    if (r == -1 - n) PyErr_SetString(PyExc_ValueError, "relocate_out: values too short");
-    else if (r < 0)
-        PyErr_Format(PyExc_ValueError, "relocate_out: key %lld is not owned here",
-                     (long long)((int64_t *)v[0].buf)[-1 - r]);
-    else result = Py_NewRef(Py_None);
-done:
-    for (int i = 0; i < got; i++) PyBuffer_Release(&v[i]);
-    return result;
+/* Whether any of n masks (`words` words each) has a bit for a rank >= world_size: masks that
+ * come with relocations are checked, so that the owner's decisions only name real ranks. */
+static int stray_rank_bits(const directory_t *d, const uint64_t *masks, int64_t n) {
+    const int64_t used = d->world_size % 64;
+    if (!used) return 0;
+    const uint64_t stray = ~(((uint64_t)1 << used) - 1);
+    for (int64_t i = 0; i < n; i++)
+        if (masks[i * d->words + d->words - 1] & stray) return 1;
+    return 0;
 }
 
 /* relocate_in(keys, values, versions, s_in, r_in, epochs, slots, was_replica) -> None */
@@ -146,6 +120,11 @@ static PyObject *Directory_relocate_in(DirectoryObject *self, PyObject *args) {
         goto done;
     }
     if (check_keys(self, v[0].buf, n) < 0) goto done;
+    if (stray_rank_bits(&self->d, v[3].buf, n) || stray_rank_bits(&self->d, v[4].buf, n)) {
+        PyErr_Format(PyExc_ValueError, "relocate_in: a mask names a rank >= world size %lld",
+                     (long long)self->d.world_size);
+        goto done;
+    }
     int64_t r;
     NOGIL_BEGIN(v[1].len / 4)
     r = dir_relocate_in(&self->d, v[0].buf, n, v[1].buf, v[1].len / 4, v[2].buf, v[3].buf,
@@ -163,11 +142,128 @@ done:
     return result;
 }
 
+/* A tuple of `count` new bytearrays of the given byte sizes, their data pointers in ptrs. */
+static PyObject *new_buffers(int count, const Py_ssize_t *bytes, void **ptrs) {
+    PyObject *tuple = PyTuple_New(count);
+    if (!tuple) return NULL;
+    for (int i = 0; i < count; i++) {
+        PyObject *b = PyByteArray_FromStringAndSize(NULL, bytes[i]);
+        if (!b) {
+            Py_DECREF(tuple);
+            return NULL;
+        }
+        ptrs[i] = PyByteArray_AS_STRING(b);
+        PyTuple_SET_ITEM(tuple, i, b);
+    }
+    return tuple;
+}
+
+/* decide(variant, node, keys, has_intent) -> (dropped, relocations, setups, home_updates) */
+static PyObject *Directory_decide(DirectoryObject *self, PyObject *args) {
+    int variant;
+    long long node;
+    PyObject *okeys, *oflags;
+    if (!PyArg_ParseTuple(args, "iLOO", &variant, &node, &okeys, &oflags)) return NULL;
+    const directory_t *d = &self->d;
+    if (variant < POLICY_ADAPTIVE || variant > POLICY_RELOCATION_ONLY || node < 0
+        || node >= d->world_size) {
+        PyErr_SetString(PyExc_ValueError, "decide: bad variant, or node outside the ranks");
+        return NULL;
+    }
+    Py_buffer kv, fv;
+    if (borrow(okeys, &kv, 8, 0, "decide: keys") < 0) return NULL;
+    if (borrow(oflags, &fv, 1, 0, "decide: has_intent") < 0) {
+        PyBuffer_Release(&kv);
+        return NULL;
+    }
+    PyObject *result = NULL, *groups[3] = {NULL, NULL, NULL};
+    int64_t *relocate_to = NULL, *cursor = NULL;
+    uint64_t *setup = NULL;
+    const int64_t n = kv.len / 8, w = d->words, world = d->world_size;
+    const int64_t *keys = kv.buf;
+    if (fv.len != n) {
+        PyErr_SetString(PyExc_ValueError, "decide: has_intent needs one entry per key");
+        goto done;
+    }
+    if (check_keys(self, keys, n) < 0) goto done;
+    for (int64_t i = 0; i < n; i++) /* before anything changes */
+        if (d->store->state[keys[i]] != KEY_OWNER) {
+            PyErr_Format(PyExc_ValueError, "decide: key %lld is not owned here",
+                         (long long)keys[i]);
+            goto done;
+        }
+    relocate_to = PyMem_Malloc((size_t)(n ? n : 1) * sizeof(int64_t));
+    setup = PyMem_Malloc((size_t)(n ? n * w : 1) * sizeof(uint64_t));
+    if (!relocate_to || !setup) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    int64_t dropped;
+    decide_sizes_t z;
+    NOGIL_BEGIN(n * w)
+    dropped = policy_decide(variant, d->rank, node, w, d->intent, d->replicas, keys, n, fv.buf,
+                            relocate_to, setup);
+    dir_decide_sizes(d, keys, n, relocate_to, setup, &z);
+    NOGIL_END
+    if (z.relocations < 0) { /* masks only name real ranks (relocate_in checks them) */
+        PyErr_SetString(PyExc_RuntimeError, "decide: a mask named a rank outside the world");
+        goto done;
+    }
+    if (!z.relocations && !z.setups) { /* the common case: nothing moves */
+        result = Py_BuildValue("LOOO", (long long)dropped, Py_None, Py_None, Py_None);
+        goto done;
+    }
+    decide_out_t o;
+    const Py_ssize_t cb = world * 8, r = z.relocations, sp = z.setups, h = z.home_updates;
+    const Py_ssize_t rbytes[8] = {cb, r * 8, z.relocation_floats * 4, r * 8, r * w * 8,
+                                  r * w * 8, r * 8, r * 8};
+    void *rp[8];
+    if (!(groups[0] = new_buffers(8, rbytes, rp))) goto done;
+    o.r_count = rp[0]; o.r_keys = rp[1]; o.r_values = rp[2]; o.r_versions = rp[3];
+    o.r_s = rp[4]; o.r_r = rp[5]; o.r_epochs = rp[6]; o.r_slots = rp[7];
+    const Py_ssize_t sbytes[4] = {cb, sp * 8, z.setup_floats * 4, sp * 8};
+    void *spp[4];
+    if (!(groups[1] = new_buffers(4, sbytes, spp))) goto done;
+    o.s_count = spp[0]; o.s_keys = spp[1]; o.s_values = spp[2]; o.s_versions = spp[3];
+    const Py_ssize_t hbytes[4] = {cb, h * 8, h * 8, h * 8};
+    void *hp[4];
+    if (!(groups[2] = new_buffers(4, hbytes, hp))) goto done;
+    o.h_count = hp[0]; o.h_keys = hp[1]; o.h_owners = hp[2]; o.h_epochs = hp[3];
+    cursor = PyMem_Malloc((size_t)(world > sp ? world : sp) * sizeof(int64_t));
+    if (!cursor) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    int64_t ok;
+    NOGIL_BEGIN(z.relocation_floats + z.setup_floats + n)
+    ok = dir_decide_execute(d, keys, n, relocate_to, setup, &z, &o, cursor);
+    NOGIL_END
+    if (ok < 0) { /* cannot happen: ownership was checked above, and only this thread moves keys */
+        PyErr_SetString(PyExc_RuntimeError, "decide: a key vanished while it was relocated");
+        goto done;
+    }
+    result = Py_BuildValue("LOOO", (long long)dropped, z.relocations ? groups[0] : Py_None,
+                           z.setups ? groups[1] : Py_None, h ? groups[2] : Py_None);
+done:
+    for (int i = 0; i < 3; i++) Py_XDECREF(groups[i]);
+    PyMem_Free(relocate_to);
+    PyMem_Free(setup);
+    PyMem_Free(cursor);
+    PyBuffer_Release(&kv);
+    PyBuffer_Release(&fv);
+    return result;
+}
+
 static PyMethodDef Directory_methods[] = {
-    {"relocate_out", (PyCFunction)Directory_relocate_out, METH_VARARGS,
-     "relocate_out(keys, dst, values, versions, s_out, r_out, epochs, slots) -> None. Owned "
-     "keys leave for dst: values, versions, masks and new epochs out, forward and hint to dst, "
-     "freed slots out. ValueError (nothing changed) if a key is not owned here."},
+    {"decide", (PyCFunction)Directory_decide, METH_VARARGS,
+     "decide(variant, node, keys, has_intent) -> (dropped, relocations, setups, home_updates). "
+     "Node `node` reports whether it has intent for keys (unique, uint8 flags), all owned "
+     "here: the policy decides and its decision is carried out (directory.h, dir_decide_*). "
+     "relocations: (count, keys, values, versions, S, R, epochs, freed slots), setups: (count, "
+     "keys, values, versions), home_updates: (count, keys, owners, epochs), each a tuple of "
+     "bytearrays (int64, float32, uint64 masks) ordered by destination rank, count[r] entries "
+     "for rank r; None when empty. ValueError (nothing "
+     "changed) if a key is not owned here."},
     {"relocate_in", (PyCFunction)Directory_relocate_in, METH_VARARGS,
      "relocate_in(keys, values, versions, s_in, r_in, epochs, slots, was_replica) -> None. "
      "Keys arrive as main copies (replicas promoted, others inserted at slots in order). "

@@ -1,11 +1,14 @@
-"""Relocations in native code (native/directory.c) against their reference in numpy.
+"""The owner's decisions and relocations in native code (native/directory.c) against their
+reference in numpy.
 
-The engine relocates keys out and in with one native pass each (``NodeState._relocate_out`` /
-``_relocate_in``). The reference is what the Python pieces say: ``Store.remove`` / ``insert`` /
-``promote``, ``Router.moved_out`` / ``moved_in`` and the policy's ``take`` / ``install``. Random
-sequences of relocations out and in, replica set-ups and pushes run on both, and afterwards
-every array agrees: the store's directory and values (replicas' unsent updates included), the
-routing state, the home table and the masks, and what each relocation sent.
+The engine decides on intent reports and carries the decision out in one native pass
+(``NodeState._decide``: relocations out, replica set-ups, home updates), and takes relocations
+in with another (``_relocate_in``). The reference is what the Python pieces say:
+``policy.on_intent``, ``Store.remove`` / ``insert`` / ``promote`` / ``gather``,
+``Router.moved_out`` / ``moved_in`` / ``update_home`` and the policy's ``take`` / ``install``.
+Random sequences of intent reports, relocations in, replica set-ups and pushes run on both, and
+afterwards every array agrees: the store's directory and values (replicas' unsent updates
+included), the routing state, the home table and the masks, and every move sent to each peer.
 """
 
 from __future__ import annotations
@@ -20,14 +23,15 @@ from adapm._engine.policy import make_policy
 from adapm._engine.routing import Router, home_keys, home_of
 from adapm._engine.state import NodeState
 from adapm._store import NONE, OWNER, REPLICA, Store
-from adapm._wire.protocol import RELOCATIONS
+from adapm._engine.state import _merged
+from adapm._wire.protocol import HOME_UPDATES, RELOCATIONS, SETUPS
 
 NUM_KEYS = 12
 
 
-def _config(world_size: int, rank: int, lengths) -> adapm.Config:
+def _config(world_size: int, rank: int, lengths, management="adaptive") -> adapm.Config:
     return adapm.Config(num_keys=NUM_KEYS, value_length=lengths, world_size=world_size,
-                        rank=rank, rendezvous="127.0.0.1:1", management="adaptive")
+                        rank=rank, rendezvous="127.0.0.1:1", management=management)
 
 
 class Reference:
@@ -38,7 +42,30 @@ class Reference:
         self.store = Store(config)
         self.store.insert(home_keys(self.rank, NUM_KEYS, self.world_size), OWNER)
         self.router = Router(self.rank, self.world_size, NUM_KEYS)
-        self.policy = make_policy("adaptive", self.rank, self.world_size, NUM_KEYS)
+        self.policy = make_policy(config.management, self.rank, self.world_size, NUM_KEYS)
+
+    def decide(self, keys, node, flags) -> tuple:
+        """(replicas dropped, {peer: flat move arrays}) of node's reports for owned keys."""
+        actions = self.policy.on_intent(keys, node, flags)
+        moves: dict = {}
+
+        def hold(peer, section, arrays):
+            moves.setdefault(peer, [[], [], []])[section].append(arrays)
+
+        for dst, ks in actions.relocate:
+            sent = self.relocate_out(ks, dst)
+            hold(dst, RELOCATIONS, sent)
+            homes = home_of(ks, self.world_size)
+            for home in np.unique(homes[(homes != dst) & (homes != self.rank)]):
+                at = homes == home
+                hold(int(home), HOME_UPDATES,
+                     [ks[at], np.full(int(at.sum()), dst, dtype=np.int64), sent[5][at]])
+        for dst, ks in actions.setup:
+            versions = self.store.version[ks].copy()
+            values = np.empty(self.store.floats_for(ks), dtype=np.float32)
+            assert self.store.gather(ks, values, np.empty(len(ks), dtype=np.int64)) == 0
+            hold(dst, SETUPS, [ks, values, versions])
+        return actions.dropped, {peer: _merged(held) for peer, held in moves.items()}
 
     def relocate_out(self, keys, dst):
         values, _ = self.store.remove(keys)
@@ -84,22 +111,33 @@ def _agree(node: NodeState, ref: Reference) -> None:
     np.testing.assert_array_equal(node.policy.replicas, ref.policy.replicas)
 
 
+def _masks(rng, n: int, world_size: int) -> np.ndarray:
+    """Random masks over the ranks of the world (n keys, flat)."""
+    words = (world_size + 63) // 64
+    bits = rng.integers(0, 2**63, (n, words), dtype=np.uint64)
+    if world_size % 64:
+        bits[:, -1] &= np.uint64((1 << (world_size % 64)) - 1)
+    return bits.reshape(-1)
+
+
 @st.composite
 def cases(draw):
     world_size = draw(st.sampled_from([2, 3, 5, 70]))
     rank = draw(st.integers(0, world_size - 1))
+    management = draw(st.sampled_from(["adaptive", "replication_only", "relocation_only"]))
     lengths = draw(st.one_of(st.integers(1, 3),
                              st.lists(st.integers(1, 3), min_size=NUM_KEYS, max_size=NUM_KEYS)))
-    ops = draw(st.lists(st.tuples(st.sampled_from(["out", "in", "replica", "push"]),
+    ops = draw(st.lists(st.tuples(st.sampled_from(["decide", "masks", "in", "replica", "push"]),
                                   st.integers(0, 2**32 - 1)), max_size=25))
-    return world_size, rank, lengths, ops
+    return world_size, rank, management, lengths, ops
 
 
 @given(cases())
 @settings(max_examples=200, deadline=None)
-def test_native_relocations_match_the_reference(case):
-    world_size, rank, lengths, ops = case
-    config = _config(world_size, rank, np.array(lengths) if isinstance(lengths, list) else lengths)
+def test_native_decisions_and_relocations_match_the_reference(case):
+    world_size, rank, management, lengths, ops = case
+    config = _config(world_size, rank, np.array(lengths) if isinstance(lengths, list) else lengths,
+                     management)
     store = Store(config)
     store.insert(home_keys(rank, NUM_KEYS, world_size), OWNER)
     node = NodeState(rank, world_size, store, config)
@@ -108,21 +146,39 @@ def test_native_relocations_match_the_reference(case):
     for what, seed in ops:
         rng = np.random.default_rng(seed)
         state = store.state
-        if what == "out":
+        if what == "decide":  # a node's reports for some owned keys
             owned = np.flatnonzero(state == OWNER)
             if not len(owned):
                 continue
             keys = rng.choice(owned, rng.integers(1, len(owned) + 1), replace=False)
-            dst = int(rng.choice(others))
-            for k in keys:  # masks to move along
-                bits = rng.integers(0, 2**63, node.policy.words, dtype=np.uint64)
-                node.policy.intent[k] = ref.policy.intent[k] = bits
-                node.policy.replicas[k] = ref.policy.replicas[k] = bits >> np.uint64(1)
-            node._relocate_out(dst, keys)
-            sent = node._held.pop(dst)[RELOCATIONS][0]
-            expected = ref.relocate_out(keys, dst)
-            for got, want in zip(sent, expected):
-                np.testing.assert_array_equal(got, want)
+            reporter = int(rng.integers(0, world_size))
+            flags = rng.integers(0, 2, len(keys)).astype(bool)
+            drops = node.counters["replica_drops_at_owner"]
+            node._decide(keys, reporter, flags)
+            dropped, expected = ref.decide(keys, reporter, flags)
+            assert node.counters["replica_drops_at_owner"] - drops == dropped
+            sent = {peer: _merged(held) for peer, held in node._held.items()}
+            node._held.clear()
+            assert sorted(sent) == sorted(expected)
+            for peer, arrays in sent.items():
+                for got, want in zip(arrays, expected[peer]):
+                    np.testing.assert_array_equal(got, want)
+        elif what == "masks":  # owned keys with other nodes' intents and replicas
+            owned = np.flatnonzero(state == OWNER)
+            if not len(owned):
+                continue
+            keys = rng.choice(owned, rng.integers(1, len(owned) + 1), replace=False)
+            words = node.policy.words
+            s = _masks(rng, len(keys), world_size).reshape(len(keys), words)
+            alone = rng.random(len(keys)) < 0.5  # S = {one rank}: adaptive relocates there
+            s[alone] = 0
+            for i in np.flatnonzero(alone):
+                one = int(rng.integers(0, world_size))
+                s[i, one // 64] = np.uint64(1 << (one % 64))
+            r = s & _masks(rng, len(keys), world_size).reshape(len(keys), words)
+            r[:, rank // 64] &= ~np.uint64(1 << (rank % 64))
+            for policy in (node.policy, ref.policy):
+                policy.intent[keys], policy.replicas[keys] = s, r
         elif what == "in":
             candidates = np.flatnonzero(state != OWNER)
             if not len(candidates):
@@ -131,8 +187,8 @@ def test_native_relocations_match_the_reference(case):
             n, words = len(keys), node.policy.words
             values = rng.integers(-9, 9, store.floats_for(keys)).astype(np.float32)
             versions = rng.integers(0, 50, n)
-            s = rng.integers(0, 2**63, n * words, dtype=np.uint64)
-            r = rng.integers(0, 2**63, n * words, dtype=np.uint64)
+            s = _masks(rng, n, world_size)
+            r = _masks(rng, n, world_size)
             epochs = rng.integers(0, 20, n)
             src = int(rng.choice(others))
             node._relocate_in(src, keys, values, versions, s, r, epochs)
@@ -159,16 +215,19 @@ def test_native_relocations_match_the_reference(case):
     assert set(node.replica_keys.tolist()) == set(np.flatnonzero(store.state == REPLICA).tolist())
 
 
-def test_relocating_a_key_not_owned_changes_nothing():
+def test_deciding_on_a_key_not_owned_changes_nothing():
     config = _config(2, 0, 2)
     store = Store(config)
     store.insert(home_keys(0, NUM_KEYS, 2), OWNER)
     node = NodeState(0, 2, store, config)
-    before = store.state.copy(), node.router.hint.copy()
+    node.policy.intent[0] = 2  # rank 1 has intent: a report from 0 that ends would relocate
+    before = store.state.copy(), node.router.hint.copy(), node.policy.intent.copy()
     with pytest.raises(ValueError, match="key 1 is not owned here"):
-        node._relocate_out(1, np.array([0, 1], dtype=np.int64))
+        node._decide(np.array([0, 1], dtype=np.int64), 0, np.zeros(2, dtype=bool))
     np.testing.assert_array_equal(store.state, before[0])
     np.testing.assert_array_equal(node.router.hint, before[1])
+    np.testing.assert_array_equal(node.policy.intent, before[2])
+    assert not node._held
     with pytest.raises(ValueError, match="key 2 is owned here already"):
         node._relocate_in(1, np.array([1, 2], dtype=np.int64), np.zeros(4, np.float32),
                           np.zeros(2, np.int64), np.zeros(2, np.uint64), np.zeros(2, np.uint64),
@@ -176,23 +235,37 @@ def test_relocating_a_key_not_owned_changes_nothing():
     np.testing.assert_array_equal(store.state, before[0])
 
 
-def test_native_relocation_checks_its_buffers():
-    config = _config(2, 0, 2)
+def test_native_directory_checks_its_buffers():
+    config = _config(3, 0, 2)
     store = Store(config)
-    store.insert(home_keys(0, NUM_KEYS, 2), OWNER)
-    node = NodeState(0, 2, store, config)
+    store.insert(home_keys(0, NUM_KEYS, 3), OWNER)
+    node = NodeState(0, 3, store, config)
+    directory = node.directory
     keys = np.array([1], dtype=np.int64)  # homed at rank 1: not held here
     args = [np.zeros(2, np.float32), np.zeros(1, np.int64), np.zeros(1, np.uint64),
             np.zeros(1, np.uint64), np.ones(1, np.int64)]
     for slots in (np.array([10**12], np.int64), np.array([-5], np.int64),
                   np.empty(0, np.int64)):
         with pytest.raises(ValueError, match="slot"):
-            node.directory.relocate_in(keys, *args, slots, np.empty(1, np.int8))
+            directory.relocate_in(keys, *args, slots, np.empty(1, np.int8))
     with pytest.raises(ValueError, match="values"):
-        node.directory.relocate_in(keys, np.zeros(1, np.float32), *args[1:],
-                                   np.array([0], np.int64), np.empty(1, np.int8))
-    with pytest.raises(IndexError):
-        node.directory.relocate_out(np.array([NUM_KEYS], np.int64), 1, *(
-            np.empty(k, d) for k, d in ((2, np.float32), (1, np.int64), (1, np.uint64),
-                                        (1, np.uint64), (1, np.int64), (1, np.int64))))
+        directory.relocate_in(keys, np.zeros(1, np.float32), *args[1:],
+                              np.array([0], np.int64), np.empty(1, np.int8))
+    for stray in (np.array([8], np.uint64), np.array([2**63], np.uint64)):  # rank 3, rank 63
+        with pytest.raises(ValueError, match="rank >= world size 3"):
+            directory.relocate_in(keys, args[0], args[1], stray, args[3], args[4],
+                                  np.array([0], np.int64), np.empty(1, np.int8))
     assert store.state[1] == NONE and node.router.hint[1] == 1
+    owned = np.array([0, 3], np.int64)
+    flags = np.ones(2, np.uint8)
+    with pytest.raises(IndexError):
+        directory.decide(0, 1, np.array([NUM_KEYS], np.int64), np.ones(1, np.uint8))
+    with pytest.raises(ValueError, match="one entry per key"):
+        directory.decide(0, 1, owned, np.ones(3, np.uint8))
+    with pytest.raises(ValueError, match="node outside"):
+        directory.decide(0, 3, owned, flags)
+    with pytest.raises(ValueError, match="bad variant"):
+        directory.decide(7, 1, owned, flags)
+    with pytest.raises(TypeError):
+        directory.decide(0, 1, owned.astype(np.int32), flags)
+    assert not node.policy.intent.any()  # nothing was decided

@@ -370,7 +370,7 @@ class Rounds:
         if not owned.any():
             return keys, flags
         mine, mine_flags = keys[owned], flags[owned]
-        self._execute(self.policy.on_intent(mine, self.rank, mine_flags))
+        self._decide(mine, self.rank, mine_flags)
         self._acknowledge(mine, mine_flags)
         self._arrived = True
         return keys[~owned], flags[~owned]

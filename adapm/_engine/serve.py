@@ -21,10 +21,19 @@ from .._store import NONE, OWNER, REPLICA
 from .._wire.protocol import (
     CHECKS, DELTAS, HOME_UPDATES, INTENTS, NO_MOVES, RELOCATIONS, SETUPS, Kind, Message, subset,
 )
-from .routing import group_by_node, home_of
+from .routing import group_by_node
 from .stream import Event
 
 _NO_ROWS = np.empty(0, dtype=np.float32)
+_I8, _F4, _U8 = np.dtype("<i8"), np.dtype("<f4"), np.dtype("<u8")
+# What directory.decide returns, per group: a rank count, then the arrays of the entries.
+_RELOCATION_DTYPES = (_I8, _I8, _F4, _I8, _U8, _U8, _I8, _I8)
+_SETUP_DTYPES = (_I8, _I8, _F4, _I8)
+_HOME_DTYPES = (_I8, _I8, _I8, _I8)
+
+
+def _arrays(buffers: tuple, dtypes: tuple) -> list:
+    return [np.frombuffer(b, dtype=t) for b, t in zip(buffers, dtypes)]
 _NO_POS = np.empty(0, dtype=np.int64)
 
 
@@ -138,7 +147,7 @@ class Serving:
         ckeys, cpos, cver = sections[CHECKS]
         if not len(dkeys) and not len(ckeys):  # intent reports only: the common case
             if len(ikeys):
-                self._execute(self.policy.on_intent(ikeys, origin, iflags.astype(bool)))
+                self._decide(ikeys, origin, iflags)
             self._post(origin, Kind.SYNC_RESP, msg.req_id,
                        [ipos, np.full(len(ipos), -1, dtype=np.int64), ipos[:0], _NO_ROWS,
                         *redirected, *NO_MOVES])
@@ -159,7 +168,7 @@ class Serving:
         if len(stale):
             self._expect_none_missing(store.gather(stale, values, self._scratch(len(stale))))
         if len(ikeys):
-            self._execute(self.policy.on_intent(ikeys, origin, iflags.astype(bool)))
+            self._decide(ikeys, origin, iflags)
         self._post(origin, Kind.SYNC_RESP, msg.req_id,
                    [np.concatenate((ipos, spos)),
                     np.concatenate((np.full(len(ipos), -1, dtype=np.int64), reported)),
@@ -172,40 +181,61 @@ class Serving:
 
     # --- carrying out the policy's decisions -------------------------------------------------
 
-    def _execute(self, actions) -> None:
-        for dst, keys in actions.relocate:
-            self._relocate_out(dst, keys)
-        for dst, keys in actions.setup:
-            self._send_setup(dst, keys)
-        self.counters["replica_drops_at_owner"] += actions.dropped
+    def _decide(self, keys: np.ndarray, node: int, has_intent: np.ndarray) -> None:
+        """Node ``node`` reports whether it has intent for ``keys`` (unique, owned here): the
+        policy decides, and relocations, replica set-ups and home updates are carried out in
+        one native pass (native/directory.c, ``dir_decide_*``); here they are only handed to
+        the peers' held moves. Its reference in numpy: ``policy.on_intent`` and the pieces of
+        tests/test_directory.py."""
+        if self.directory is None or not len(keys):  # a variant without masks decides nothing
+            return
+        dropped, relocations, setups, homes = self.directory.decide(
+            self.policy.variant, node, np.ascontiguousarray(keys, dtype=np.int64),
+            np.ascontiguousarray(has_intent, dtype=bool).view(np.uint8))
+        self.counters["replica_drops_at_owner"] += dropped
+        if relocations is not None:
+            self._relocated_out(*_arrays(relocations, _RELOCATION_DTYPES))
+        if setups is not None:
+            count, skeys, values, versions = _arrays(setups, _SETUP_DTYPES)
+            for dst, a, b, fa, fb in self._runs(count, skeys):
+                self._hold_move(dst, SETUPS, [skeys[a:b], values[fa:fb], versions[a:b]])
+        if homes is not None:
+            count, hkeys, owners, epochs = _arrays(homes, _HOME_DTYPES)
+            for home, a, b, _, _ in self._runs(count, None):
+                self._hold_move(home, HOME_UPDATES, [hkeys[a:b], owners[a:b], epochs[a:b]])
 
-    def _relocate_out(self, dst: int, keys: np.ndarray) -> None:
-        """Owned ``keys`` leave for ``dst``: store, masks, forward pointers and hints change in
-        one native pass (native/directory.c); the relocation waits for a carrier to dst."""
-        store, n, words = self.store, len(keys), self.policy.words
-        keys = np.ascontiguousarray(keys, dtype=np.int64)
-        values = np.empty(store.floats_for(keys), dtype=np.float32)
-        versions, epochs, slots = (np.empty(n, dtype=np.int64) for _ in range(3))
-        intent, replicas = (np.empty(n * words, dtype=np.uint64) for _ in range(2))
+    def _relocated_out(self, count, keys, values, versions, intent, replicas, epochs,
+                       slots) -> None:
+        """Keys left (``directory.decide``), ordered by destination: their slots are free
+        again, and each destination's part waits for a carrier to it."""
+        store, words = self.store, self.policy.words
         store.removing(keys)
-        self.directory.relocate_out(keys, dst, values, versions, intent, replicas, epochs, slots)
         store.release_slots(keys, slots)
-        self.counters["relocations_out"] += n
-        if self.sinks:
-            self._emit(Event.DEALLOC, keys, dst)
-        self._hold_move(dst, RELOCATIONS, [keys, values, versions, intent, replicas, epochs])
-        # The new owner updates the homes it is itself (relocate_in); tell the others.
-        elsewhere = home_of(keys, self.world_size) != dst
-        self._tell_homes(keys[elsewhere], np.full(int(elsewhere.sum()), dst, dtype=np.int64),
-                         epochs[elsewhere])
+        self.counters["relocations_out"] += len(keys)
+        for dst, a, b, fa, fb in self._runs(count, keys):
+            if self.sinks:
+                self._emit(Event.DEALLOC, keys[a:b], dst)
+            self._hold_move(dst, RELOCATIONS,
+                            [keys[a:b], values[fa:fb], versions[a:b],
+                             intent[a * words:b * words], replicas[a * words:b * words],
+                             epochs[a:b]])
 
-    def _tell_homes(self, keys: np.ndarray, owners: np.ndarray, epochs: np.ndarray) -> None:
-        for home, positions in group_by_node(home_of(keys, self.world_size)):
-            if home == self.rank:
-                self.router.update_home(keys[positions], owners[positions], epochs[positions])
-            else:
-                self._hold_move(home, HOME_UPDATES,
-                                [keys[positions], owners[positions], epochs[positions]])
+    def _runs(self, count: np.ndarray, keys):
+        """(rank, first, end, first float, end float) of each rank's run of entries ordered by
+        rank (``count[r]`` entries each); float bounds over the keys' packed values."""
+        ranks = np.flatnonzero(count)
+        ends = np.cumsum(count[ranks])
+        if keys is None or self.store.uniform_length:
+            length = self.store.uniform_length if keys is not None else 0
+            return [(int(r), int(e - c), int(e), int(e - c) * length, int(e) * length)
+                    for r, c, e in zip(ranks, count[ranks], ends)]
+        float_ends = np.cumsum(self.store.lengths_of(keys))
+        out = []
+        for r, c, e in zip(ranks, count[ranks], ends):
+            a, b = int(e - c), int(e)
+            out.append((int(r), a, b, int(float_ends[a - 1]) if a else 0,
+                        int(float_ends[b - 1]) if b else 0))
+        return out
 
     def _relocate_in(self, src: int, keys, values, versions, intent, replicas, epochs) -> None:
         """Keys relocated here: a replica held here is promoted (its unsent updates are added to
@@ -231,12 +261,6 @@ class Serving:
         self._arrived = True
         if self.queued:
             self._retry_queued()
-
-    def _send_setup(self, dst: int, keys: np.ndarray) -> None:
-        versions = self.store.version[keys].copy()  # before the value: never newer than it
-        values = np.empty(self.store.floats_for(keys), dtype=np.float32)
-        self._expect_none_missing(self.store.gather(keys, values, self._scratch(len(keys))))
-        self._hold_move(dst, SETUPS, [keys, values, versions])
 
     def _setup_in(self, src: int, keys, values, versions) -> None:
         """A replica from the owner: install it only if this node still wants the key."""
