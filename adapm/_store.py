@@ -220,7 +220,8 @@ class Store:
         self._release(keys, slots)
 
     def removing(self, keys: np.ndarray) -> None:
-        """``keys`` are about to be removed: local sampling stops drawing them."""
+        """``keys`` are being removed (just before or just after): local sampling stops drawing
+        them. Either order is safe: a worker checks that a key it drew is still held."""
         if self.sample_pool is not None:
             self.sample_pool.remove(keys)
 
