@@ -160,17 +160,3 @@ class NodeIntents:
         """
         return (self.count[keys] > 0) & ~self.told[keys]
 
-
-def unique(keys: np.ndarray) -> np.ndarray:
-    """Sorted distinct values of an int64 array; what ``np.unique`` returns, by one sort.
-
-    numpy 2.x's ``np.unique`` hashes integers: for 25k int64 keys it takes ~3 ms where a sort
-    takes ~0.2 ms (measured for bench/adaptive.py, whose rounds see that many intent keys).
-    """
-    if len(keys) < 2:
-        return keys.copy()
-    ordered = np.sort(keys)
-    first = np.empty(len(ordered), dtype=bool)
-    first[0] = True
-    np.not_equal(ordered[1:], ordered[:-1], out=first[1:])
-    return ordered[first]

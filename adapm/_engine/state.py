@@ -285,9 +285,10 @@ class NodeState(Serving, Rounds):
         else:
             raise StateError(f"rank {self.rank}: unknown request {op!r}")
 
-    def _route_own(self, msg: Message) -> None:
+    def _route_own(self, msg: Message, retry: bool = False) -> None:
         """A worker's keyed request: serve what is here now, hold what is on its way here, send
-        the rest to where we believe its owner is."""
+        the rest to where we believe its owner is. ``retry``: it waited for keys in flight
+        (counted then)."""
         keys = msg.arrays[0]
         state = self.store.state[keys]
         # A replica serves pulls and pushes (its delta goes to the owner with the next round);
@@ -306,8 +307,10 @@ class NodeState(Serving, Rounds):
                 # Its owner answers our intent report only after sending it (relocation or
                 # replica), so it comes within this round: wait here rather than chase it
                 # (bench/adaptive.py: most late pulls were forwarded back to their origin).
-                self.awaiting.append(subset(msg, np.flatnonzero(coming), self.store))
-                self.counters["awaited_keys"] += int(coming.sum())
+                self.awaiting.append(msg if coming.all()
+                                     else subset(msg, np.flatnonzero(coming), self.store))
+                if not retry:
+                    self.counters["awaited_keys"] += int(coming.sum())
                 call = self.requests[msg.req_id].call
                 call.waiting_for = keys[coming]
                 if coming.all():
@@ -330,11 +333,22 @@ class NodeState(Serving, Rounds):
             self._post_message(peer, part)
 
     def _retry_awaiting(self) -> None:
-        """Keys arrived, or reports were answered: go on with own requests that waited."""
+        """Keys arrived, or reports were answered: go on with own requests that waited.
+
+        A request none of whose keys came yet (and all still in flight) keeps waiting as it is:
+        keys arrive in several messages per round, and each arrival retries every waiting
+        request (bench/adaptive.py, 2 nodes: ~3 retries per round, most of them for nothing).
+        """
         awaiting, self.awaiting = self.awaiting, []
+        state, intents = self.store.state, self.intents
         for msg in awaiting:
-            if msg.req_id in self.requests:
-                self._route_own(msg)
+            if msg.req_id not in self.requests:
+                continue
+            keys = msg.arrays[0]
+            if (state[keys] == NONE).all() and intents.in_flight(keys).all():
+                self.awaiting.append(msg)
+            else:
+                self._route_own(msg, retry=True)
 
     # --- answers -----------------------------------------------------------------------------
 
