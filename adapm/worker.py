@@ -131,7 +131,7 @@ class Worker:
         start, end = self._check_window(start, end)
         self.counters["intents_signalled"] += len(keys)
         if self._intents is not None and len(keys):
-            self._intents.signal(keys.copy(), start, end)
+            self._intents.signal(keys, start, end)  # copies them
             self._engine.wake()
 
     def _check_window(self, start, end) -> tuple[int, int]:

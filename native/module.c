@@ -723,7 +723,7 @@ PyMODINIT_FUNC PyInit__native(void) {
         Py_DECREF(m);
         return NULL;
     }
-    if (register_directory_type(m) < 0) {
+    if (register_directory_type(m) < 0 || register_intent_queue_type(m) < 0) {
         Py_DECREF(m);
         return NULL;
     }

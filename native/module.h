@@ -44,4 +44,7 @@ extern PyTypeObject StoreType;
 /* Adds the Directory type (directory_module.c) to the module; 0 on success. */
 int register_directory_type(PyObject *module);
 
+/* Adds the IntentQueue type (intent_queue_module.c) to the module; 0 on success. */
+int register_intent_queue_type(PyObject *module);
+
 #endif

@@ -1,48 +1,115 @@
-"""Intent bookkeeping without sockets: acting, expiry, 0->1 / 1->0 aggregation."""
+"""Intent bookkeeping without sockets: acting, expiry, 0->1 / 1->0 aggregation.
+
+The worker's queue is native (native/intent_queue.c); :class:`ReferenceQueue` is what it does,
+in Python (heaps of batches, as the engine had it before), and the property test holds one
+against the other over random signals and rounds.
+"""
+
+import heapq
+import itertools
+import math
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from adapm._engine.intents import NodeIntents, WorkerIntents
 from adapm._engine.timing import ActionTimer, ImmediateTimer
 
+NUM_KEYS = 10
+
 
 def arr(*ks):
     return np.array(ks, dtype=np.int64)
 
 
+class ReferenceQueue:
+    """One worker's intents: a heap of pending batches by start, one of acted ones by end."""
+
+    def __init__(self) -> None:
+        self.seq = itertools.count()
+        self.pending: list = []  # (start, seq, end, keys)
+        self.acted: list = []  # (end, seq, start, keys)
+
+    def signal(self, keys, start, end) -> None:
+        heapq.heappush(self.pending, (start, next(self.seq), end, np.array(keys)))
+
+    def collect(self, clock, horizon) -> tuple[list, list]:
+        expired = []
+        while self.acted and self.acted[0][0] <= clock:
+            expired.append(heapq.heappop(self.acted)[3])
+        acted = []
+        while self.pending and self.pending[0][0] < horizon:
+            start, seq, end, keys = heapq.heappop(self.pending)
+            if end <= clock:
+                continue  # over before it was acted on: never counted
+            heapq.heappush(self.acted, (end, seq, start, keys))
+            acted.append(keys)
+        return acted, expired
+
+    def served(self, clock, told) -> bool:
+        if any(start <= clock < end for start, _, end, _ in self.pending):
+            return False
+        return all(told[keys].all() for end, _, start, keys in self.acted
+                   if start <= clock < end)
+
+    def empty(self) -> bool:
+        return not (self.pending or self.acted)
+
+
+def _round(node: NodeIntents, worker: WorkerIntents, clock: int, force: bool = False):
+    acted, changed = node.collect(worker, clock, force)
+    keys, flags = node.changes()
+    node.acknowledge(keys, flags)
+    return acted, changed, keys.tolist(), flags.tolist()
+
+
 def test_acts_per_timer_and_expires():
-    w = WorkerIntents(ActionTimer(lambda0=1, p=0.5))  # small horizon: Q(2) at p=0.5 is 2
+    w = WorkerIntents(ActionTimer(lambda0=1, p=0.5), NUM_KEYS)  # Q(2) at p=0.5 is 2: horizon 2
+    node = NodeIntents(NUM_KEYS)
     w.signal(arr(1, 2), 1, 3)
     w.signal(arr(3), 100, 101)
-    acted, expired = w.collect(clock=0)
-    assert [a.tolist() for a in acted] == [[1, 2]] and expired == []
-    acted, expired = w.collect(clock=3)
-    assert acted == [] and [e.tolist() for e in expired] == [[1, 2]]
-    acted, _ = w.collect(clock=99)
-    assert [a.tolist() for a in acted] == [[3]]
+    assert _round(node, w, 0) == (2, True, [1, 2], [True, True])
+    assert _round(node, w, 3) == (0, True, [1, 2], [False, False])  # expired
+    assert _round(node, w, 99)[:3] == (1, True, [3])
+    assert not w.empty()
+    assert _round(node, w, 101) == (0, True, [3], [False])
+    assert w.empty() and not w.fresh()
 
 
 def test_intent_over_before_acting_is_dropped():
-    w = WorkerIntents(ActionTimer(lambda0=1, p=0.5))
+    w = WorkerIntents(ActionTimer(lambda0=1, p=0.5), NUM_KEYS)
+    node = NodeIntents(NUM_KEYS)
     w.signal(arr(5), 2, 4)
-    acted, expired = w.collect(clock=10)
-    assert acted == [] and expired == []
+    assert w.fresh()
+    assert _round(node, w, 10) == (0, False, [], [])
+    assert w.empty() and not node.count.any()
 
 
 def test_force_acts_on_active_intents():
-    w = WorkerIntents(ActionTimer(lambda0=0.001, p=0.5))
+    w = WorkerIntents(ActionTimer(lambda0=0.001, p=0.5), NUM_KEYS)
+    node = NodeIntents(NUM_KEYS)
     w.signal(arr(5), 0, 10)
-    assert w.has_unacted_active(0)
-    acted, _ = w.collect(clock=0, force=True)
-    assert [a.tolist() for a in acted] == [[5]]
-    assert not w.has_unacted_active(0)
-    assert [b.tolist() for b in w.active_batches(0)] == [[5]]
+    assert not w.served(0, node.told)
+    assert _round(node, w, 0) == (0, False, [], [])  # the timer's horizon is 0: not yet
+    assert _round(node, w, 0, force=True) == (1, True, [5], [True])
+    assert w.served(0, node.told) and w.served(10, node.told)
+
+
+def test_signal_checks_its_keys():
+    w = WorkerIntents(ImmediateTimer(), NUM_KEYS)
+    with pytest.raises(IndexError, match="outside"):
+        w.signal(arr(1, NUM_KEYS), 0, 1)
+    with pytest.raises(TypeError):
+        w.signal(np.array([1], dtype=np.int32), 0, 1)
+    with pytest.raises(ValueError, match="end"):
+        w.signal(arr(1), 3, 3)
+    assert w.empty() and not w.fresh()  # nothing was queued
 
 
 def test_node_aggregates_transitions_only():
-    n = NodeIntents(10)
+    n = NodeIntents(NUM_KEYS)
     n.add([arr(1, 1, 2)])  # duplicates in one batch count once
     n.add([arr(2, 3)])
     keys, flags = n.changes()
@@ -57,27 +124,66 @@ def test_node_aggregates_transitions_only():
     assert n.changes()[0].tolist() == []
 
 
-@given(st.lists(st.tuples(st.lists(st.integers(0, 9), min_size=1, max_size=5),
-                          st.integers(0, 20), st.integers(1, 10)), max_size=30),
-       st.lists(st.integers(0, 4), min_size=1, max_size=15))
+signals = st.tuples(st.lists(st.integers(0, NUM_KEYS - 1), max_size=5), st.integers(0, 30),
+                    st.integers(1, 10))
+
+
+@given(st.lists(st.tuples(st.lists(signals, max_size=4), st.integers(0, 4), st.booleans()),
+                min_size=1, max_size=25),
+       st.sampled_from(["timer", "immediate"]))
+@settings(max_examples=300, deadline=None)
+def test_native_queue_matches_the_reference(rounds, timing):
+    """Signals between rounds, rounds at advancing clocks (some forced): the native queue acts
+    and expires the same batches as the reference, so counts, changes and served() agree."""
+    def timer():
+        return ActionTimer(lambda0=2, p=0.9) if timing == "timer" else ImmediateTimer()
+
+    worker, ref, ref_timer = WorkerIntents(timer(), NUM_KEYS), ReferenceQueue(), timer()
+    node, ref_node = NodeIntents(NUM_KEYS), NodeIntents(NUM_KEYS)
+    clock = 0
+    for new, step, force in rounds:
+        for keys, start, length in new:
+            start += clock
+            worker.signal(np.array(keys, dtype=np.int64), start, start + length)
+            ref.signal(np.array(keys, dtype=np.int64), start, start + length)
+        assert worker.fresh() == bool(new)
+        clock += step
+        horizon = ref_timer.horizon(clock)
+        if force:
+            horizon = max(horizon, clock + 1)
+        acted, expired = ref.collect(clock, horizon)
+        ref_node.add(acted)
+        ref_node.remove(expired)
+        got_acted, changed = node.collect(worker, clock, force)
+        assert got_acted == sum(map(len, acted))
+        assert changed == bool(acted or expired)
+        np.testing.assert_array_equal(node.count, ref_node.count)
+        keys, flags = node.changes()
+        ref_keys, ref_flags = ref_node.changes()
+        assert keys.tolist() == ref_keys.tolist() and flags.tolist() == ref_flags.tolist()
+        node.acknowledge(keys, flags)
+        ref_node.acknowledge(ref_keys, ref_flags)
+        for at in (clock, clock + 1, clock + 5):
+            assert worker.served(at, node.told) == ref.served(at, ref_node.told)
+        assert worker.empty() == ref.empty()
+
+
+@given(st.lists(signals, max_size=30), st.lists(st.integers(0, 4), min_size=1, max_size=15))
 @settings(max_examples=150, deadline=None)
 def test_told_state_matches_active_intents(intents, steps):
     """After every round, what owners were told equals 'some acted intent of the key is live'."""
-    w = WorkerIntents(ImmediateTimer())
-    node = NodeIntents(10)
+    w = WorkerIntents(ImmediateTimer(), NUM_KEYS)
+    node = NodeIntents(NUM_KEYS)
     for ks, start, length in intents:
         w.signal(np.array(ks, dtype=np.int64), start, start + length)
     clock = 0
     for step in steps:
         clock += step
-        acted, expired = w.collect(clock)
-        node.add(acted)
-        node.remove(expired)
-        keys, flags = node.changes()
-        node.acknowledge(keys, flags)
-        live = np.zeros(10, dtype=bool)
+        _round(node, w, clock)
+        live = np.zeros(NUM_KEYS, dtype=bool)
         for ks, start, length in intents:
             # ImmediateTimer acts on everything not yet over at the first round that sees it.
             if clock < start + length:
                 live[ks] = True
         assert np.array_equal(node.told, live)
+    assert math.isinf(ImmediateTimer().horizon(0))

@@ -1,10 +1,10 @@
 """Intent bookkeeping: per worker (signalled → acted → expired) and per node (who to tell).
 
-Worker side: ``Worker.intent`` copies the keys and appends ``(start, seq, end, keys)`` to a
-deque, so signalling never slows the worker down, however far ahead or however many keys. The
-sync loop drains the deque once per round into two heaps of *batches* (one per intent call):
-``pending`` ordered by start, ``acted`` ordered by end. Per-key work is numpy or one native
-pass.
+Worker side: ``Worker.intent`` hands the keys to the worker's :class:`WorkerIntents`, a native
+queue (native/intent_queue.h) that copies them, so signalling never slows the worker down,
+however far ahead or however many keys. Once per round the engine collects each worker's queue
+in one native call: batches the action timer says to act on are counted in, batches whose
+end has passed are counted out.
 
 Node side: :class:`NodeIntents` counts acted-on intents per key over all workers of the node.
 Only 0→1 and 1→0 transitions matter to owners ("node has intent" / "intent ended"), and what is
@@ -15,70 +15,48 @@ two rounds costs nothing, and a retried message can never apply twice.
 
 from __future__ import annotations
 
-import collections
-import heapq
-import itertools
-
 import numpy as np
 
 from .._native_loader import load as _load_native
 
 _native = _load_native()
 
-_seq = itertools.count()  # tie-breaker so heaps never compare arrays
+# The action horizon of a timer that acts at once (math.inf) as the native int64.
+_NO_HORIZON = 2**63 - 1
 
 
 class WorkerIntents:
-    """One worker's intents. ``signal`` is called by the worker thread, the rest by the sync loop."""
+    """One worker's intents: its action timer and native queue. ``signal`` is for the worker's
+    thread, the rest for the engine thread (each native call holds the GIL, so they never
+    interleave)."""
 
-    def __init__(self, timer) -> None:
-        self.inbox: collections.deque = collections.deque()
+    __slots__ = ("timer", "queue", "signal")
+
+    def __init__(self, timer, num_keys: int) -> None:
         self.timer = timer
-        self._pending: list = []  # (start, seq, end, keys)
-        self._acted: list = []  # (end, seq, start, keys)
+        self.queue = _native.IntentQueue(num_keys)
+        # signal(keys, start, end): copies keys (int64, checked) for clocks [start, end).
+        self.signal = self.queue.signal
 
-    def signal(self, keys: np.ndarray, start: int, end: int) -> None:
-        """Record an intent (thread-safe: deque.append is atomic)."""
-        self.inbox.append((start, next(_seq), end, keys))  # ordered as the pending heap
-
-    def collect(self, clock: int, force: bool = False) -> tuple[list, list]:
-        """One round at the worker's ``clock``: (key batches to act on now, batches that expired).
-
-        ``force`` acts on every intent that is active now (start <= clock), whatever the timer
-        says (``wait_sync`` needs that).
-        """
-        # One pass per batch (a worker signals one per clock): locals, no re-packing.
-        push, pop = heapq.heappush, heapq.heappop
-        inbox, pending, acted_heap = self.inbox, self._pending, self._acted
-        while inbox:
-            push(pending, inbox.popleft())
+    def horizon(self, clock: int, force: bool = False) -> int:
+        """A round at the worker's ``clock``: act on intents with start below this. ``force``
+        acts on every intent active now (``wait_sync`` needs that), whatever the timer says."""
         horizon = self.timer.horizon(clock)
         if force:
             horizon = max(horizon, clock + 1)
-        expired = []
-        while acted_heap and acted_heap[0][0] <= clock:
-            expired.append(pop(acted_heap)[3])
-        acted = []
-        while pending and pending[0][0] < horizon:
-            start, seq, end, keys = pop(pending)
-            if end <= clock:
-                continue  # over before we acted: never counted, nothing to undo
-            push(acted_heap, (end, seq, start, keys))
-            acted.append(keys)
-        return acted, expired
+        return int(min(horizon, _NO_HORIZON))
 
     def empty(self) -> bool:
         """No intent signalled, waiting or acted on: nothing here depends on the clock."""
-        return not (self.inbox or self._pending or self._acted)
+        return self.queue.empty()
 
-    def active_batches(self, clock: int) -> list[np.ndarray]:
-        """Acted-on key batches that are active at ``clock`` (start <= clock < end)."""
-        return [keys for end, _, start, keys in self._acted if start <= clock < end]
+    def fresh(self) -> bool:
+        """An intent was signalled since the last round collected this queue."""
+        return self.queue.fresh()
 
-    def has_unacted_active(self, clock: int) -> bool:
-        """Whether an intent active at ``clock`` is still waiting to be acted on."""
-        return any(start <= clock < end for start, _, end, _ in self._pending) or any(
-            start <= clock < end for start, _, end, _ in list(self.inbox))
+    def served(self, clock: int, told: np.ndarray) -> bool:
+        """Every intent active at ``clock`` was acted on and all its keys are ``told``."""
+        return self.queue.served(clock, told.view(np.uint8))
 
 
 class NodeIntents:
@@ -99,24 +77,41 @@ class NodeIntents:
         self._dirty = np.empty(1024, dtype=np.int64)
         self._ndirty = 0
 
+    def collect(self, worker: WorkerIntents, clock: int, force: bool = False) -> tuple:
+        """A round at ``worker``'s ``clock``: its intents the timer says to act on are counted
+        in, its acted-on intents that ended are counted out (one native call). Returns (keys
+        acted on, whether any intent was acted on or expired)."""
+        horizon = worker.horizon(clock, force)
+        self._reserve(worker.queue.queued_keys())
+        self._ndirty, acted, changed = worker.queue.collect(
+            clock, horizon, self.count, self._mark, self._dirty, self._ndirty)
+        return acted, changed
+
     def add(self, batches: list) -> None:
+        """Counts the keys of acted-on ``batches`` in (tests and simulations; rounds use
+        :meth:`collect`)."""
         if batches:
             self._apply(batches, 1)
 
     def remove(self, batches: list) -> None:
+        """Counts the keys of expired ``batches`` out."""
         if batches:
             self._apply(batches, -1)
 
     def _apply(self, batches: list, delta: int) -> None:
         keys = batches[0] if len(batches) == 1 else np.concatenate(batches)
         keys = np.ascontiguousarray(keys, dtype=np.int64)
-        need = self._ndirty + len(keys)
+        self._reserve(len(keys))
+        self._ndirty = _native.count_intents(self.count, keys, delta, self._mark, self._dirty,
+                                             self._ndirty)
+
+    def _reserve(self, more: int) -> None:
+        """Room in the dirty list for ``more`` keys."""
+        need = self._ndirty + more
         if len(self._dirty) < need:
             grown = np.empty(max(need, 2 * len(self._dirty)), dtype=np.int64)
             grown[:self._ndirty] = self._dirty[:self._ndirty]
             self._dirty = grown
-        self._ndirty = _native.count_intents(self.count, keys, delta, self._mark, self._dirty,
-                                             self._ndirty)
 
     def changes(self) -> tuple[np.ndarray, np.ndarray]:
         """(keys, has_intent) whose state differs from what owners were told, each key once, in
@@ -137,11 +132,8 @@ class NodeIntents:
         longer owns them): the next :meth:`changes` looks at them again."""
         keys = np.ascontiguousarray(keys, dtype=np.int64)
         fresh = keys[self._mark[keys] == 0]
+        self._reserve(len(fresh))
         need = self._ndirty + len(fresh)
-        if len(self._dirty) < need:
-            grown = np.empty(max(need, 2 * len(self._dirty)), dtype=np.int64)
-            grown[:self._ndirty] = self._dirty[:self._ndirty]
-            self._dirty = grown
         self._mark[fresh] = 1
         self._dirty[self._ndirty:need] = fresh
         self._ndirty = need

@@ -108,7 +108,7 @@ class Rounds:
             timer = ActionTimer(config.timing_alpha, config.timing_p, config.timing_lambda0, clock)
         else:
             timer = ImmediateTimer(clock)
-        intents = WorkerIntents(timer)
+        intents = WorkerIntents(timer, self.store.num_keys)
         self.worker_intents.append(intents)  # list.append is atomic
         return intents
 
@@ -191,7 +191,7 @@ class Rounds:
             return True
         if self.intents.pending():  # reports to send again (redirected)
             return True
-        return any(w.inbox for w in list(self.worker_intents))
+        return any(w.fresh() for w in list(self.worker_intents))
 
     def _round_request_done(self, req_id: int) -> None:
         self._open.discard(req_id)
@@ -242,13 +242,10 @@ class Rounds:
         store, intents = self.store, self.intents
         for index, worker in enumerate(list(self.worker_intents)):
             clock = clocks[index] if index < len(clocks) else 0
-            acted, expired = worker.collect(clock, force=index in self._forced)
-            intents.add(acted)
-            intents.remove(expired)
-            if acted or expired:
+            acted, changed = intents.collect(worker, clock, force=index in self._forced)
+            if changed:
                 self._quiet = False
-            if acted:
-                self.counters["intents_acted"] += sum(map(len, acted))
+            self.counters["intents_acted"] += acted
         self._forced.clear()
         ikeys, iflags = intents.changes()
         if not self.policy.reports_intents:
@@ -415,11 +412,7 @@ class Rounds:
         ``relocation_only`` a key that several nodes want follows the latest of them, so it may
         have moved on again.)
         """
-        intents = self.worker_intents[worker]
-        if intents.has_unacted_active(clock):
-            return False
-        told = self.intents.told
-        return all(np.all(told[keys]) for keys in intents.active_batches(clock))
+        return self.worker_intents[worker].served(clock, self.intents.told)
 
     def round_stats(self) -> dict:
         """``rounds``: rounds run (``empty_rounds`` of them had nothing to send);
