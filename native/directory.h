@@ -80,4 +80,70 @@ int64_t dir_decide_execute(const directory_t *d, const int64_t *keys, int64_t n,
                            const int64_t *relocate_to, const uint64_t *setup,
                            const decide_sizes_t *sizes, decide_out_t *o, int64_t *cursor);
 
+/* Where a request for a key not owned here goes next (see Router.next_hop): to the owner the
+ * home table names for keys homed here, else where this node sent the key; -1: on its way here
+ * (or never here and not homed here, which only a request that saw it sent here can ask). */
+static inline int64_t dir_next_hop(const directory_t *d, int64_t key) {
+    int64_t nxt = d->forward[key];
+    if (key % d->world_size == d->rank) nxt = d->home_owner[key / d->world_size];
+    return nxt == d->rank ? -1 : nxt;
+}
+
+/* Serving a SYNC (see adapm/_engine/serve.py, NodeState._sync): its sections and who sent it.
+ * Entries are numbered over the sections in order (intents, deltas, checks). */
+typedef struct {
+    int64_t origin;
+    const int64_t *ikeys, *ipos;
+    const uint8_t *iflags;
+    int64_t ni;
+    const int64_t *dkeys, *dpos, *dver;
+    const float *drows; /* the deltas' rows, packed */
+    int64_t nd;
+    const int64_t *ckeys, *cpos, *cver;
+    int64_t nc;
+} sync_request_t;
+
+/* What happens to each entry: served here (owned), an intent report answered with where to
+ * report it, a delta or check for a key that went to the origin itself (back in the answer),
+ * held here (the key is on its way here) or forwarded (next hop). */
+enum { SYNC_OWNED = 0, SYNC_REDIRECT = 1, SYNC_BACK = 2, SYNC_QUEUE = 3, SYNC_FORWARD = 4 };
+
+typedef struct {
+    int8_t *where;  /* per entry: SYNC_* */
+    int64_t *hop;   /* per entry: the next hop (REDIRECT, FORWARD), else -1 */
+    int64_t owned_intents, owned_syncs, owned_sync_floats; /* syncs: deltas and checks */
+    int64_t redirects, backs, back_floats, rest;           /* rest: QUEUE and FORWARD */
+} sync_plan_t;
+
+/* Decides where each entry goes (changes nothing). */
+void dir_sync_plan(const directory_t *d, const sync_request_t *r, sync_plan_t *p);
+
+/* The answer to the origin and what is left, sized by the plan: positions and versions per
+ * owned entry (intents first, version -1, then deltas and checks); refresh positions and
+ * values (up to owned_sync_floats) for replicas that are behind; redirect positions and ranks;
+ * back positions (backs) and rows (back_floats); rest entries and their hops (-1: queue). The
+ * owned intent reports go to ikeys/iflags (owned_intents), for the policy. */
+typedef struct {
+    int64_t *positions, *versions;
+    int64_t *refresh_pos;
+    float *values;
+    int64_t *redirect_pos, *redirect_ranks, *back_pos;
+    float *back_rows;
+    int64_t *rest_index, *rest_hop;
+    int64_t *ikeys;
+    uint8_t *iflags;
+    int64_t *skeys; /* scratch: owned_syncs */
+    float *srows;   /* scratch: owned deltas' rows (owned_sync_floats) */
+    int64_t *missing; /* scratch: owned_syncs */
+    uint8_t *behind;  /* scratch: owned_syncs */
+    int64_t nrefresh, nvalues; /* out */
+} sync_answer_t;
+
+/* Merges the owned deltas into the store (each owned replica delta or check then answered
+ * with the version after the merge, and the value where the holder is behind: the version is
+ * read before the value, so it is never newer than it), and fills the answer. Returns 0, or
+ * -1 if a key owned at planning time vanished (only this thread removes keys: cannot happen). */
+int64_t dir_sync_serve(const directory_t *d, const sync_request_t *r, const sync_plan_t *p,
+                       sync_answer_t *a);
+
 #endif

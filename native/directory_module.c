@@ -14,9 +14,38 @@ typedef struct {
     PyObject *store; /* the StoreObject whose store_t d.store points into */
     Py_buffer views[8];
     int nviews;
+    uint8_t *seen; /* one bit per key, all clear between calls: finds repeated keys */
 } DirectoryObject;
 
+/* Index of the first key of keys[0..n) (checked in range) that repeats an earlier one, or -1.
+ * Batches that move keys come from the network, and a repeated key would be removed or
+ * inserted twice (a freed slot handed out twice). Two passes over the keys, no sort. */
+static int64_t first_repeat(DirectoryObject *self, const int64_t *keys, int64_t n) {
+    int64_t i = 0, at = -1;
+    for (; i < n; i++) {
+        const int64_t k = keys[i];
+        const uint8_t bit = (uint8_t)(1u << (k & 7));
+        if (self->seen[k >> 3] & bit) {
+            at = i;
+            break;
+        }
+        self->seen[k >> 3] |= bit;
+    }
+    for (int64_t j = 0; j < i; j++) self->seen[keys[j] >> 3] = 0;
+    return at;
+}
+
+static int refuse_repeats(DirectoryObject *self, const int64_t *keys, int64_t n,
+                          const char *what) {
+    const int64_t at = first_repeat(self, keys, n);
+    if (at < 0) return 0;
+    PyErr_Format(PyExc_ValueError, "%s: key %lld appears more than once", what,
+                 (long long)keys[at]);
+    return -1;
+}
+
 static void Directory_dealloc(DirectoryObject *self) {
+    PyMem_Free(self->seen);
     for (int i = 0; i < self->nviews; i++) PyBuffer_Release(&self->views[i]);
     Py_XDECREF(self->store);
     Py_TYPE(self)->tp_free((PyObject *)self);
@@ -62,8 +91,13 @@ static int Directory_init(DirectoryObject *self, PyObject *args, PyObject *kwarg
     if (!(d->epoch = keep(self, arrays[2], 8, "epoch", &nepoch))) return -1;
     if (!(d->home_owner = keep(self, arrays[3], 4, "home_owner", &nhome))) return -1;
     if (!(d->home_epoch = keep(self, arrays[4], 8, "home_epoch", &nhome_epoch))) return -1;
-    if (!(d->intent = keep(self, arrays[5], 8, "intent", &nintent))) return -1;
-    if (!(d->replicas = keep(self, arrays[6], 8, "replicas", &nreplicas))) return -1;
+    if (arrays[5] == Py_None && arrays[6] == Py_None) { /* a variant without masks */
+        d->intent = d->replicas = NULL;
+        nintent = nreplicas = d->store->num_keys * d->words;
+    } else {
+        if (!(d->intent = keep(self, arrays[5], 8, "intent", &nintent))) return -1;
+        if (!(d->replicas = keep(self, arrays[6], 8, "replicas", &nreplicas))) return -1;
+    }
     const int64_t num_keys = d->store->num_keys;
     const int64_t homed = num_keys > rank ? (num_keys - rank + world_size - 1) / world_size : 0;
     if (nhint != num_keys || nforward != num_keys || nepoch != num_keys || nhome != homed
@@ -75,6 +109,11 @@ static int Directory_init(DirectoryObject *self, PyObject *args, PyObject *kwarg
         return -1;
     }
     d->num_home = homed;
+    self->seen = PyMem_Calloc((size_t)(num_keys / 8 + 1), 1);
+    if (!self->seen) {
+        PyErr_NoMemory();
+        return -1;
+    }
     return 0;
 }
 
@@ -119,7 +158,13 @@ static PyObject *Directory_relocate_in(DirectoryObject *self, PyObject *args) {
                                           "per key, masks words per key");
         goto done;
     }
-    if (check_keys(self, v[0].buf, n) < 0) goto done;
+    if (check_keys(self, v[0].buf, n) < 0 || refuse_repeats(self, v[0].buf, n, "relocate_in") < 0)
+        goto done;
+    if (!self->d.intent) {
+        PyErr_SetString(PyExc_ValueError, "relocate_in: this directory keeps no intent masks "
+                                          "(the variant never relocates)");
+        goto done;
+    }
     if (stray_rank_bits(&self->d, v[3].buf, n) || stray_rank_bits(&self->d, v[4].buf, n)) {
         PyErr_Format(PyExc_ValueError, "relocate_in: a mask names a rank >= world size %lld",
                      (long long)self->d.world_size);
@@ -158,39 +203,26 @@ static PyObject *new_buffers(int count, const Py_ssize_t *bytes, void **ptrs) {
     return tuple;
 }
 
-/* decide(variant, node, keys, has_intent) -> (dropped, relocations, setups, home_updates) */
-static PyObject *Directory_decide(DirectoryObject *self, PyObject *args) {
-    int variant;
-    long long node;
-    PyObject *okeys, *oflags;
-    if (!PyArg_ParseTuple(args, "iLOO", &variant, &node, &okeys, &oflags)) return NULL;
+/* The decision on node's reports for keys[0..n) with flags (keys checked in range, unique):
+ * (dropped, relocations, setups, home_updates), see the docstring of decide. NULL with an
+ * exception set (nothing changed) if a key is not owned here. */
+static PyObject *decide_batch(DirectoryObject *self, int variant, int64_t node,
+                              const int64_t *keys, int64_t n, const uint8_t *flags) {
     const directory_t *d = &self->d;
-    if (variant < POLICY_ADAPTIVE || variant > POLICY_RELOCATION_ONLY || node < 0
-        || node >= d->world_size) {
-        PyErr_SetString(PyExc_ValueError, "decide: bad variant, or node outside the ranks");
-        return NULL;
-    }
-    Py_buffer kv, fv;
-    if (borrow(okeys, &kv, 8, 0, "decide: keys") < 0) return NULL;
-    if (borrow(oflags, &fv, 1, 0, "decide: has_intent") < 0) {
-        PyBuffer_Release(&kv);
-        return NULL;
-    }
     PyObject *result = NULL, *groups[3] = {NULL, NULL, NULL};
     int64_t *relocate_to = NULL, *cursor = NULL;
     uint64_t *setup = NULL;
-    const int64_t n = kv.len / 8, w = d->words, world = d->world_size;
-    const int64_t *keys = kv.buf;
-    if (fv.len != n) {
-        PyErr_SetString(PyExc_ValueError, "decide: has_intent needs one entry per key");
-        goto done;
+    const int64_t w = d->words, world = d->world_size;
+    if (!d->intent) {
+        PyErr_SetString(PyExc_ValueError, "decide: this directory keeps no intent masks "
+                                          "(the variant does not act on intent)");
+        return NULL;
     }
-    if (check_keys(self, keys, n) < 0) goto done;
     for (int64_t i = 0; i < n; i++) /* before anything changes */
         if (d->store->state[keys[i]] != KEY_OWNER) {
             PyErr_Format(PyExc_ValueError, "decide: key %lld is not owned here",
                          (long long)keys[i]);
-            goto done;
+            return NULL;
         }
     relocate_to = PyMem_Malloc((size_t)(n ? n : 1) * sizeof(int64_t));
     setup = PyMem_Malloc((size_t)(n ? n * w : 1) * sizeof(uint64_t));
@@ -201,7 +233,7 @@ static PyObject *Directory_decide(DirectoryObject *self, PyObject *args) {
     int64_t dropped;
     decide_sizes_t z;
     NOGIL_BEGIN(n * w)
-    dropped = policy_decide(variant, d->rank, node, w, d->intent, d->replicas, keys, n, fv.buf,
+    dropped = policy_decide(variant, d->rank, node, w, d->intent, d->replicas, keys, n, flags,
                             relocate_to, setup);
     dir_decide_sizes(d, keys, n, relocate_to, setup, &z);
     NOGIL_END
@@ -249,12 +281,180 @@ done:
     PyMem_Free(relocate_to);
     PyMem_Free(setup);
     PyMem_Free(cursor);
+    return result;
+}
+
+/* decide(variant, node, keys, has_intent) -> (dropped, relocations, setups, home_updates) */
+static PyObject *Directory_decide(DirectoryObject *self, PyObject *args) {
+    int variant;
+    long long node;
+    PyObject *okeys, *oflags;
+    if (!PyArg_ParseTuple(args, "iLOO", &variant, &node, &okeys, &oflags)) return NULL;
+    if (variant < POLICY_ADAPTIVE || variant > POLICY_RELOCATION_ONLY || node < 0
+        || node >= self->d.world_size) {
+        PyErr_SetString(PyExc_ValueError, "decide: bad variant, or node outside the ranks");
+        return NULL;
+    }
+    Py_buffer kv, fv;
+    if (borrow(okeys, &kv, 8, 0, "decide: keys") < 0) return NULL;
+    if (borrow(oflags, &fv, 1, 0, "decide: has_intent") < 0) {
+        PyBuffer_Release(&kv);
+        return NULL;
+    }
+    PyObject *result = NULL;
+    const int64_t n = kv.len / 8;
+    if (fv.len != n)
+        PyErr_SetString(PyExc_ValueError, "decide: has_intent needs one entry per key");
+    else if (check_keys(self, kv.buf, n) == 0 && refuse_repeats(self, kv.buf, n, "decide") == 0)
+        result = decide_batch(self, variant, node, kv.buf, n, fv.buf);
     PyBuffer_Release(&kv);
     PyBuffer_Release(&fv);
     return result;
 }
 
+/* A new bytearray of n entries of itemsize bytes; its data in *ptr. */
+static PyObject *new_array(Py_ssize_t n, Py_ssize_t itemsize, void **ptr) {
+    PyObject *b = PyByteArray_FromStringAndSize(NULL, n * itemsize);
+    if (b) *ptr = PyByteArray_AS_STRING(b);
+    return b;
+}
+
+/* serve_sync(variant, origin, ikeys, ipos, iflags, dkeys, dpos, drows, dver, ckeys, cpos, cver)
+ *   -> (answer, decision, rest_index, rest_hop) */
+static PyObject *Directory_serve_sync(DirectoryObject *self, PyObject *args) {
+    int variant;
+    long long origin;
+    PyObject *o[10];
+    if (!PyArg_ParseTuple(args, "iLOOOOOOOOOO", &variant, &origin, &o[0], &o[1], &o[2], &o[3],
+                          &o[4], &o[5], &o[6], &o[7], &o[8], &o[9]))
+        return NULL;
+    const directory_t *d = &self->d;
+    const store_t *st = d->store;
+    if (origin < 0 || origin >= d->world_size) {
+        PyErr_SetString(PyExc_ValueError, "serve_sync: origin outside the ranks");
+        return NULL;
+    }
+    Py_buffer v[10]; /* ikeys ipos iflags dkeys dpos drows dver ckeys cpos cver */
+    const Py_ssize_t sizes[10] = {8, 8, 1, 8, 8, 4, 8, 8, 8, 8};
+    int got = 0;
+    PyObject *result = NULL, *arrays[8] = {NULL}, *decision = NULL, *rest[2] = {NULL, NULL};
+    int8_t *where = NULL;
+    int64_t *hop = NULL, *skeys = NULL, *missing = NULL, *ikeys = NULL;
+    uint8_t *iflags = NULL, *behind = NULL;
+    float *srows = NULL;
+    for (; got < 10; got++)
+        if (borrow(o[got], &v[got], sizes[got], 0, "serve_sync") < 0) goto done;
+    sync_request_t r = {origin, v[0].buf, v[1].buf, v[2].buf, v[0].len / 8,
+                        v[3].buf, v[4].buf, v[6].buf, v[5].buf, v[3].len / 8,
+                        v[7].buf, v[8].buf, v[9].buf, v[7].len / 8};
+    /* A SYNC comes from the network: check it all before anything changes. */
+    if (v[1].len / 8 != r.ni || v[2].len != r.ni || v[4].len / 8 != r.nd
+        || v[6].len / 8 != r.nd || v[8].len / 8 != r.nc || v[9].len / 8 != r.nc) {
+        PyErr_SetString(PyExc_ValueError, "serve_sync: every section needs one position, flag "
+                                          "and version per key");
+        goto done;
+    }
+    if (check_keys(self, r.ikeys, r.ni) < 0 || check_keys(self, r.dkeys, r.nd) < 0
+        || check_keys(self, r.ckeys, r.nc) < 0
+        || refuse_repeats(self, r.ikeys, r.ni, "serve_sync: intent reports") < 0)
+        goto done;
+    int64_t row_floats = 0;
+    for (int64_t i = 0; i < r.nd; i++) row_floats += key_len(st, r.dkeys[i]);
+    if (row_floats != v[5].len / 4) {
+        PyErr_Format(PyExc_ValueError, "serve_sync: the deltas' rows hold %lld floats, their "
+                     "keys need %lld", (long long)(v[5].len / 4), (long long)row_floats);
+        goto done;
+    }
+    if (r.ni && (variant < POLICY_ADAPTIVE || variant > POLICY_RELOCATION_ONLY || !d->intent)) {
+        PyErr_SetString(PyExc_ValueError, "serve_sync: intent reports, but this directory's "
+                                          "variant does not act on intent");
+        goto done;
+    }
+    const int64_t n = r.ni + r.nd + r.nc;
+    where = PyMem_Malloc((size_t)(n ? n : 1));
+    hop = PyMem_Malloc((size_t)(n ? n : 1) * sizeof(int64_t));
+    if (!where || !hop) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    sync_plan_t p = {where, hop};
+    dir_sync_plan(d, &r, &p);
+    const int64_t os = p.owned_syncs, oi = p.owned_intents, owned = oi + os;
+    sync_answer_t a;
+    memset(&a, 0, sizeof(a));
+    skeys = PyMem_Malloc((size_t)(os ? os : 1) * sizeof(int64_t));
+    missing = PyMem_Malloc((size_t)(os ? os : 1) * sizeof(int64_t));
+    behind = PyMem_Malloc((size_t)(os ? os : 1));
+    srows = PyMem_Malloc((size_t)(p.owned_sync_floats ? p.owned_sync_floats : 1) * sizeof(float));
+    ikeys = PyMem_Malloc((size_t)(oi ? oi : 1) * sizeof(int64_t));
+    iflags = PyMem_Malloc((size_t)(oi ? oi : 1));
+    if (!skeys || !missing || !behind || !srows || !ikeys || !iflags) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    a.skeys = skeys; a.missing = missing; a.behind = behind; a.srows = srows;
+    a.ikeys = ikeys; a.iflags = iflags;
+    void *ptr[8];
+    const Py_ssize_t counts[8] = {owned, owned, os, p.owned_sync_floats, p.redirects,
+                                  p.redirects, p.backs, p.back_floats};
+    for (int i = 0; i < 8; i++)
+        if (!(arrays[i] = new_array(counts[i], i == 3 || i == 7 ? 4 : 8, &ptr[i]))) goto done;
+    a.positions = ptr[0]; a.versions = ptr[1]; a.refresh_pos = ptr[2]; a.values = ptr[3];
+    a.redirect_pos = ptr[4]; a.redirect_ranks = ptr[5]; a.back_pos = ptr[6];
+    a.back_rows = ptr[7];
+    void *rp[2];
+    if (!(rest[0] = new_array(p.rest, 8, &rp[0])) || !(rest[1] = new_array(p.rest, 8, &rp[1])))
+        goto done;
+    a.rest_index = rp[0]; a.rest_hop = rp[1];
+    int64_t ok;
+    NOGIL_BEGIN(n + p.owned_sync_floats)
+    ok = dir_sync_serve(d, &r, &p, &a);
+    NOGIL_END
+    if (ok < 0) {
+        PyErr_SetString(PyExc_RuntimeError, "serve_sync: an owned key vanished while serving");
+        goto done;
+    }
+    if (PyByteArray_Resize(arrays[2], a.nrefresh * 8) < 0
+        || PyByteArray_Resize(arrays[3], a.nvalues * 4) < 0)
+        goto done;
+    if (oi && !(decision = decide_batch(self, variant, origin, ikeys, oi, iflags))) goto done;
+    PyObject *answer = owned || p.redirects || p.backs
+                           ? PyTuple_Pack(8, arrays[0], arrays[1], arrays[2], arrays[3],
+                                          arrays[4], arrays[5], arrays[6], arrays[7])
+                           : Py_NewRef(Py_None);
+    if (!answer) goto done;
+    result = Py_BuildValue("NOOO", answer, decision ? decision : Py_None,
+                           p.rest ? rest[0] : Py_None, p.rest ? rest[1] : Py_None);
+done:
+    for (int i = 0; i < 8; i++) Py_XDECREF(arrays[i]);
+    Py_XDECREF(decision);
+    Py_XDECREF(rest[0]);
+    Py_XDECREF(rest[1]);
+    PyMem_Free(where);
+    PyMem_Free(hop);
+    PyMem_Free(skeys);
+    PyMem_Free(missing);
+    PyMem_Free(behind);
+    PyMem_Free(srows);
+    PyMem_Free(ikeys);
+    PyMem_Free(iflags);
+    for (int i = 0; i < got; i++) PyBuffer_Release(&v[i]);
+    return result;
+}
+
 static PyMethodDef Directory_methods[] = {
+    {"serve_sync", (PyCFunction)Directory_serve_sync, METH_VARARGS,
+     "serve_sync(variant, origin, ikeys, ipos, iflags, dkeys, dpos, drows, dver, ckeys, cpos, "
+     "cver) -> (answer, decision, rest_index, rest_hop). Serves a SYNC from origin (its three "
+     "sections; see directory.h, dir_sync_*): merges the owned deltas, answers owned deltas "
+     "and checks, decides on owned intent reports (decision as decide returns it, or None), "
+     "redirects reports for keys elsewhere and returns deltas and checks for keys that went "
+     "to origin. answer: the 8 keyed arrays of the SYNC_RESP (bytearrays: positions, "
+     "versions, refresh positions, values, redirect positions, ranks, back positions, rows), "
+     "or None when nothing is answered here; rest_index, rest_hop: the entries left (numbered "
+     "over the sections) and where they go next (-1: on their way here), or None. Checks "
+     "every buffer first (keys in range, intent reports unique, sizes that agree): ValueError "
+     "or IndexError, nothing changed."},
     {"decide", (PyCFunction)Directory_decide, METH_VARARGS,
      "decide(variant, node, keys, has_intent) -> (dropped, relocations, setups, home_updates). "
      "Node `node` reports whether it has intent for keys (unique, uint8 flags), all owned "
@@ -276,7 +476,10 @@ static PyTypeObject DirectoryType = {
     .tp_basicsize = sizeof(DirectoryObject),
     .tp_dealloc = (destructor)Directory_dealloc,
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "Relocations over a node's store and directory arrays (see native/directory.h).",
+    .tp_doc = "Directory(store, hint, forward, epoch, home_owner, home_epoch, intent, replicas, "
+              "rank, world_size): serving SYNCs, the owner's decisions and relocations over a "
+              "node's store and directory arrays (native/directory.h). intent and replicas "
+              "may both be None for variants that do not act on intent.",
     .tp_methods = Directory_methods,
     .tp_init = (initproc)Directory_init,
     .tp_new = PyType_GenericNew,

@@ -24,7 +24,7 @@ from adapm._engine.routing import Router, home_keys, home_of
 from adapm._engine.state import NodeState
 from adapm._store import NONE, OWNER, REPLICA, Store
 from adapm._engine.state import _merged
-from adapm._wire.protocol import HOME_UPDATES, RELOCATIONS, SETUPS
+from adapm._wire.protocol import HOME_UPDATES, NO_MOVES, RELOCATIONS, SETUPS, Kind, Message
 
 NUM_KEYS = 12
 
@@ -66,6 +66,51 @@ class Reference:
             assert self.store.gather(ks, values, np.empty(len(ks), dtype=np.int64)) == 0
             hold(dst, SETUPS, [ks, values, versions])
         return actions.dropped, {peer: _merged(held) for peer, held in moves.items()}
+
+    def serve_sync(self, origin, ikeys, ipos, iflags, dkeys, dpos, drows, dver, ckeys, cpos,
+                   cver) -> tuple:
+        """A SYNC from ``origin``, served as the engine did in numpy: (the answer's 8 keyed
+        arrays or None, replicas dropped, {peer: moves}, entries queued here, {peer: entries
+        forwarded}); entries are numbered over the sections."""
+        store = self.store
+        keys = np.concatenate((ikeys, dkeys, ckeys))
+        ni, nd = len(ikeys), len(dkeys)
+        owned = store.state[keys] == OWNER
+        rest = np.flatnonzero(~owned)
+        nxt = self.router.next_hop(keys[rest])
+        report = rest < ni
+        elsewhere, back = report & (nxt >= 0), ~report & (nxt == origin)
+        positions = np.concatenate((ipos, dpos, cpos))
+        back_index = rest[back]
+        back_deltas = back_index[back_index < ni + nd] - ni
+        redirected = [positions[rest[elsewhere]], nxt[elsewhere], positions[back_index],
+                      store.select_rows(drows, dkeys, back_deltas)]
+        keep = ~(elsewhere | back)
+        rest, nxt = rest[keep], nxt[keep]
+        queued = rest[nxt < 0].tolist()
+        forwarded = {int(dst): rest[nxt == dst].tolist() for dst in np.unique(nxt[nxt >= 0])}
+        oi, od = np.flatnonzero(owned[:ni]), np.flatnonzero(owned[ni:ni + nd])
+        oc = np.flatnonzero(owned[ni + nd:])
+        ikeys, ipos, iflags = ikeys[oi], ipos[oi], iflags[oi]
+        drows = store.select_rows(drows, dkeys, od)
+        dkeys, dpos, dver = dkeys[od], dpos[od], dver[od]
+        ckeys, cpos, cver = ckeys[oc], cpos[oc], cver[oc]
+        skeys, spos = np.concatenate((dkeys, ckeys)), np.concatenate((dpos, cpos))
+        reported = store.version[skeys].copy()
+        behind = np.concatenate((dver, cver)) != reported
+        store.scatter_add(dkeys, drows, np.empty(len(dkeys), dtype=np.int64))
+        reported[:len(dkeys)] += 1
+        stale = skeys[behind]
+        reported[behind] = store.version[stale]
+        values = np.empty(store.floats_for(stale), dtype=np.float32)
+        assert store.gather(stale, values, np.empty(len(stale), dtype=np.int64)) == 0
+        dropped, moves = self.decide(ikeys, origin, iflags) if len(ikeys) else (0, {})
+        answer = None
+        if owned.any() or len(redirected[0]) or len(redirected[2]):
+            answer = [np.concatenate((ipos, spos)),
+                      np.concatenate((np.full(len(ipos), -1, dtype=np.int64), reported)),
+                      spos[behind], values, *redirected]
+        return answer, dropped, moves, queued, forwarded
 
     def relocate_out(self, keys, dst):
         values, _ = self.store.remove(keys)
@@ -127,7 +172,8 @@ def cases(draw):
     management = draw(st.sampled_from(["adaptive", "replication_only", "relocation_only"]))
     lengths = draw(st.one_of(st.integers(1, 3),
                              st.lists(st.integers(1, 3), min_size=NUM_KEYS, max_size=NUM_KEYS)))
-    ops = draw(st.lists(st.tuples(st.sampled_from(["decide", "masks", "in", "replica", "push"]),
+    ops = draw(st.lists(st.tuples(st.sampled_from(["decide", "sync", "sync", "masks", "in", "replica",
+                                                   "push", "away"]),
                                   st.integers(0, 2**32 - 1)), max_size=25))
     return world_size, rank, management, lengths, ops
 
@@ -163,6 +209,15 @@ def test_native_decisions_and_relocations_match_the_reference(case):
             for peer, arrays in sent.items():
                 for got, want in zip(arrays, expected[peer]):
                     np.testing.assert_array_equal(got, want)
+        elif what == "sync":  # a SYNC from some node, about any keys
+            _check_sync(node, ref, rng, world_size)
+        elif what == "away":  # keys homed here that moved on: the home table names a peer
+            homed = home_keys(rank, NUM_KEYS, world_size)
+            gone = homed[state[homed] != OWNER]
+            if len(gone):
+                owners = rng.choice(others, len(gone))
+                for router in (node.router, ref.router):
+                    router.update_home(gone, owners, np.full(len(gone), 10**6))
         elif what == "masks":  # owned keys with other nodes' intents and replicas
             owned = np.flatnonzero(state == OWNER)
             if not len(owned):
@@ -213,6 +268,65 @@ def test_native_decisions_and_relocations_match_the_reference(case):
                 s.scatter_add(keys, values, np.empty(len(keys), dtype=np.int64))
         _agree(node, ref)
     assert set(node.replica_keys.tolist()) == set(np.flatnonzero(store.state == REPLICA).tolist())
+
+
+def _check_sync(node: NodeState, ref: Reference, rng, world_size: int) -> None:
+    """A random SYNC served by the node and by the reference: the same answer (with the moves
+    for the origin riding along), the same moves held for other peers, the same entries queued
+    and forwarded."""
+    store = node.store
+    origin = int(rng.integers(0, world_size))
+    picked = rng.permutation(NUM_KEYS)
+    ni, nd = (int(x) for x in rng.integers(0, 5, 2))
+    nc = int(rng.integers(0, NUM_KEYS - ni - nd + 1)) if ni + nd < NUM_KEYS else 0
+    ikeys = np.sort(rng.choice(NUM_KEYS, ni, replace=False)).astype(np.int64)
+    dkeys, ckeys = picked[:nd].astype(np.int64), picked[nd:nd + nc].astype(np.int64)
+    pos = rng.permutation(ni + nd + nc).astype(np.int64)
+    arrays = [ikeys, pos[:ni], rng.integers(0, 2, ni).astype(np.int8),
+              dkeys, pos[ni:ni + nd],
+              rng.integers(-5, 5, store.floats_for(dkeys)).astype(np.float32),
+              rng.integers(0, 4, nd).astype(np.int64),
+              ckeys, pos[ni + nd:], rng.integers(0, 4, nc).astype(np.int64)]
+    expected, dropped, moves, queued, forwarded = ref.serve_sync(
+        origin, *[a.astype(bool) if i == 2 else a for i, a in enumerate(arrays)])
+    drops = node.counters["replica_drops_at_owner"]
+    node._keyed(Message(Kind.SYNC, origin, 7, {"k": int(Kind.SYNC), "s": origin, "i": 7,
+                                               "o": origin}, [*arrays, *NO_MOVES]))
+    assert node.counters["replica_drops_at_owner"] - drops == dropped
+    out = [(send.dst, send.message) for send in node._out]
+    out += [(node.rank, m) for m in node._local]
+    node._out.clear()
+    node._local.clear()
+    answers = [m for dst, m in out if m.kind == Kind.SYNC_RESP]
+    if expected is None:
+        assert not answers
+    else:
+        (answer,) = answers
+        assert answer.req_id == 7
+        for got, want in zip(answer.arrays[:8], expected):
+            np.testing.assert_array_equal(got, want)
+    # Every peer's moves were held first, then rode along with the first carrier to it (the
+    # answer, or a SYNC forwarded there), or are held still.
+    held = {peer: _merged(h) for peer, h in node._held.items()}
+    node._held.clear()
+    for dst, m in out:
+        if m.kind in (Kind.SYNC, Kind.SYNC_RESP) and any(len(a) for a in m.moves()):
+            assert dst not in held
+            held[dst] = m.moves()
+    assert sorted(held) == sorted(moves)
+    for peer, arrays_ in held.items():
+        for got, want in zip(arrays_, moves[peer]):
+            np.testing.assert_array_equal(got, want)
+    entry_keys = np.concatenate((arrays[0], arrays[3], arrays[7]))
+    assert sorted(k for m in node.queued for k in m.keys().tolist()) == \
+        sorted(entry_keys[queued].tolist())
+    node.queued.clear()
+    sent = {}
+    for dst, m in out:
+        if m.kind == Kind.SYNC:
+            sent.setdefault(dst, []).extend(m.keys().tolist())
+    assert {d: sorted(k) for d, k in sent.items()} == \
+        {d: sorted(entry_keys[e].tolist()) for d, e in forwarded.items()}
 
 
 def test_deciding_on_a_key_not_owned_changes_nothing():
@@ -269,3 +383,112 @@ def test_native_directory_checks_its_buffers():
     with pytest.raises(TypeError):
         directory.decide(0, 1, owned.astype(np.int32), flags)
     assert not node.policy.intent.any()  # nothing was decided
+
+
+def test_serve_sync_refuses_a_malformed_sync_before_changing_anything():
+    config = _config(2, 0, 2)
+    store = Store(config)
+    store.insert(home_keys(0, NUM_KEYS, 2), OWNER)
+    node = NodeState(0, 2, store, config)
+    i64, f32 = np.int64, np.float32
+
+    def sync(origin=1, **change):
+        arrays = dict(ikeys=np.array([0], i64), ipos=np.array([0], i64),
+                      iflags=np.ones(1, np.int8), dkeys=np.array([2], i64),
+                      dpos=np.array([1], i64), drows=np.ones(2, f32), dver=np.zeros(1, i64),
+                      ckeys=np.array([4], i64), cpos=np.array([2], i64),
+                      cver=np.zeros(1, i64))
+        arrays.update(change)
+        return node.directory.serve_sync(node.variant, origin, *arrays.values())
+
+    before = store.slab.copy(), store.version.copy(), node.policy.intent.copy()
+    for change, error in (
+            (dict(ipos=np.array([0, 1], i64)), "one position"),
+            (dict(iflags=np.ones(2, np.int8)), "one position"),
+            (dict(dver=np.zeros(2, i64)), "one position"),
+            (dict(cpos=np.zeros(0, i64)), "one position"),
+            (dict(drows=np.ones(3, f32)), "rows hold 3 floats, their keys need 2"),
+            (dict(ckeys=np.array([NUM_KEYS], i64)), "outside"),
+            (dict(dkeys=np.array([-1], i64)), "outside")):
+        with pytest.raises((ValueError, IndexError), match=error):
+            sync(**change)
+    with pytest.raises(TypeError):
+        sync(drows=np.ones(2, np.float64))
+    with pytest.raises(ValueError, match="origin"):
+        sync(origin=2)
+    np.testing.assert_array_equal(store.slab, before[0])
+    np.testing.assert_array_equal(store.version, before[1])
+    np.testing.assert_array_equal(node.policy.intent, before[2])
+    answer, decision, rest, _ = sync()  # the well-formed one is served
+    assert answer is not None and decision is not None and rest is None
+    assert store.version[2] == 1  # the delta was merged
+
+    plain = NodeState(0, 2, Store(_config(2, 0, 2, "full_replication")),
+                      _config(2, 0, 2, "full_replication"))
+    plain.store.insert(home_keys(0, NUM_KEYS, 2), OWNER)
+    with pytest.raises(ValueError, match="does not act on intent"):
+        plain.directory.serve_sync(plain.variant, 1, np.array([0], i64), np.array([0], i64),
+                                   np.ones(1, np.int8), *[np.zeros(0, t) for t in
+                                                          (i64, i64, f32, i64, i64, i64, i64)])
+
+
+@st.composite
+def syncs(draw):
+    """A SYNC's sections and origin for a node of rank 0 of 2 with value length 2: keys may
+    repeat; some SYNCs have a flaw (an array a size off, a key out of range, a bad origin)."""
+    key = st.integers(0, 5)  # few keys: repeats are common
+    ni, nd, nc = (draw(st.integers(0, 4)) for _ in range(3))
+    arrays = [np.array(draw(st.lists(key, min_size=ni, max_size=ni)), np.int64),
+              np.arange(ni, dtype=np.int64),
+              np.array(draw(st.lists(st.integers(0, 1), min_size=ni, max_size=ni)), np.int8),
+              np.array(draw(st.lists(key, min_size=nd, max_size=nd)), np.int64),
+              np.arange(ni, ni + nd, dtype=np.int64), np.ones(2 * nd, np.float32),
+              np.array(draw(st.lists(st.integers(0, 3), min_size=nd, max_size=nd)), np.int64),
+              np.array(draw(st.lists(key, min_size=nc, max_size=nc)), np.int64),
+              np.arange(ni + nd, ni + nd + nc, dtype=np.int64),
+              np.array(draw(st.lists(st.integers(0, 3), min_size=nc, max_size=nc)), np.int64)]
+    flaw = draw(st.sampled_from(["none", "none", "size", "range", "origin"]))
+    origin = draw(st.integers(0, 1))
+    if flaw == "size":  # one array a size off
+        i = draw(st.integers(0, 9))
+        arrays[i] = np.resize(arrays[i], max(len(arrays[i]) + draw(st.sampled_from([-1, 1])), 0))
+    elif flaw == "range":  # a key outside the key space
+        section = draw(st.sampled_from([0, 3, 7]))
+        if len(arrays[section]):
+            arrays[section][0] = draw(st.sampled_from([-1, NUM_KEYS, 2**62]))
+    elif flaw == "origin":
+        origin = draw(st.sampled_from([-1, 2]))
+    return arrays, origin
+
+
+@given(st.lists(syncs(), min_size=1, max_size=4))
+@settings(max_examples=300, deadline=None)
+def test_serve_sync_fuzzed(messages):
+    """Random SYNCs from random origins: each is served or refused (ValueError, IndexError)
+    with nothing changed, and the store stays consistent: every held key has its own slot."""
+    config = _config(2, 0, 2)
+    store = Store(config)
+    store.insert(home_keys(0, NUM_KEYS, 2), OWNER)
+    node = NodeState(0, 2, store, config)
+    for arrays, origin in messages:
+        before = (store.state.copy(), store.slab.copy(), store.version.copy(),
+                  node.policy.intent.copy(), node.router.hint.copy())
+        try:
+            answer, decision, _, _ = node.directory.serve_sync(node.variant, origin, *arrays)
+        except (ValueError, IndexError):
+            after = (store.state, store.slab, store.version, node.policy.intent,
+                     node.router.hint)
+            for a, b in zip(before, after):
+                np.testing.assert_array_equal(a, b)
+            continue
+        if decision is not None:
+            node._decided(decision)  # frees the slots of keys that left
+        held = store.state != NONE
+        slots = store.slot[held] & ((1 << 62) - 1)
+        assert (store.slot[~held] == -1).all() and (slots >= 0).all()
+        assert len(np.unique(slots)) == len(slots)
+        free = store._free.get(2)  # free slots of values of length 2
+        if free is not None:  # each slot free once, and none of them in use
+            free_slots = free.items[:free.top]
+            assert (free_slots >= 0).all() and len(np.unique(free_slots)) == len(free_slots)
+            assert not set(free_slots.tolist()) & set(slots.tolist())

@@ -18,23 +18,21 @@ from __future__ import annotations
 import numpy as np
 
 from .._store import NONE, OWNER, REPLICA
-from .._wire.protocol import (
-    CHECKS, DELTAS, HOME_UPDATES, INTENTS, NO_MOVES, RELOCATIONS, SETUPS, Kind, Message, subset,
-)
+from .._wire.protocol import HOME_UPDATES, NO_MOVES, RELOCATIONS, SETUPS, Kind, Message, subset
 from .routing import group_by_node
 from .stream import Event
 
-_NO_ROWS = np.empty(0, dtype=np.float32)
 _I8, _F4, _U8 = np.dtype("<i8"), np.dtype("<f4"), np.dtype("<u8")
 # What directory.decide returns, per group: a rank count, then the arrays of the entries.
 _RELOCATION_DTYPES = (_I8, _I8, _F4, _I8, _U8, _U8, _I8, _I8)
 _SETUP_DTYPES = (_I8, _I8, _F4, _I8)
 _HOME_DTYPES = (_I8, _I8, _I8, _I8)
+# directory.serve_sync's answer: the keyed arrays of a SYNC_RESP (protocol.SCHEMA).
+_ANSWER_DTYPES = (_I8, _I8, _I8, _F4, _I8, _I8, _I8, _F4)
 
 
 def _arrays(buffers: tuple, dtypes: tuple) -> list:
     return [np.frombuffer(b, dtype=t) for b, t in zip(buffers, dtypes)]
-_NO_POS = np.empty(0, dtype=np.int64)
 
 
 class Serving:
@@ -43,41 +41,49 @@ class Serving:
     # --- entry -------------------------------------------------------------------------------
 
     def _keyed(self, msg: Message) -> None:
-        """A keyed request: serve what is owned here, forward or queue the rest.
-
-        Intent reports of a SYNC for keys that are elsewhere are not forwarded but answered
-        with where to report them (the next hop): the origin reports them there with its next
-        round, one message per owner, and not one forward per misrouted request
-        (bench/adaptive.py, 4 nodes: ~12 forwarded SYNC messages per node and round, half of
-        them forwarded again). Replica deltas and checks for keys that went to the origin
-        itself (the delta crossed the relocation) go back inside the answer, which carries the
-        relocation too. A key on its way here waits here; other deltas and checks are
-        forwarded (a delta must reach the owner).
-        """
+        """A keyed request: serve what is owned here, forward or queue the rest."""
+        if msg.kind == Kind.SYNC:
+            self._sync(msg)
+            return
         keys = msg.keys()
         owned = self.store.state[keys] == OWNER
         if owned.all():
             self._serve(msg)
             return
         rest_index = np.flatnonzero(~owned)
-        nxt = self.router.next_hop(keys[rest_index])
-        redirect = None
-        if msg.kind == Kind.SYNC:
-            ni, nd = len(msg.arrays[0]), len(msg.arrays[3])
-            report = rest_index < ni
-            elsewhere = report & (nxt >= 0)
-            back = ~report & (nxt == msg.header["o"])
-            if elsewhere.any() or back.any():
-                positions = np.concatenate((msg.arrays[1], msg.arrays[4], msg.arrays[8]))
-                back_index = rest_index[back]
-                deltas = back_index[back_index < ni + nd] - ni
-                redirect = (positions[rest_index[elsewhere]], nxt[elsewhere],
-                            positions[back_index],
-                            self.store.select_rows(msg.arrays[5], msg.arrays[3], deltas))
-                keep = ~(elsewhere | back)
-                rest_index, nxt = rest_index[keep], nxt[keep]
-        if owned.any() or redirect is not None:
-            self._serve(subset(msg, np.flatnonzero(owned), self.store), redirect)
+        if len(rest_index) < len(keys):
+            self._serve(subset(msg, np.flatnonzero(owned), self.store))
+        self._pass_on(msg, rest_index, self.router.next_hop(keys[rest_index]))
+
+    def _sync(self, msg: Message) -> None:
+        """A sync round's request, served in one native pass (``Directory.serve_sync``, its
+        reference in numpy is in tests/test_directory.py): deltas merged first (a dropped
+        replica's last delta is in before its key can move), replicas answered with the version
+        and, where behind, the value, then intent reports decided on; the answer is posted
+        after the moves the decision causes, so the origin receives those first.
+
+        Entries for keys not owned here: an intent report is answered with where to report it
+        (the next hop): the origin reports it there with its next round, one message per owner,
+        not one forward per misrouted report (bench/adaptive.py, 4 nodes: ~12 forwarded SYNC
+        messages per node and round, half of them forwarded again). A delta or check for a key
+        that went to the origin itself (it crossed the relocation) goes back in the answer,
+        which carries the relocation too. A key on its way here waits here; other deltas and
+        checks are forwarded (a delta must reach the owner).
+        """
+        answer, decision, rest_index, rest_hop = self.directory.serve_sync(
+            self.variant, msg.header["o"], *msg.arrays[:10])
+        if decision is not None:
+            self._decided(decision)
+        if answer is not None:
+            self._post(msg.header["o"], Kind.SYNC_RESP, msg.req_id,
+                       [*_arrays(answer, _ANSWER_DTYPES), *NO_MOVES])
+        if rest_index is not None:
+            self._pass_on(msg, np.frombuffer(rest_index, dtype=_I8),
+                          np.frombuffer(rest_hop, dtype=_I8))
+
+    def _pass_on(self, msg: Message, rest_index: np.ndarray, nxt: np.ndarray) -> None:
+        """The entries at ``rest_index`` of a keyed request are not owned here: wait here for
+        those on their way here (``nxt`` -1), forward the others to ``nxt``."""
         if not len(rest_index):
             return
         rest = subset(msg, rest_index, self.store)
@@ -90,8 +96,9 @@ class Serving:
             return
         hops = rest.header.get("h", 0) + 1  # forwards so far, this one included
         if hops > self.max_hops:
+            keys = rest.keys()
             self._post(rest.header["o"], Kind.ERROR, rest.req_id,
-                       msg=f"routing loop: keys {keys[rest_index][onward[:5]].tolist()} "
+                       msg=f"routing loop: keys {keys[onward[:5]].tolist()} "
                            f"passed {hops} nodes (last rank {self.rank})")
             return
         for dst, positions in group_by_node(nxt[onward]):
@@ -109,10 +116,8 @@ class Serving:
 
     # --- serving owned keys ------------------------------------------------------------------
 
-    def _serve(self, msg: Message, redirect=None) -> None:
-        """Serve ``msg`` (all its keys are owned here); ``redirect``: (positions, ranks) of
-        intent reports of the same SYNC to send back to the origin with the answer, and
-        (positions, delta rows) of its deltas and checks that go back to the origin."""
+    def _serve(self, msg: Message) -> None:
+        """Serve a pull, push or set all of whose keys are owned here."""
         kind, origin = msg.kind, msg.header["o"]
         keys, positions = msg.arrays[0], msg.arrays[1]
         store = self.store
@@ -125,54 +130,8 @@ class Serving:
             scatter = store.scatter_add if kind == Kind.PUSH else store.scatter_set
             self._expect_none_missing(scatter(keys, values, self._scratch(len(keys))))
             self._post(origin, Kind.ACK, msg.req_id, [positions])
-        elif kind == Kind.SYNC:
-            self._serve_sync(msg, origin, redirect)
         else:
             raise ValueError(f"not a keyed request: {kind.name}")
-
-    def _serve_sync(self, msg: Message, origin: int, redirect=None) -> None:
-        """A sync round's request: merge deltas, answer stale replicas, then decide on intents.
-
-        Deltas first, so a dropped replica's last delta is in before the key can move. The
-        answer is computed before the intents are acted on (a decision may move a key away),
-        and posted after the relocations and replicas they cause: the origin receives those
-        first, on the same connection.
-        """
-        store = self.store
-        sections = msg.sections()
-        redirected = (list(redirect) if redirect is not None
-                      else [_NO_POS, _NO_POS, _NO_POS, _NO_ROWS])
-        ikeys, ipos, iflags = sections[INTENTS]
-        dkeys, dpos, drows, dver = sections[DELTAS]
-        ckeys, cpos, cver = sections[CHECKS]
-        if not len(dkeys) and not len(ckeys):  # intent reports only: the common case
-            if len(ikeys):
-                self._decide(ikeys, origin, iflags)
-            self._post(origin, Kind.SYNC_RESP, msg.req_id,
-                       [ipos, np.full(len(ipos), -1, dtype=np.int64), ipos[:0], _NO_ROWS,
-                        *redirected, *NO_MOVES])
-            return
-        skeys = np.concatenate((dkeys, ckeys)) if len(ckeys) else dkeys
-        spos = np.concatenate((dpos, cpos)) if len(ckeys) else dpos
-        # Workers here may write between the reads below. A version we report must never be
-        # newer than the value the holder ends up with (else the holder would think itself
-        # current while it is not): report the version read *before* a value was taken.
-        reported = store.version[skeys].copy()
-        behind = np.concatenate((dver, cver)) != reported
-        if len(dkeys):
-            self._expect_none_missing(store.scatter_add(dkeys, drows, self._scratch(len(dkeys))))
-            reported[:len(dkeys)] += 1  # the merge itself: holder's base + its delta = this version
-        stale = skeys[behind]
-        reported[behind] = store.version[stale]
-        values = np.empty(store.floats_for(stale), dtype=np.float32)
-        if len(stale):
-            self._expect_none_missing(store.gather(stale, values, self._scratch(len(stale))))
-        if len(ikeys):
-            self._decide(ikeys, origin, iflags)
-        self._post(origin, Kind.SYNC_RESP, msg.req_id,
-                   [np.concatenate((ipos, spos)),
-                    np.concatenate((np.full(len(ipos), -1, dtype=np.int64), reported)),
-                    spos[behind], values, *redirected, *NO_MOVES])
 
     def _expect_none_missing(self, nmiss: int) -> None:
         if nmiss:
@@ -187,11 +146,15 @@ class Serving:
         one native pass (native/directory.c, ``dir_decide_*``); here they are only handed to
         the peers' held moves. Its reference in numpy: ``policy.on_intent`` and the pieces of
         tests/test_directory.py."""
-        if self.directory is None or not len(keys):  # a variant without masks decides nothing
+        if self.variant < 0 or not len(keys):  # a variant without masks decides nothing
             return
-        dropped, relocations, setups, homes = self.directory.decide(
-            self.policy.variant, node, np.ascontiguousarray(keys, dtype=np.int64),
-            np.ascontiguousarray(has_intent, dtype=bool).view(np.uint8))
+        self._decided(self.directory.decide(
+            self.variant, node, np.ascontiguousarray(keys, dtype=np.int64),
+            np.ascontiguousarray(has_intent, dtype=bool).view(np.uint8)))
+
+    def _decided(self, decision: tuple) -> None:
+        """Hand what ``directory.decide`` (or ``serve_sync``) did to the peers' held moves."""
+        dropped, relocations, setups, homes = decision
         self.counters["replica_drops_at_owner"] += dropped
         if relocations is not None:
             self._relocated_out(*_arrays(relocations, _RELOCATION_DTYPES))

@@ -98,13 +98,14 @@ class NodeState(Serving, Rounds):
         self.config = config
         self.router = Router(rank, world_size, store.num_keys)
         self.policy = make_policy(config.management, rank, world_size, store.num_keys)
-        # Relocations in native code, over the store and these arrays (variants that relocate).
-        self.directory = None
-        if hasattr(self.policy, "intent"):
-            router = self.router
-            self.directory = _native.Directory(
-                store.native, router.hint, router.forward, router.epoch, router.home_owner,
-                router.home_epoch, self.policy.intent, self.policy.replicas, rank, world_size)
+        # Serving SYNCs, decisions and relocations in native code, over the store and these
+        # arrays (the masks only for the variants that act on intent).
+        router, masks = self.router, hasattr(self.policy, "intent")
+        self.directory = _native.Directory(
+            store.native, router.hint, router.forward, router.epoch, router.home_owner,
+            router.home_epoch, self.policy.intent if masks else None,
+            self.policy.replicas if masks else None, rank, world_size)
+        self.variant = self.policy.variant if masks else -1  # native/policy.h; -1: no masks
         self.intents = NodeIntents(store.num_keys) if self.policy.runs_rounds else None
         self.requests: dict[int, Outstanding] = {}
         self._next_id = 1

@@ -1,0 +1,142 @@
+/* Serving a SYNC at the owner: see directory.h (dir_sync_plan, dir_sync_serve). */
+#include "directory.h"
+
+#include <string.h>
+
+/* Entry e's key and the section it is in (0 intents, 1 deltas, 2 checks). */
+static inline int64_t entry_key(const sync_request_t *r, int64_t e, int *section) {
+    if (e < r->ni) {
+        *section = 0;
+        return r->ikeys[e];
+    }
+    e -= r->ni;
+    if (e < r->nd) {
+        *section = 1;
+        return r->dkeys[e];
+    }
+    *section = 2;
+    return r->ckeys[e - r->nd];
+}
+
+static inline int64_t entry_pos(const sync_request_t *r, int64_t e) {
+    if (e < r->ni) return r->ipos[e];
+    e -= r->ni;
+    return e < r->nd ? r->dpos[e] : r->cpos[e - r->nd];
+}
+
+void dir_sync_plan(const directory_t *d, const sync_request_t *r, sync_plan_t *p) {
+    const store_t *s = d->store;
+    const int64_t n = r->ni + r->nd + r->nc;
+    p->owned_intents = p->owned_syncs = p->owned_sync_floats = 0;
+    p->redirects = p->backs = p->back_floats = p->rest = 0;
+    for (int64_t e = 0; e < n; e++) {
+        int section;
+        const int64_t key = entry_key(r, e, &section);
+        p->hop[e] = -1;
+        if (s->state[key] == KEY_OWNER) {
+            p->where[e] = SYNC_OWNED;
+            if (section == 0) p->owned_intents++;
+            else {
+                p->owned_syncs++;
+                p->owned_sync_floats += key_len(s, key);
+            }
+            continue;
+        }
+        const int64_t nxt = dir_next_hop(d, key);
+        if (section == 0 && nxt >= 0) { /* the origin reports it there with its next round */
+            p->where[e] = SYNC_REDIRECT;
+            p->hop[e] = nxt;
+            p->redirects++;
+        } else if (section != 0 && nxt == r->origin) { /* crossed the key's move to the origin */
+            p->where[e] = SYNC_BACK;
+            p->backs++;
+            if (section == 1) p->back_floats += key_len(s, key);
+        } else {
+            p->where[e] = nxt >= 0 ? SYNC_FORWARD : SYNC_QUEUE;
+            p->hop[e] = nxt;
+            p->rest++;
+        }
+    }
+}
+
+int64_t dir_sync_serve(const directory_t *d, const sync_request_t *r, const sync_plan_t *p,
+                       sync_answer_t *a) {
+    const store_t *s = d->store;
+    const int64_t n = r->ni + r->nd + r->nc;
+    int64_t oi = 0, os = 0, rd = 0, bk = 0, rest = 0, back_floats = 0, delta_floats = 0;
+    int64_t row = 0; /* float offset of delta e's row in drows */
+    int64_t ndeltas = 0;
+    /* Owned deltas and checks are answered after the owned intents, in entry order. */
+    int64_t *svers = a->versions + p->owned_intents;
+    int64_t *spos = a->positions + p->owned_intents;
+    for (int64_t e = 0; e < n; e++) {
+        int section;
+        const int64_t key = entry_key(r, e, &section), pos = entry_pos(r, e);
+        const int64_t len = section == 1 ? key_len(s, key) : 0;
+        switch (p->where[e]) {
+        case SYNC_OWNED:
+            if (section == 0) {
+                a->positions[oi] = pos;
+                a->versions[oi] = -1;
+                a->ikeys[oi] = key;
+                a->iflags[oi++] = r->iflags[e];
+            } else {
+                /* The version the holder's base is compared with: read before the merge. */
+                a->skeys[os] = key;
+                spos[os] = pos;
+                svers[os] = __atomic_load_n(&s->version[key], __ATOMIC_RELAXED);
+                if (section == 1) {
+                    memcpy(a->srows + delta_floats, r->drows + row, (size_t)len * sizeof(float));
+                    delta_floats += len;
+                    ndeltas++;
+                }
+                os++;
+            }
+            break;
+        case SYNC_REDIRECT:
+            a->redirect_pos[rd] = pos;
+            a->redirect_ranks[rd++] = p->hop[e];
+            break;
+        case SYNC_BACK:
+            a->back_pos[bk++] = pos;
+            if (section == 1) {
+                memcpy(a->back_rows + back_floats, r->drows + row, (size_t)len * sizeof(float));
+                back_floats += len;
+            }
+            break;
+        default:
+            a->rest_index[rest] = e;
+            a->rest_hop[rest++] = p->hop[e];
+        }
+        row += len;
+    }
+    /* Entries whose base differs from the version read are behind. Then the owned deltas
+     * are merged: the first ndeltas entries of skeys (the deltas section comes first). */
+    int64_t base_index = 0;
+    uint8_t *behind = a->behind;
+    for (int64_t e = r->ni; e < n; e++) {
+        if (p->where[e] != SYNC_OWNED) continue;
+        const int64_t base = e < r->ni + r->nd ? r->dver[e - r->ni] : r->cver[e - r->ni - r->nd];
+        behind[base_index] = base != svers[base_index];
+        base_index++;
+    }
+    if (ndeltas && store_scatter(s, a->skeys, ndeltas, a->srows, delta_floats,
+                                 a->missing, 0) != 0)
+        return -1;
+    for (int64_t j = 0; j < ndeltas; j++) svers[j] += 1; /* holder's base + its delta */
+    /* Values for those behind: the version read again (after the merge), then the value. */
+    int64_t nref = 0;
+    for (int64_t j = 0; j < os; j++) {
+        if (!behind[j]) continue;
+        svers[j] = __atomic_load_n(&s->version[a->skeys[j]], __ATOMIC_ACQUIRE);
+        a->refresh_pos[nref] = spos[j];
+        a->skeys[nref++] = a->skeys[j]; /* compacted in place: j >= nref */
+    }
+    int64_t nvalues = 0;
+    for (int64_t j = 0; j < nref; j++) nvalues += key_len(s, a->skeys[j]);
+    if (nref && store_gather(s, a->skeys, nref, a->values, nvalues, a->missing) != 0)
+        return -1;
+    a->nrefresh = nref;
+    a->nvalues = nvalues;
+    return 0;
+}
