@@ -146,4 +146,48 @@ typedef struct {
 int64_t dir_sync_serve(const directory_t *d, const sync_request_t *r, const sync_plan_t *p,
                        sync_answer_t *a);
 
+/* A sync round's requests (see adapm/_engine/rounds.py, Rounds._build_round), after the
+ * reports for keys owned here were decided: reports[nr] (keys not owned here, unique, and
+ * whether this node has intent) and the replicas held here, held[nh] (unique). A replica whose
+ * intent ended is dropped now and its last delta goes along; every other replica sends its
+ * delta, or its version alone when it has none. Entries are numbered over the sections
+ * (intents, deltas, checks) and grouped by where this node believes each key is (its hint). */
+typedef struct {
+    const int64_t *rkeys;
+    const uint8_t *rflags;
+    int64_t nr;
+    const int64_t *held;
+    int64_t nh;
+} round_in_t;
+
+typedef struct {
+    int64_t drops, drop_floats; /* replicas dropped now */
+    int64_t held_floats;        /* floats of all held replicas' values (deltas' upper bound) */
+} round_sizes_t;
+
+void dir_round_sizes(const directory_t *d, const round_in_t *in, round_sizes_t *z);
+
+/* Outputs (sized by dir_round_sizes; counts: 3 * world_size, per section and rank): the
+ * dropped keys and their freed slots; every entry's key in entry order (keys); per section,
+ * ordered by rank and within a rank by entry: intents (keys, positions, flags), deltas (keys,
+ * positions, rows, the versions they are based on), checks (keys, positions, versions).
+ * Scratch (s_*): live nh, nonzero nh, ver / at / off nr + nh, cursor world_size, rows
+ * drop_floats + held_floats. */
+typedef struct {
+    int64_t *drop_keys, *drop_slots, *counts, *keys;
+    int64_t *ikeys, *ipos;
+    uint8_t *iflags;
+    int64_t *dkeys, *dpos, *dver;
+    float *drows;
+    int64_t *ckeys, *cpos, *cver;
+    int64_t nd, nc, delta_floats; /* out: entries of each section, floats of the deltas */
+    int64_t *s_live, *s_ver, *s_at, *s_off, *s_cursor;
+    int8_t *s_nonzero;
+    float *s_rows;
+} round_out_t;
+
+/* Builds the requests; returns 0, or -1 if a hint names a rank outside the world. */
+int64_t dir_round_build(const directory_t *d, const round_in_t *in, const round_sizes_t *z,
+                        round_out_t *o);
+
 #endif

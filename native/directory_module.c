@@ -442,7 +442,85 @@ done:
     return result;
 }
 
+/* round_requests(rkeys, rflags, held) -> (drop_keys, drop_slots, counts, keys, ikeys, ipos,
+ * iflags, dkeys, dpos, drows, dver, ckeys, cpos, cver) */
+static PyObject *Directory_round_requests(DirectoryObject *self, PyObject *args) {
+    PyObject *o[3];
+    if (!PyArg_ParseTuple(args, "OOO", &o[0], &o[1], &o[2])) return NULL;
+    const directory_t *d = &self->d;
+    Py_buffer v[3];
+    const Py_ssize_t sizes[3] = {8, 1, 8};
+    int got = 0;
+    PyObject *result = NULL, *out[14] = {NULL};
+    void *scratch[7] = {NULL};
+    for (; got < 3; got++)
+        if (borrow(o[got], &v[got], sizes[got], 0, "round_requests") < 0) goto done;
+    round_in_t in = {v[0].buf, v[1].buf, v[0].len / 8, v[2].buf, v[2].len / 8};
+    if (v[1].len != in.nr) {
+        PyErr_SetString(PyExc_ValueError, "round_requests: one flag per report");
+        goto done;
+    }
+    if (check_keys(self, in.rkeys, in.nr) < 0 || check_keys(self, in.held, in.nh) < 0
+        || refuse_repeats(self, in.rkeys, in.nr, "round_requests: reports") < 0
+        || refuse_repeats(self, in.held, in.nh, "round_requests: replicas") < 0)
+        goto done;
+    round_sizes_t z;
+    dir_round_sizes(d, &in, &z);
+    const int64_t nr = in.nr, nh = in.nh, world = d->world_size, most = z.drops + nh;
+    const Py_ssize_t bytes[14] = {z.drops * 8, z.drops * 8, 3 * world * 8, (nr + most) * 8,
+                                  nr * 8, nr * 8, nr, most * 8, most * 8,
+                                  (z.drop_floats + z.held_floats) * 4, most * 8, nh * 8, nh * 8,
+                                  nh * 8};
+    void *p[14];
+    if (!(result = new_buffers(14, bytes, p))) goto done;
+    for (int i = 0; i < 14; i++) out[i] = PyTuple_GET_ITEM(result, i);
+    round_out_t r = {p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8], p[10], p[9], p[11],
+                     p[12], p[13]};
+    const size_t scratch_bytes[7] = {(size_t)nh * 8, (size_t)(nr + nh) * 8,
+                                     (size_t)(nr + nh) * 8, (size_t)(nr + nh) * 8,
+                                     (size_t)world * 8, (size_t)nh,
+                                     (size_t)(z.drop_floats + z.held_floats) * 4};
+    for (int i = 0; i < 7; i++)
+        if (!(scratch[i] = PyMem_Malloc(scratch_bytes[i] ? scratch_bytes[i] : 1))) {
+            PyErr_NoMemory();
+            Py_CLEAR(result);
+            goto done;
+        }
+    r.s_live = scratch[0]; r.s_ver = scratch[1]; r.s_at = scratch[2]; r.s_off = scratch[3];
+    r.s_cursor = scratch[4]; r.s_nonzero = scratch[5]; r.s_rows = scratch[6];
+    int64_t ok;
+    NOGIL_BEGIN(nr + nh + z.held_floats)
+    ok = dir_round_build(d, &in, &z, &r);
+    NOGIL_END
+    if (ok < 0) {
+        PyErr_SetString(PyExc_RuntimeError, "round_requests: a location hint names a rank "
+                                            "outside the world");
+        Py_CLEAR(result);
+        goto done;
+    }
+    /* Sections of unknown size were allocated for the most they could hold. */
+    if (PyByteArray_Resize(out[3], (nr + r.nd + r.nc) * 8) < 0
+        || PyByteArray_Resize(out[7], r.nd * 8) < 0 || PyByteArray_Resize(out[8], r.nd * 8) < 0
+        || PyByteArray_Resize(out[9], r.delta_floats * 4) < 0
+        || PyByteArray_Resize(out[10], r.nd * 8) < 0
+        || PyByteArray_Resize(out[11], r.nc * 8) < 0 || PyByteArray_Resize(out[12], r.nc * 8) < 0
+        || PyByteArray_Resize(out[13], r.nc * 8) < 0)
+        Py_CLEAR(result);
+done:
+    for (int i = 0; i < 7; i++) PyMem_Free(scratch[i]);
+    for (int i = 0; i < got; i++) PyBuffer_Release(&v[i]);
+    return result;
+}
+
 static PyMethodDef Directory_methods[] = {
+    {"round_requests", (PyCFunction)Directory_round_requests, METH_VARARGS,
+     "round_requests(rkeys, rflags, held) -> (drop_keys, drop_slots, counts, keys, ikeys, "
+     "ipos, iflags, dkeys, dpos, drows, dver, ckeys, cpos, cver), bytearrays. A sync round's "
+     "SYNC requests (directory.h, dir_round_*): reports rkeys (not owned here, unique; uint8 "
+     "flags) and the replicas held (unique). Replicas whose intent ended are dropped (their "
+     "keys and freed slots), the others send their delta or their version; every entry "
+     "(keys: all, numbered intents, deltas, checks) is grouped by its hint: counts[section * "
+     "world_size + rank] entries of each section go to each rank."},
     {"serve_sync", (PyCFunction)Directory_serve_sync, METH_VARARGS,
      "serve_sync(variant, origin, ikeys, ipos, iflags, dkeys, dpos, drows, dver, ckeys, cpos, "
      "cver) -> (answer, decision, rest_index, rest_hop). Serves a SYNC from origin (its three "

@@ -20,9 +20,10 @@ from hypothesis import strategies as st
 
 import adapm
 from adapm._engine.policy import make_policy
-from adapm._engine.routing import Router, home_keys, home_of
+from adapm._engine.routing import Router, group_by_node, home_keys, home_of
 from adapm._engine.state import NodeState
 from adapm._store import NONE, OWNER, REPLICA, Store
+from adapm._engine.rounds import _ROUND_DTYPES
 from adapm._engine.state import _merged
 from adapm._wire.protocol import HOME_UPDATES, NO_MOVES, RELOCATIONS, SETUPS, Kind, Message
 
@@ -66,6 +67,34 @@ class Reference:
             assert self.store.gather(ks, values, np.empty(len(ks), dtype=np.int64)) == 0
             hold(dst, SETUPS, [ks, values, versions])
         return actions.dropped, {peer: _merged(held) for peer, held in moves.items()}
+
+    def round_requests(self, ikeys, iflags, held) -> tuple:
+        """A round's SYNC requests, as the engine built them in numpy: (dropped keys,
+        {owner: the 10 section arrays}, all entries' keys)."""
+        store = self.store
+        ending = ikeys[~iflags]
+        drop = ending[store.state[ending] == REPLICA]
+        dver = store.version[drop].copy()
+        _, drows = store.remove(drop, with_deltas=True)
+        held = held[store.state[held] == REPLICA]
+        deltas, nonzero = store.take_deltas(held)
+        versions = store.version[held].copy()
+        dkeys = np.concatenate((drop, held[nonzero]))
+        drows = np.concatenate((drows, deltas))
+        dver = np.concatenate((dver, versions[nonzero]))
+        ckeys, cver = held[~nonzero], versions[~nonzero]
+        keys = np.concatenate((ikeys, dkeys, ckeys))
+        ni, nd = len(ikeys), len(dkeys)
+        flags = iflags.astype(np.int8)
+        out = {}
+        for dst, positions in group_by_node(self.router.hint[keys]):
+            a, b = np.searchsorted(positions, (ni, ni + nd))
+            p_i, p_d, p_c = positions[:a], positions[a:b], positions[b:]
+            d_index, c_index = p_d - ni, p_c - ni - nd
+            out[dst] = [ikeys[p_i], p_i, flags[p_i], dkeys[d_index], p_d,
+                        store.select_rows(drows, dkeys, d_index), dver[d_index],
+                        ckeys[c_index], p_c, cver[c_index]]
+        return drop, out, keys
 
     def serve_sync(self, origin, ikeys, ipos, iflags, dkeys, dpos, drows, dver, ckeys, cpos,
                    cver) -> tuple:
@@ -172,8 +201,8 @@ def cases(draw):
     management = draw(st.sampled_from(["adaptive", "replication_only", "relocation_only"]))
     lengths = draw(st.one_of(st.integers(1, 3),
                              st.lists(st.integers(1, 3), min_size=NUM_KEYS, max_size=NUM_KEYS)))
-    ops = draw(st.lists(st.tuples(st.sampled_from(["decide", "sync", "sync", "masks", "in", "replica",
-                                                   "push", "away"]),
+    ops = draw(st.lists(st.tuples(st.sampled_from(["decide", "sync", "sync", "round", "round",
+                                                   "masks", "in", "replica", "push", "away"]),
                                   st.integers(0, 2**32 - 1)), max_size=25))
     return world_size, rank, management, lengths, ops
 
@@ -211,6 +240,8 @@ def test_native_decisions_and_relocations_match_the_reference(case):
                     np.testing.assert_array_equal(got, want)
         elif what == "sync":  # a SYNC from some node, about any keys
             _check_sync(node, ref, rng, world_size)
+        elif what == "round":  # this node's round: reports for keys owned elsewhere, replicas
+            _check_round(node, ref, rng)
         elif what == "away":  # keys homed here that moved on: the home table names a peer
             homed = home_keys(rank, NUM_KEYS, world_size)
             gone = homed[state[homed] != OWNER]
@@ -268,6 +299,35 @@ def test_native_decisions_and_relocations_match_the_reference(case):
                 s.scatter_add(keys, values, np.empty(len(keys), dtype=np.int64))
         _agree(node, ref)
     assert set(node.replica_keys.tolist()) == set(np.flatnonzero(store.state == REPLICA).tolist())
+
+
+def _check_round(node: NodeState, ref: Reference, rng) -> None:
+    """A round's requests built natively and by the reference: the same replicas dropped, the
+    same requests per owner, the same entries."""
+    store = node.store
+    elsewhere = np.flatnonzero(store.state != OWNER)
+    ikeys = rng.choice(elsewhere, rng.integers(0, len(elsewhere) + 1), replace=False)
+    iflags = rng.integers(0, 2, len(ikeys)).astype(bool)
+    held = node.replica_keys
+    drop, expected, keys = ref.round_requests(ikeys, iflags, held)
+    out = [np.frombuffer(b, dtype=t) for b, t in zip(
+        node.directory.round_requests(ikeys, iflags.view(np.uint8), held), _ROUND_DTYPES)]
+    np.testing.assert_array_equal(out[0], drop)
+    store.release_slots(out[0], out[1])
+    node._replicas_removed(out[0])
+    np.testing.assert_array_equal(out[3], keys)
+    counts = out[2].reshape(3, node.world_size)
+    starts = np.cumsum(counts, axis=1) - counts
+    assert sorted(np.flatnonzero(counts.sum(axis=0)).tolist()) == sorted(expected)
+    row_at = np.concatenate(([0], np.cumsum(store.lengths_of(out[7]))))
+    for dst, want in expected.items():
+        (ia, da, ca), (ni, nd, nc) = starts[:, dst], counts[:, dst]
+        got = [out[4][ia:ia + ni], out[5][ia:ia + ni], out[6][ia:ia + ni],
+               out[7][da:da + nd], out[8][da:da + nd], out[9][row_at[da]:row_at[da + nd]],
+               out[10][da:da + nd], out[11][ca:ca + nc], out[12][ca:ca + nc],
+               out[13][ca:ca + nc]]
+        for g, w in zip(got, want):
+            np.testing.assert_array_equal(g, w)
 
 
 def _check_sync(node: NodeState, ref: Reference, rng, world_size: int) -> None:

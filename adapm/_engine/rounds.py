@@ -32,9 +32,18 @@ from .._store import OWNER, REPLICA
 from .._wire.protocol import NO_MOVES, Kind, Message
 from .events import Finish
 from .intents import WorkerIntents
-from .routing import group_by_node
 from .stream import Event, RoundRecord
 from .timing import ActionTimer, ImmediateTimer
+
+_I8, _F4 = np.dtype("<i8"), np.dtype("<f4")
+# What directory.round_requests returns (see there).
+_ROUND_DTYPES = (_I8, _I8, _I8, _I8, _I8, _I8, np.dtype("i1"), _I8, _I8, _F4, _I8, _I8, _I8,
+                 _I8)
+
+
+def _arrays(buffers: tuple, dtypes: tuple) -> list:
+    return [np.frombuffer(b, dtype=t) for b, t in zip(buffers, dtypes)]
+
 
 # After a round that changed nothing, the next waits this long, doubling up to MAX_IDLE_GAP_S
 # while rounds stay quiet (bench/idle.py: a node holding 50k replicas spent ~3% of a core at
@@ -256,61 +265,49 @@ class Rounds:
         # Keys owned here are decided now, without a message to itself (bench/adaptive.py:
         # most reports are about a node's own keys).
         ikeys, iflags = self._decide_owned(ikeys, iflags)
-        # A replica whose intent ended is dropped now; its last delta travels with the report.
-        ending = ikeys[~iflags]
-        drop = ending[store.state[ending] == REPLICA]
-        dkeys, drows, dver = [], [], []
-        if len(drop):
-            dver.append(store.version[drop].copy())
-            _, deltas = store.remove(drop, with_deltas=True)
-            drows.append(deltas)
-            dkeys.append(drop)
-            self._replicas_removed(drop)
-            self.counters["replica_drops"] += len(drop)
-            if self.sinks:
-                self._emit(Event.REPLICA_DROP, drop)
-        held = self.replica_keys
-        ckeys = cver = held[:0]
-        if len(held):
-            deltas, nonzero = store.take_deltas(held)
-            versions = store.version[held].copy()
-            if nonzero.any():
-                dkeys.append(held[nonzero])
-                drows.append(deltas)
-                dver.append(versions[nonzero])
-            ckeys, cver = held[~nonzero], versions[~nonzero]
-        if dkeys:
-            dkeys, drows, dver = (np.concatenate(x) for x in (dkeys, drows, dver))
-            self._quiet = False
-        else:
-            dkeys, drows, dver = held[:0], np.empty(0, dtype=np.float32), held[:0]
         if len(ikeys):
             self._quiet = False
-        if not (len(ikeys) or len(dkeys) or len(ckeys)):
+        if not (len(ikeys) or len(self.replica_keys)):
             return []
-        return self._grouped(ikeys, iflags, dkeys, drows, dver, ckeys, cver)
-
-    def _grouped(self, ikeys, iflags, dkeys, drows, dver, ckeys, cver) -> list:
-        """One SYNC request per destination (the owner we believe in).
-
-        Entries are numbered over the sections in order (intents, deltas, checks); a request
-        carries each entry's number as its position, and answers name those.
-        """
-        keys = np.concatenate((ikeys, dkeys, ckeys))
-        ni, nd = len(ikeys), len(dkeys)
-        flags = iflags.astype(np.int8)
-        out = []
-        for dst, positions in group_by_node(self.router.hint[keys]):
-            # positions ascend (a stable sort); cut them into the three sections
-            a, b = np.searchsorted(positions, (ni, ni + nd))
-            p_i, p_d, p_c = positions[:a], positions[a:b], positions[b:]
-            d_index, c_index = p_d - ni, p_c - ni - nd
-            arrays = [ikeys[p_i], p_i, flags[p_i],
-                      dkeys[d_index], p_d, self.store.select_rows(drows, dkeys, d_index),
-                      dver[d_index],
-                      ckeys[c_index], p_c, cver[c_index]]
-            out.append((dst, arrays, len(positions), _Round(keys, ni, nd, iflags)))
-        return out
+        # The rest in one native pass (native/round_build.c): a replica whose intent ended is
+        # dropped now and its last delta travels with the report; the other replicas send
+        # their delta or version; all grouped by owner (hint).
+        out = _arrays(self.directory.round_requests(
+            np.ascontiguousarray(ikeys, dtype=np.int64), iflags.view(np.uint8),
+            self.replica_keys), _ROUND_DTYPES)
+        drop_keys, drop_slots, counts, keys = out[:4]
+        if len(drop_keys):
+            store.removing(drop_keys)
+            store.release_slots(drop_keys, drop_slots)
+            self._replicas_removed(drop_keys)
+            self.counters["replica_drops"] += len(drop_keys)
+            if self.sinks:
+                self._emit(Event.REPLICA_DROP, drop_keys)
+        ni = len(ikeys)
+        nd = len(out[7])
+        if nd:
+            self._quiet = False
+        if not len(keys):
+            return []
+        context_flags = iflags.astype(bool)
+        counts = counts.reshape(3, self.world_size)
+        ends = np.cumsum(counts, axis=1)
+        if not store.uniform_length:  # where each grouped delta's row starts
+            row_at = np.concatenate(([0], np.cumsum(store.lengths_of(out[7]))))
+        requests = []
+        for dst in np.flatnonzero(counts.sum(axis=0)):
+            cuts = [(int(e - c), int(e)) for c, e in zip(counts[:, dst], ends[:, dst])]
+            (ia, ib), (da, db), (ca, cb) = cuts
+            if store.uniform_length:
+                fa, fb = da * store.uniform_length, db * store.uniform_length
+            else:
+                fa, fb = int(row_at[da]), int(row_at[db])
+            arrays = [out[4][ia:ib], out[5][ia:ib], out[6][ia:ib],
+                      out[7][da:db], out[8][da:db], out[9][fa:fb], out[10][da:db],
+                      out[11][ca:cb], out[12][ca:cb], out[13][ca:cb]]
+            requests.append((int(dst), arrays, (ib - ia) + (db - da) + (cb - ca),
+                             _Round(keys, ni, nd, context_flags)))
+        return requests
 
     def _apply_sync_answer(self, context: _Round, msg: Message) -> None:
         """A (partial) SYNC_RESP: intent reports taken in or redirected; replicas' versions and

@@ -1,0 +1,112 @@
+/* A sync round's requests: see directory.h (dir_round_sizes, dir_round_build). */
+#include "directory.h"
+
+#include <string.h>
+
+void dir_round_sizes(const directory_t *d, const round_in_t *in, round_sizes_t *z) {
+    const store_t *s = d->store;
+    z->drops = z->drop_floats = z->held_floats = 0;
+    for (int64_t i = 0; i < in->nr; i++) {
+        const int64_t key = in->rkeys[i];
+        if (!in->rflags[i] && s->state[key] == KEY_REPLICA) {
+            z->drops++;
+            z->drop_floats += key_len(s, key);
+        }
+    }
+    for (int64_t i = 0; i < in->nh; i++) z->held_floats += key_len(s, in->held[i]);
+}
+
+/* Counting sort of one section by rank: for each of its n entries (keys[i], first entry
+ * number base + i), writes key and position at the rank's run; returns 0, or -1 for a bad
+ * hint. `cursor` holds each rank's next slot. */
+static int64_t place_keys(const directory_t *d, const int64_t *keys, int64_t n, int64_t base,
+                          int64_t *count, int64_t *cursor, int64_t *out_keys, int64_t *out_pos,
+                          int64_t *at) {
+    const int64_t world = d->world_size;
+    memset(count, 0, (size_t)world * sizeof(int64_t));
+    for (int64_t i = 0; i < n; i++) {
+        const int64_t dst = d->hint[keys[i]];
+        if (dst < 0 || dst >= world) return -1;
+        count[dst]++;
+    }
+    int64_t run = 0;
+    for (int64_t r = 0; r < world; r++) {
+        cursor[r] = run;
+        run += count[r];
+    }
+    for (int64_t i = 0; i < n; i++) {
+        const int64_t j = cursor[d->hint[keys[i]]]++;
+        out_keys[j] = keys[i];
+        out_pos[j] = base + i;
+        at[i] = j; /* where entry i went */
+    }
+    return 0;
+}
+
+int64_t dir_round_build(const directory_t *d, const round_in_t *in, const round_sizes_t *z,
+                        round_out_t *o) {
+    const store_t *s = d->store;
+    const int64_t world = d->world_size, nr = in->nr;
+    int64_t *keys = o->keys, *ver = o->s_ver; /* per entry of deltas and checks, entry order */
+    /* Drops: the version first (only this thread changes a replica's version), then the key
+     * leaves with its last delta. */
+    int64_t ndrop = 0;
+    for (int64_t i = 0; i < nr; i++) {
+        const int64_t key = in->rkeys[i];
+        if (!in->rflags[i] && s->state[key] == KEY_REPLICA) {
+            o->drop_keys[ndrop] = key;
+            ver[ndrop++] = s->version[key];
+        }
+    }
+    float *rows = o->s_rows; /* the deltas' rows, packed in entry order */
+    if (ndrop && store_remove(s, o->drop_keys, ndrop, NULL, rows, z->drop_floats,
+                              o->drop_slots) < 0)
+        return -1;
+    /* Replicas still held: each one's delta, or its version alone. */
+    int64_t nl = 0;
+    for (int64_t i = 0; i < in->nh; i++)
+        if (s->state[in->held[i]] == KEY_REPLICA) o->s_live[nl++] = in->held[i];
+    const int64_t took = store_take_deltas(s, o->s_live, nl, rows + z->drop_floats,
+                                           z->held_floats, o->s_nonzero);
+    if (took < 0) return -1;
+    /* Entries: intents (the reports), deltas (drops, then replicas with updates), checks. */
+    memcpy(keys, in->rkeys, (size_t)nr * sizeof(int64_t));
+    memcpy(keys + nr, o->drop_keys, (size_t)ndrop * sizeof(int64_t));
+    int64_t ndel = ndrop;
+    for (int64_t i = 0; i < nl; i++)
+        if (o->s_nonzero[i]) {
+            keys[nr + ndel] = o->s_live[i];
+            ver[ndel++] = s->version[o->s_live[i]];
+        }
+    int64_t nc = 0;
+    for (int64_t i = 0; i < nl; i++)
+        if (!o->s_nonzero[i]) {
+            keys[nr + ndel + nc] = o->s_live[i];
+            ver[ndel + nc++] = s->version[o->s_live[i]];
+        }
+    o->nd = ndel;
+    o->nc = nc;
+    o->delta_floats = z->drop_floats + took;
+    /* Each section grouped by hint; at[i]: where entry i of the section went. */
+    int64_t *at = o->s_at, *cursor = o->s_cursor;
+    if (place_keys(d, keys, nr, 0, o->counts, cursor, o->ikeys, o->ipos, at) < 0) return -1;
+    for (int64_t i = 0; i < nr; i++) o->iflags[at[i]] = in->rflags[i];
+    if (place_keys(d, keys + nr, ndel, nr, o->counts + world, cursor, o->dkeys, o->dpos, at) < 0)
+        return -1;
+    int64_t *off = o->s_off, run = 0; /* float offset of each grouped delta's row */
+    for (int64_t j = 0; j < ndel; j++) {
+        off[j] = run;
+        run += key_len(s, o->dkeys[j]);
+    }
+    for (int64_t i = 0, pre = 0; i < ndel; i++) {
+        const int64_t len = key_len(s, keys[nr + i]);
+        memcpy(o->drows + off[at[i]], rows + pre, (size_t)len * sizeof(float));
+        o->dver[at[i]] = ver[i];
+        pre += len;
+    }
+    if (place_keys(d, keys + nr + ndel, nc, nr + ndel, o->counts + 2 * world, cursor, o->ckeys,
+                   o->cpos, at) < 0)
+        return -1;
+    for (int64_t i = 0; i < nc; i++) o->cver[at[i]] = ver[ndel + i];
+    return 0;
+}
