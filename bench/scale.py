@@ -8,7 +8,8 @@ Per node it reports
   its peers: store, directory and engine state for every key, home keys inserted;
 - metadata (B/key): bytes of the per-key directory arrays this node allocated (store slot, state,
   version, synced_at; router hint, forward pointer, epoch, home table; the owner's intent and
-  replica masks; intent counts), divided by the number of keys; arrays made with ``np.zeros``
+  replica masks; intent counts; the native bitmap for repeated keys), divided by the number of
+  keys; arrays made with ``np.zeros``
   are only committed where written, so this is an upper bound of their resident share;
 - RSS ready / RSS end (GB): resident memory after the first barrier, and after the workload
   (values included: 32 B per key of 8 floats for the keys held here, committed as written);
@@ -75,7 +76,11 @@ def _metadata_bytes(node) -> int:
                 arrays.append(getattr(state.policy, name))
         if state.intents is not None:
             arrays += [state.intents.count, state.intents.told, state.intents._mark]
-    return sum(a.nbytes for a in arrays)
+        # The native Directory's bitmap that finds repeated keys in a batch: a bit per key.
+        native = node.store.num_keys // 8 + 1
+    else:
+        native = 0
+    return sum(a.nbytes for a in arrays) + native
 
 
 def _job(node, o: dict) -> dict:
