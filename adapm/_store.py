@@ -8,9 +8,10 @@ Layout (all numpy, shared with the native code, which does every per-key loop):
 - ``seqs``: one seqlock word per stripe of keys (see native/store.h).
 
 ``slab`` and ``delta`` reserve address space for every key (``MAP_NORESERVE``), but memory is only
-committed for slots that are used, and slots are reused through free lists. So the slabs never
-move (no reallocation racing with readers) and a node's memory follows the number of keys it
-holds at the same time.
+committed for slots that are used, and slots are reused through free lists (native/slots.c,
+owned by the native store: inserting a key takes a slot, removing it gives the slot back). So
+the slabs never move (no reallocation racing with readers) and a node's memory follows the
+number of keys it holds at the same time.
 
 Thread safety: ``gather``/``scatter_*`` may be called from any number of threads at once.
 ``insert``/``remove`` (which also allocate and free slots) must be called from one thread at a
@@ -37,28 +38,6 @@ REPLICA = _native.KEY_REPLICA
 # 2**14 stripes: 128 KiB of sequence words (fits in L2) and, with a few dozen threads, a
 # negligible chance that two writers of different keys meet on one stripe.
 NUM_STRIPES = 1 << 14
-
-
-class _SlotStack:
-    """Free slots of one value length (LIFO, so recently freed, cache-warm slots come back first)."""
-
-    def __init__(self) -> None:
-        self.items = np.empty(64, dtype=np.int64)
-        self.top = 0
-
-    def pop(self, count: int) -> np.ndarray:
-        take = min(count, self.top)
-        self.top -= take
-        return self.items[self.top : self.top + take].copy()
-
-    def push(self, slots: np.ndarray) -> None:
-        need = self.top + len(slots)
-        if need > len(self.items):
-            grown = np.empty(max(need, 2 * len(self.items)), dtype=np.int64)
-            grown[: self.top] = self.items[: self.top]
-            self.items = grown
-        self.items[self.top : need] = slots
-        self.top = need
 
 
 def _reserve_floats(count: int) -> tuple[mmap.mmap, np.ndarray]:
@@ -110,8 +89,6 @@ class Store:
         self.gather_fast = self.native.gather_fast
         self.scatter_add_fast = self.native.scatter_add_fast
         self.scatter_set_fast = self.native.scatter_set_fast
-        self._free: dict[int, _SlotStack] = {}
-        self._bump = 0
         # Held keys of the sampling domain (local sampling draws among them).
         self.sample_pool = SamplePool(config.sampling) if config.sampling is not None else None
         self.capacity = capacity
@@ -171,10 +148,10 @@ class Store:
 
     def insert(self, keys: np.ndarray, state: int, values: np.ndarray | None = None,
                versions: np.ndarray | None = None) -> None:
-        """Make ``keys`` (unique, not held here) local with ``state``; zeros when ``values`` is None."""
+        """Make ``keys`` (unique, not held here) local with ``state``; zeros when ``values`` is
+        None. ValueError (nothing changed) for a key held already or repeated."""
         keys = np.ascontiguousarray(keys, dtype=np.int64)
-        slots = self._allocate(keys)
-        self.native.insert(keys, slots, int(state), values, versions)
+        self.native.insert(keys, int(state), values, versions)
         if self.sample_pool is not None:
             self.sample_pool.add(keys)
 
@@ -200,24 +177,12 @@ class Store:
         total = self.floats_for(keys)
         values = np.empty(total, dtype=np.float32)
         deltas = np.empty(total, dtype=np.float32) if with_deltas else None
-        slots = np.empty(len(keys), dtype=np.int64)
         if self.sample_pool is not None:
             self.sample_pool.remove(keys)
-        self.native.remove(keys, values, deltas, slots)
-        held = slots >= 0
-        self._release(keys[held], slots[held])
+        self.native.remove(keys, values, deltas)
         return values, deltas
 
     # --- for native code that inserts and removes keys itself (one thread at a time) ----------
-
-    def allocate_slots(self, keys: np.ndarray) -> np.ndarray:
-        """Slots for ``keys``, which the caller inserts next (or gives back with
-        :meth:`release_slots` if it cannot)."""
-        return self._allocate(keys)
-
-    def release_slots(self, keys: np.ndarray, slots: np.ndarray) -> None:
-        """The slots of ``keys``, removed by the caller, are free again."""
-        self._release(keys, slots)
 
     def removing(self, keys: np.ndarray) -> None:
         """``keys`` are being removed (just before or just after): local sampling stops drawing
@@ -229,34 +194,3 @@ class Store:
         """``keys`` were inserted: local sampling may draw them."""
         if self.sample_pool is not None:
             self.sample_pool.add(keys)
-
-    def _allocate(self, keys: np.ndarray) -> np.ndarray:
-        if self.uniform_length:
-            return self._allocate_length(self.uniform_length, len(keys))
-        slots = np.empty(len(keys), dtype=np.int64)
-        lengths = self.lengths_of(keys)
-        # Loop over distinct value lengths (a handful), never over keys.
-        for length in np.unique(lengths):
-            where = np.flatnonzero(lengths == length)
-            slots[where] = self._allocate_length(int(length), len(where))
-        return slots
-
-    def _allocate_length(self, length: int, count: int) -> np.ndarray:
-        """Slots for ``count`` values of ``length`` floats: freed ones first, then fresh ones."""
-        reused = self._free.setdefault(length, _SlotStack()).pop(count)
-        fresh = count - len(reused)
-        if not fresh:
-            return reused
-        new = self._bump + np.arange(fresh, dtype=np.int64) * length
-        self._bump += fresh * length
-        if self._bump > self.capacity:  # cannot happen while each key is held at most once
-            raise AssertionError("store slab overflow: a key was inserted twice")
-        return np.concatenate([reused, new]) if len(reused) else new
-
-    def _release(self, keys: np.ndarray, slots: np.ndarray) -> None:
-        if self.uniform_length:
-            self._free.setdefault(self.uniform_length, _SlotStack()).push(slots)
-            return
-        lengths = self.lengths_of(keys)
-        for length in np.unique(lengths):
-            self._free.setdefault(int(length), _SlotStack()).push(slots[lengths == length])

@@ -135,7 +135,7 @@ def main(argv=None) -> None:
     print(f"machine: nproc={os.cpu_count()}, {platform.machine()}, python "
           f"{platform.python_version()}, numpy {numpy.__version__}, pyzmq {zmq.__version__} "
           f"(libzmq {zmq.zmq_version()}); 2 nodes on loopback, rank 0 -> keys of rank 1")
-    print(f"num_keys = " + ", ".join(f"{n:,} (dim {d})" for d, n in sizes) + "\n")
+    print("num_keys = " + ", ".join(f"{n:,} (dim {d})" for d, n in sizes) + "\n")
     print("| op | batch | dim | mean latency (µs) | p99 latency (µs) | throughput (M keys/s) "
           "| MB/s (values) |")
     print("|---|---:|---:|---:|---:|---:|---:|")

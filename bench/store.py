@@ -167,7 +167,7 @@ def main(argv=None) -> None:
     print(f"machine: nproc={os.cpu_count()} (affinity {len(os.sched_getaffinity(0))}), "
           f"{platform.machine()}, python {platform.python_version()}, numpy {np.__version__}, "
           f"adapm {adapm.__version__}")
-    print(f"keys drawn with replacement from num_keys = "
+    print("keys drawn with replacement from num_keys = "
           + ", ".join(f"{n:,} (dim {d})" for d, n in sizes)
           + f"; best of {reps} repetitions, {keys_per_rep:,} keys per repetition\n")
     print("| op | batch | dim | adapm (M keys/s) | numpy (M keys/s) | ratio adapm/numpy |")

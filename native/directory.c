@@ -5,7 +5,7 @@
 
 int64_t dir_relocate_out(const directory_t *d, const int64_t *keys, int64_t n, int64_t dst,
                          float *values, int64_t values_floats, int64_t *versions,
-                         uint64_t *s_out, uint64_t *r_out, int64_t *epochs, int64_t *slots_out) {
+                         uint64_t *s_out, uint64_t *r_out, int64_t *epochs, int64_t *slots) {
     const store_t *s = d->store;
     int64_t need = 0;
     for (int64_t i = 0; i < n; i++) {
@@ -13,7 +13,8 @@ int64_t dir_relocate_out(const directory_t *d, const int64_t *keys, int64_t n, i
         need += key_len(s, keys[i]);
     }
     if (need > values_floats) return -1 - n;
-    store_remove(s, keys, n, values, NULL, values_floats, slots_out);
+    store_remove(s, keys, n, values, NULL, values_floats, slots);
+    slots_give(d->alloc, s, keys, slots, n); /* out of memory: those slots are not reused */
     const int64_t w = d->words;
     for (int64_t i = 0; i < n; i++) {
         const int64_t key = keys[i];
@@ -32,21 +33,28 @@ int64_t dir_relocate_out(const directory_t *d, const int64_t *keys, int64_t n, i
 int64_t dir_relocate_in(const directory_t *d, const int64_t *keys, int64_t n,
                         const float *values, int64_t values_floats, const int64_t *versions,
                         const uint64_t *s_in, const uint64_t *r_in, const int64_t *epochs,
-                        const int64_t *slots, int64_t nslots, int8_t *was_replica) {
+                        int64_t *slots, int8_t *was_replica) {
     const store_t *s = d->store;
-    int64_t need = 0, fresh = 0;
+    int64_t need = 0;
     for (int64_t i = 0; i < n; i++) {
-        const int8_t state = s->state[keys[i]];
-        if (state == KEY_OWNER) return -1 - i;
-        const int64_t len = key_len(s, keys[i]);
-        if (state != KEY_REPLICA) { /* inserted at the next slot: it must fit the slab */
-            if (fresh >= nslots) return -1 - n;
-            if (slots[fresh] < 0 || slots[fresh] + len > s->slab_floats) return -1 - n;
-            fresh++;
-        }
-        need += len;
+        if (s->state[keys[i]] == KEY_OWNER) return -1 - i;
+        need += key_len(s, keys[i]);
     }
     if (need > values_floats) return -1 - n;
+    /* A slot for each key that is not a replica here (slots[j]: the j-th such key's). */
+    int64_t fresh = 0;
+    for (int64_t i = 0; i < n; i++) {
+        if (s->state[keys[i]] == KEY_REPLICA) continue;
+        if (slots_take(d->alloc, s, &keys[i], 1, &slots[fresh]) < 0) {
+            for (int64_t k = 0, j = 0; j < fresh; k++) /* give back what was taken */
+                if (s->state[keys[k]] != KEY_REPLICA) {
+                    slots_give(d->alloc, s, &keys[k], &slots[j], 1);
+                    j++;
+                }
+            return -2 - n;
+        }
+        fresh++;
+    }
     const int64_t w = d->words, own_word = d->rank / 64;
     const uint64_t own_bit = (uint64_t)1 << (d->rank % 64);
     int64_t off = 0, j = 0;
@@ -55,7 +63,7 @@ int64_t dir_relocate_in(const directory_t *d, const int64_t *keys, int64_t n,
         was_replica[i] = s->state[key] == KEY_REPLICA;
         if (was_replica[i]) /* value = the owner's + our unsent updates */
             store_refresh(s, keys + i, 1, values + off, len, versions + i, 1);
-        else
+        else /* the j-th fresh key: slots[j] was taken for it above */
             store_insert(s, keys + i, 1, slots + j++, KEY_OWNER, values + off, len, versions + i);
         off += len;
         memcpy(d->intent + key * w, s_in + i * w, (size_t)w * sizeof(uint64_t));

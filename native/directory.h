@@ -10,10 +10,12 @@
 
 #include <stdint.h>
 
+#include "slots.h"
 #include "store.h"
 
 typedef struct {
     const store_t *store;
+    slot_alloc_t *alloc;             /* the store's slot allocator */
     int64_t rank, world_size, words; /* words: uint64 words per mask (ceil(world_size / 64)) */
     int32_t *hint, *forward;         /* per key */
     int64_t *epoch;                  /* per key: ownership epoch while owned here */
@@ -25,24 +27,24 @@ typedef struct {
 
 /* Keys (unique, owned here) leave for dst: copies out their values (packed, key order),
  * versions, masks (S, R: `words` per key, then zeroed here) and new epochs (epoch + 1), marks
- * them not held, points their forward pointer and hint to dst, and writes each key's freed
- * slot. Returns n, or -1 - i if keys[i] is not owned here (then nothing changed), or -1 - n if
- * values is too small. */
+ * them not held (their slots are free again; slots: n entries of scratch), points their
+ * forward pointer and hint to dst. Returns n, or -1 - i if keys[i] is not owned here (then
+ * nothing changed), or -1 - n if values is too small. */
 int64_t dir_relocate_out(const directory_t *d, const int64_t *keys, int64_t n, int64_t dst,
                          float *values, int64_t values_floats, int64_t *versions,
-                         uint64_t *s_out, uint64_t *r_out, int64_t *epochs, int64_t *slots_out);
+                         uint64_t *s_out, uint64_t *r_out, int64_t *epochs, int64_t *slots);
 
 /* Keys (unique, not owned here) arrive as main copies with values (packed, key order),
  * versions, masks and epochs: a replica held here is promoted (its unsent updates are added),
- * other keys are inserted at slots[j] (the j-th key that was not a replica). The new owner's
- * replica bit is cleared, the epoch installed, the hint set to this node and, for keys homed
- * here, the home table updated if the epoch is newer. was_replica[i] says which were
- * promoted. Returns n, or -1 - i if keys[i] is owned here already, or -1 - n if values or
- * slots are too short or a slot is outside the slab; then nothing changed. */
+ * other keys get a slot and are inserted (slots: n entries of scratch). The new owner's replica
+ * bit is cleared, the epoch installed, the hint set to this node and, for keys homed here, the
+ * home table updated if the epoch is newer. was_replica[i] says which were promoted. Returns
+ * n, or -1 - i if keys[i] is owned here already, -1 - n if values is too short, or -2 - n if
+ * no slot could be had (out of memory); then nothing changed. */
 int64_t dir_relocate_in(const directory_t *d, const int64_t *keys, int64_t n,
                         const float *values, int64_t values_floats, const int64_t *versions,
                         const uint64_t *s_in, const uint64_t *r_in, const int64_t *epochs,
-                        const int64_t *slots, int64_t nslots, int8_t *was_replica);
+                        int64_t *slots, int8_t *was_replica);
 
 /* An owner's decision on one node's intent reports, carried out (see adapm/_engine/serve.py,
  * NodeState._decide): policy_decide's verdicts (relocate_to[i], setup[i][words]) for keys[i]
@@ -61,7 +63,7 @@ void dir_decide_sizes(const directory_t *d, const int64_t *keys, int64_t n,
                       const int64_t *relocate_to, const uint64_t *setup, decide_sizes_t *out);
 
 /* Every array is sized by dir_decide_sizes (per relocation, per set-up pair, per home update;
- * masks `words` per relocation); the *_count arrays have world_size entries: how many of the
+ * masks `words` per relocation; r_slots is scratch); the *_count arrays have world_size entries: how many of the
  * entries, which are ordered by rank, go to each rank. Within a rank, entries keep the order
  * of keys. */
 typedef struct {
@@ -168,7 +170,7 @@ typedef struct {
 void dir_round_sizes(const directory_t *d, const round_in_t *in, round_sizes_t *z);
 
 /* Outputs (sized by dir_round_sizes; counts: 3 * world_size, per section and rank): the
- * dropped keys and their freed slots; every entry's key in entry order (keys); per section,
+ * dropped keys (their slots are free again; drop_slots is scratch); every entry's key in entry order (keys); per section,
  * ordered by rank and within a rank by entry: intents (keys, positions, flags), deltas (keys,
  * positions, rows, the versions they are based on), checks (keys, positions, versions).
  * Scratch (s_*): live nh, nonzero nh, ver / at / off nr + nh, cursor world_size, rows

@@ -14,38 +14,15 @@ typedef struct {
     PyObject *store; /* the StoreObject whose store_t d.store points into */
     Py_buffer views[8];
     int nviews;
-    uint8_t *seen; /* one bit per key, all clear between calls: finds repeated keys */
 } DirectoryObject;
 
-/* Index of the first key of keys[0..n) (checked in range) that repeats an earlier one, or -1.
- * Batches that move keys come from the network, and a repeated key would be removed or
- * inserted twice (a freed slot handed out twice). Two passes over the keys, no sort. */
-static int64_t first_repeat(DirectoryObject *self, const int64_t *keys, int64_t n) {
-    int64_t i = 0, at = -1;
-    for (; i < n; i++) {
-        const int64_t k = keys[i];
-        const uint8_t bit = (uint8_t)(1u << (k & 7));
-        if (self->seen[k >> 3] & bit) {
-            at = i;
-            break;
-        }
-        self->seen[k >> 3] |= bit;
-    }
-    for (int64_t j = 0; j < i; j++) self->seen[keys[j] >> 3] = 0;
-    return at;
-}
-
-static int refuse_repeats(DirectoryObject *self, const int64_t *keys, int64_t n,
-                          const char *what) {
-    const int64_t at = first_repeat(self, keys, n);
-    if (at < 0) return 0;
-    PyErr_Format(PyExc_ValueError, "%s: key %lld appears more than once", what,
-                 (long long)keys[at]);
-    return -1;
+/* The store's repeated-key check (module.h) for this directory's batches. */
+static int refuse_repeated(DirectoryObject *self, const int64_t *keys, int64_t n,
+                           const char *what) {
+    return refuse_repeats(((StoreObject *)self->store)->seen, keys, n, what);
 }
 
 static void Directory_dealloc(DirectoryObject *self) {
-    PyMem_Free(self->seen);
     for (int i = 0; i < self->nviews; i++) PyBuffer_Release(&self->views[i]);
     Py_XDECREF(self->store);
     Py_TYPE(self)->tp_free((PyObject *)self);
@@ -109,11 +86,7 @@ static int Directory_init(DirectoryObject *self, PyObject *args, PyObject *kwarg
         return -1;
     }
     d->num_home = homed;
-    self->seen = PyMem_Calloc((size_t)(num_keys / 8 + 1), 1);
-    if (!self->seen) {
-        PyErr_NoMemory();
-        return -1;
-    }
+    d->alloc = &((StoreObject *)store)->alloc;
     return 0;
 }
 
@@ -140,25 +113,25 @@ static int stray_rank_bits(const directory_t *d, const uint64_t *masks, int64_t 
 
 /* relocate_in(keys, values, versions, s_in, r_in, epochs, slots, was_replica) -> None */
 static PyObject *Directory_relocate_in(DirectoryObject *self, PyObject *args) {
-    PyObject *o[8];
-    if (!PyArg_ParseTuple(args, "OOOOOOOO", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5], &o[6],
-                          &o[7]))
+    PyObject *o[7];
+    if (!PyArg_ParseTuple(args, "OOOOOOO", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5], &o[6]))
         return NULL;
-    Py_buffer v[8];
-    const Py_ssize_t sizes[8] = {8, 4, 8, 8, 8, 8, 8, 1};
-    const int writable[8] = {0, 0, 0, 0, 0, 0, 0, 1};
+    Py_buffer v[7]; /* keys values versions s_in r_in epochs was_replica */
+    const Py_ssize_t sizes[7] = {8, 4, 8, 8, 8, 8, 1};
+    const int writable[7] = {0, 0, 0, 0, 0, 0, 1};
     int got = 0;
     PyObject *result = NULL;
-    for (; got < 8; got++)
+    int64_t *slots = NULL;
+    for (; got < 7; got++)
         if (borrow(o[got], &v[got], sizes[got], writable[got], "relocate_in") < 0) goto done;
     const int64_t n = v[0].len / 8, w = self->d.words;
     if (v[2].len / 8 != n || v[3].len / 8 != n * w || v[4].len / 8 != n * w
-        || v[5].len / 8 != n || v[7].len != n) {
+        || v[5].len / 8 != n || v[6].len != n) {
         PyErr_SetString(PyExc_ValueError, "relocate_in: versions, epochs and was_replica one "
                                           "per key, masks words per key");
         goto done;
     }
-    if (check_keys(self, v[0].buf, n) < 0 || refuse_repeats(self, v[0].buf, n, "relocate_in") < 0)
+    if (check_keys(self, v[0].buf, n) < 0 || refuse_repeated(self, v[0].buf, n, "relocate_in") < 0)
         goto done;
     if (!self->d.intent) {
         PyErr_SetString(PyExc_ValueError, "relocate_in: this directory keeps no intent masks "
@@ -170,19 +143,25 @@ static PyObject *Directory_relocate_in(DirectoryObject *self, PyObject *args) {
                      (long long)self->d.world_size);
         goto done;
     }
+    if (!(slots = PyMem_Malloc((size_t)(n ? n : 1) * sizeof(int64_t)))) {
+        PyErr_NoMemory();
+        goto done;
+    }
     int64_t r;
     NOGIL_BEGIN(v[1].len / 4)
     r = dir_relocate_in(&self->d, v[0].buf, n, v[1].buf, v[1].len / 4, v[2].buf, v[3].buf,
-                        v[4].buf, v[5].buf, v[6].buf, v[6].len / 8, v[7].buf);
+                        v[4].buf, v[5].buf, slots, v[6].buf);
     NOGIL_END
     if (r == -1 - n)
-        PyErr_SetString(PyExc_ValueError, "relocate_in: values or slots too short, or a slot "
-                                          "outside the slab");
+        PyErr_SetString(PyExc_ValueError, "relocate_in: values too short for the keys");
+    else if (r == -2 - n)
+        PyErr_NoMemory();
     else if (r < 0)
         PyErr_Format(PyExc_ValueError, "relocate_in: key %lld is owned here already",
                      (long long)((int64_t *)v[0].buf)[-1 - r]);
     else result = Py_NewRef(Py_None);
 done:
+    PyMem_Free(slots);
     for (int i = 0; i < got; i++) PyBuffer_Release(&v[i]);
     return result;
 }
@@ -210,7 +189,7 @@ static PyObject *decide_batch(DirectoryObject *self, int variant, int64_t node,
                               const int64_t *keys, int64_t n, const uint8_t *flags) {
     const directory_t *d = &self->d;
     PyObject *result = NULL, *groups[3] = {NULL, NULL, NULL};
-    int64_t *relocate_to = NULL, *cursor = NULL;
+    int64_t *relocate_to = NULL, *cursor = NULL, *r_slots = NULL;
     uint64_t *setup = NULL;
     const int64_t w = d->words, world = d->world_size;
     if (!d->intent) {
@@ -247,12 +226,17 @@ static PyObject *decide_batch(DirectoryObject *self, int variant, int64_t node,
     }
     decide_out_t o;
     const Py_ssize_t cb = world * 8, r = z.relocations, sp = z.setups, h = z.home_updates;
-    const Py_ssize_t rbytes[8] = {cb, r * 8, z.relocation_floats * 4, r * 8, r * w * 8,
-                                  r * w * 8, r * 8, r * 8};
-    void *rp[8];
-    if (!(groups[0] = new_buffers(8, rbytes, rp))) goto done;
+    const Py_ssize_t rbytes[7] = {cb, r * 8, z.relocation_floats * 4, r * 8, r * w * 8,
+                                  r * w * 8, r * 8};
+    void *rp[7];
+    if (!(groups[0] = new_buffers(7, rbytes, rp))) goto done;
     o.r_count = rp[0]; o.r_keys = rp[1]; o.r_values = rp[2]; o.r_versions = rp[3];
-    o.r_s = rp[4]; o.r_r = rp[5]; o.r_epochs = rp[6]; o.r_slots = rp[7];
+    o.r_s = rp[4]; o.r_r = rp[5]; o.r_epochs = rp[6];
+    if (!(r_slots = PyMem_Malloc((size_t)(r ? r : 1) * sizeof(int64_t)))) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    o.r_slots = r_slots;
     const Py_ssize_t sbytes[4] = {cb, sp * 8, z.setup_floats * 4, sp * 8};
     void *spp[4];
     if (!(groups[1] = new_buffers(4, sbytes, spp))) goto done;
@@ -281,6 +265,7 @@ done:
     PyMem_Free(relocate_to);
     PyMem_Free(setup);
     PyMem_Free(cursor);
+    PyMem_Free(r_slots);
     return result;
 }
 
@@ -305,7 +290,7 @@ static PyObject *Directory_decide(DirectoryObject *self, PyObject *args) {
     const int64_t n = kv.len / 8;
     if (fv.len != n)
         PyErr_SetString(PyExc_ValueError, "decide: has_intent needs one entry per key");
-    else if (check_keys(self, kv.buf, n) == 0 && refuse_repeats(self, kv.buf, n, "decide") == 0)
+    else if (check_keys(self, kv.buf, n) == 0 && refuse_repeated(self, kv.buf, n, "decide") == 0)
         result = decide_batch(self, variant, node, kv.buf, n, fv.buf);
     PyBuffer_Release(&kv);
     PyBuffer_Release(&fv);
@@ -356,7 +341,7 @@ static PyObject *Directory_serve_sync(DirectoryObject *self, PyObject *args) {
     }
     if (check_keys(self, r.ikeys, r.ni) < 0 || check_keys(self, r.dkeys, r.nd) < 0
         || check_keys(self, r.ckeys, r.nc) < 0
-        || refuse_repeats(self, r.ikeys, r.ni, "serve_sync: intent reports") < 0)
+        || refuse_repeated(self, r.ikeys, r.ni, "serve_sync: intent reports") < 0)
         goto done;
     int64_t row_floats = 0;
     for (int64_t i = 0; i < r.nd; i++) row_floats += key_len(st, r.dkeys[i]);
@@ -442,8 +427,8 @@ done:
     return result;
 }
 
-/* round_requests(rkeys, rflags, held) -> (drop_keys, drop_slots, counts, keys, ikeys, ipos,
- * iflags, dkeys, dpos, drows, dver, ckeys, cpos, cver) */
+/* round_requests(rkeys, rflags, held) -> (drop_keys, counts, keys, ikeys, ipos, iflags, dkeys,
+ * dpos, drows, dver, ckeys, cpos, cver) */
 static PyObject *Directory_round_requests(DirectoryObject *self, PyObject *args) {
     PyObject *o[3];
     if (!PyArg_ParseTuple(args, "OOO", &o[0], &o[1], &o[2])) return NULL;
@@ -451,8 +436,8 @@ static PyObject *Directory_round_requests(DirectoryObject *self, PyObject *args)
     Py_buffer v[3];
     const Py_ssize_t sizes[3] = {8, 1, 8};
     int got = 0;
-    PyObject *result = NULL, *out[14] = {NULL};
-    void *scratch[7] = {NULL};
+    PyObject *result = NULL, *out[13] = {NULL};
+    void *scratch[8] = {NULL};
     for (; got < 3; got++)
         if (borrow(o[got], &v[got], sizes[got], 0, "round_requests") < 0) goto done;
     round_in_t in = {v[0].buf, v[1].buf, v[0].len / 8, v[2].buf, v[2].len / 8};
@@ -461,26 +446,26 @@ static PyObject *Directory_round_requests(DirectoryObject *self, PyObject *args)
         goto done;
     }
     if (check_keys(self, in.rkeys, in.nr) < 0 || check_keys(self, in.held, in.nh) < 0
-        || refuse_repeats(self, in.rkeys, in.nr, "round_requests: reports") < 0
-        || refuse_repeats(self, in.held, in.nh, "round_requests: replicas") < 0)
+        || refuse_repeated(self, in.rkeys, in.nr, "round_requests: reports") < 0
+        || refuse_repeated(self, in.held, in.nh, "round_requests: replicas") < 0)
         goto done;
     round_sizes_t z;
     dir_round_sizes(d, &in, &z);
     const int64_t nr = in.nr, nh = in.nh, world = d->world_size, most = z.drops + nh;
-    const Py_ssize_t bytes[14] = {z.drops * 8, z.drops * 8, 3 * world * 8, (nr + most) * 8,
-                                  nr * 8, nr * 8, nr, most * 8, most * 8,
-                                  (z.drop_floats + z.held_floats) * 4, most * 8, nh * 8, nh * 8,
-                                  nh * 8};
-    void *p[14];
-    if (!(result = new_buffers(14, bytes, p))) goto done;
-    for (int i = 0; i < 14; i++) out[i] = PyTuple_GET_ITEM(result, i);
-    round_out_t r = {p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8], p[10], p[9], p[11],
-                     p[12], p[13]};
-    const size_t scratch_bytes[7] = {(size_t)nh * 8, (size_t)(nr + nh) * 8,
+    const Py_ssize_t bytes[13] = {z.drops * 8, 3 * world * 8, (nr + most) * 8, nr * 8, nr * 8,
+                                  nr, most * 8, most * 8, (z.drop_floats + z.held_floats) * 4,
+                                  most * 8, nh * 8, nh * 8, nh * 8};
+    void *p[13];
+    if (!(result = new_buffers(13, bytes, p))) goto done;
+    for (int i = 0; i < 13; i++) out[i] = PyTuple_GET_ITEM(result, i);
+    round_out_t r = {p[0], NULL, p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[9], p[8], p[10],
+                     p[11], p[12]};
+    const size_t scratch_bytes[8] = {(size_t)nh * 8, (size_t)(nr + nh) * 8,
                                      (size_t)(nr + nh) * 8, (size_t)(nr + nh) * 8,
                                      (size_t)world * 8, (size_t)nh,
-                                     (size_t)(z.drop_floats + z.held_floats) * 4};
-    for (int i = 0; i < 7; i++)
+                                     (size_t)(z.drop_floats + z.held_floats) * 4,
+                                     (size_t)z.drops * 8};
+    for (int i = 0; i < 8; i++)
         if (!(scratch[i] = PyMem_Malloc(scratch_bytes[i] ? scratch_bytes[i] : 1))) {
             PyErr_NoMemory();
             Py_CLEAR(result);
@@ -488,6 +473,7 @@ static PyObject *Directory_round_requests(DirectoryObject *self, PyObject *args)
         }
     r.s_live = scratch[0]; r.s_ver = scratch[1]; r.s_at = scratch[2]; r.s_off = scratch[3];
     r.s_cursor = scratch[4]; r.s_nonzero = scratch[5]; r.s_rows = scratch[6];
+    r.drop_slots = scratch[7];
     int64_t ok;
     NOGIL_BEGIN(nr + nh + z.held_floats)
     ok = dir_round_build(d, &in, &z, &r);
@@ -499,26 +485,26 @@ static PyObject *Directory_round_requests(DirectoryObject *self, PyObject *args)
         goto done;
     }
     /* Sections of unknown size were allocated for the most they could hold. */
-    if (PyByteArray_Resize(out[3], (nr + r.nd + r.nc) * 8) < 0
-        || PyByteArray_Resize(out[7], r.nd * 8) < 0 || PyByteArray_Resize(out[8], r.nd * 8) < 0
-        || PyByteArray_Resize(out[9], r.delta_floats * 4) < 0
-        || PyByteArray_Resize(out[10], r.nd * 8) < 0
-        || PyByteArray_Resize(out[11], r.nc * 8) < 0 || PyByteArray_Resize(out[12], r.nc * 8) < 0
-        || PyByteArray_Resize(out[13], r.nc * 8) < 0)
+    if (PyByteArray_Resize(out[2], (nr + r.nd + r.nc) * 8) < 0
+        || PyByteArray_Resize(out[6], r.nd * 8) < 0 || PyByteArray_Resize(out[7], r.nd * 8) < 0
+        || PyByteArray_Resize(out[8], r.delta_floats * 4) < 0
+        || PyByteArray_Resize(out[9], r.nd * 8) < 0
+        || PyByteArray_Resize(out[10], r.nc * 8) < 0 || PyByteArray_Resize(out[11], r.nc * 8) < 0
+        || PyByteArray_Resize(out[12], r.nc * 8) < 0)
         Py_CLEAR(result);
 done:
-    for (int i = 0; i < 7; i++) PyMem_Free(scratch[i]);
+    for (int i = 0; i < 8; i++) PyMem_Free(scratch[i]);
     for (int i = 0; i < got; i++) PyBuffer_Release(&v[i]);
     return result;
 }
 
 static PyMethodDef Directory_methods[] = {
     {"round_requests", (PyCFunction)Directory_round_requests, METH_VARARGS,
-     "round_requests(rkeys, rflags, held) -> (drop_keys, drop_slots, counts, keys, ikeys, "
-     "ipos, iflags, dkeys, dpos, drows, dver, ckeys, cpos, cver), bytearrays. A sync round's "
+     "round_requests(rkeys, rflags, held) -> (drop_keys, counts, keys, ikeys, ipos, iflags, "
+     "dkeys, dpos, drows, dver, ckeys, cpos, cver), bytearrays. A sync round's "
      "SYNC requests (directory.h, dir_round_*): reports rkeys (not owned here, unique; uint8 "
      "flags) and the replicas held (unique). Replicas whose intent ended are dropped (their "
-     "keys and freed slots), the others send their delta or their version; every entry "
+     "keys; their slots are free again), the others send their delta or their version; every entry "
      "(keys: all, numbered intents, deltas, checks) is grouped by its hint: counts[section * "
      "world_size + rank] entries of each section go to each rank."},
     {"serve_sync", (PyCFunction)Directory_serve_sync, METH_VARARGS,
@@ -537,15 +523,16 @@ static PyMethodDef Directory_methods[] = {
      "decide(variant, node, keys, has_intent) -> (dropped, relocations, setups, home_updates). "
      "Node `node` reports whether it has intent for keys (unique, uint8 flags), all owned "
      "here: the policy decides and its decision is carried out (directory.h, dir_decide_*). "
-     "relocations: (count, keys, values, versions, S, R, epochs, freed slots), setups: (count, "
+     "relocations: (count, keys, values, versions, S, R, epochs), setups: (count, "
      "keys, values, versions), home_updates: (count, keys, owners, epochs), each a tuple of "
      "bytearrays (int64, float32, uint64 masks) ordered by destination rank, count[r] entries "
      "for rank r; None when empty. ValueError (nothing "
      "changed) if a key is not owned here."},
     {"relocate_in", (PyCFunction)Directory_relocate_in, METH_VARARGS,
-     "relocate_in(keys, values, versions, s_in, r_in, epochs, slots, was_replica) -> None. "
-     "Keys arrive as main copies (replicas promoted, others inserted at slots in order). "
-     "ValueError (nothing changed) if a key is owned here already."},
+     "relocate_in(keys, values, versions, s_in, r_in, epochs, was_replica) -> None. Keys "
+     "arrive as main copies (replicas promoted, others get a slot and are inserted). "
+     "ValueError (nothing changed) if a key is owned here already or repeats, or a buffer "
+     "disagrees with the keys."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -21,6 +21,8 @@
 
 static void Store_dealloc(StoreObject *self) {
     for (int i = 0; i < self->nviews; i++) PyBuffer_Release(&self->views[i]);
+    slots_free_all(&self->alloc);
+    PyMem_Free(self->seen);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -94,6 +96,11 @@ static int Store_init(StoreObject *self, PyObject *args, PyObject *kwargs) {
     self->s.uniform_len = uniform_len > 0 ? uniform_len : 0;
     self->s.slab_floats = nslab;
     self->s.stripe_mask = (uint64_t)nseqs - 1;
+    slots_init(&self->alloc, nslab);
+    if (!(self->seen = PyMem_Calloc((size_t)(nslot / 8 + 1), 1))) {
+        PyErr_NoMemory();
+        return -1;
+    }
     return 0;
 }
 
@@ -277,38 +284,60 @@ static PyObject *Store_scatter_set_fast(StoreObject *self, PyObject *args) { ret
 static PyObject *Store_scatter_add(StoreObject *self, PyObject *args) { return scatter(self, args, 0); }
 static PyObject *Store_scatter_set(StoreObject *self, PyObject *args) { return scatter(self, args, 1); }
 
-/* insert(keys, slots, state, vals_or_None) */
+/* Floats of the values of keys[0..n) back to back. */
+static int64_t floats_of(const store_t *s, const int64_t *keys, int64_t n) {
+    if (s->uniform_len) return n * s->uniform_len;
+    int64_t total = 0;
+    for (int64_t i = 0; i < n; i++) total += s->lens[keys[i]];
+    return total;
+}
+
+/* insert(keys, state, vals_or_None, versions_or_None) */
 static PyObject *Store_insert(StoreObject *self, PyObject *args) {
-    PyObject *okeys, *oslots, *ovals, *oversions;
+    PyObject *okeys, *ovals, *oversions;
     int new_state;
-    if (!PyArg_ParseTuple(args, "OOiOO", &okeys, &oslots, &new_state, &ovals, &oversions))
-        return NULL;
+    if (!PyArg_ParseTuple(args, "OiOO", &okeys, &new_state, &ovals, &oversions)) return NULL;
     batch_t bt = {.n = 0};
-    Py_ssize_t n, nslots, nvals = 0, nversions = 0;
-    int64_t *keys = batch_view(&bt, okeys, 0, 8, "keys", &n);
-    int64_t *slots = keys ? batch_view(&bt, oslots, 0, 8, "slots", &nslots) : NULL;
+    Py_ssize_t n, nvals = 0, nversions = 0;
+    int64_t *keys = batch_view(&bt, okeys, 0, 8, "keys", &n), *slots = NULL;
     float *vals = NULL;
     int64_t *versions = NULL;
-    if (!slots) goto fail;
+    if (!keys) goto fail;
     if (ovals != Py_None && !(vals = batch_view(&bt, ovals, 0, 4, "vals", &nvals))) goto fail;
     if (oversions != Py_None && !(versions = batch_view(&bt, oversions, 0, 8, "versions",
                                                         &nversions)))
         goto fail;
-    if (check_keys_in_range(self, keys, n) < 0) goto fail;
-    if (nslots != n || (versions && nversions != n) ||
-        (new_state != KEY_OWNER && new_state != KEY_REPLICA)) {
-        PyErr_SetString(PyExc_ValueError,
-                        "insert: slots and versions must match keys; state owner or replica");
+    if (check_keys_in_range(self, keys, n) < 0
+        || refuse_repeats(self->seen, keys, n, "insert") < 0)
+        goto fail;
+    if ((versions && nversions != n) || (vals && nvals != floats_of(&self->s, keys, n))
+        || (new_state != KEY_OWNER && new_state != KEY_REPLICA)) {
+        PyErr_SetString(PyExc_ValueError, "insert: values and versions must match the keys; "
+                                          "state owner or replica");
         goto fail;
     }
-    int64_t r;
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (self->s.state[keys[i]] != KEY_NONE) {
+            PyErr_Format(PyExc_ValueError, "insert: key %lld is held here already",
+                         (long long)keys[i]);
+            goto fail;
+        }
+    if (!(slots = PyMem_Malloc((size_t)(n ? n : 1) * sizeof(int64_t)))) {
+        PyErr_NoMemory();
+        goto fail;
+    }
+    if (slots_take(&self->alloc, &self->s, keys, n, slots) < 0) {
+        PyErr_SetString(PyExc_MemoryError, "insert: no slot for a value (out of memory)");
+        goto fail;
+    }
     NOGIL_BEGIN(n + nvals)
-    r = store_insert(&self->s, keys, n, slots, (int8_t)new_state, vals, nvals, versions);
+    store_insert(&self->s, keys, n, slots, (int8_t)new_state, vals, nvals, versions);
     NOGIL_END
+    PyMem_Free(slots);
     release_batch(&bt);
-    if (r < 0) return PyErr_Format(PyExc_ValueError, "insert: slot out of range or values short");
     Py_RETURN_NONE;
 fail:
+    PyMem_Free(slots);
     release_batch(&bt);
     return NULL;
 }
@@ -366,36 +395,50 @@ fail:
     return NULL;
 }
 
-/* remove(keys, vals_out_or_None, deltas_out_or_None, slots_out) */
+/* remove(keys, vals_out_or_None, deltas_out_or_None) */
 static PyObject *Store_remove(StoreObject *self, PyObject *args) {
-    PyObject *okeys, *ovals, *odeltas, *oslots;
-    if (!PyArg_ParseTuple(args, "OOOO", &okeys, &ovals, &odeltas, &oslots)) return NULL;
+    PyObject *okeys, *ovals, *odeltas;
+    if (!PyArg_ParseTuple(args, "OOO", &okeys, &ovals, &odeltas)) return NULL;
     batch_t bt = {.n = 0};
-    Py_ssize_t n, nslots, nvals = 0, ndeltas = 0;
+    Py_ssize_t n, nvals = 0, ndeltas = 0;
     float *vals = NULL, *deltas = NULL;
-    int64_t *keys = batch_view(&bt, okeys, 0, 8, "keys", &n);
-    int64_t *slots = keys ? batch_view(&bt, oslots, 1, 8, "slots_out", &nslots) : NULL;
-    if (!slots) goto fail;
+    int64_t *keys = batch_view(&bt, okeys, 0, 8, "keys", &n), *slots = NULL;
+    if (!keys) goto fail;
     if (ovals != Py_None && !(vals = batch_view(&bt, ovals, 1, 4, "vals_out", &nvals))) goto fail;
     if (odeltas != Py_None) {
         if (!(deltas = batch_view(&bt, odeltas, 1, 4, "deltas_out", &ndeltas))) goto fail;
     }
-    if (check_keys_in_range(self, keys, n) < 0) goto fail;
-    if (nslots < n || (vals && deltas && nvals != ndeltas)) {
-        PyErr_SetString(PyExc_ValueError, "remove: slots_out short or output sizes differ");
+    if (check_keys_in_range(self, keys, n) < 0
+        || refuse_repeats(self->seen, keys, n, "remove") < 0)
+        goto fail;
+    const int64_t need = floats_of(&self->s, keys, n);
+    if ((vals && nvals < need) || (deltas && ndeltas < need)) {
+        PyErr_SetString(PyExc_ValueError, "remove: output buffers too small");
         goto fail;
     }
-    int64_t cap = vals ? nvals : (deltas ? ndeltas : INT64_MAX);
-    int64_t r;
-    NOGIL_BEGIN(n + (cap == INT64_MAX ? 0 : cap))
-    r = store_remove(&self->s, keys, n, vals, deltas, cap, slots);
+    if (!(slots = PyMem_Malloc((size_t)(n ? n : 1) * sizeof(int64_t)))) {
+        PyErr_NoMemory();
+        goto fail;
+    }
+    NOGIL_BEGIN(n + (vals || deltas ? need : 0))
+    store_remove(&self->s, keys, n, vals, deltas, need, slots);
     NOGIL_END
+    slots_give(&self->alloc, &self->s, keys, slots, n); /* not held: slot -1, skipped */
+    PyMem_Free(slots);
     release_batch(&bt);
-    if (r < 0) return PyErr_Format(PyExc_ValueError, "remove: output buffers too small");
     Py_RETURN_NONE;
 fail:
+    PyMem_Free(slots);
     release_batch(&bt);
     return NULL;
+}
+
+/* free_slots() -> bytearray of the free slots (int64), every value length */
+static PyObject *Store_free_slots(StoreObject *self, PyObject *unused) {
+    const int64_t n = slots_free_list(&self->alloc, NULL);
+    PyObject *out = PyByteArray_FromStringAndSize(NULL, n * 8);
+    if (out) slots_free_list(&self->alloc, (int64_t *)PyByteArray_AS_STRING(out));
+    return out;
 }
 
 static PyMethodDef Store_methods[] = {
@@ -414,14 +457,20 @@ static PyMethodDef Store_methods[] = {
     {"scatter_set_fast", (PyCFunction)Store_scatter_set_fast, METH_VARARGS,
      "scatter_set_fast(keys, vals, missing) -> int or None. Like gather_fast, for scatter_set."},
     {"insert", (PyCFunction)Store_insert, METH_VARARGS,
-     "insert(keys, slots, state, vals, versions) -> None. Make keys local at the given slots."},
+     "insert(keys, state, vals, versions) -> None. Make keys (unique, not held here) local: "
+     "each gets a slot, its value (zeros when vals is None) and version (0 when None). "
+     "ValueError (nothing changed) for a key held already or repeated, or sizes that differ."},
     {"take_deltas", (PyCFunction)Store_take_deltas, METH_VARARGS,
      "take_deltas(keys, out, nonzero) -> floats written. Replicas: move deltas out (zeroing "
      "them), only the rows of keys with updates, packed in key order."},
     {"refresh", (PyCFunction)Store_refresh, METH_VARARGS,
      "refresh(keys, vals, versions, promote) -> int. Replicas: value = vals + delta."},
     {"remove", (PyCFunction)Store_remove, METH_VARARGS,
-     "remove(keys, vals_out, deltas_out, slots_out) -> None. Copy out and drop local keys."},
+     "remove(keys, vals_out, deltas_out) -> None. Copy values (and replicas' deltas) out, "
+     "packed in key order, and drop the keys (unique); their slots are free again. Keys not "
+     "held here are skipped (their rows in the outputs are left as they were)."},
+    {"free_slots", (PyCFunction)Store_free_slots, METH_NOARGS,
+     "free_slots() -> bytearray. The free slots (int64 float offsets), for checks."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -5,6 +5,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include "slots.h"
 #include "store.h"
 
 /* Short calls keep the GIL. Releasing it is cheap, but taking it back waits until the thread
@@ -23,7 +24,37 @@ typedef struct {
     store_t s;
     Py_buffer views[9]; /* slot, state, slab, delta, seqs, version, synced_at, access_stats, lens */
     int nviews;
+    slot_alloc_t alloc; /* where values go in the slab (slots.h) */
+    uint8_t *seen;      /* one bit per key, all clear between calls: finds repeated keys */
 } StoreObject;
+
+/* Index of the first key of keys[0..n) (checked in range) that repeats an earlier one, or -1.
+ * Batches that move keys in or out may come from the network, and a repeated key would be
+ * removed or inserted twice (a slot handed out twice). Two passes over the keys, no sort. */
+static inline int64_t first_repeat(uint8_t *seen, const int64_t *keys, int64_t n) {
+    int64_t i = 0, at = -1;
+    for (; i < n; i++) {
+        const int64_t k = keys[i];
+        const uint8_t bit = (uint8_t)(1u << (k & 7));
+        if (seen[k >> 3] & bit) {
+            at = i;
+            break;
+        }
+        seen[k >> 3] |= bit;
+    }
+    for (int64_t j = 0; j < i; j++) seen[keys[j] >> 3] = 0;
+    return at;
+}
+
+/* 0, or -1 with ValueError naming the first repeated key. */
+static inline int refuse_repeats(uint8_t *seen, const int64_t *keys, int64_t n,
+                                 const char *what) {
+    const int64_t at = first_repeat(seen, keys, n);
+    if (at < 0) return 0;
+    PyErr_Format(PyExc_ValueError, "%s: key %lld appears more than once", what,
+                 (long long)keys[at]);
+    return -1;
+}
 
 /* Borrows a C-contiguous buffer of the given item size (writable or not); 0 on success. */
 static inline int borrow(PyObject *obj, Py_buffer *view, Py_ssize_t itemsize, int writable,

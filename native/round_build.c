@@ -62,6 +62,7 @@ int64_t dir_round_build(const directory_t *d, const round_in_t *in, const round_
     if (ndrop && store_remove(s, o->drop_keys, ndrop, NULL, rows, z->drop_floats,
                               o->drop_slots) < 0)
         return -1;
+    slots_give(d->alloc, s, o->drop_keys, o->drop_slots, ndrop);
     /* Replicas still held: each one's delta, or its version alone. */
     int64_t nl = 0;
     for (int64_t i = 0; i < in->nh; i++)

@@ -313,19 +313,18 @@ def _check_round(node: NodeState, ref: Reference, rng) -> None:
     out = [np.frombuffer(b, dtype=t) for b, t in zip(
         node.directory.round_requests(ikeys, iflags.view(np.uint8), held), _ROUND_DTYPES)]
     np.testing.assert_array_equal(out[0], drop)
-    store.release_slots(out[0], out[1])
     node._replicas_removed(out[0])
-    np.testing.assert_array_equal(out[3], keys)
-    counts = out[2].reshape(3, node.world_size)
+    np.testing.assert_array_equal(out[2], keys)
+    counts = out[1].reshape(3, node.world_size)
     starts = np.cumsum(counts, axis=1) - counts
     assert sorted(np.flatnonzero(counts.sum(axis=0)).tolist()) == sorted(expected)
-    row_at = np.concatenate(([0], np.cumsum(store.lengths_of(out[7]))))
+    row_at = np.concatenate(([0], np.cumsum(store.lengths_of(out[6]))))
     for dst, want in expected.items():
         (ia, da, ca), (ni, nd, nc) = starts[:, dst], counts[:, dst]
-        got = [out[4][ia:ia + ni], out[5][ia:ia + ni], out[6][ia:ia + ni],
-               out[7][da:da + nd], out[8][da:da + nd], out[9][row_at[da]:row_at[da + nd]],
-               out[10][da:da + nd], out[11][ca:ca + nc], out[12][ca:ca + nc],
-               out[13][ca:ca + nc]]
+        got = [out[3][ia:ia + ni], out[4][ia:ia + ni], out[5][ia:ia + ni],
+               out[6][da:da + nd], out[7][da:da + nd], out[8][row_at[da]:row_at[da + nd]],
+               out[9][da:da + nd], out[10][ca:ca + nc], out[11][ca:ca + nc],
+               out[12][ca:ca + nc]]
         for g, w in zip(got, want):
             np.testing.assert_array_equal(g, w)
 
@@ -418,18 +417,20 @@ def test_native_directory_checks_its_buffers():
     keys = np.array([1], dtype=np.int64)  # homed at rank 1: not held here
     args = [np.zeros(2, np.float32), np.zeros(1, np.int64), np.zeros(1, np.uint64),
             np.zeros(1, np.uint64), np.ones(1, np.int64)]
-    for slots in (np.array([10**12], np.int64), np.array([-5], np.int64),
-                  np.empty(0, np.int64)):
-        with pytest.raises(ValueError, match="slot"):
-            directory.relocate_in(keys, *args, slots, np.empty(1, np.int8))
     with pytest.raises(ValueError, match="values"):
-        directory.relocate_in(keys, np.zeros(1, np.float32), *args[1:],
-                              np.array([0], np.int64), np.empty(1, np.int8))
+        directory.relocate_in(keys, np.zeros(1, np.float32), *args[1:], np.empty(1, np.int8))
+    with pytest.raises(ValueError, match="key 1 appears more than once"):
+        directory.relocate_in(np.array([1, 1], np.int64), np.zeros(4, np.float32),
+                              np.zeros(2, np.int64), np.zeros(2, np.uint64),
+                              np.zeros(2, np.uint64), np.ones(2, np.int64), np.empty(2, np.int8))
+    with pytest.raises(ValueError, match="one per key"):
+        directory.relocate_in(keys, *args, np.empty(2, np.int8))
     for stray in (np.array([8], np.uint64), np.array([2**63], np.uint64)):  # rank 3, rank 63
         with pytest.raises(ValueError, match="rank >= world size 3"):
             directory.relocate_in(keys, args[0], args[1], stray, args[3], args[4],
-                                  np.array([0], np.int64), np.empty(1, np.int8))
+                                  np.empty(1, np.int8))
     assert store.state[1] == NONE and node.router.hint[1] == 1
+    assert not len(store.native.free_slots())  # no slot was taken and left behind
     owned = np.array([0, 3], np.int64)
     flags = np.ones(2, np.uint8)
     with pytest.raises(IndexError):
@@ -547,8 +548,6 @@ def test_serve_sync_fuzzed(messages):
         slots = store.slot[held] & ((1 << 62) - 1)
         assert (store.slot[~held] == -1).all() and (slots >= 0).all()
         assert len(np.unique(slots)) == len(slots)
-        free = store._free.get(2)  # free slots of values of length 2
-        if free is not None:  # each slot free once, and none of them in use
-            free_slots = free.items[:free.top]
-            assert (free_slots >= 0).all() and len(np.unique(free_slots)) == len(free_slots)
-            assert not set(free_slots.tolist()) & set(slots.tolist())
+        free = np.frombuffer(store.native.free_slots(), dtype=np.int64)
+        assert (free >= 0).all() and len(np.unique(free)) == len(free)  # each free once
+        assert not set(free.tolist()) & set(slots.tolist())  # and none of them in use

@@ -37,8 +37,7 @@ from .timing import ActionTimer, ImmediateTimer
 
 _I8, _F4 = np.dtype("<i8"), np.dtype("<f4")
 # What directory.round_requests returns (see there).
-_ROUND_DTYPES = (_I8, _I8, _I8, _I8, _I8, _I8, np.dtype("i1"), _I8, _I8, _F4, _I8, _I8, _I8,
-                 _I8)
+_ROUND_DTYPES = (_I8, _I8, _I8, _I8, _I8, np.dtype("i1"), _I8, _I8, _F4, _I8, _I8, _I8, _I8)
 
 
 def _arrays(buffers: tuple, dtypes: tuple) -> list:
@@ -275,16 +274,15 @@ class Rounds:
         out = _arrays(self.directory.round_requests(
             np.ascontiguousarray(ikeys, dtype=np.int64), iflags.view(np.uint8),
             self.replica_keys), _ROUND_DTYPES)
-        drop_keys, drop_slots, counts, keys = out[:4]
+        drop_keys, counts, keys = out[:3]
         if len(drop_keys):
             store.removing(drop_keys)
-            store.release_slots(drop_keys, drop_slots)
             self._replicas_removed(drop_keys)
             self.counters["replica_drops"] += len(drop_keys)
             if self.sinks:
                 self._emit(Event.REPLICA_DROP, drop_keys)
         ni = len(ikeys)
-        nd = len(out[7])
+        nd = len(out[6])
         if nd:
             self._quiet = False
         if not len(keys):
@@ -293,7 +291,7 @@ class Rounds:
         counts = counts.reshape(3, self.world_size)
         ends = np.cumsum(counts, axis=1)
         if not store.uniform_length:  # where each grouped delta's row starts
-            row_at = np.concatenate(([0], np.cumsum(store.lengths_of(out[7]))))
+            row_at = np.concatenate(([0], np.cumsum(store.lengths_of(out[6]))))
         requests = []
         for dst in np.flatnonzero(counts.sum(axis=0)):
             cuts = [(int(e - c), int(e)) for c, e in zip(counts[:, dst], ends[:, dst])]
@@ -302,9 +300,9 @@ class Rounds:
                 fa, fb = da * store.uniform_length, db * store.uniform_length
             else:
                 fa, fb = int(row_at[da]), int(row_at[db])
-            arrays = [out[4][ia:ib], out[5][ia:ib], out[6][ia:ib],
-                      out[7][da:db], out[8][da:db], out[9][fa:fb], out[10][da:db],
-                      out[11][ca:cb], out[12][ca:cb], out[13][ca:cb]]
+            arrays = [out[3][ia:ib], out[4][ia:ib], out[5][ia:ib],
+                      out[6][da:db], out[7][da:db], out[8][fa:fb], out[9][da:db],
+                      out[10][ca:cb], out[11][ca:cb], out[12][ca:cb]]
             requests.append((int(dst), arrays, (ib - ia) + (db - da) + (cb - ca),
                              _Round(keys, ni, nd, context_flags)))
         return requests

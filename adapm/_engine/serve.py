@@ -24,7 +24,7 @@ from .stream import Event
 
 _I8, _F4, _U8 = np.dtype("<i8"), np.dtype("<f4"), np.dtype("<u8")
 # What directory.decide returns, per group: a rank count, then the arrays of the entries.
-_RELOCATION_DTYPES = (_I8, _I8, _F4, _I8, _U8, _U8, _I8, _I8)
+_RELOCATION_DTYPES = (_I8, _I8, _F4, _I8, _U8, _U8, _I8)
 _SETUP_DTYPES = (_I8, _I8, _F4, _I8)
 _HOME_DTYPES = (_I8, _I8, _I8, _I8)
 # directory.serve_sync's answer: the keyed arrays of a SYNC_RESP (protocol.SCHEMA).
@@ -167,13 +167,11 @@ class Serving:
             for home, a, b, _, _ in self._runs(count, None):
                 self._hold_move(home, HOME_UPDATES, [hkeys[a:b], owners[a:b], epochs[a:b]])
 
-    def _relocated_out(self, count, keys, values, versions, intent, replicas, epochs,
-                       slots) -> None:
-        """Keys left (``directory.decide``), ordered by destination: their slots are free
-        again, and each destination's part waits for a carrier to it."""
+    def _relocated_out(self, count, keys, values, versions, intent, replicas, epochs) -> None:
+        """Keys left (``directory.decide``), ordered by destination: each destination's part
+        waits for a carrier to it."""
         store, words = self.store, self.policy.words
         store.removing(keys)
-        store.release_slots(keys, slots)
         self.counters["relocations_out"] += len(keys)
         for dst, a, b, fa, fb in self._runs(count, keys):
             if self.sinks:
@@ -204,20 +202,14 @@ class Serving:
         """Keys relocated here: a replica held here is promoted (its unsent updates are added to
         the value that came), others are inserted; masks, epochs, hints and the home table
         change in the same native pass (native/directory.c)."""
-        store = self.store
-        fresh = store.state[keys] != REPLICA
-        slots = store.allocate_slots(keys[fresh])
         promoted = np.empty(len(keys), dtype=np.int8)
-        try:
-            self.directory.relocate_in(keys, values, versions, intent, replicas, epochs, slots,
-                                       promoted)
-        except ValueError:  # nothing changed (e.g. a key owned here already): slots go back
-            store.release_slots(keys[fresh], slots)
-            raise
+        self.directory.relocate_in(keys, values, versions, intent, replicas, epochs, promoted)
         promoted = promoted.view(bool)
         if promoted.any():
             self._replicas_removed(keys[promoted])
-        store.inserted(keys[fresh])
+            self.store.inserted(keys[~promoted])
+        else:
+            self.store.inserted(keys)
         self.counters["relocations_in"] += len(keys)
         if self.sinks:
             self._emit(Event.ALLOC, keys, src)

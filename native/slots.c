@@ -1,0 +1,94 @@
+/* The slot allocator: see slots.h. */
+#include "slots.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+void slots_init(slot_alloc_t *a, int64_t capacity) {
+    memset(a, 0, sizeof(*a));
+    a->capacity = capacity;
+}
+
+void slots_free_all(slot_alloc_t *a) {
+    for (int64_t i = 0; i < a->nlengths; i++) free(a->free[i].items);
+    free(a->free);
+    free(a->lengths);
+    slots_init(a, a->capacity);
+}
+
+/* The free list of value length len, added if new (few distinct lengths: a sorted array). */
+static slot_stack_t *stack_of(slot_alloc_t *a, int64_t len) {
+    int64_t lo = 0, hi = a->nlengths;
+    while (lo < hi) {
+        const int64_t mid = (lo + hi) / 2;
+        if (a->lengths[mid] < len) lo = mid + 1;
+        else hi = mid;
+    }
+    if (lo < a->nlengths && a->lengths[lo] == len) return &a->free[lo];
+    if (a->nlengths == a->cap_lengths) {
+        const int64_t cap = a->cap_lengths ? 2 * a->cap_lengths : 4;
+        int64_t *lengths = realloc(a->lengths, (size_t)cap * sizeof(int64_t));
+        if (!lengths) return NULL;
+        a->lengths = lengths;
+        slot_stack_t *stacks = realloc(a->free, (size_t)cap * sizeof(slot_stack_t));
+        if (!stacks) return NULL;
+        a->free = stacks;
+        a->cap_lengths = cap;
+    }
+    memmove(a->lengths + lo + 1, a->lengths + lo, (size_t)(a->nlengths - lo) * sizeof(int64_t));
+    memmove(a->free + lo + 1, a->free + lo, (size_t)(a->nlengths - lo) * sizeof(slot_stack_t));
+    a->lengths[lo] = len;
+    memset(&a->free[lo], 0, sizeof(slot_stack_t));
+    a->nlengths++;
+    return &a->free[lo];
+}
+
+static int push(slot_stack_t *st, int64_t slot) {
+    if (st->len == st->cap) {
+        const int64_t cap = st->cap ? 2 * st->cap : 64;
+        int64_t *items = realloc(st->items, (size_t)cap * sizeof(int64_t));
+        if (!items) return -1;
+        st->items = items;
+        st->cap = cap;
+    }
+    st->items[st->len++] = slot;
+    return 0;
+}
+
+int slots_take(slot_alloc_t *a, const store_t *s, const int64_t *keys, int64_t n,
+               int64_t *slots) {
+    for (int64_t i = 0; i < n; i++) {
+        const int64_t len = key_len(s, keys[i]);
+        slot_stack_t *st = stack_of(a, len);
+        if (st && st->len) {
+            slots[i] = st->items[--st->len];
+        } else if (st && a->bump + len <= a->capacity) {
+            slots[i] = a->bump;
+            a->bump += len;
+        } else {
+            slots_give(a, s, keys, slots, i);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+int slots_give(slot_alloc_t *a, const store_t *s, const int64_t *keys, const int64_t *slots,
+               int64_t n) {
+    int ok = 0;
+    for (int64_t i = 0; i < n; i++) {
+        if (slots[i] < 0) continue;
+        slot_stack_t *st = stack_of(a, key_len(s, keys[i]));
+        if (!st || push(st, slots[i]) < 0) ok = -1;
+    }
+    return ok;
+}
+
+int64_t slots_free_list(const slot_alloc_t *a, int64_t *out) {
+    int64_t total = 0;
+    for (int64_t i = 0; i < a->nlengths; i++) {
+        if (out) memcpy(out + total, a->free[i].items, (size_t)a->free[i].len * sizeof(int64_t));
+        total += a->free[i].len;
+    }
+    return total;
+}
