@@ -32,7 +32,11 @@ typedef struct {
  * Batches that move keys in or out may come from the network, and a repeated key would be
  * removed or inserted twice (a slot handed out twice). Two passes over the keys, no sort. */
 static inline int64_t first_repeat(uint8_t *seen, const int64_t *keys, int64_t n) {
-    int64_t i = 0, at = -1;
+    int64_t i = 1;
+    while (i < n && keys[i] > keys[i - 1]) i++; /* ascending (a node's home keys): no repeat */
+    if (i >= n) return -1;
+    i = 0;
+    int64_t at = -1;
     for (; i < n; i++) {
         const int64_t k = keys[i];
         const uint8_t bit = (uint8_t)(1u << (k & 7));

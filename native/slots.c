@@ -57,6 +57,16 @@ static int push(slot_stack_t *st, int64_t slot) {
 
 int slots_take(slot_alloc_t *a, const store_t *s, const int64_t *keys, int64_t n,
                int64_t *slots) {
+    if (s->uniform_len) { /* one length: reuse what is free, then new slots in one run */
+        const int64_t len = s->uniform_len;
+        slot_stack_t *st = stack_of(a, len);
+        if (!st) return -1;
+        const int64_t reused = st->len < n ? st->len : n;
+        if (a->bump + (n - reused) * len > a->capacity) return -1;
+        for (int64_t i = 0; i < reused; i++) slots[i] = st->items[--st->len];
+        for (int64_t i = reused; i < n; i++, a->bump += len) slots[i] = a->bump;
+        return 0;
+    }
     for (int64_t i = 0; i < n; i++) {
         const int64_t len = key_len(s, keys[i]);
         slot_stack_t *st = stack_of(a, len);
