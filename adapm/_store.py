@@ -91,7 +91,6 @@ class Store:
         self.scatter_set_fast = self.native.scatter_set_fast
         # Held keys of the sampling domain (local sampling draws among them).
         self.sample_pool = SamplePool(config.sampling) if config.sampling is not None else None
-        self.capacity = capacity
 
     # --- sizes -------------------------------------------------------------------------------
 

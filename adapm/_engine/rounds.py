@@ -271,40 +271,37 @@ class Rounds:
         # The rest in one native pass (native/round_build.c): a replica whose intent ended is
         # dropped now and its last delta travels with the report; the other replicas send
         # their delta or version; all grouped by owner (hint).
-        out = _arrays(self.directory.round_requests(
-            np.ascontiguousarray(ikeys, dtype=np.int64), iflags.view(np.uint8),
-            self.replica_keys), _ROUND_DTYPES)
-        drop_keys, counts, keys = out[:3]
+        (drop_keys, counts, keys, rkeys, rpos, rflags, dkeys, dpos, drows, dver, ckeys, cpos,
+         cver) = _arrays(self.directory.round_requests(
+             np.ascontiguousarray(ikeys, dtype=np.int64), iflags.view(np.uint8),
+             self.replica_keys), _ROUND_DTYPES)
         if len(drop_keys):
             store.removing(drop_keys)
             self._replicas_removed(drop_keys)
             self.counters["replica_drops"] += len(drop_keys)
             if self.sinks:
                 self._emit(Event.REPLICA_DROP, drop_keys)
-        ni = len(ikeys)
-        nd = len(out[6])
-        if nd:
+        if len(dkeys):
             self._quiet = False
         if not len(keys):
             return []
+        # Each section is ordered by owner: cut out each owner's part of each.
         context_flags = iflags.astype(bool)
         counts = counts.reshape(3, self.world_size)
         ends = np.cumsum(counts, axis=1)
-        if not store.uniform_length:  # where each grouped delta's row starts
-            row_at = np.concatenate(([0], np.cumsum(store.lengths_of(out[6]))))
+        if store.uniform_length:
+            row_at = np.arange(len(dkeys) + 1) * store.uniform_length
+        else:
+            row_at = np.concatenate(([0], np.cumsum(store.lengths_of(dkeys))))
         requests = []
         for dst in np.flatnonzero(counts.sum(axis=0)):
-            cuts = [(int(e - c), int(e)) for c, e in zip(counts[:, dst], ends[:, dst])]
-            (ia, ib), (da, db), (ca, cb) = cuts
-            if store.uniform_length:
-                fa, fb = da * store.uniform_length, db * store.uniform_length
-            else:
-                fa, fb = int(row_at[da]), int(row_at[db])
-            arrays = [out[3][ia:ib], out[4][ia:ib], out[5][ia:ib],
-                      out[6][da:db], out[7][da:db], out[8][fa:fb], out[9][da:db],
-                      out[10][ca:cb], out[11][ca:cb], out[12][ca:cb]]
+            (ia, ib), (da, db), (ca, cb) = ((int(e - c), int(e))
+                                            for c, e in zip(counts[:, dst], ends[:, dst]))
+            arrays = [rkeys[ia:ib], rpos[ia:ib], rflags[ia:ib],
+                      dkeys[da:db], dpos[da:db], drows[row_at[da]:row_at[db]], dver[da:db],
+                      ckeys[ca:cb], cpos[ca:cb], cver[ca:cb]]
             requests.append((int(dst), arrays, (ib - ia) + (db - da) + (cb - ca),
-                             _Round(keys, ni, nd, context_flags)))
+                             _Round(keys, len(ikeys), len(dkeys), context_flags)))
         return requests
 
     def _apply_sync_answer(self, context: _Round, msg: Message) -> None:

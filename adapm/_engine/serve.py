@@ -181,22 +181,22 @@ class Serving:
                              intent[a * words:b * words], replicas[a * words:b * words],
                              epochs[a:b]])
 
-    def _runs(self, count: np.ndarray, keys):
-        """(rank, first, end, first float, end float) of each rank's run of entries ordered by
-        rank (``count[r]`` entries each); float bounds over the keys' packed values."""
+    def _runs(self, count: np.ndarray, keys) -> list:
+        """[(rank, first, end, first float, end float)] of each rank's run in entries ordered by
+        rank, ``count[r]`` of them for rank r; the float bounds are over the packed values of
+        ``keys`` (0 when ``keys`` is None: entries without values)."""
         ranks = np.flatnonzero(count)
         ends = np.cumsum(count[ranks])
-        if keys is None or self.store.uniform_length:
-            length = self.store.uniform_length if keys is not None else 0
-            return [(int(r), int(e - c), int(e), int(e - c) * length, int(e) * length)
-                    for r, c, e in zip(ranks, count[ranks], ends)]
-        float_ends = np.cumsum(self.store.lengths_of(keys))
-        out = []
-        for r, c, e in zip(ranks, count[ranks], ends):
-            a, b = int(e - c), int(e)
-            out.append((int(r), a, b, int(float_ends[a - 1]) if a else 0,
-                        int(float_ends[b - 1]) if b else 0))
-        return out
+        starts = ends - count[ranks]
+        if keys is None:
+            first = last = np.zeros(len(ranks), dtype=np.int64)
+        elif self.store.uniform_length:
+            first, last = starts * self.store.uniform_length, ends * self.store.uniform_length
+        else:
+            row_at = np.concatenate(([0], np.cumsum(self.store.lengths_of(keys))))
+            first, last = row_at[starts], row_at[ends]
+        return [(int(r), int(a), int(b), int(fa), int(fb))
+                for r, a, b, fa, fb in zip(ranks, starts, ends, first, last)]
 
     def _relocate_in(self, src: int, keys, values, versions, intent, replicas, epochs) -> None:
         """Keys relocated here: a replica held here is promoted (its unsent updates are added to
