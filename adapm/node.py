@@ -93,7 +93,7 @@ class Node:
             # In sync now (all zeros, version 0): staleness counts from here, not from boot.
             store.synced_at[others] = time.monotonic()
             store.insert(others, REPLICA)
-            state._replicas_added(others)
+            state.directory.replicas_added(others)
         return state
 
     def _connect(self) -> None:

@@ -79,7 +79,42 @@ int64_t dir_relocate_in(const directory_t *d, const int64_t *keys, int64_t n,
             }
         }
     }
+    /* Promoted replicas leave the replica set (slots[] is free scratch by now). */
+    int64_t promoted = 0;
+    for (int64_t i = 0; i < n; i++)
+        if (was_replica[i]) slots[promoted++] = keys[i];
+    rs_remove(d->held, slots, promoted);
     return n;
+}
+
+int64_t dir_setup_in(const directory_t *d, int64_t src, const int64_t *keys, int64_t n,
+                     const float *values, const int64_t *versions, const int32_t *counts,
+                     double now, int64_t *taken, float *rows, int64_t *vers, int64_t *slots) {
+    const store_t *s = d->store;
+    int64_t m = 0, off = 0, floats = 0;
+    for (int64_t i = 0; i < n; i++) {
+        const int64_t key = keys[i], len = key_len(s, key);
+        if (counts && s->state[key] == KEY_NONE && counts[key] > 0) {
+            taken[m] = key;
+            vers[m++] = versions[i];
+            memcpy(rows + floats, values + off, (size_t)len * sizeof(float));
+            floats += len;
+        }
+        off += len;
+    }
+    if (!m) return 0;
+    if (slots_take(d->alloc, s, taken, m, slots) < 0) return -1;
+    if (rs_add(d->held, taken, m) < 0) {
+        slots_give(d->alloc, s, taken, slots, m);
+        return -1;
+    }
+    /* synced_at first: workers may read the replica as soon as it is inserted, and a read
+     * before this would take the key's old synced_at as its refresh time. */
+    for (int64_t j = 0; j < m; j++) s->synced_at[taken[j]] = now;
+    store_insert(s, taken, m, slots, KEY_REPLICA, rows, floats, vers);
+    for (int64_t i = 0; i < n; i++)
+        if (s->state[keys[i]] != KEY_OWNER) d->hint[keys[i]] = (int32_t)src;
+    return m;
 }
 
 void dir_decide_sizes(const directory_t *d, const int64_t *keys, int64_t n,

@@ -10,12 +10,14 @@
 
 #include <stdint.h>
 
+#include "replica_set.h"
 #include "slots.h"
 #include "store.h"
 
 typedef struct {
     const store_t *store;
     slot_alloc_t *alloc;             /* the store's slot allocator */
+    replica_set_t *held;             /* the keys held here as replicas */
     int64_t rank, world_size, words; /* words: uint64 words per mask (ceil(world_size / 64)) */
     int32_t *hint, *forward;         /* per key */
     int64_t *epoch;                  /* per key: ownership epoch while owned here */
@@ -35,7 +37,8 @@ int64_t dir_relocate_out(const directory_t *d, const int64_t *keys, int64_t n, i
                          uint64_t *s_out, uint64_t *r_out, int64_t *epochs, int64_t *slots);
 
 /* Keys (unique, not owned here) arrive as main copies with values (packed, key order),
- * versions, masks and epochs: a replica held here is promoted (its unsent updates are added),
+ * versions, masks and epochs: a replica held here is promoted (its unsent updates are added;
+ * it leaves d->held),
  * other keys get a slot and are inserted (slots: n entries of scratch). The new owner's replica
  * bit is cleared, the epoch installed, the hint set to this node and, for keys homed here, the
  * home table updated if the epoch is newer. was_replica[i] says which were promoted. Returns
@@ -150,16 +153,14 @@ int64_t dir_sync_serve(const directory_t *d, const sync_request_t *r, const sync
 
 /* A sync round's requests (see adapm/_engine/rounds.py, Rounds._build_round), after the
  * reports for keys owned here were decided: reports[nr] (keys not owned here, unique, and
- * whether this node has intent) and the replicas held here, held[nh] (unique). A replica whose
- * intent ended is dropped now and its last delta goes along; every other replica sends its
- * delta, or its version alone when it has none. Entries are numbered over the sections
+ * whether this node has intent) and the replicas held here (held: d->held at the call). A
+ * replica whose intent ended is dropped now (and leaves d->held) and its last delta goes
+ * along; every other replica sends its delta, or its version alone when it has none. Entries are numbered over the sections
  * (intents, deltas, checks) and grouped by where this node believes each key is (its hint). */
 typedef struct {
     const int64_t *rkeys;
     const uint8_t *rflags;
     int64_t nr;
-    const int64_t *held;
-    int64_t nh;
 } round_in_t;
 
 typedef struct {
@@ -173,8 +174,8 @@ void dir_round_sizes(const directory_t *d, const round_in_t *in, round_sizes_t *
  * dropped keys (their slots are free again; drop_slots is scratch); every entry's key in entry order (keys); per section,
  * ordered by rank and within a rank by entry: intents (keys, positions, flags), deltas (keys,
  * positions, rows, the versions they are based on), checks (keys, positions, versions).
- * Scratch (s_*): live nh, nonzero nh, ver / at / off nr + nh, cursor world_size, rows
- * drop_floats + held_floats. */
+ * Scratch (s_*), with nh = d->held->len: live nh, nonzero nh, ver / at / off nr + nh, cursor
+ * world_size, rows drop_floats + held_floats. */
 typedef struct {
     int64_t *drop_keys, *drop_slots, *counts, *keys;
     int64_t *ikeys, *ipos;
@@ -191,5 +192,15 @@ typedef struct {
 /* Builds the requests; returns 0, or -1 if a hint names a rank outside the world. */
 int64_t dir_round_build(const directory_t *d, const round_in_t *in, const round_sizes_t *z,
                         round_out_t *o);
+
+/* Replicas from the owner src: keys[0..n) (unique) with values (packed) and versions. A key is
+ * taken only if it is not held here and this node still wants it (counts[key] > 0, this node's
+ * intent counts; counts NULL: none is wanted): its synced_at becomes now, it gets a slot, is inserted as a replica and joins
+ * d->held. If any was taken, every key of the batch not owned here gets src as its location
+ * hint. Writes the taken keys to taken; scratch: rows (the values' floats), vers and slots
+ * (n each). Returns how many were taken, or -1 if out of memory (none taken). */
+int64_t dir_setup_in(const directory_t *d, int64_t src, const int64_t *keys, int64_t n,
+                     const float *values, const int64_t *versions, const int32_t *counts,
+                     double now, int64_t *taken, float *rows, int64_t *vers, int64_t *slots);
 
 #endif

@@ -14,6 +14,7 @@ typedef struct {
     PyObject *store; /* the StoreObject whose store_t d.store points into */
     Py_buffer views[8];
     int nviews;
+    replica_set_t held; /* the keys held here as replicas (d.held) */
 } DirectoryObject;
 
 /* The store's repeated-key check (module.h) for this directory's batches. */
@@ -23,6 +24,7 @@ static int refuse_repeated(DirectoryObject *self, const int64_t *keys, int64_t n
 }
 
 static void Directory_dealloc(DirectoryObject *self) {
+    rs_free(&self->held);
     for (int i = 0; i < self->nviews; i++) PyBuffer_Release(&self->views[i]);
     Py_XDECREF(self->store);
     Py_TYPE(self)->tp_free((PyObject *)self);
@@ -87,6 +89,7 @@ static int Directory_init(DirectoryObject *self, PyObject *args, PyObject *kwarg
     }
     d->num_home = homed;
     d->alloc = &((StoreObject *)store)->alloc;
+    d->held = &self->held;
     return 0;
 }
 
@@ -427,31 +430,30 @@ done:
     return result;
 }
 
-/* round_requests(rkeys, rflags, held) -> (drop_keys, counts, keys, ikeys, ipos, iflags, dkeys,
- * dpos, drows, dver, ckeys, cpos, cver) */
+/* round_requests(rkeys, rflags) -> (drop_keys, counts, keys, ikeys, ipos, iflags, dkeys, dpos,
+ * drows, dver, ckeys, cpos, cver) */
 static PyObject *Directory_round_requests(DirectoryObject *self, PyObject *args) {
-    PyObject *o[3];
-    if (!PyArg_ParseTuple(args, "OOO", &o[0], &o[1], &o[2])) return NULL;
+    PyObject *o[2];
+    if (!PyArg_ParseTuple(args, "OO", &o[0], &o[1])) return NULL;
     const directory_t *d = &self->d;
-    Py_buffer v[3];
-    const Py_ssize_t sizes[3] = {8, 1, 8};
+    Py_buffer v[2];
+    const Py_ssize_t sizes[2] = {8, 1};
     int got = 0;
     PyObject *result = NULL, *out[13] = {NULL};
     void *scratch[8] = {NULL};
-    for (; got < 3; got++)
+    for (; got < 2; got++)
         if (borrow(o[got], &v[got], sizes[got], 0, "round_requests") < 0) goto done;
-    round_in_t in = {v[0].buf, v[1].buf, v[0].len / 8, v[2].buf, v[2].len / 8};
+    round_in_t in = {v[0].buf, v[1].buf, v[0].len / 8};
     if (v[1].len != in.nr) {
         PyErr_SetString(PyExc_ValueError, "round_requests: one flag per report");
         goto done;
     }
-    if (check_keys(self, in.rkeys, in.nr) < 0 || check_keys(self, in.held, in.nh) < 0
-        || refuse_repeated(self, in.rkeys, in.nr, "round_requests: reports") < 0
-        || refuse_repeated(self, in.held, in.nh, "round_requests: replicas") < 0)
+    if (check_keys(self, in.rkeys, in.nr) < 0
+        || refuse_repeated(self, in.rkeys, in.nr, "round_requests: reports") < 0)
         goto done;
     round_sizes_t z;
     dir_round_sizes(d, &in, &z);
-    const int64_t nr = in.nr, nh = in.nh, world = d->world_size, most = z.drops + nh;
+    const int64_t nr = in.nr, nh = d->held->len, world = d->world_size, most = z.drops + nh;
     const Py_ssize_t bytes[13] = {z.drops * 8, 3 * world * 8, (nr + most) * 8, nr * 8, nr * 8,
                                   nr, most * 8, most * 8, (z.drop_floats + z.held_floats) * 4,
                                   most * 8, nh * 8, nh * 8, nh * 8};
@@ -498,12 +500,116 @@ done:
     return result;
 }
 
+/* setup_in(src, keys, values, versions, counts, now) -> bytearray of the keys taken */
+static PyObject *Directory_setup_in(DirectoryObject *self, PyObject *args) {
+    long long src;
+    double now;
+    PyObject *o[4];
+    if (!PyArg_ParseTuple(args, "LOOOOd", &src, &o[0], &o[1], &o[2], &o[3], &now)) return NULL;
+    const directory_t *d = &self->d;
+    if (src < 0 || src >= d->world_size) {
+        PyErr_SetString(PyExc_ValueError, "setup_in: src outside the ranks");
+        return NULL;
+    }
+    Py_buffer v[4]; /* keys values versions counts */
+    const Py_ssize_t sizes[4] = {8, 4, 8, 4};
+    int got = 0;
+    PyObject *result = NULL;
+    void *scratch[3] = {NULL};
+    for (; got < 4; got++)
+        if (borrow(o[got], &v[got], sizes[got], 0, "setup_in") < 0) goto done;
+    const int64_t n = v[0].len / 8, *keys = v[0].buf;
+    if (v[2].len / 8 != n || (v[3].len && v[3].len / 4 != d->store->num_keys)) {
+        PyErr_SetString(PyExc_ValueError, "setup_in: one version per key, one count per key "
+                                          "of the key space (or none: nothing is wanted)");
+        goto done;
+    }
+    if (check_keys(self, keys, n) < 0 || refuse_repeated(self, keys, n, "setup_in") < 0)
+        goto done;
+    int64_t floats = 0;
+    for (int64_t i = 0; i < n; i++) floats += key_len(d->store, keys[i]);
+    if (floats != v[1].len / 4) {
+        PyErr_Format(PyExc_ValueError, "setup_in: the values hold %lld floats, their keys need "
+                     "%lld", (long long)(v[1].len / 4), (long long)floats);
+        goto done;
+    }
+    void *taken_ptr;
+    if (!(result = new_array(n, 8, &taken_ptr))) goto done;
+    const size_t bytes[3] = {(size_t)floats * 4, (size_t)n * 8, (size_t)n * 8};
+    for (int i = 0; i < 3; i++)
+        if (!(scratch[i] = PyMem_Malloc(bytes[i] ? bytes[i] : 1))) {
+            PyErr_NoMemory();
+            Py_CLEAR(result);
+            goto done;
+        }
+    int64_t m;
+    NOGIL_BEGIN(n + floats)
+    m = dir_setup_in(d, src, keys, n, v[1].buf, v[2].buf, v[3].len ? v[3].buf : NULL, now,
+                     taken_ptr, scratch[0], scratch[1], scratch[2]);
+    NOGIL_END
+    if (m < 0) {
+        PyErr_NoMemory();
+        Py_CLEAR(result);
+    } else if (PyByteArray_Resize(result, m * 8) < 0) {
+        Py_CLEAR(result);
+    }
+done:
+    for (int i = 0; i < 3; i++) PyMem_Free(scratch[i]);
+    for (int i = 0; i < got; i++) PyBuffer_Release(&v[i]);
+    return result;
+}
+
+/* replicas_added(keys) -> None: keys the caller inserted as replicas join the set */
+static PyObject *Directory_replicas_added(DirectoryObject *self, PyObject *args) {
+    PyObject *okeys;
+    if (!PyArg_ParseTuple(args, "O", &okeys)) return NULL;
+    Py_buffer kv;
+    if (borrow(okeys, &kv, 8, 0, "replicas_added") < 0) return NULL;
+    PyObject *result = NULL;
+    const int64_t n = kv.len / 8, *keys = kv.buf;
+    if (check_keys(self, keys, n) == 0) {
+        int64_t i = 0;
+        while (i < n && self->d.store->state[keys[i]] == KEY_REPLICA) i++;
+        if (i < n)
+            PyErr_Format(PyExc_ValueError, "replicas_added: key %lld is not a replica here",
+                         (long long)keys[i]);
+        else if (refuse_repeated(self, keys, n, "replicas_added") == 0) {
+            /* keys already in the set stay once: take them out first */
+            rs_remove(&self->held, keys, n);
+            if (rs_add(&self->held, keys, n) < 0) PyErr_NoMemory();
+            else result = Py_NewRef(Py_None);
+        }
+    }
+    PyBuffer_Release(&kv);
+    return result;
+}
+
+static PyObject *Directory_replica_keys(DirectoryObject *self, PyObject *unused) {
+    return PyByteArray_FromStringAndSize((const char *)self->held.keys, self->held.len * 8);
+}
+
+static PyObject *Directory_replica_count(DirectoryObject *self, PyObject *unused) {
+    return PyLong_FromLongLong(self->held.len);
+}
+
 static PyMethodDef Directory_methods[] = {
+    {"setup_in", (PyCFunction)Directory_setup_in, METH_VARARGS,
+     "setup_in(src, keys, values, versions, counts, now) -> bytearray. Replicas from their "
+     "owner src (directory.h, dir_setup_in): the keys not held here that this node still "
+     "wants (int32 counts > 0) become replicas (synced at now) and join the replica set; "
+     "returns them (int64). ValueError (nothing changed) for repeated keys or sizes that "
+     "disagree."},
+    {"replicas_added", (PyCFunction)Directory_replicas_added, METH_VARARGS,
+     "replicas_added(keys) -> None. Keys inserted as replicas by the caller join the set."},
+    {"replica_keys", (PyCFunction)Directory_replica_keys, METH_NOARGS,
+     "replica_keys() -> bytearray. The keys held here as replicas, ascending (int64)."},
+    {"replica_count", (PyCFunction)Directory_replica_count, METH_NOARGS,
+     "replica_count() -> int. How many keys are held here as replicas."},
     {"round_requests", (PyCFunction)Directory_round_requests, METH_VARARGS,
-     "round_requests(rkeys, rflags, held) -> (drop_keys, counts, keys, ikeys, ipos, iflags, "
+     "round_requests(rkeys, rflags) -> (drop_keys, counts, keys, ikeys, ipos, iflags, "
      "dkeys, dpos, drows, dver, ckeys, cpos, cver), bytearrays. A sync round's "
      "SYNC requests (directory.h, dir_round_*): reports rkeys (not owned here, unique; uint8 "
-     "flags) and the replicas held (unique). Replicas whose intent ended are dropped (their "
+     "flags) and the replicas held here. Replicas whose intent ended are dropped (their "
      "keys; their slots are free again), the others send their delta or their version; every entry "
      "(keys: all, numbered intents, deltas, checks) is grouped by its hint: counts[section * "
      "world_size + rank] entries of each section go to each rank."},

@@ -69,7 +69,7 @@ static int Store_init(StoreObject *self, PyObject *args, PyObject *kwargs) {
     self->s.seqs = p;
     if (take_view(self, version, 1, 8, "version", &p, &nversion) < 0) return -1;
     self->s.version = p;
-    if (take_view(self, synced_at, 0, 8, "synced_at", &p, &nsynced) < 0) return -1;
+    if (take_view(self, synced_at, 1, 8, "synced_at", &p, &nsynced) < 0) return -1;
     self->s.synced_at = p;
     if (take_view(self, access_stats, 1, 8, "access_stats", &p, &nstats) < 0) return -1;
     self->s.access_stats = p;

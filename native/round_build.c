@@ -13,7 +13,7 @@ void dir_round_sizes(const directory_t *d, const round_in_t *in, round_sizes_t *
             z->drop_floats += key_len(s, key);
         }
     }
-    for (int64_t i = 0; i < in->nh; i++) z->held_floats += key_len(s, in->held[i]);
+    for (int64_t i = 0; i < d->held->len; i++) z->held_floats += key_len(s, d->held->keys[i]);
 }
 
 /* Counting sort of one section by rank: for each of its n entries (keys[i], first entry
@@ -65,8 +65,8 @@ int64_t dir_round_build(const directory_t *d, const round_in_t *in, const round_
     slots_give(d->alloc, s, o->drop_keys, o->drop_slots, ndrop);
     /* Replicas still held: each one's delta, or its version alone. */
     int64_t nl = 0;
-    for (int64_t i = 0; i < in->nh; i++)
-        if (s->state[in->held[i]] == KEY_REPLICA) o->s_live[nl++] = in->held[i];
+    for (int64_t i = 0; i < d->held->len; i++)
+        if (s->state[d->held->keys[i]] == KEY_REPLICA) o->s_live[nl++] = d->held->keys[i];
     const int64_t took = store_take_deltas(s, o->s_live, nl, rows + z->drop_floats,
                                            z->held_floats, o->s_nonzero);
     if (took < 0) return -1;
@@ -109,5 +109,6 @@ int64_t dir_round_build(const directory_t *d, const round_in_t *in, const round_
                    o->cpos, at) < 0)
         return -1;
     for (int64_t i = 0; i < nc; i++) o->cver[at[i]] = ver[ndel + i];
+    rs_remove(d->held, o->drop_keys, ndrop);
     return 0;
 }

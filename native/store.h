@@ -30,7 +30,7 @@ typedef struct {
     uint64_t stripe_mask;  /* number of stripes - 1 (a power of two) */
     int64_t *version;      /* per key: owner: bumped by every write; replica: owner's version
                               when last synced */
-    const double *synced_at; /* per key: replicas: CLOCK_MONOTONIC seconds of the last sync */
+    double *synced_at;     /* per key: replicas: CLOCK_MONOTONIC seconds of the last sync */
     int64_t *access_stats; /* [replica reads, sum of read times (us), sum of synced_at (us)] */
 } store_t;
 

@@ -68,6 +68,17 @@ class Reference:
             hold(dst, SETUPS, [ks, values, versions])
         return actions.dropped, {peer: _merged(held) for peer, held in moves.items()}
 
+    def setup_in(self, src, keys, values, versions, wants, now) -> np.ndarray:
+        """Replicas from an owner, installed as the engine did in numpy; returns those taken."""
+        store = self.store
+        take = (store.state[keys] == NONE) & wants[keys]
+        if take.any():
+            store.synced_at[keys[take]] = now
+            store.insert(keys[take], REPLICA, store.select_rows(values, keys, take),
+                         versions[take])
+            self.router.learn(keys, src, store.state[keys] == OWNER)
+        return keys[take]
+
     def round_requests(self, ikeys, iflags, held) -> tuple:
         """A round's SYNC requests, as the engine built them in numpy: (dropped keys,
         {owner: the 10 section arrays}, all entries' keys)."""
@@ -202,7 +213,8 @@ def cases(draw):
     lengths = draw(st.one_of(st.integers(1, 3),
                              st.lists(st.integers(1, 3), min_size=NUM_KEYS, max_size=NUM_KEYS)))
     ops = draw(st.lists(st.tuples(st.sampled_from(["decide", "sync", "sync", "round", "round",
-                                                   "masks", "in", "replica", "push", "away"]),
+                                                   "masks", "in", "replica", "setup", "push",
+                                                   "away"]),
                                   st.integers(0, 2**32 - 1)), max_size=25))
     return world_size, rank, management, lengths, ops
 
@@ -288,7 +300,22 @@ def test_native_decisions_and_relocations_match_the_reference(case):
             versions = rng.integers(0, 50, len(keys))
             for s in (store, ref.store):
                 s.insert(keys, REPLICA, values, versions)
-            node._replicas_added(keys)
+            node.directory.replicas_added(keys)
+        elif what == "setup":  # replicas from an owner, some of them wanted here
+            free = np.flatnonzero(state != OWNER)
+            if not len(free):
+                continue
+            keys = rng.choice(free, rng.integers(1, len(free) + 1), replace=False)
+            values = rng.integers(-9, 9, store.floats_for(keys)).astype(np.float32)
+            versions = rng.integers(0, 50, len(keys))
+            wanted = rng.integers(0, 2, NUM_KEYS).astype(np.int32)
+            node.intents.count[:] = wanted
+            src = int(rng.choice(others))
+            node.now = float(seed)
+            node._setup_in(src, keys, values, versions)
+            taken = ref.setup_in(src, keys, values, versions, wanted > 0, float(seed))
+            np.testing.assert_array_equal(store.synced_at[taken], ref.store.synced_at[taken])
+            node.intents.count[:] = 0
         else:  # updates to held keys: replicas keep them as unsent deltas
             held = np.flatnonzero(state != NONE)
             if not len(held):
@@ -298,7 +325,8 @@ def test_native_decisions_and_relocations_match_the_reference(case):
             for s in (store, ref.store):
                 s.scatter_add(keys, values, np.empty(len(keys), dtype=np.int64))
         _agree(node, ref)
-    assert set(node.replica_keys.tolist()) == set(np.flatnonzero(store.state == REPLICA).tolist())
+    np.testing.assert_array_equal(np.frombuffer(node.directory.replica_keys(), dtype=np.int64),
+                                  np.flatnonzero(store.state == REPLICA))
 
 
 def _check_round(node: NodeState, ref: Reference, rng) -> None:
@@ -308,12 +336,11 @@ def _check_round(node: NodeState, ref: Reference, rng) -> None:
     elsewhere = np.flatnonzero(store.state != OWNER)
     ikeys = rng.choice(elsewhere, rng.integers(0, len(elsewhere) + 1), replace=False)
     iflags = rng.integers(0, 2, len(ikeys)).astype(bool)
-    held = node.replica_keys
+    held = np.frombuffer(node.directory.replica_keys(), dtype=np.int64).copy()
     drop, expected, keys = ref.round_requests(ikeys, iflags, held)
     out = [np.frombuffer(b, dtype=t) for b, t in zip(
-        node.directory.round_requests(ikeys, iflags.view(np.uint8), held), _ROUND_DTYPES)]
+        node.directory.round_requests(ikeys, iflags.view(np.uint8)), _ROUND_DTYPES)]
     np.testing.assert_array_equal(out[0], drop)
-    node._replicas_removed(out[0])
     np.testing.assert_array_equal(out[2], keys)
     counts = out[1].reshape(3, node.world_size)
     starts = np.cumsum(counts, axis=1) - counts

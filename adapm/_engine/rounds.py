@@ -86,7 +86,6 @@ class Rounds:
     def __init__(self) -> None:
         config = self.config
         self.worker_intents: list[WorkerIntents] = []
-        self.replica_keys = np.empty(0, dtype=np.int64)  # sorted
         self.rounds_started = 0
         self.rounds_done = 0
         self.rounds_empty = 0  # rounds that had nothing to send (over at once)
@@ -122,26 +121,6 @@ class Rounds:
 
     # --- replicas held here ------------------------------------------------------------------
 
-    # Both keep replica_keys sorted by a merge of the few keys that change into the many that
-    # stay: no sort of the whole set (np.setdiff1d sorts both together; bench/adaptive.py,
-    # 2 nodes: ~55 us of a ~1.5 ms round for ~4k replicas).
-
-    def _replicas_added(self, keys: np.ndarray) -> None:
-        """``keys`` (unique, none of them held as replicas yet) became replicas here."""
-        if len(keys):
-            keys = np.sort(keys)
-            self.replica_keys = np.insert(self.replica_keys,
-                                          np.searchsorted(self.replica_keys, keys), keys)
-
-    def _replicas_removed(self, keys: np.ndarray) -> None:
-        """``keys`` (unique) are no longer replicas here."""
-        if len(keys):
-            held = self.replica_keys
-            at = np.searchsorted(held, keys)
-            inside = at < len(held)
-            at, keys = at[inside], keys[inside]
-            self.replica_keys = np.delete(held, at[held[at] == keys])
-
     # --- waiting -----------------------------------------------------------------------------
 
     def _add_waiter(self, call, worker, clock: int) -> None:
@@ -156,7 +135,7 @@ class Rounds:
         """How long the loop may sleep before the next :class:`Tick` is worth handling."""
         if not self.policy.runs_rounds or self._open or self.closing:
             return IDLE_POLL_S
-        if not (self._waiters or len(self.replica_keys) or self.intents.pending()) and all(
+        if not (self._waiters or self.directory.replica_count() or self.intents.pending()) and all(
                 w.empty() for w in list(self.worker_intents)):
             return IDLE_POLL_S  # nothing depends on clocks; intent() wakes the loop
         wait = self._next_round_at - now
@@ -195,7 +174,7 @@ class Rounds:
             self._finish_round(empty=True)
 
     def _round_needed(self, clocks: list[int]) -> bool:
-        if self._waiters or len(self.replica_keys) or clocks != self._last_clocks:
+        if self._waiters or self.directory.replica_count() or clocks != self._last_clocks:
             return True
         if self.intents.pending():  # reports to send again (redirected)
             return True
@@ -266,18 +245,16 @@ class Rounds:
         ikeys, iflags = self._decide_owned(ikeys, iflags)
         if len(ikeys):
             self._quiet = False
-        if not (len(ikeys) or len(self.replica_keys)):
+        if not (len(ikeys) or self.directory.replica_count()):
             return []
         # The rest in one native pass (native/round_build.c): a replica whose intent ended is
         # dropped now and its last delta travels with the report; the other replicas send
         # their delta or version; all grouped by owner (hint).
         (drop_keys, counts, keys, rkeys, rpos, rflags, dkeys, dpos, drows, dver, ckeys, cpos,
          cver) = _arrays(self.directory.round_requests(
-             np.ascontiguousarray(ikeys, dtype=np.int64), iflags.view(np.uint8),
-             self.replica_keys), _ROUND_DTYPES)
+             np.ascontiguousarray(ikeys, dtype=np.int64), iflags.view(np.uint8)), _ROUND_DTYPES)
         if len(drop_keys):
             store.removing(drop_keys)
-            self._replicas_removed(drop_keys)
             self.counters["replica_drops"] += len(drop_keys)
             if self.sinks:
                 self._emit(Event.REPLICA_DROP, drop_keys)

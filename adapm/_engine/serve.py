@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._store import NONE, OWNER, REPLICA
+from .._store import OWNER
 from .._wire.protocol import HOME_UPDATES, NO_MOVES, RELOCATIONS, SETUPS, Kind, Message, subset
 from .routing import group_by_node
 from .stream import Event
@@ -27,6 +27,7 @@ _I8, _F4, _U8 = np.dtype("<i8"), np.dtype("<f4"), np.dtype("<u8")
 _RELOCATION_DTYPES = (_I8, _I8, _F4, _I8, _U8, _U8, _I8)
 _SETUP_DTYPES = (_I8, _I8, _F4, _I8)
 _HOME_DTYPES = (_I8, _I8, _I8, _I8)
+_NO_COUNTS = np.zeros(0, dtype=np.int32)  # a node that runs no rounds wants no replica
 # directory.serve_sync's answer: the keyed arrays of a SYNC_RESP (protocol.SCHEMA).
 _ANSWER_DTYPES = (_I8, _I8, _I8, _F4, _I8, _I8, _I8, _F4)
 
@@ -205,11 +206,7 @@ class Serving:
         promoted = np.empty(len(keys), dtype=np.int8)
         self.directory.relocate_in(keys, values, versions, intent, replicas, epochs, promoted)
         promoted = promoted.view(bool)
-        if promoted.any():
-            self._replicas_removed(keys[promoted])
-            self.store.inserted(keys[~promoted])
-        else:
-            self.store.inserted(keys)
+        self.store.inserted(keys[~promoted] if promoted.any() else keys)
         self.counters["relocations_in"] += len(keys)
         if self.sinks:
             self._emit(Event.ALLOC, keys, src)
@@ -218,21 +215,16 @@ class Serving:
             self._retry_queued()
 
     def _setup_in(self, src: int, keys, values, versions) -> None:
-        """A replica from the owner: install it only if this node still wants the key."""
-        store = self.store
-        take = (store.state[keys] == NONE) & self.intents.wants(keys)
-        if take.any():
-            # synced_at first: workers may read the replica as soon as it is inserted, and a
-            # read before this line would take the key's old synced_at as its refresh time
-            # (bench/adaptive.py, replication_only: staleness of seconds in a 0.2 s run).
-            store.synced_at[keys[take]] = self.now
-            store.insert(keys[take], REPLICA, store.select_rows(values, keys, take),
-                         versions[take])
-            self._replicas_added(keys[take])
+        """Replicas from the owner: those this node still wants are installed, in one native
+        pass (``Directory.setup_in``: synced_at first, a slot, the value, the replica set,
+        and ``src`` as the hint of the batch's keys not owned here)."""
+        counts = self.intents.count if self.intents is not None else _NO_COUNTS
+        taken = np.frombuffer(self.directory.setup_in(src, keys, values, versions, counts,
+                                                      self.now), dtype=_I8)
+        if len(taken):
+            self.store.inserted(taken)
             if self.sinks:
-                self._emit(Event.REPLICA_SETUP, keys[take], src)
-            self.router.learn(keys, src, store.state[keys] == OWNER)
+                self._emit(Event.REPLICA_SETUP, taken, src)
             self._arrived = True
-        self.counters["replica_setups"] += int(take.sum())
-        self.counters["replica_setups_discarded"] += int((~take).sum())
-
+        self.counters["replica_setups"] += len(taken)
+        self.counters["replica_setups_discarded"] += len(keys) - len(taken)
