@@ -233,3 +233,37 @@ int64_t dir_decide_execute(const directory_t *d, const int64_t *keys, int64_t n,
         return -1;
     return 0;
 }
+
+int64_t dir_apply_answer(const directory_t *d, const int64_t *keys, int64_t nkeys,
+                         const uint8_t *flags, int64_t ni, int64_t src, const int64_t *pos,
+                         const int64_t *versions, int64_t n, const int64_t *refresh, int64_t nr,
+                         const float *values, int64_t nvalues, uint8_t *told, double now,
+                         int64_t *by_pos) {
+    const store_t *s = d->store;
+    int64_t reports = 0;
+    for (int64_t i = 0; i < n; i++) {
+        const int64_t p = pos[i], key = keys[p];
+        if (s->state[key] != KEY_OWNER) d->hint[key] = (int32_t)src;
+        if (p < ni) {
+            told[key] = flags[p];
+            reports++;
+        } else {
+            by_pos[p] = versions[i];
+        }
+    }
+    /* Behind: the value that came plus the updates made here since the delta was taken. */
+    for (int64_t j = 0, off = 0; j < nr; j++) {
+        const int64_t key = keys[refresh[j]], len = key_len(s, key);
+        if (off + len > nvalues) break; /* checked by the caller */
+        store_refresh(s, &key, 1, values + off, len, &by_pos[refresh[j]], 0);
+        off += len;
+    }
+    for (int64_t i = 0; i < n; i++) {
+        const int64_t p = pos[i], key = keys[p];
+        if (p < ni || s->state[key] != KEY_REPLICA) continue;
+        s->version[key] = versions[i];
+        s->synced_at[key] = now;
+    }
+    (void)nkeys;
+    return reports;
+}

@@ -203,4 +203,18 @@ int64_t dir_setup_in(const directory_t *d, int64_t src, const int64_t *keys, int
                      const float *values, const int64_t *versions, const int32_t *counts,
                      double now, int64_t *taken, float *rows, int64_t *vers, int64_t *slots);
 
+/* A SYNC_RESP's keyed part taken in at the round's origin (see adapm/_engine/rounds.py,
+ * Rounds._apply_sync_answer): keys[nkeys] and flags[ni] are the round's entries (intent
+ * reports first, ni of them, with whether this node has intent); the answer names positions
+ * into them (pos[n], with versions[n]: -1 for reports) and refresh positions (refresh[nr],
+ * values packed). Every answered key not owned here gets src as its hint; every answered report
+ * is acknowledged (told[key] = its flag); replicas that were behind take the value that came
+ * (plus their own updates since) and its version; every answered replica takes its version and
+ * synced_at = now. by_pos: nkeys scratch. Returns the number of reports acknowledged. */
+int64_t dir_apply_answer(const directory_t *d, const int64_t *keys, int64_t nkeys,
+                         const uint8_t *flags, int64_t ni, int64_t src, const int64_t *pos,
+                         const int64_t *versions, int64_t n, const int64_t *refresh, int64_t nr,
+                         const float *values, int64_t nvalues, uint8_t *told, double now,
+                         int64_t *by_pos);
+
 #endif

@@ -592,7 +592,79 @@ static PyObject *Directory_replica_count(DirectoryObject *self, PyObject *unused
     return PyLong_FromLongLong(self->held.len);
 }
 
+/* apply_answer(keys, flags, ni, src, pos, versions, refresh, values, told, now) -> reports */
+static PyObject *Directory_apply_answer(DirectoryObject *self, PyObject *args) {
+    long long ni, src;
+    double now;
+    PyObject *o[8];
+    if (!PyArg_ParseTuple(args, "OOLLOOOOOd", &o[0], &o[1], &ni, &src, &o[2], &o[3], &o[4],
+                          &o[5], &o[6], &now))
+        return NULL;
+    const directory_t *d = &self->d;
+    Py_buffer v[7]; /* keys flags pos versions refresh values told */
+    const Py_ssize_t sizes[7] = {8, 1, 8, 8, 8, 4, 1};
+    int got = 0;
+    PyObject *result = NULL;
+    int64_t *by_pos = NULL;
+    for (; got < 7; got++)
+        if (borrow(o[got], &v[got], sizes[got], got == 6, "apply_answer") < 0) goto done;
+    const int64_t nkeys = v[0].len / 8, n = v[2].len / 8, nr = v[4].len / 8;
+    const int64_t *keys = v[0].buf, *pos = v[2].buf, *refresh = v[4].buf;
+    if (ni < 0 || ni > nkeys || v[1].len < ni || v[3].len / 8 != n
+        || v[6].len != d->store->num_keys || src < 0 || src >= d->world_size) {
+        PyErr_SetString(PyExc_ValueError, "apply_answer: a flag per report, a version per "
+                                          "position, told per key, src a rank");
+        goto done;
+    }
+    if (check_keys(self, keys, nkeys) < 0) goto done;
+    /* An answer comes from the network: its positions must name entries of this round, and
+     * a refresh an answered replica entry (not a report), with the values its keys need. */
+    if (!(by_pos = PyMem_Malloc((size_t)(nkeys ? nkeys : 1) * sizeof(int64_t)))) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    memset(by_pos, 0xff, (size_t)nkeys * sizeof(int64_t)); /* -1: not answered here */
+    for (int64_t i = 0; i < n; i++) {
+        if (pos[i] < 0 || pos[i] >= nkeys) {
+            PyErr_Format(PyExc_ValueError, "apply_answer: position %lld outside the round's "
+                         "%lld entries", (long long)pos[i], (long long)nkeys);
+            goto done;
+        }
+        if (pos[i] >= ni) by_pos[pos[i]] = 1;
+    }
+    int64_t floats = 0;
+    for (int64_t j = 0; j < nr; j++) {
+        if (refresh[j] < ni || refresh[j] >= nkeys || by_pos[refresh[j]] != 1) {
+            PyErr_Format(PyExc_ValueError, "apply_answer: refresh position %lld is not an "
+                         "answered replica entry", (long long)refresh[j]);
+            goto done;
+        }
+        floats += key_len(d->store, keys[refresh[j]]);
+    }
+    if (floats != v[5].len / 4) {
+        PyErr_Format(PyExc_ValueError, "apply_answer: the values hold %lld floats, the "
+                     "refreshed keys need %lld", (long long)(v[5].len / 4), (long long)floats);
+        goto done;
+    }
+    int64_t reports;
+    NOGIL_BEGIN(n + floats)
+    reports = dir_apply_answer(d, keys, nkeys, v[1].buf, ni, src, pos, v[3].buf, n, refresh,
+                               nr, v[5].buf, floats, v[6].buf, now, by_pos);
+    NOGIL_END
+    result = PyLong_FromLongLong(reports);
+done:
+    PyMem_Free(by_pos);
+    for (int i = 0; i < got; i++) PyBuffer_Release(&v[i]);
+    return result;
+}
+
 static PyMethodDef Directory_methods[] = {
+    {"apply_answer", (PyCFunction)Directory_apply_answer, METH_VARARGS,
+     "apply_answer(keys, flags, ni, src, pos, versions, refresh, values, told, now) -> "
+     "reports acknowledged. A SYNC_RESP's answers taken in at the round's origin "
+     "(directory.h, dir_apply_answer): hints learned, reports acknowledged in told (uint8 per "
+     "key), replicas refreshed and synced. Checks the answer against the round first "
+     "(ValueError, nothing changed)."},
     {"setup_in", (PyCFunction)Directory_setup_in, METH_VARARGS,
      "setup_in(src, keys, values, versions, counts, now) -> bytearray. Replicas from their "
      "owner src (directory.h, dir_setup_in): the keys not held here that this node still "

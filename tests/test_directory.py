@@ -79,6 +79,24 @@ class Reference:
             self.router.learn(keys, src, store.state[keys] == OWNER)
         return keys[take]
 
+    def apply_answer(self, keys, flags, ni, src, pos, versions, refresh, values, told,
+                     now) -> int:
+        """A SYNC_RESP's answers for a round's entries, taken in as the engine did in numpy."""
+        store = self.store
+        answered = keys[pos]
+        self.router.learn(answered, src, store.state[answered] == OWNER)
+        reports = pos < ni
+        told[keys[pos[reports]]] = flags[pos[reports]]
+        synced, synced_versions = pos[~reports], versions[~reports]
+        by_position = np.empty(len(keys), dtype=np.int64)
+        by_position[synced] = synced_versions
+        store.refresh(keys[refresh], values, by_position[refresh])
+        answered = keys[synced]
+        still = store.state[answered] == REPLICA
+        store.version[answered[still]] = synced_versions[still]
+        store.synced_at[answered[still]] = now
+        return int(reports.sum())
+
     def round_requests(self, ikeys, iflags, held) -> tuple:
         """A round's SYNC requests, as the engine built them in numpy: (dropped keys,
         {owner: the 10 section arrays}, all entries' keys)."""
@@ -213,8 +231,8 @@ def cases(draw):
     lengths = draw(st.one_of(st.integers(1, 3),
                              st.lists(st.integers(1, 3), min_size=NUM_KEYS, max_size=NUM_KEYS)))
     ops = draw(st.lists(st.tuples(st.sampled_from(["decide", "sync", "sync", "round", "round",
-                                                   "masks", "in", "replica", "setup", "push",
-                                                   "away"]),
+                                                   "answer", "answer", "masks", "in", "replica",
+                                                   "setup", "push", "away"]),
                                   st.integers(0, 2**32 - 1)), max_size=25))
     return world_size, rank, management, lengths, ops
 
@@ -254,6 +272,8 @@ def test_native_decisions_and_relocations_match_the_reference(case):
             _check_sync(node, ref, rng, world_size)
         elif what == "round":  # this node's round: reports for keys owned elsewhere, replicas
             _check_round(node, ref, rng)
+        elif what == "answer":  # a SYNC_RESP to a round of this node
+            _check_answer(node, ref, rng, world_size, seed)
         elif what == "away":  # keys homed here that moved on: the home table names a peer
             homed = home_keys(rank, NUM_KEYS, world_size)
             gone = homed[state[homed] != OWNER]
@@ -327,6 +347,34 @@ def test_native_decisions_and_relocations_match_the_reference(case):
         _agree(node, ref)
     np.testing.assert_array_equal(np.frombuffer(node.directory.replica_keys(), dtype=np.int64),
                                   np.flatnonzero(store.state == REPLICA))
+
+
+def _check_answer(node: NodeState, ref: Reference, rng, world_size: int, seed: int) -> None:
+    """An answer to a round taken in natively and by the reference: the same hints, intents
+    told, replica values, versions and sync times (compared by _agree and here)."""
+    store = node.store
+    ni = int(rng.integers(0, NUM_KEYS + 1))
+    reports = rng.choice(NUM_KEYS, ni, replace=False)
+    syncs = rng.choice(NUM_KEYS, int(rng.integers(0, NUM_KEYS + 1)), replace=False)
+    keys = np.concatenate((reports, syncs)).astype(np.int64)  # a key may be in both
+    flags = rng.integers(0, 2, ni).astype(bool)
+    pos = rng.choice(len(keys), int(rng.integers(0, len(keys) + 1)), replace=False)
+    versions = np.where(pos < ni, -1, rng.integers(0, 50, len(pos))).astype(np.int64)
+    answered_syncs = pos[pos >= ni]
+    refresh = np.sort(rng.choice(answered_syncs, int(rng.integers(0, len(answered_syncs) + 1)),
+                                 replace=False)).astype(np.int64)
+    values = rng.integers(-9, 9, store.floats_for(keys[refresh])).astype(np.float32)
+    src = int(rng.integers(0, world_size))
+    told = np.zeros(NUM_KEYS, dtype=bool)
+    want = ref.apply_answer(keys, flags, ni, src, pos, versions, refresh, values, told, seed)
+    node.intents.told[:] = False
+    got = node.directory.apply_answer(keys, flags.view(np.uint8), ni, src, pos, versions,
+                                      refresh, values, node.intents.told.view(np.uint8),
+                                      float(seed))
+    assert got == want
+    np.testing.assert_array_equal(node.intents.told, told)
+    np.testing.assert_array_equal(store.synced_at, ref.store.synced_at)
+    node.intents.told[:] = False
 
 
 def _check_round(node: NodeState, ref: Reference, rng) -> None:
@@ -578,3 +626,37 @@ def test_serve_sync_fuzzed(messages):
         free = np.frombuffer(store.native.free_slots(), dtype=np.int64)
         assert (free >= 0).all() and len(np.unique(free)) == len(free)  # each free once
         assert not set(free.tolist()) & set(slots.tolist())  # and none of them in use
+
+
+def test_apply_answer_refuses_an_answer_that_does_not_fit_the_round():
+    config = _config(2, 0, 2)
+    store = Store(config)
+    store.insert(home_keys(0, NUM_KEYS, 2), OWNER)
+    store.insert(np.array([1, 3], np.int64), REPLICA, np.ones(4, np.float32))
+    node = NodeState(0, 2, store, config)
+    keys = np.array([5, 1, 3], np.int64)  # one report (key 5), two replicas
+    flags = np.ones(1, np.uint8)
+    i64 = np.int64
+
+    def answer(pos, versions, refresh, values, src=1):
+        return node.directory.apply_answer(keys, flags, 1, src, np.array(pos, i64),
+                                           np.array(versions, i64), np.array(refresh, i64),
+                                           np.array(values, np.float32),
+                                           node.intents.told.view(np.uint8), 1.0)
+
+    before = store.slab.copy(), store.version.copy(), node.router.hint.copy()
+    for args, error in ((((3,), (7,), (), ()), "position 3 outside"),
+                        (((1,), (7,), (2,), (0, 0)), "refresh position 2 is not"),
+                        (((0,), (-1,), (0,), (0, 0)), "refresh position 0 is not"),
+                        (((1,), (7,), (1,), (0,)), "values hold 1 floats"),
+                        (((1, 2), (7,), (), ()), "a version per position")):
+        with pytest.raises(ValueError, match=error):
+            answer(*args)
+    with pytest.raises(ValueError, match="src a rank"):
+        answer((1,), (7,), (), (), src=2)
+    np.testing.assert_array_equal(store.slab, before[0])
+    np.testing.assert_array_equal(store.version, before[1])
+    np.testing.assert_array_equal(node.router.hint, before[2])
+    assert not node.intents.told.any()
+    assert answer((0, 1, 2), (-1, 7, 8), (2,), (4, 4)) == 1  # a fitting answer is taken in
+    assert node.intents.told[5] and store.version[1] == 7 and store.version[3] == 8

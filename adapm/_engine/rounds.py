@@ -28,7 +28,7 @@ from typing import Optional
 
 import numpy as np
 
-from .._store import OWNER, REPLICA
+from .._store import OWNER
 from .._wire.protocol import NO_MOVES, Kind, Message
 from .events import Finish
 from .intents import WorkerIntents
@@ -283,34 +283,26 @@ class Rounds:
 
     def _apply_sync_answer(self, context: _Round, msg: Message) -> None:
         """A (partial) SYNC_RESP: intent reports taken in or redirected; replicas' versions and
-        values."""
+        values. What concerns keys of the round is one native pass
+        (``Directory.apply_answer``); reports redirected and deltas returned are rare."""
         positions, versions, refresh_positions, values, moved, ranks, back, rows = msg.arrays[:8]
-        store, keys = self.store, context.keys
+        keys = context.keys
         if len(moved):
             self._redirected(keys[moved], context.flags[moved], ranks)
         if len(back):
             deltas = back[back < context.num_intents + context.num_deltas]
             if len(deltas):
                 self._returned(keys[deltas], rows)
-        answered_keys = keys[positions]
-        self.router.learn(answered_keys, msg.src, store.state[answered_keys] == OWNER)
-        reports = positions < context.num_intents
-        if reports.any():
-            reported = positions[reports]
-            self._acknowledge(keys[reported], context.flags[reported])
+        reports = self.directory.apply_answer(
+            keys, context.flags.view(np.uint8), context.num_intents, msg.src, positions,
+            versions, refresh_positions, values, self.intents.told.view(np.uint8), self.now)
+        if reports:
             self._arrived = True
-            synced, versions = positions[~reports], versions[~reports]
-        else:
-            synced = positions
+            if self.sinks:
+                reported = positions[positions < context.num_intents]
+                self._emit_intents(keys[reported], context.flags[reported])
         if len(refresh_positions):
             self._quiet = False
-            by_position = np.empty(len(keys), dtype=np.int64)
-            by_position[synced] = versions
-            store.refresh(keys[refresh_positions], values, by_position[refresh_positions])
-        answered = keys[synced]
-        still = store.state[answered] == REPLICA
-        store.version[answered[still]] = versions[still]
-        store.synced_at[answered[still]] = self.now
 
     def _returned(self, keys: np.ndarray, rows: np.ndarray) -> None:
         """Replica deltas for ``keys`` came back: their owner had relocated them to this node
@@ -357,8 +349,11 @@ class Rounds:
         """The owner took in this node's intent state for ``keys`` (or it decided here)."""
         self.intents.acknowledge(keys, has_intent)
         if self.sinks and len(keys):
-            self._emit(Event.INTENT_START, keys[has_intent])
-            self._emit(Event.INTENT_STOP, keys[~has_intent])
+            self._emit_intents(keys, has_intent)
+
+    def _emit_intents(self, keys: np.ndarray, has_intent: np.ndarray) -> None:
+        self._emit(Event.INTENT_START, keys[has_intent])
+        self._emit(Event.INTENT_STOP, keys[~has_intent])
 
     def _redirected(self, keys: np.ndarray, flags: np.ndarray, ranks: np.ndarray) -> None:
         """Intent reports that went to a node that does not own the keys; ``ranks``: where it
