@@ -23,7 +23,7 @@ from adapm._engine.policy import make_policy
 from adapm._engine.routing import Router, group_by_node, home_keys, home_of
 from adapm._engine.state import NodeState
 from adapm._store import NONE, OWNER, REPLICA, Store
-from adapm._engine.rounds import _ROUND_DTYPES
+from adapm._engine.native import ROUND as _ROUND_DTYPES
 from adapm._engine.state import _merged
 from adapm._wire.protocol import HOME_UPDATES, NO_MOVES, RELOCATIONS, SETUPS, Kind, Message
 

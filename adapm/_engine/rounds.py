@@ -30,19 +30,11 @@ import numpy as np
 
 from .._store import OWNER
 from .._wire.protocol import NO_MOVES, Kind, Message
+from . import native
 from .events import Finish
 from .intents import WorkerIntents
 from .stream import Event, RoundRecord
 from .timing import ActionTimer, ImmediateTimer
-
-_I8, _F4 = np.dtype("<i8"), np.dtype("<f4")
-# What directory.round_requests returns (see there).
-_ROUND_DTYPES = (_I8, _I8, _I8, _I8, _I8, np.dtype("i1"), _I8, _I8, _F4, _I8, _I8, _I8, _I8)
-
-
-def _arrays(buffers: tuple, dtypes: tuple) -> list:
-    return [np.frombuffer(b, dtype=t) for b, t in zip(buffers, dtypes)]
-
 
 # After a round that changed nothing, the next waits this long, doubling up to MAX_IDLE_GAP_S
 # while rounds stay quiet (bench/idle.py: a node holding 50k replicas spent ~3% of a core at
@@ -251,8 +243,8 @@ class Rounds:
         # dropped now and its last delta travels with the report; the other replicas send
         # their delta or version; all grouped by owner (hint).
         (drop_keys, counts, keys, rkeys, rpos, rflags, dkeys, dpos, drows, dver, ckeys, cpos,
-         cver) = _arrays(self.directory.round_requests(
-             np.ascontiguousarray(ikeys, dtype=np.int64), iflags.view(np.uint8)), _ROUND_DTYPES)
+         cver) = native.views(self.directory.round_requests(
+             np.ascontiguousarray(ikeys, dtype=np.int64), iflags.view(np.uint8)), native.ROUND)
         if len(drop_keys):
             store.removing(drop_keys)
             self.counters["replica_drops"] += len(drop_keys)

@@ -19,21 +19,11 @@ import numpy as np
 
 from .._store import OWNER
 from .._wire.protocol import HOME_UPDATES, NO_MOVES, RELOCATIONS, SETUPS, Kind, Message, subset
+from . import native
 from .routing import group_by_node
 from .stream import Event
 
-_I8, _F4, _U8 = np.dtype("<i8"), np.dtype("<f4"), np.dtype("<u8")
-# What directory.decide returns, per group: a rank count, then the arrays of the entries.
-_RELOCATION_DTYPES = (_I8, _I8, _F4, _I8, _U8, _U8, _I8)
-_SETUP_DTYPES = (_I8, _I8, _F4, _I8)
-_HOME_DTYPES = (_I8, _I8, _I8, _I8)
 _NO_COUNTS = np.zeros(0, dtype=np.int32)  # a node that runs no rounds wants no replica
-# directory.serve_sync's answer: the keyed arrays of a SYNC_RESP (protocol.SCHEMA).
-_ANSWER_DTYPES = (_I8, _I8, _I8, _F4, _I8, _I8, _I8, _F4)
-
-
-def _arrays(buffers: tuple, dtypes: tuple) -> list:
-    return [np.frombuffer(b, dtype=t) for b, t in zip(buffers, dtypes)]
 
 
 class Serving:
@@ -77,10 +67,10 @@ class Serving:
             self._decided(decision)
         if answer is not None:
             self._post(msg.header["o"], Kind.SYNC_RESP, msg.req_id,
-                       [*_arrays(answer, _ANSWER_DTYPES), *NO_MOVES])
+                       [*native.views(answer, native.ANSWER), *NO_MOVES])
         if rest_index is not None:
-            self._pass_on(msg, np.frombuffer(rest_index, dtype=_I8),
-                          np.frombuffer(rest_hop, dtype=_I8))
+            self._pass_on(msg, np.frombuffer(rest_index, dtype=native.KEYS),
+                          np.frombuffer(rest_hop, dtype=native.KEYS))
 
     def _pass_on(self, msg: Message, rest_index: np.ndarray, nxt: np.ndarray) -> None:
         """The entries at ``rest_index`` of a keyed request are not owned here: wait here for
@@ -158,13 +148,13 @@ class Serving:
         dropped, relocations, setups, homes = decision
         self.counters["replica_drops_at_owner"] += dropped
         if relocations is not None:
-            self._relocated_out(*_arrays(relocations, _RELOCATION_DTYPES))
+            self._relocated_out(*native.views(relocations, native.RELOCATIONS))
         if setups is not None:
-            count, skeys, values, versions = _arrays(setups, _SETUP_DTYPES)
+            count, skeys, values, versions = native.views(setups, native.SETUPS)
             for dst, a, b, fa, fb in self._runs(count, skeys):
                 self._hold_move(dst, SETUPS, [skeys[a:b], values[fa:fb], versions[a:b]])
         if homes is not None:
-            count, hkeys, owners, epochs = _arrays(homes, _HOME_DTYPES)
+            count, hkeys, owners, epochs = native.views(homes, native.HOME_UPDATES)
             for home, a, b, _, _ in self._runs(count, None):
                 self._hold_move(home, HOME_UPDATES, [hkeys[a:b], owners[a:b], epochs[a:b]])
 
@@ -220,7 +210,7 @@ class Serving:
         and ``src`` as the hint of the batch's keys not owned here)."""
         counts = self.intents.count if self.intents is not None else _NO_COUNTS
         taken = np.frombuffer(self.directory.setup_in(src, keys, values, versions, counts,
-                                                      self.now), dtype=_I8)
+                                                      self.now), dtype=native.KEYS)
         if len(taken):
             self.store.inserted(taken)
             if self.sinks:

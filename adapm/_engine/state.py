@@ -328,7 +328,8 @@ class NodeState(Serving, Rounds):
             return
         call = self.requests[msg.req_id].call
         for peer, positions in group_by_node(dst[onward]):
-            part = msg if len(positions) == len(keys) else subset(msg, onward[positions], self.store)
+            part = (msg if len(positions) == len(keys)
+                    else subset(msg, onward[positions], self.store))
             if peer not in call.ranks:
                 call.ranks.append(peer)
             self._post_message(peer, part)
