@@ -71,9 +71,14 @@ static PyObject *IntentQueue_collect(IntentQueueObject *self, PyObject *args) {
     for (; got < 3; got++)
         if (borrow(o[got], &v[got], sizes[got], 1, "collect") < 0) goto done;
     if (v[0].len / 4 != self->num_keys || v[1].len != self->num_keys || ndirty < 0
-        || v[2].len / 8 < ndirty + self->q.queued_keys) {
+        || v[2].len / 8 < ndirty) {
         PyErr_SetString(PyExc_ValueError, "collect: counts and mark need one entry per key, "
-                                          "dirty room for ndirty + queued_keys() keys");
+                                          "dirty at least ndirty");
+        goto done;
+    }
+    if (v[2].len / 8 < ndirty + self->q.queued_keys) {
+        /* A worker signalled since the caller sized dirty: nothing done, grow and call again. */
+        result = Py_NewRef(Py_None);
         goto done;
     }
     int64_t nd = ndirty, acted = 0;
@@ -123,10 +128,12 @@ static PyMethodDef IntentQueue_methods[] = {
      "signal(keys, start, end) -> None. Copies keys (int64) as a batch for clocks "
      "[start, end). IndexError for a key outside [0, num_keys) (nothing queued)."},
     {"collect", (PyCFunction)IntentQueue_collect, METH_VARARGS,
-     "collect(clock, horizon, counts, mark, dirty, ndirty) -> (ndirty, acted keys, changed). "
-     "A round at the worker's clock: acts on batches with start < horizon and expires acted "
-     "ones with end <= clock, counting their keys in int32 counts (keys whose count crossed "
-     "zero are marked and appended to dirty, which needs room for ndirty + queued_keys())."},
+     "collect(clock, horizon, counts, mark, dirty, ndirty) -> (ndirty, acted keys, changed) "
+     "or None. A round at the worker's clock: acts on batches with start < horizon and "
+     "expires acted ones with end <= clock, counting their keys in int32 counts (keys whose "
+     "count crossed zero are marked and appended to dirty). None, with nothing done, when "
+     "dirty has no room for ndirty + queued_keys() keys (a worker may signal in between: "
+     "grow it and call again)."},
     {"served", (PyCFunction)IntentQueue_served, METH_VARARGS,
      "served(clock, told) -> bool. Every intent active at clock was acted on, and all its "
      "keys are told (told: one byte per key)."},

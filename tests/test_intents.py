@@ -187,3 +187,17 @@ def test_told_state_matches_active_intents(intents, steps):
                 live[ks] = True
         assert np.array_equal(node.told, live)
     assert math.isinf(ImmediateTimer().horizon(0))
+
+
+def test_collect_asks_for_room_when_a_worker_signalled_after_sizing():
+    """The engine sizes its dirty list from queued_keys(), then collects; a worker may signal
+    in between (another thread): collect then does nothing and says so, instead of failing."""
+    w = WorkerIntents(ImmediateTimer(), NUM_KEYS)
+    node = NodeIntents(NUM_KEYS)
+    w.signal(arr(1, 2), 0, 5)
+    dirty = np.empty(2, dtype=np.int64)  # room for what was queued when it was sized
+    w.signal(arr(3, 4), 0, 5)  # signalled "meanwhile"
+    counts, mark = node.count.copy(), node._mark.copy()
+    assert w.queue.collect(0, 2**63 - 1, counts, mark, dirty, 0) is None
+    assert not counts.any() and not mark.any()  # nothing done
+    assert _round(node, w, 0)[:2] == (4, True)  # the engine's path grows and calls again

@@ -82,9 +82,13 @@ class NodeIntents:
         in, its acted-on intents that ended are counted out (one native call). Returns (keys
         acted on, whether any intent was acted on or expired)."""
         horizon = worker.horizon(clock, force)
-        self._reserve(worker.queue.queued_keys())
-        self._ndirty, acted, changed = worker.queue.collect(
-            clock, horizon, self.count, self._mark, self._dirty, self._ndirty)
+        while True:  # the worker may signal between sizing and collecting: then size again
+            self._reserve(worker.queue.queued_keys())
+            done = worker.queue.collect(clock, horizon, self.count, self._mark, self._dirty,
+                                        self._ndirty)
+            if done is not None:
+                break
+        self._ndirty, acted, changed = done
         return acted, changed
 
     def add(self, batches: list) -> None:
