@@ -169,17 +169,23 @@ done:
     return result;
 }
 
+/* A new bytearray of n entries of itemsize bytes; its data in *ptr. */
+static PyObject *new_array(Py_ssize_t n, Py_ssize_t itemsize, void **ptr) {
+    PyObject *b = PyByteArray_FromStringAndSize(NULL, n * itemsize);
+    if (b) *ptr = PyByteArray_AS_STRING(b);
+    return b;
+}
+
 /* A tuple of `count` new bytearrays of the given byte sizes, their data pointers in ptrs. */
 static PyObject *new_buffers(int count, const Py_ssize_t *bytes, void **ptrs) {
     PyObject *tuple = PyTuple_New(count);
     if (!tuple) return NULL;
     for (int i = 0; i < count; i++) {
-        PyObject *b = PyByteArray_FromStringAndSize(NULL, bytes[i]);
+        PyObject *b = new_array(bytes[i], 1, &ptrs[i]);
         if (!b) {
             Py_DECREF(tuple);
             return NULL;
         }
-        ptrs[i] = PyByteArray_AS_STRING(b);
         PyTuple_SET_ITEM(tuple, i, b);
     }
     return tuple;
@@ -298,13 +304,6 @@ static PyObject *Directory_decide(DirectoryObject *self, PyObject *args) {
     PyBuffer_Release(&kv);
     PyBuffer_Release(&fv);
     return result;
-}
-
-/* A new bytearray of n entries of itemsize bytes; its data in *ptr. */
-static PyObject *new_array(Py_ssize_t n, Py_ssize_t itemsize, void **ptr) {
-    PyObject *b = PyByteArray_FromStringAndSize(NULL, n * itemsize);
-    if (b) *ptr = PyByteArray_AS_STRING(b);
-    return b;
 }
 
 /* serve_sync(variant, origin, ikeys, ipos, iflags, dkeys, dpos, drows, dver, ckeys, cpos, cver)
@@ -729,11 +728,5 @@ static PyTypeObject DirectoryType = {
 };
 
 int register_directory_type(PyObject *module) {
-    if (PyType_Ready(&DirectoryType) < 0) return -1;
-    Py_INCREF(&DirectoryType);
-    if (PyModule_AddObject(module, "Directory", (PyObject *)&DirectoryType) < 0) {
-        Py_DECREF(&DirectoryType);
-        return -1;
-    }
-    return 0;
+    return add_type(module, &DirectoryType, "Directory");
 }

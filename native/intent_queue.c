@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "growable.h"
 #include "intents.h"
 
 static int before(const intent_batch_t *a, const intent_batch_t *b) {
@@ -11,14 +12,7 @@ static int before(const intent_batch_t *a, const intent_batch_t *b) {
 }
 
 static int reserve_one(batch_heap_t *h) {
-    if (h->len == h->cap) {
-        const int64_t cap = h->cap ? 2 * h->cap : 64;
-        intent_batch_t *grown = realloc(h->items, (size_t)cap * sizeof(intent_batch_t));
-        if (!grown) return -1;
-        h->items = grown;
-        h->cap = cap;
-    }
-    return 0;
+    return grow_for_one((void **)&h->items, h->len, &h->cap, sizeof(intent_batch_t));
 }
 
 static int append(batch_heap_t *h, intent_batch_t item) {

@@ -158,11 +158,5 @@ static PyTypeObject IntentQueueType = {
 };
 
 int register_intent_queue_type(PyObject *module) {
-    if (PyType_Ready(&IntentQueueType) < 0) return -1;
-    Py_INCREF(&IntentQueueType);
-    if (PyModule_AddObject(module, "IntentQueue", (PyObject *)&IntentQueueType) < 0) {
-        Py_DECREF(&IntentQueueType);
-        return -1;
-    }
-    return 0;
+    return add_type(module, &IntentQueueType, "IntentQueue");
 }

@@ -505,56 +505,6 @@ static PyObject *check_keys(PyObject *module, PyObject *args) {
 }
 
 
-/* count_intents(counts, keys, delta, mark, dirty, ndirty) -> new ndirty (see intents.h) */
-static PyObject *count_intents(PyObject *module, PyObject *args) {
-    PyObject *ocounts, *okeys, *omark, *odirty;
-    int delta;
-    long long ndirty;
-    if (!PyArg_ParseTuple(args, "OOiOOL", &ocounts, &okeys, &delta, &omark, &odirty, &ndirty))
-        return NULL;
-    if (delta != 1 && delta != -1) {
-        PyErr_SetString(PyExc_ValueError, "count_intents: delta must be +1 or -1");
-        return NULL;
-    }
-    Py_buffer counts, keys, mark, dirty;
-    if (borrow(ocounts, &counts, 4, 1, "count_intents: counts") < 0) return NULL;
-    if (borrow(okeys, &keys, 8, 0, "count_intents: keys") < 0) goto fail_counts;
-    if (borrow(omark, &mark, 1, 1, "count_intents: mark") < 0) goto fail_keys;
-    if (borrow(odirty, &dirty, 8, 1, "count_intents: dirty") < 0) goto fail_mark;
-    PyObject *result = NULL;
-    const int64_t n = keys.len / 8, num_keys = counts.len / 4;
-    if (mark.len != num_keys || ndirty < 0 || dirty.len / 8 < ndirty + n) {
-        PyErr_SetString(PyExc_ValueError, "count_intents: mark must have one byte per count "
-                                          "and dirty room for ndirty + len(keys) keys");
-    } else {
-        int64_t got;
-        NOGIL_BEGIN(n)
-        got = intents_count(counts.buf, num_keys, keys.buf, n, delta, mark.buf, dirty.buf,
-                            ndirty);
-        NOGIL_END
-        if (got < 0) {
-            PyErr_Format(PyExc_ValueError,
-                         "count_intents: key %lld at position %lld is out of range or has no "
-                         "count to remove", (long long)((int64_t *)keys.buf)[-1 - got],
-                         (long long)(-1 - got));
-        } else {
-            result = PyLong_FromLongLong(got);
-        }
-    }
-    PyBuffer_Release(&dirty);
-    PyBuffer_Release(&mark);
-    PyBuffer_Release(&keys);
-    PyBuffer_Release(&counts);
-    return result;
-fail_mark:
-    PyBuffer_Release(&mark);
-fail_keys:
-    PyBuffer_Release(&keys);
-fail_counts:
-    PyBuffer_Release(&counts);
-    return NULL;
-}
-
 /* policy_decide(variant, rank, node, world_size, intent, replicas, keys, has_intent,
  *               relocate_to, setup) -> replicas dropped (see policy.h) */
 static PyObject *policy_decide_py(PyObject *module, PyObject *args) {
@@ -733,10 +683,6 @@ static PyObject *pool_remove_py(PyObject *module, PyObject *args) { return pool_
 static PyMethodDef module_methods[] = {
     {"check_keys", check_keys, METH_VARARGS,
      "check_keys(keys, num_keys) -> int. Index of the first key outside [0, num_keys), or -1."},
-    {"count_intents", count_intents, METH_VARARGS,
-     "count_intents(counts, keys, delta, mark, dirty, ndirty) -> int. Adds delta (+1/-1) to "
-     "counts[k] for each key in order; appends each key whose count crossed zero and is not "
-     "marked to dirty[ndirty:] (marking it); returns the new ndirty."},
     {"policy_decide", policy_decide_py, METH_VARARGS,
      "policy_decide(variant, rank, node, world_size, intent, replicas, keys, has_intent, "
      "relocate_to, setup) -> int. One batch of intent reports of `node` for owned keys: updates the S and R "
@@ -763,16 +709,10 @@ static struct PyModuleDef moduledef = {
 };
 
 PyMODINIT_FUNC PyInit__native(void) {
-    if (PyType_Ready(&StoreType) < 0) return NULL;
     PyObject *m = PyModule_Create(&moduledef);
     if (!m) return NULL;
-    Py_INCREF(&StoreType);
-    if (PyModule_AddObject(m, "Store", (PyObject *)&StoreType) < 0) {
-        Py_DECREF(&StoreType);
-        Py_DECREF(m);
-        return NULL;
-    }
-    if (register_directory_type(m) < 0 || register_intent_queue_type(m) < 0) {
+    if (add_type(m, &StoreType, "Store") < 0 || register_directory_type(m) < 0
+        || register_intent_queue_type(m) < 0) {
         Py_DECREF(m);
         return NULL;
     }

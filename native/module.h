@@ -76,6 +76,17 @@ static inline int borrow(PyObject *obj, Py_buffer *view, Py_ssize_t itemsize, in
 
 extern PyTypeObject StoreType;
 
+/* Readies a static type and adds it to the module under name; 0 on success. */
+static inline int add_type(PyObject *module, PyTypeObject *type, const char *name) {
+    if (PyType_Ready(type) < 0) return -1;
+    Py_INCREF(type);
+    if (PyModule_AddObject(module, name, (PyObject *)type) < 0) {
+        Py_DECREF(type);
+        return -1;
+    }
+    return 0;
+}
+
 /* Adds the Directory type (directory_module.c) to the module; 0 on success. */
 int register_directory_type(PyObject *module);
 

@@ -1,6 +1,8 @@
 /* The slot allocator: see slots.h. */
 #include "slots.h"
 
+#include "growable.h"
+
 #include <stdlib.h>
 #include <string.h>
 
@@ -44,13 +46,7 @@ static slot_stack_t *stack_of(slot_alloc_t *a, int64_t len) {
 }
 
 static int push(slot_stack_t *st, int64_t slot) {
-    if (st->len == st->cap) {
-        const int64_t cap = st->cap ? 2 * st->cap : 64;
-        int64_t *items = realloc(st->items, (size_t)cap * sizeof(int64_t));
-        if (!items) return -1;
-        st->items = items;
-        st->cap = cap;
-    }
+    if (grow_for_one((void **)&st->items, st->len, &st->cap, sizeof(int64_t)) < 0) return -1;
     st->items[st->len++] = slot;
     return 0;
 }

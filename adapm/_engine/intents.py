@@ -64,10 +64,11 @@ class NodeIntents:
 
     ``count[k]`` is the number of occurrences of k in this node's acted-on, unexpired intent
     batches (a key twice in one batch counts twice, and that batch's expiry takes both away):
-    only whether it is zero matters. A round adds or removes all its batches in one native pass
-    that also collects, once each, the keys whose count crossed zero (``mark`` says which are
-    collected), and :meth:`changes` is one more pass over those: no sort (numpy needs one to
-    count duplicates and another to dedupe; bench/adaptive.py, ~0.4 ms of a ~1.3 ms round).
+    only whether it is zero matters. Each round counts each worker's batches in and out in one
+    native call (:meth:`collect`) that also collects, once each, the keys whose count crossed
+    zero (``mark`` says which are collected), and :meth:`changes` is one more pass over those:
+    no sort (numpy needs one to count duplicates and another to dedupe; bench/adaptive.py,
+    ~0.4 ms of a ~1.3 ms round).
     """
 
     def __init__(self, num_keys: int) -> None:
@@ -90,24 +91,6 @@ class NodeIntents:
                 break
         self._ndirty, acted, changed = done
         return acted, changed
-
-    def add(self, batches: list) -> None:
-        """Counts the keys of acted-on ``batches`` in (tests and simulations; rounds use
-        :meth:`collect`)."""
-        if batches:
-            self._apply(batches, 1)
-
-    def remove(self, batches: list) -> None:
-        """Counts the keys of expired ``batches`` out."""
-        if batches:
-            self._apply(batches, -1)
-
-    def _apply(self, batches: list, delta: int) -> None:
-        keys = batches[0] if len(batches) == 1 else np.concatenate(batches)
-        keys = np.ascontiguousarray(keys, dtype=np.int64)
-        self._reserve(len(keys))
-        self._ndirty = _native.count_intents(self.count, keys, delta, self._mark, self._dirty,
-                                             self._ndirty)
 
     def _reserve(self, more: int) -> None:
         """Room in the dirty list for ``more`` keys."""

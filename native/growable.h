@@ -1,0 +1,20 @@
+/* Growable arrays of the native engine: room for one more item, by doubling. */
+#ifndef ADAPM_GROWABLE_H
+#define ADAPM_GROWABLE_H
+
+#include <stdint.h>
+#include <stdlib.h>
+
+/* Makes room for item number len in *items (capacity *cap, items of itemsize bytes): doubles
+ * the capacity when full (64 at first). Returns 0, or -1 if out of memory (nothing changed). */
+static inline int grow_for_one(void **items, int64_t len, int64_t *cap, size_t itemsize) {
+    if (len < *cap) return 0;
+    const int64_t grown_cap = *cap ? 2 * *cap : 64;
+    void *grown = realloc(*items, (size_t)grown_cap * itemsize);
+    if (!grown) return -1;
+    *items = grown;
+    *cap = grown_cap;
+    return 0;
+}
+
+#endif
