@@ -1,1 +1,1 @@
-"""Native training apps: python -m adapm.apps.kge (and wv, mf later)."""
+"""Native training apps: python -m adapm.apps.kge, adapm.apps.wv (and mf later)."""

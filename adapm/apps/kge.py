@@ -61,6 +61,7 @@ class KGETask:
     """The KGE app as a runner task (see :class:`adapm.apps.runner.Task`)."""
 
     name = "kge"
+    unit = None
 
     def __init__(self, kg: kge_data.KG, opts: argparse.Namespace) -> None:
         self.kg = kg
@@ -115,7 +116,7 @@ class KGETask:
             out[starts[where][:, None] + np.arange(2 * width)] = rows
         return out
 
-    def trainer(self, batch_size: int) -> "KGETrainer":
+    def trainer(self, batch_size: int, points=None, epochs: int = 1) -> "KGETrainer":
         return KGETrainer(self, batch_size)
 
     # --- evaluation and export ---------------------------------------------------------------

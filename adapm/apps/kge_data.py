@@ -24,14 +24,11 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import AdaPMError, InvalidArgument
+from ..errors import InvalidArgument
+from .datafiles import DataError
 
 SPLITS = ("train", "valid", "test")
 _COLUMNS = ("head", "relation", "tail")
-
-
-class DataError(AdaPMError, ValueError):
-    """A dataset file is missing, empty or malformed; the message names file and line."""
 
 
 @dataclass(frozen=True, eq=False)

@@ -60,14 +60,16 @@ class Trainer(Protocol):
     def plan(self, points: np.ndarray) -> Plan:
         """Prepare a batch of data points (cheap, called ``--ahead`` points in advance)."""
 
-    def step(self, worker, plan: Plan, sample: Optional[int]) -> tuple[float, int]:
-        """Train one batch: pull, one native kernel call, push. Returns (loss sum, steps)."""
+    def step(self, worker, plan: Plan, sample: Optional[int]) -> tuple:
+        """Train one batch: pull, one native kernel call, push. Returns (loss sum, steps), or
+        (loss sum, steps, units) for a task with a ``unit`` (e.g. words)."""
 
 
 class Task(Protocol):
     """An app: its model's keys, data, trainer, evaluation and export."""
 
     name: str
+    unit: Optional[str]                # what steps count besides points (e.g. "words"), or None
     num_keys: int                      # model keys [0, num_keys)
     value_length: object               # int, or an int array of num_keys lengths
     sampling: Optional[adapm.Sampling]
@@ -78,7 +80,8 @@ class Task(Protocol):
     def init_rows(self, keys: np.ndarray) -> np.ndarray:
         """Initial values of ``keys`` (packed float32), a function of the seed and key only."""
 
-    def trainer(self, batch_size: int) -> Trainer: ...
+    def trainer(self, batch_size: int, points: np.ndarray, epochs: int) -> Trainer:
+        """A worker thread's trainer for its ``points`` (of worker_points), over ``epochs``."""
 
     def evaluate(self, worker, part: int, parts: int) -> list:
         """Additive evaluation sums of this node's part (pulls what it needs)."""
@@ -189,7 +192,7 @@ def _train(task: Task, opts, node, out) -> list[dict]:
         mine = {"start": min(t.started for t in threads), "end": max(t.ended for t in threads),
                 "loss": sum(t.loss for t in threads), "steps": sum(t.steps for t in threads),
                 "points": sum(t.points for t in threads),
-                "stats": stats}
+                "units": sum(t.units for t in threads), "stats": stats}
         last = epoch == opts.epochs
         evaluate = last or (opts.eval_every and epoch % opts.eval_every == 0)
         if evaluate:
@@ -214,12 +217,12 @@ class _Thread:
         self.part = part  # the global worker id: shuffles depend on it, not on the node count
         self.points = 0
         self._data = task.worker_points(part, parts)
-        self._trainer = task.trainer(opts.batch_size)
+        self._trainer = task.trainer(opts.batch_size, self._data, opts.epochs)
         self.num_batches = math.ceil(len(self._data) / opts.batch_size)
         self.done = 0
         self.error: Optional[BaseException] = None
         self.started = self.ended = 0.0
-        self.loss, self.steps = 0.0, 0
+        self.loss, self.steps, self.units = 0.0, 0, 0
         self.cpu = 0.0
 
     def run_epoch(self, epoch: int, ahead: int) -> None:
@@ -233,7 +236,8 @@ class _Thread:
         rng = np.random.default_rng([self.opts.seed, 1, self.part, epoch])
         order = self._data[rng.permutation(len(self._data))]
         batches = [order[i:i + bs] for i in range(0, len(order), bs)]
-        self.done, self.loss, self.steps, self.points = 0, 0.0, 0, len(order)
+        self.done, self.loss, self.steps, self.units = 0, 0.0, 0, 0
+        self.points = len(order)
         self.started = time.time()
         cpu = time.thread_time()
         base = w.clock
@@ -252,9 +256,11 @@ class _Thread:
             if i > 0 and i + ahead < len(batches):
                 plan(i + ahead)
             p, sample = plans.popleft()
-            loss, steps = trainer.step(w, p, sample)
-            self.loss += loss
-            self.steps += steps
+            result = trainer.step(w, p, sample)
+            self.loss += result[0]
+            self.steps += result[1]
+            if len(result) > 2:
+                self.units += result[2]
             w.advance_clock()
             self.done += 1
         # Every update of this epoch in the main copies (replica deltas too), so that
@@ -306,6 +312,11 @@ def _record(task: Task, epoch: int, every: list, evaluated: bool) -> dict:
     record = {"epoch": epoch, "train_seconds": round(seconds, 4),
               "points_per_s": round(sum(e["points"] for e in every) / seconds, 1) if seconds else None,
               "loss": sum(e["loss"] for e in every) / steps if steps else None}
+    unit = getattr(task, "unit", None)
+    if unit:
+        units = sum(e["units"] for e in every)
+        record[unit] = units
+        record[f"{unit}_per_s"] = round(units / seconds, 1) if seconds else None
     if evaluated:
         sums = np.sum([e["eval"] for e in every], axis=0)
         record.update(task.metrics(sums))
@@ -320,9 +331,10 @@ def _summary(record: dict) -> str:
         "local_pull_keys", "waited_pull_keys", "remote_pull_keys", "local_push_keys",
         "remote_push_keys"))
     remote = sum(s.get("remote_pull_keys", 0) + s.get("remote_push_keys", 0) for s in nodes)
-    parts = [f"epoch {record['epoch']}: {record['train_seconds']:.2f} s",
-             f"{record['points_per_s']:,.0f} points/s" if record["points_per_s"] else "",
-             f"loss {record['loss']:.4f}" if record["loss"] is not None else ""]
+    rates = [name for name in record if name.endswith("_per_s") and record[name]]
+    parts = [f"epoch {record['epoch']}: {record['train_seconds']:.2f} s"]
+    parts += [f"{record[name]:,.0f} {name[:-len('_per_s')]}/s" for name in rates]
+    parts += [f"loss {record['loss']:.4f}" if record["loss"] is not None else ""]
     parts += [f"{name} {record[name]:.4f}" for name in QUALITY if name in record]
     parts.append(f"remote accesses {100 * remote / accessed if accessed else 0:.4f}%")
     return ", ".join(p for p in parts if p)

@@ -1,0 +1,17 @@
+"""What the apps' data readers share: :class:`DataError`, and where in a file a byte offset is."""
+
+from __future__ import annotations
+
+from ..errors import AdaPMError
+
+
+class DataError(AdaPMError, ValueError):
+    """A data file is missing, empty or malformed; the message names the file and the line."""
+
+
+def line_at(data: bytes, offset: int) -> tuple[int, str]:
+    """The 1-based number and the text (shortened) of the line of ``data`` holding ``offset``."""
+    start = data.rfind(b"\n", 0, offset) + 1
+    end = data.find(b"\n", offset)
+    text = data[start:end if end >= 0 else len(data)].decode("utf-8", "replace")
+    return data.count(b"\n", 0, offset) + 1, text if len(text) <= 80 else text[:77] + "..."

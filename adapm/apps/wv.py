@@ -1,0 +1,300 @@
+"""Word vectors on adapm: ``python -m adapm.apps.wv --corpus FILE``.
+
+    python -m adapm.apps.wv generate data/wv --sentences 100000       # planted relations
+    python -m adapm.apps.wv --corpus data/wv/corpus.txt \\
+        --analogies data/wv/questions-words.txt --similarity data/wv/similarity.txt
+    adapm-run -n 2 python -m adapm.apps.wv --corpus data/wv/corpus.txt   # two nodes
+
+Skip-gram with negative sampling as word2vec trains it (dynamic window, subsampling of frequent
+words, ``--min-count``), with AdaGrad as the original AdaPM word2vec app (the accumulator lives in
+each key's value, after the vector) and word2vec's linear decay of the learning rate. Keys: word
+w's input vector is key w, its output vector key V + w (V words), so the output vectors form the
+sampling domain [V, 2V), drawn by the PM's ``local`` sampling with unigram^0.75 weights. A data
+point is a sentence (a line, cut every 10,000 tokens); sentences are split randomly across nodes
+and threads, and intent is signalled ``--ahead`` sentences ahead (2000, as the paper).
+
+One native call per mini-batch of sentences (``native/kernels/wv.c``): the batch's rows are
+pulled once, trained in order as word2vec trains them, and their changes pushed once. Each
+pair's negatives are drawn from a pool of one PM sample per word of the batch (drawing a PM sample
+per negative would copy ~30 rows per word); the pool follows the unigram^0.75 distribution, so
+each negative does too, but the negatives of one batch share the pool's words.
+
+Quality (``--analogies``, ``--similarity``): analogy accuracy and Spearman correlation as gensim
+computes them (``wv_eval``). Export (``--export DIR``): ``vectors.txt`` (word2vec text format) and
+``vectors.bin`` (word2vec binary format), the input vectors, as gensim's
+``KeyedVectors.load_word2vec_format`` reads them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+
+import adapm
+
+from .. import _argtypes
+from .._native_loader import load as _load
+from . import runner, wv_data, wv_eval
+from .datafiles import DataError
+
+_kernels = _load("adapm._kernels")
+
+# Initial values as word2vec: input vectors uniform in [-0.5, 0.5) / dim, output vectors zero;
+# AdaGrad accumulators at the original AdaPM app's 1e-6.
+INIT_ACCUMULATOR = 1e-6
+# word2vec's floor of the decayed learning rate, as a fraction of the starting one.
+MIN_LR_FRACTION = 1e-4
+_INIT_BLOCK = 4096  # keys per deterministic block of initial values
+
+
+@dataclass
+class _Plan:
+    keys: np.ndarray      # the batch's distinct keys, ascending (input, then output vectors)
+    in_rows: np.ndarray   # per position: row of its input vector in keys
+    out_rows: np.ndarray  # per position: row of its output vector
+    windows: np.ndarray   # per position: reduced window
+    ends: np.ndarray      # per sentence: exclusive end in positions
+    words: int            # words of the batch before subsampling
+    sample_size: int      # the negative pool: one draw per position
+
+
+class WVTask:
+    """The WV app as a runner task (see :class:`adapm.apps.runner.Task`)."""
+
+    name = "wv"
+    unit = "words"
+
+    def __init__(self, corpus: wv_data.Corpus, opts: argparse.Namespace) -> None:
+        self.corpus = corpus
+        self.dim, self.window, self.neg = opts.dim, opts.window, opts.neg
+        self.lr, self.seed = opts.lr, opts.seed
+        V = self.vocab_size = len(corpus.words)
+        self.num_keys = 2 * V
+        self.value_length = 2 * self.dim
+        self.sampling = adapm.Sampling(V, 2 * V, weights=corpus.counts ** 0.75,
+                                       scheme="local", seed=opts.seed)
+        self.keep = wv_data.keep_probabilities(corpus.counts, opts.sample)
+        self.starts, self.ends = corpus.starts, corpus.ends
+        self.analogies = opts.analogy_questions
+        self.similarity = opts.similarity_pairs
+
+    def worker_points(self, part: int, parts: int) -> np.ndarray:
+        """A random split of the sentences: the same for a seed, whatever the node count."""
+        order = np.random.default_rng([self.seed, 2]).permutation(self.corpus.num_sentences)
+        return np.sort(np.array_split(order, parts)[part])
+
+    def init_rows(self, keys: np.ndarray) -> np.ndarray:
+        """word2vec's initial values (see INIT_ACCUMULATOR); a function of the seed and key."""
+        d, V = self.dim, self.vocab_size
+        rows = np.zeros((len(keys), 2 * d), dtype=np.float32)
+        rows[:, d:] = INIT_ACCUMULATOR
+        inputs = np.flatnonzero(keys < V)
+        blocks = keys[inputs] // _INIT_BLOCK
+        for block in np.unique(blocks):  # a loop over blocks of keys, not over keys
+            mine = inputs[blocks == block]
+            rng = np.random.default_rng([self.seed, 3, int(block)])
+            values = ((rng.random((_INIT_BLOCK, d)) - 0.5) / d).astype(np.float32)
+            rows[mine, :d] = values[keys[mine] % _INIT_BLOCK]
+        return rows.reshape(-1)
+
+    def trainer(self, batch_size: int, points: np.ndarray, epochs: int) -> "WVTrainer":
+        return WVTrainer(self, points, epochs)
+
+    # --- evaluation and export ---------------------------------------------------------------
+
+    def vectors(self, worker) -> np.ndarray:
+        """The input vectors of all words (no optimizer state), pulled through ``worker``."""
+        V, d = self.vocab_size, self.dim
+        out = np.empty((V, d), dtype=np.float32)
+        chunk = 1 << 15
+        for i in range(0, V, chunk):
+            keys = np.arange(i, min(i + chunk, V), dtype=np.int64)
+            out[i:i + len(keys)] = worker.pull(keys).reshape(len(keys), -1)[:, :d]
+        return out
+
+    def evaluate(self, worker, part: int, parts: int) -> list:
+        """[analogies right, answered, Spearman (part 0), 1 (part 0)]: summed over parts."""
+        if not self.analogies and not self.similarity:
+            return [0.0, 0.0, 0.0, 0.0]
+        vectors = self.vectors(worker)
+        right = answered = 0
+        if self.analogies:
+            mine = [q for _, qs in self.analogies for q in qs][part::parts]
+            right, answered = wv_eval.analogy_counts(vectors, self.corpus.words, mine)
+        rho, flag = 0.0, 0.0
+        if self.similarity and part == 0:
+            rho, _ = wv_eval.similarity_spearman(vectors, self.corpus.words, self.similarity)
+            flag = 1.0
+        return [float(right), float(answered), rho, flag]
+
+    def metrics(self, sums: np.ndarray) -> dict:
+        out = {}
+        if self.analogies:
+            out["analogy"] = sums[0] / sums[1] if sums[1] else float("nan")
+            out["analogy_questions"] = int(sums[1])
+        if self.similarity:
+            out["similarity"] = float(sums[2] / sums[3]) if sums[3] else float("nan")
+        return out
+
+    def export(self, worker, directory: str) -> None:
+        write_word2vec(directory, self.corpus.words, self.vectors(worker))
+
+
+class WVTrainer:
+    """One worker thread's batches: buffers grown as needed, one kernel call per batch."""
+
+    def __init__(self, task: WVTask, points: np.ndarray, epochs: int) -> None:
+        self.task = task
+        # Seeded by the part's first sentence: a part draws the same streams whatever the node
+        # count (parts are disjoint, so no two threads share a stream).
+        self.rng = np.random.default_rng([task.seed, 4, int(points[0]) if len(points) else 0])
+        lengths = task.ends[points] - task.starts[points]
+        self.total_words = max(1, int(lengths.sum()) * epochs)  # for the learning-rate decay
+        self.done_words = 0
+        self.values = np.empty(0, dtype=np.float32)
+        self.updates = np.empty(0, dtype=np.float32)
+
+    def plan(self, points: np.ndarray) -> _Plan:
+        task, V = self.task, self.task.vocab_size
+        starts, lengths = task.starts[points], task.ends[points] - task.starts[points]
+        total = int(lengths.sum())
+        first = np.cumsum(lengths) - lengths  # where each sentence begins in the batch
+        index = np.repeat(starts - first, lengths) + np.arange(total, dtype=np.int64)
+        words = task.corpus.tokens[index].astype(np.int64)
+        sentence = np.repeat(np.arange(len(points)), lengths)
+        kept = self.rng.random(total) < task.keep[words]
+        words, sentence = words[kept], sentence[kept]
+        ends = np.cumsum(np.bincount(sentence, minlength=len(points)))
+        windows = self.rng.integers(1, task.window + 1, len(words), dtype=np.int64)
+        keys, inverse = np.unique(np.concatenate([words, words + V]), return_inverse=True)
+        n = len(words)
+        return _Plan(keys, inverse[:n].astype(np.int64), inverse[n:].astype(np.int64), windows,
+                     ends.astype(np.int64), total, n if task.neg and n else 0)
+
+    def _buffers(self, rows: int) -> tuple[np.ndarray, np.ndarray]:
+        width = 2 * self.task.dim
+        if len(self.values) < rows * width:
+            self.values = np.empty(2 * rows * width, dtype=np.float32)
+            self.updates = np.empty_like(self.values)
+        return (self.values[:rows * width].reshape(rows, width),
+                self.updates[:rows * width].reshape(rows, width))
+
+    def step(self, worker, plan: _Plan, sample: Optional[int]) -> tuple[float, int, int]:
+        task = self.task
+        nk = len(plan.keys)
+        extra_keys = plan.keys[:0]
+        pool = np.empty(0, dtype=np.int64)
+        if plan.sample_size:
+            drawn, drawn_values = worker.pull_sample(sample)
+            unique, first, inverse = np.unique(drawn, return_index=True, return_inverse=True)
+            at = np.searchsorted(plan.keys, unique)
+            known = at < nk
+            known[known] = plan.keys[at[known]] == unique[known]
+            extra = np.flatnonzero(~known)
+            extra_keys = unique[extra]
+            at[extra] = nk + np.arange(len(extra))
+            pool = at[inverse].astype(np.int64)
+        values, updates = self._buffers(nk + len(extra_keys))
+        worker.pull(plan.keys, out=values[:nk])
+        if len(extra_keys):
+            values[nk:] = drawn_values.reshape(len(drawn), -1)[first[extra]]
+        progress = self.done_words / self.total_words
+        lr = task.lr * max(MIN_LR_FRACTION, 1.0 - progress)
+        seed = int(self.rng.integers(0, 1 << 63))
+        loss, pairs = _kernels.wv_train_batch(task.dim, values, updates, plan.in_rows,
+                                              plan.out_rows, plan.windows, plan.ends, pool,
+                                              task.neg, lr, seed)
+        keys = np.concatenate([plan.keys, extra_keys]) if len(extra_keys) else plan.keys
+        worker.push(keys, updates)
+        self.done_words += plan.words
+        return loss, pairs * (1 + task.neg), plan.words
+
+
+def write_word2vec(directory: str, words: list[str], vectors: np.ndarray) -> None:
+    """``vectors.txt`` and ``vectors.bin`` in word2vec's formats (each written atomically):
+    a ``count dim`` header line, then per word its bytes, a space, and the vector as text
+    (``%g``-style floats separated by spaces) or as dim little-endian float32, then a newline."""
+    os.makedirs(directory, exist_ok=True)
+    count, dim = vectors.shape
+    encoded = [w.encode("utf-8", "surrogateescape") for w in words]
+    header = f"{count} {dim}\n".encode()
+
+    def atomic(name: str, write) -> None:
+        path = os.path.join(directory, name)
+        with open(path + ".tmp", "wb") as f:
+            write(f)
+        os.replace(path + ".tmp", path)
+
+    def text(f) -> None:
+        f.write(header)
+        rows = np.char.mod("%.8g", vectors.astype(np.float64))
+        for word, row in zip(encoded, rows):
+            f.write(word + b" " + " ".join(row).encode() + b"\n")
+
+    def binary(f) -> None:
+        f.write(header)
+        data = vectors.astype("<f4")
+        for word, row in zip(encoded, data):
+            f.write(word + b" " + row.tobytes() + b"\n")
+
+    atomic("vectors.txt", text)
+    atomic("vectors.bin", binary)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m adapm.apps.wv", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        description="Train word vectors (skip-gram, negative sampling) on adapm (or: generate "
+                    "OUT_DIR ... to write a corpus with planted relations; see 'generate "
+                    "--help').")
+    p.add_argument("--corpus", required=True, metavar="FILE",
+                   help="plain text, one sentence per line, whitespace-separated tokens")
+    p.add_argument("--dim", type=_argtypes.positive_int, default=100, help="vector dimension")
+    p.add_argument("--window", type=_argtypes.positive_int, default=5,
+                   help="largest context window (each position draws its own, 1..window)")
+    p.add_argument("--neg", type=_argtypes.non_negative_int, default=5,
+                   help="negatives per (word, context) pair")
+    p.add_argument("--min-count", type=_argtypes.positive_int, default=5,
+                   help="ignore words seen fewer times")
+    p.add_argument("--sample", type=_argtypes.non_negative_float, default=1e-3,
+                   help="subsampling threshold of frequent words (0: off)")
+    p.add_argument("--lr", type=_argtypes.positive_float, default=0.025,
+                   help="starting AdaGrad learning rate, decayed linearly as word2vec does")
+    p.add_argument("--max-sentence", type=_argtypes.positive_int, default=wv_data.MAX_SENTENCE,
+                   help="cut longer lines into sentences of this many tokens")
+    p.add_argument("--analogies", metavar="FILE", default=None,
+                   help="analogy questions (questions-words format) for the accuracy")
+    p.add_argument("--similarity", metavar="FILE", default=None,
+                   help="word pairs with scores ('word1 word2 score') for Spearman's rho")
+    runner.add_common_flags(p, ahead=2000, batch_size=64, epochs=5)
+    return p
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "generate":
+        return wv_data.generate_main(argv[1:])
+    p = parser()
+    opts = p.parse_args(argv)
+    if opts.baseline and adapm.Config.from_env(num_keys=1).world_size > 1:
+        p.error("--baseline runs in one process; start it without a launcher")
+    try:
+        opts.analogy_questions = wv_data.read_analogies(opts.analogies) if opts.analogies \
+            else None
+        opts.similarity_pairs = wv_data.read_similarity(opts.similarity) if opts.similarity \
+            else None
+        corpus = wv_data.read_corpus(opts.corpus, opts.min_count, opts.max_sentence)
+    except DataError as exc:
+        print(f"{p.prog}: error: {exc}", file=sys.stderr)
+        return 2
+    runner.run(WVTask(corpus, opts), opts)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
