@@ -1,0 +1,144 @@
+"""Word vectors on adapm against gensim and its own single-node baseline, side by side in one run.
+
+    python bench/wv.py               # the README's table (a 1.5M-word generated corpus)
+    python bench/wv.py --quick       # 300k words, under a minute
+    python bench/wv.py --corpus FILE --analogies FILE   # any corpus
+
+One corpus, the same dimension (100), window (5), negatives (5), min-count (5), subsampling
+(1e-3) and epochs for:
+
+- adapm on 1 node x 2 worker threads;
+- adapm on 2 node processes x 1 worker thread under ``adapm-run`` (adaptive management);
+- ``--baseline --workers 2``: the same kernels over a plain shared array, no PM;
+- gensim's ``Word2Vec`` (skip-gram, negative sampling) with 2 workers, when gensim is installed
+  (``pip install 'adapm[bench]'``).
+
+words/s: corpus tokens trained per second of training (vocabulary building and evaluation not
+included), counted before subsampling: for adapm from its JSON lines (the in-vocabulary tokens
+of its sentences), for gensim its ``train()``'s raw word count over the time ``train()`` took.
+On the generated corpus every token is in the vocabulary, so both count the same tokens (the
+table prints both counts). Analogy accuracy is gensim's ``evaluate_word_analogies`` for gensim
+and adapm's equivalent (``adapm.apps.wv_eval``) for adapm, after the last epoch. adapm trains
+with AdaGrad (as the original AdaPM app), gensim with SGD; both decay the learning rate linearly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+PY = sys.executable
+# About 12 tokens per generated sentence: 125,000 sentences make the issue's 1.5M words.
+WORDS_PER_SENTENCE = 12
+
+
+def sh(cmd: list[str], env: dict) -> list[dict]:
+    started = time.monotonic()
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if proc.returncode:
+        sys.exit(f"failed ({proc.returncode}): {' '.join(cmd)}\n{proc.stderr[-4000:]}")
+    print(f"  {time.monotonic() - started:6.1f} s  {' '.join(cmd[-14:])}", file=sys.stderr)
+    return [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+
+
+def summarise(name: str, setup: str, lines: list[dict]) -> dict:
+    seconds = sum(r["train_seconds"] for r in lines)
+    words = sum(r["words"] for r in lines)
+    stats = [s for r in lines for s in r["stats"]]
+    nodes = len(lines[0]["stats"])
+    sent = sum(s.get("bytes_sent", 0) for s in stats) / nodes / len(lines)
+    return {"name": name, "setup": setup, "epoch_s": seconds / len(lines),
+            "words_s": words / seconds, "words": words // len(lines),
+            "analogy": lines[-1].get("analogy"), "mb_sent": sent / 1e6,
+            "process_cpu": sum(s.get("process_cpu_s", 0.0) for s in stats) / nodes / len(lines)}
+
+
+def gensim_run(corpus: Path, analogies, opts) -> dict | None:
+    try:
+        from gensim.models import Word2Vec
+        from gensim.models.word2vec import LineSentence
+    except ImportError:
+        print("gensim is not installed: its row is left out (pip install 'adapm[bench]')",
+              file=sys.stderr)
+        return None
+    model = Word2Vec(vector_size=opts.dim, window=opts.window, negative=opts.neg,
+                     min_count=opts.min_count, sample=opts.sample, workers=2, sg=1, hs=0,
+                     epochs=opts.epochs, seed=opts.seed)
+    model.build_vocab(LineSentence(str(corpus)))
+    started = time.perf_counter()
+    _, raw = model.train(LineSentence(str(corpus)), total_examples=model.corpus_count,
+                         epochs=opts.epochs)
+    seconds = time.perf_counter() - started
+    accuracy = model.wv.evaluate_word_analogies(str(analogies))[0] if analogies else None
+    print(f"  {seconds:6.1f} s  gensim Word2Vec, 2 workers", file=sys.stderr)
+    return {"name": "gensim Word2Vec", "setup": "2 workers", "epoch_s": seconds / opts.epochs,
+            "words_s": raw / seconds, "words": raw // opts.epochs, "analogy": accuracy,
+            "mb_sent": 0.0, "process_cpu": None}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="a 300k-word corpus")
+    p.add_argument("--words", type=int, default=None,
+                   help="generated corpus size in tokens (default 1,500,000)")
+    p.add_argument("--corpus", default=None, help="a corpus file instead of a generated one")
+    p.add_argument("--analogies", default=None, help="questions-words file for --corpus")
+    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--dim", type=int, default=100)
+    p.add_argument("--window", type=int, default=5)
+    p.add_argument("--neg", type=int, default=5)
+    p.add_argument("--min-count", type=int, default=5)
+    p.add_argument("--sample", type=float, default=1e-3)
+    p.add_argument("--seed", type=int, default=1)
+    opts = p.parse_args()
+    env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE"}
+    if opts.corpus:
+        corpus, analogies = Path(opts.corpus), opts.analogies
+    else:
+        words = opts.words or (300_000 if opts.quick else 1_500_000)
+        data = Path(tempfile.gettempdir()) / f"adapm-bench-wv-{words}"
+        corpus, analogies = data / "corpus.txt", data / "questions-words.txt"
+        if not corpus.exists():
+            sh([PY, "-m", "adapm.apps.wv", "generate", str(data), "--sentences",
+                str(words // WORDS_PER_SENTENCE), "--seed", str(opts.seed)], env)
+    app = [PY, "-m", "adapm.apps.wv", "--corpus", str(corpus), "--dim", str(opts.dim),
+           "--window", str(opts.window), "--neg", str(opts.neg), "--min-count",
+           str(opts.min_count), "--sample", str(opts.sample), "--epochs", str(opts.epochs),
+           "--eval-every", "0", "--seed", str(opts.seed), "--progress", "off"]
+    if analogies:
+        app += ["--analogies", str(analogies)]
+    rows = [summarise("adapm", "1 node x 2 threads", sh([*app, "--workers", "2"], env)),
+            summarise("adapm", "2 nodes x 1 thread",
+                      sh([PY, "-m", "adapm.launch", "-n", "2", *app], env)),
+            summarise("adapm --baseline", "1 process x 2 threads",
+                      sh([*app, "--baseline", "--workers", "2"], env))]
+    gensim = gensim_run(corpus, analogies, opts)
+    if gensim:
+        rows.append(gensim)
+    print(f"\ncorpus: {corpus}, d={opts.dim}, window {opts.window}, {opts.neg} negatives, "
+          f"min-count {opts.min_count}, sample {opts.sample}, {opts.epochs} epochs\n")
+    print("| run | setup | epoch (s) | words/s | words/epoch | analogy | MB sent/node/epoch | "
+          "process CPU s/node/epoch |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        accuracy = "-" if r["analogy"] is None else f"{r['analogy']:.4f}"
+        cpu = "-" if r["process_cpu"] is None else f"{r['process_cpu']:.2f}"
+        print(f"| {r['name']} | {r['setup']} | {r['epoch_s']:.2f} | {r['words_s']:,.0f} | "
+              f"{r['words']:,} | {accuracy} | {r['mb_sent']:.1f} | {cpu} |")
+    one, two = rows[0], rows[1]
+    print(f"\n2 nodes x 1 thread vs 1 node x 2 threads: {two['words_s'] / one['words_s']:.2f}x "
+          f"(target >= 0.9x)")
+    if gensim:
+        print(f"1 node x 2 threads vs gensim: {one['words_s'] / gensim['words_s']:.2f}x words/s "
+              f"(target >= 1.0x), analogy {one['analogy'] - gensim['analogy']:+.4f} "
+              f"(target within 0.01)")
+
+
+if __name__ == "__main__":
+    main()
