@@ -35,6 +35,7 @@ _kernels = _load("adapm._kernels")
 # Bytes of the corpus tokenized per native call: large enough that the call's overhead vanishes,
 # small enough that the token buffers of one block stay modest (a quarter of this in int32 ids).
 _BLOCK = 1 << 26
+_UTF8_BOM = b"\xef\xbb\xbf"
 # word2vec's cut of over-long lines (MAX_SENTENCE_LENGTH in word2vec.c).
 MAX_SENTENCE = 10_000
 
@@ -74,6 +75,9 @@ def read_corpus(path, min_count: int = 5, max_sentence: int = MAX_SENTENCE) -> C
         raise DataError(f"{path}: cannot open the corpus: {exc.strerror}") from None
     with f:
         carry, line_base = b"", 0
+        head = f.read(len(_UTF8_BOM))
+        if head != _UTF8_BOM:  # a byte-order mark is not part of the first word
+            carry = head
         while True:
             block = f.read(_BLOCK)
             data = carry + block
@@ -144,7 +148,9 @@ def _read_text(path, what: str) -> list[str]:
     except UnicodeDecodeError as exc:
         line, _ = line_at(data, exc.start)
         raise DataError(f"{path}, line {line}: not UTF-8") from None
-    return text.splitlines()
+    # Lines end at "\n" only (as line_at counts them): str.splitlines would also break at
+    # form feeds, U+2028 and more, and then name the wrong line.
+    return [line.rstrip("\r") for line in text.split("\n")]
 
 
 def read_analogies(path) -> list[tuple[str, list[tuple[str, str, str, str]]]]:

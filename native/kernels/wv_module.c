@@ -10,13 +10,19 @@ static PyObject *py_wv_train_batch(PyObject *module, PyObject *args, PyObject *k
     static char *kwlist[] = {"dim", "values", "updates", "in_rows", "out_rows", "windows",
                              "sentence_ends", "pool", "negatives", "lr", "seed", NULL};
     long long dim, negatives;
-    unsigned long long seed;
     double lr;
-    PyObject *ovalues, *oupdates, *oin, *oout, *owin, *oends, *opool;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "LOOOOOOOLdK", kwlist, &dim, &ovalues,
+    PyObject *ovalues, *oupdates, *oin, *oout, *owin, *oends, *opool, *oseed;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "LOOOOOOOLdO", kwlist, &dim, &ovalues,
                                      &oupdates, &oin, &oout, &owin, &oends, &opool, &negatives,
-                                     &lr, &seed))
+                                     &lr, &oseed))
         return NULL;
+    if (!PyLong_Check(oseed))
+        return PyErr_Format(PyExc_TypeError, "%s: seed must be an int", fn);
+    const unsigned long long seed = PyLong_AsUnsignedLongLong(oseed);
+    if (PyErr_Occurred()) {
+        PyErr_Clear();
+        return PyErr_Format(PyExc_ValueError, "%s: seed must be in [0, 2**64)", fn);
+    }
     if (dim < 1 || dim > WV_MAX_DIM)
         return PyErr_Format(PyExc_ValueError, "%s: dim %lld outside [1, %d]", fn, dim,
                             WV_MAX_DIM);
@@ -163,6 +169,12 @@ static PyObject *py_vocab_feed(PyObject *module, PyObject *args, PyObject *kwarg
     if (!(ids = take(&vs, oids, fn, "ids", I32, 1, 1)) ||
         !(ends = take(&vs, oends, fn, "ends", I64, 1, 1)))
         goto fail;
+    if (check_no_overlap(&vs, ids, fn, "ids") < 0 || check_no_overlap(&vs, ends, fn, "ends") < 0)
+        goto fail;
+    if (overlap(&text, ids) || overlap(&text, ends)) {
+        PyErr_Format(PyExc_ValueError, "%s: text shares memory with ids or ends", fn);
+        goto fail;
+    }
     const int64_t n = text.len;
     const char *t = text.buf;
     int64_t lines = 0;
@@ -212,6 +224,13 @@ static PyObject *py_vocab_export(PyObject *module, PyObject *args) {
     if (!(offsets = take(&vs, ooffsets, fn, "offsets", I64, 1, 1)) ||
         !(counts = take(&vs, ocounts, fn, "counts", I64, 1, 1)))
         goto fail;
+    if (check_no_overlap(&vs, offsets, fn, "offsets") < 0 ||
+        check_no_overlap(&vs, counts, fn, "counts") < 0)
+        goto fail;
+    if (overlap(&bytes, offsets) || overlap(&bytes, counts)) {
+        PyErr_Format(PyExc_ValueError, "%s: bytes shares memory with offsets or counts", fn);
+        goto fail;
+    }
     const int64_t size = wv_vocab_size(box->v), nbytes = wv_vocab_bytes(box->v);
     if (bytes.len != nbytes || count(offsets) != size + 1 || count(counts) != size) {
         PyErr_Format(PyExc_ValueError, "%s: need %lld bytes, %lld offsets and %lld counts", fn,
