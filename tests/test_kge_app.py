@@ -151,7 +151,10 @@ def test_other_models_train(kg_dir, model, nodes):
     proc = run([*launcher, PY, "-m", "adapm.apps.kge", "--data", str(kg_dir), "--model", model,
                 "--dim", "8", "--epochs", "2", "--eval-max", "500", "--progress", "off"])
     lines = records(proc.stdout)
-    assert len(lines) == 2 and lines[-1]["mrr"] > lines[0]["mrr"] * 0.9 and lines[-1]["mrr"] > 0.02
+    # Training lowers the loss, and the model ranks far above random (MRR ~0.007). The MRR of
+    # one epoch against the next is no test at this size: under a loaded machine a 2-node run
+    # measured 0.085 then 0.072.
+    assert len(lines) == 2 and lines[-1]["loss"] < lines[0]["loss"] and lines[-1]["mrr"] > 0.02
 
 
 def _write(directory: Path, train: str, valid="a\tr\tb\n", test="a\tr\tb\n") -> Path:
