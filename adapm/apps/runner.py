@@ -88,6 +88,9 @@ class Task(Protocol):
 
     def metrics(self, sums: np.ndarray) -> dict: ...
 
+    # Optional: ``epoch_order(points, part, epoch, rng) -> points`` orders a worker's points for
+    # an epoch (default: a random permutation), e.g. by column for matrix factorisation.
+
     def export(self, worker, directory: str) -> None: ...
 
 
@@ -234,7 +237,11 @@ class _Thread:
     def _run_epoch(self, epoch: int, ahead: int) -> None:
         w, trainer, bs = self.worker, self._trainer, self.opts.batch_size
         rng = np.random.default_rng([self.opts.seed, 1, self.part, epoch])
-        order = self._data[rng.permutation(len(self._data))]
+        schedule = getattr(self.task, "epoch_order", None)
+        if schedule is None:
+            order = self._data[rng.permutation(len(self._data))]
+        else:
+            order = schedule(self._data, self.part, epoch, rng)
         batches = [order[i:i + bs] for i in range(0, len(order), bs)]
         self.done, self.loss, self.steps, self.units = 0, 0.0, 0, 0
         self.points = len(order)

@@ -301,8 +301,8 @@ static PyMethodDef module_methods[] = {
 
 static struct PyModuleDef moduledef = {
     PyModuleDef_HEAD_INIT, "_kernels",
-    "Training kernels of adapm's apps: the KGE and word-vector batch trainers, the corpus\n"
-    "tokenizer, and the plain shared array table\n"
+    "Training kernels of adapm's apps: the KGE, word-vector and matrix-factorisation batch\n"
+    "trainers, the apps' data parsers, and the plain shared array table\n"
     "ops of the single-node baseline (see native/kernels/ in the source tree).",
     -1, module_methods,
 };
@@ -311,7 +311,7 @@ PyMODINIT_FUNC PyInit__kernels(void) {
     PyObject *m = PyModule_Create(&moduledef);
     if (!m) return NULL;
     wv_init_tables();
-    if (PyModule_AddFunctions(m, wv_methods) < 0 ||
+    if (PyModule_AddFunctions(m, wv_methods) < 0 || PyModule_AddFunctions(m, mf_methods) < 0 ||
         PyModule_AddIntConstant(m, "MODEL_COMPLEX", KGE_COMPLEX) < 0 ||
         PyModule_AddIntConstant(m, "MODEL_DISTMULT", KGE_DISTMULT) < 0 ||
         PyModule_AddIntConstant(m, "MODEL_RESCAL", KGE_RESCAL) < 0) {

@@ -1,0 +1,252 @@
+"""Sparse matrices for the matrix-factorisation app: :func:`read_matrix` and :func:`generate`.
+
+Two formats, told apart by the first line:
+
+- MatrixMarket coordinate: ``%%MatrixMarket matrix coordinate real general`` (or ``integer``),
+  ``%`` comment lines, a size line ``rows cols entries``, then one ``row col value`` line per
+  entry, 1-based. The entries must match the size line in number and range.
+- Text: ``row<TAB>col<TAB>value`` lines (blanks work too), 0-based; the shape is the largest ids
+  plus one (over the train and the test file, see :func:`read_pair`).
+
+Parsing runs in native code over blocks of the file (``native/kernels/mf.c``). Bad files raise
+:class:`~.datafiles.DataError` naming the file and the line.
+
+:func:`generate` writes a train and a test file drawn from a planted low-rank matrix plus
+Gaussian noise, with Zipf-skewed row and column ids, from tiny to hundreds of millions of
+entries, deterministically from a seed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .. import _argtypes
+from .._native_loader import load as _load
+from .datafiles import DataError
+
+_kernels = _load("adapm._kernels")
+
+_BLOCK = 1 << 26  # bytes parsed per native call (see wv_data._BLOCK)
+MM_HEADER = "%%matrixmarket"
+_MM_FIELDS = ("real", "integer")
+
+
+@dataclass(frozen=True, eq=False)
+class Matrix:
+    """Entries (rows[i], cols[i], vals[i]) of a num_rows x num_cols matrix."""
+
+    rows: np.ndarray
+    cols: np.ndarray
+    vals: np.ndarray
+    num_rows: int
+    num_cols: int
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+
+def _mm_header(path, head: bytes) -> tuple[int, int, int, int]:
+    """(rows, cols, entries, bytes of the header) of a MatrixMarket file starting with head."""
+    lines = head.split(b"\n")
+    banner = lines[0].decode("utf-8", "replace").split()
+    if (len(banner) != 5 or banner[0].lower() != MM_HEADER or banner[1].lower() != "matrix"
+            or banner[2].lower() != "coordinate" or banner[3].lower() not in _MM_FIELDS
+            or banner[4].lower() != "general"):
+        raise DataError(f"{path}, line 1: expected '%%MatrixMarket matrix coordinate real "
+                        f"general' (or integer), got {lines[0][:80]!r}")
+    offset = len(lines[0]) + 1
+    for number, line in enumerate(lines[1:-1], 2):
+        offset += len(line) + 1
+        text = line.strip()
+        if not text or text.startswith(b"%"):
+            continue
+        fields = text.split()
+        try:
+            rows, cols, entries = (int(f) for f in fields)
+            if rows < 1 or cols < 1 or entries < 0:
+                raise ValueError
+        except ValueError:
+            raise DataError(f"{path}, line {number}: expected the size line 'rows cols "
+                            f"entries' (positive), got {text[:80]!r}") from None
+        return rows, cols, entries, offset
+    raise DataError(f"{path}: no size line 'rows cols entries' after the MatrixMarket header")
+
+
+def read_matrix(path, shape: tuple[int, int] | None = None) -> Matrix:
+    """Read ``path`` in either format (see the module doc). ``shape`` bounds a text file's ids
+    (a MatrixMarket file has its own); without it the shape is the largest ids plus one."""
+    path = Path(path)
+    try:
+        f = open(path, "rb")
+    except OSError as exc:
+        raise DataError(f"{path}: cannot open: {exc.strerror}") from None
+    with f:
+        head = f.read(1 << 16)
+        market = head.lstrip().lower().startswith(MM_HEADER.encode())
+        declared = None
+        if market:
+            *declared, offset = _mm_header(path, head)
+            line_base = head[:offset].count(b"\n")
+            carry = head[offset:]
+        else:
+            line_base, carry = 0, head
+        parts = []
+        while True:
+            block = f.read(_BLOCK)
+            data = carry + block
+            if not data:
+                break
+            cut = len(data) if not block else data.rfind(b"\n") + 1
+            if cut == 0:
+                carry = data
+                continue
+            text, carry = data[:cut], data[cut:]
+            room = text.count(b"\n") + 1
+            rows, cols = np.empty(room, np.int64), np.empty(room, np.int64)
+            vals, lines = np.empty(room, np.float32), np.empty(room, np.int64)
+            got = _kernels.mf_parse(text, market, 1 if market else 0, rows, cols, vals, lines)
+            if got < 0:
+                raise DataError(f"{path}, line {line_base - got}: expected 'row col value' "
+                                f"(two integers and a finite number), got "
+                                f"{_line(text, -got)!r}")
+            parts.append((rows[:got].copy(), cols[:got].copy(), vals[:got].copy(),
+                          lines[:got] + line_base))
+            line_base += text.count(b"\n")
+    if not parts or not sum(len(p[0]) for p in parts):
+        raise DataError(f"{path}: no entries")
+    rows, cols, vals, lines = (np.concatenate(column) for column in zip(*parts))
+    if market:
+        num_rows, num_cols, entries = declared
+        if entries != len(rows):
+            raise DataError(f"{path}: the size line declares {entries} entries, the file has "
+                            f"{len(rows)}")
+    elif shape is not None:
+        num_rows, num_cols = shape
+    else:
+        num_rows, num_cols = int(rows.max()) + 1, int(cols.max()) + 1
+    for ids, size, what in ((rows, num_rows, "row"), (cols, num_cols, "column")):
+        bad = np.flatnonzero((ids < 0) | (ids >= size))
+        if len(bad):
+            i = bad[0]
+            shown = ids[i] + (1 if market else 0)
+            raise DataError(f"{path}, line {lines[i]}: {what} id {shown} is outside "
+                            f"[{1 if market else 0}, {size + (1 if market else 0)})")
+    return Matrix(rows, cols, vals, num_rows, num_cols)
+
+
+def _line(text: bytes, number: int) -> str:
+    line = text.split(b"\n")[number - 1]
+    return line[:80].decode("utf-8", "replace")
+
+
+def read_pair(train_path, test_path) -> tuple[Matrix, Matrix]:
+    """The train and the test matrix, of one shape: a MatrixMarket file's declared one (both
+    must agree), else the largest ids of both files plus one."""
+    train = read_matrix(train_path)
+    test = read_matrix(test_path)
+    shape = (max(train.num_rows, test.num_rows), max(train.num_cols, test.num_cols))
+    for m, path in ((train, train_path), (test, test_path)):
+        if (m.num_rows, m.num_cols) != shape and _is_market(path):
+            raise DataError(f"{path}: its shape {m.num_rows} x {m.num_cols} differs from the "
+                            f"other file's")
+    return (Matrix(train.rows, train.cols, train.vals, *shape),
+            Matrix(test.rows, test.cols, test.vals, *shape))
+
+
+def _is_market(path) -> bool:
+    with open(path, "rb") as f:
+        return f.read(len(MM_HEADER)).lower() == MM_HEADER.encode()
+
+
+# -------------------------------------------------------------------------------- generator
+
+
+def generate(out_dir, rows: int = 2000, cols: int = 500, entries: int = 50_000, *,
+             rank: int = 10, noise: float = 0.1, skew: float = 0.8, test_fraction: float = 0.1,
+             fmt: str = "mm", seed: int = 0) -> dict:
+    """``train`` and ``test`` files (``.mmc``: MatrixMarket, or ``.tsv``) in ``out_dir``:
+    ``entries`` distinct cells of a rows x cols matrix, ids drawn Zipf(``skew``) over a random
+    order of the rows and of the columns, values ``<W*[i], H*[j]> + noise * N(0, 1)`` with W*, H*
+    normal with standard deviation rank^-1/4 (so the planted values have variance about 1); a random
+    ``test_fraction`` of the cells goes to the test file."""
+    if rows < 1 or cols < 1 or entries < 2 or entries > rows * cols // 2:
+        raise ValueError("generate: need rows, cols >= 1 and 2 <= entries <= rows * cols / 2")
+    rng = np.random.default_rng([seed, 31])
+
+    cells = np.empty(0, dtype=np.int64)
+    row_w = 1.0 / np.arange(1, rows + 1) ** skew
+    col_w = 1.0 / np.arange(1, cols + 1) ** skew
+    row_cdf, col_cdf = np.cumsum(row_w / row_w.sum()), np.cumsum(col_w / col_w.sum())
+    row_ids, col_ids = rng.permutation(rows), rng.permutation(cols)
+    while len(cells) < entries:  # distinct cells: draw, drop repeats, draw the rest again
+        n = int((entries - len(cells)) * 1.2) + 16
+        r = row_ids[np.minimum(np.searchsorted(row_cdf, rng.random(n)), rows - 1)]
+        c = col_ids[np.minimum(np.searchsorted(col_cdf, rng.random(n)), cols - 1)]
+        cells = np.unique(np.concatenate([cells, r.astype(np.int64) * cols + c]))
+    cells = cells[rng.permutation(len(cells))[:entries]]
+    r, c = cells // cols, cells % cols
+    scale = rank ** -0.25  # each product w_z h_z has variance 1 / rank: their sum about 1
+    w = rng.normal(0.0, scale, (rows, rank)).astype(np.float32)
+    h = rng.normal(0.0, scale, (cols, rank)).astype(np.float32)
+    vals = np.empty(entries, dtype=np.float32)
+    chunk = 1 << 20
+    for i in range(0, entries, chunk):
+        vals[i:i + chunk] = np.einsum("ij,ij->i", w[r[i:i + chunk]], h[c[i:i + chunk]])
+    vals += (noise * rng.standard_normal(entries)).astype(np.float32)
+    test_n = max(1, int(round(entries * test_fraction)))
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    suffix = ".mmc" if fmt == "mm" else ".tsv"
+    paths = {}
+    for name, sl in (("train", slice(test_n, None)), ("test", slice(0, test_n))):
+        path = out / f"{name}{suffix}"
+        _write(path, r[sl], c[sl], vals[sl], rows, cols, fmt)
+        paths[name] = str(path)
+    return {**paths, "rows": rows, "cols": cols, "train_entries": entries - test_n,
+            "test_entries": test_n}
+
+
+def _write(path: Path, r, c, v, rows: int, cols: int, fmt: str) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    with open(tmp, "wb") as f:
+        if fmt == "mm":
+            f.write(f"%%MatrixMarket matrix coordinate real general\n"
+                    f"% generated by python -m adapm.apps.mf generate\n"
+                    f"{rows} {cols} {len(r)}\n".encode())
+        base, sep = (1, " ") if fmt == "mm" else (0, "\t")
+        chunk = 1 << 20
+        for i in range(0, len(r), chunk):
+            f.write(_kernels.mf_format(r[i:i + chunk], c[i:i + chunk], v[i:i + chunk], base,
+                                       sep))
+    os.replace(tmp, path)
+
+
+def generate_main(argv) -> int:
+    p = argparse.ArgumentParser(prog="python -m adapm.apps.mf generate",
+                                description="Write train and test files of a planted low-rank "
+                                            "matrix plus noise, Zipf-skewed ids.")
+    p.add_argument("out_dir")
+    p.add_argument("--rows", type=_argtypes.positive_int, default=2000)
+    p.add_argument("--cols", type=_argtypes.positive_int, default=500)
+    p.add_argument("--entries", type=_argtypes.positive_int, default=50_000,
+                   help="distinct cells, train and test together")
+    p.add_argument("--rank", type=_argtypes.positive_int, default=10, help="planted rank")
+    p.add_argument("--noise", type=_argtypes.non_negative_float, default=0.1,
+                   help="standard deviation of the Gaussian noise")
+    p.add_argument("--skew", type=_argtypes.non_negative_float, default=0.8,
+                   help="Zipf exponent of the row and column ids")
+    p.add_argument("--format", choices=("mm", "tsv"), default="mm")
+    p.add_argument("--seed", type=_argtypes.non_negative_int, default=0)
+    opts = p.parse_args(argv)
+    if opts.entries < 2 or opts.entries > opts.rows * opts.cols // 2:
+        p.error("--entries must be in [2, rows * cols / 2]")
+    info = generate(opts.out_dir, opts.rows, opts.cols, opts.entries, rank=opts.rank,
+                    noise=opts.noise, skew=opts.skew, fmt=opts.format, seed=opts.seed)
+    print(f"wrote {info['train']} ({info['train_entries']} entries) and {info['test']} "
+          f"({info['test_entries']}), {opts.rows} x {opts.cols}")
+    return 0

@@ -1,0 +1,121 @@
+/* See mf.h. */
+#include "mf.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Built for x86-64-v3 (AVX2, FMA) too where the CPU has it; see wv.c. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+__attribute__((target_clones("arch=x86-64-v3", "default")))
+#endif
+static double train(const mf_batch_t *b, float *gw, float *gh) {
+    const int64_t k = b->rank, width = 2 * k;
+    double loss = 0.0;
+    for (int64_t e = 0; e < b->num_entries; e++) {
+        float *w = b->values + b->w_rows[e] * width, *h = b->values + b->h_rows[e] * width;
+        const float rw = b->reg[b->w_rows[e]], rh = b->reg[b->h_rows[e]];
+        float dot = 0.0f;
+        for (int64_t z = 0; z < k; z++) dot += w[z] * h[z];
+        const float err = b->x[e] - dot;
+        loss += (double)err * (double)err;
+        for (int64_t z = 0; z < k; z++) {
+            gw[z] = -2.0f * err * h[z] + rw * w[z];
+            gh[z] = -2.0f * err * w[z] + rh * h[z];
+        }
+        for (int64_t z = 0; z < k; z++) {
+            const float a = w[k + z] + gw[z] * gw[z];
+            w[k + z] = a;
+            w[z] -= b->lr * gw[z] / sqrtf(a + MF_ADAGRAD_EPS);
+        }
+        for (int64_t z = 0; z < k; z++) {
+            const float a = h[k + z] + gh[z] * gh[z];
+            h[k + z] = a;
+            h[z] -= b->lr * gh[z] / sqrtf(a + MF_ADAGRAD_EPS);
+        }
+    }
+    return loss;
+}
+
+int64_t mf_train_batch(const mf_batch_t *b, double *loss) {
+    for (int64_t e = 0; e < b->num_entries; e++) {
+        if (b->w_rows[e] < 0 || b->w_rows[e] >= b->num_rows || b->h_rows[e] < 0 ||
+            b->h_rows[e] >= b->num_rows)
+            return -1 - e;
+    }
+    /* Updates as the difference after minus before (see wv.c: exact where a value at most
+     * doubles or halves, and half the memory traffic of recording each change). */
+    const int64_t floats = b->num_rows * 2 * b->rank;
+    memcpy(b->updates, b->values, (size_t)floats * sizeof(float));
+    float scratch[2 * MF_MAX_RANK]; /* the binding bounds rank */
+    *loss = train(b, scratch, scratch + b->rank);
+    for (int64_t i = 0; i < floats; i++) b->updates[i] = b->values[i] - b->updates[i];
+    return 0;
+}
+
+/* ---- text ------------------------------------------------------------------------------------ */
+
+static inline int blank(char c) { return c == ' ' || c == '\t' || c == '\r'; }
+
+/* Parses one line (NUL-terminated copy) into an entry; 0 on success. */
+static int parse_line(const char *s, int64_t base, int64_t *row, int64_t *col, float *val) {
+    char *end;
+    while (blank(*s)) s++;
+    if (!(*s >= '0' && *s <= '9') && *s != '-' && *s != '+') return -1;
+    const long long r = strtoll(s, &end, 10);
+    if (end == s || !blank(*end)) return -1;
+    s = end;
+    while (blank(*s)) s++;
+    if (!(*s >= '0' && *s <= '9') && *s != '-' && *s != '+') return -1;
+    const long long c = strtoll(s, &end, 10);
+    if (end == s || !blank(*end)) return -1;
+    s = end;
+    while (blank(*s)) s++;
+    const double v = strtod(s, &end);
+    if (end == s || !isfinite(v)) return -1;
+    s = end;
+    while (blank(*s)) s++;
+    if (*s) return -1;
+    *row = (int64_t)r - base;
+    *col = (int64_t)c - base;
+    *val = (float)v;
+    return 0;
+}
+
+int64_t mf_parse(const char *text, int64_t n, int skip_percent, int64_t base, int64_t *rows,
+                 int64_t *cols, float *vals, int64_t *lines) {
+    char line[256];
+    int64_t count = 0, number = 0, i = 0;
+    while (i < n) {
+        int64_t j = i;
+        while (j < n && text[j] != '\n') j++;
+        number++;
+        int64_t len = j - i;
+        const char *s = text + i;
+        i = j + 1;
+        int64_t lead = 0;
+        while (lead < len && blank(s[lead])) lead++;
+        if (lead == len || (skip_percent && s[lead] == '%')) continue;
+        if (len >= (int64_t)sizeof line || memchr(s, '\0', (size_t)len)) return -number;
+        memcpy(line, s, (size_t)len);
+        line[len] = '\0';
+        if (parse_line(line, base, rows + count, cols + count, vals + count) < 0) return -number;
+        lines[count++] = number;
+    }
+    return count;
+}
+
+int64_t mf_format(const int64_t *rows, const int64_t *cols, const float *vals, int64_t n,
+                  int64_t base, char sep, char *out, int64_t cap) {
+    int64_t at = 0;
+    for (int64_t e = 0; e < n; e++) {
+        if (cap - at < MF_FORMAT_MAX_LINE) return -1;
+        const int w = snprintf(out + at, MF_FORMAT_MAX_LINE, "%lld%c%lld%c%.9g\n",
+                               (long long)(rows[e] + base), sep, (long long)(cols[e] + base), sep,
+                               (double)vals[e]);
+        if (w < 0 || w >= MF_FORMAT_MAX_LINE) return -1;
+        at += w;
+    }
+    return at;
+}

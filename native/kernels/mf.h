@@ -1,0 +1,55 @@
+/* Matrix factorisation (the MF app, adapm/apps/mf.py): squared loss with L2 and AdaGrad as the
+ * original AdaPM MF app, one call per mini-batch of entries; and the text readers and writer of
+ * its data files (MatrixMarket coordinate entries and row<TAB>col<TAB>value lines).
+ *
+ * Memory is the caller's; no Python, no global state: calls on distinct buffers may run in
+ * parallel.
+ */
+#ifndef ADAPM_KERNELS_MF_H
+#define ADAPM_KERNELS_MF_H
+
+#include <stdint.h>
+
+/* Largest rank accepted. */
+#define MF_MAX_RANK 4096
+/* AdaGrad's epsilon under the square root, as the original AdaPM MF app (ADAGRAD_EPS). */
+#define MF_ADAGRAD_EPS 1e-6f
+
+/* One batch. Every row of values is [factor | AdaGrad accumulator], 2 * rank floats. */
+typedef struct {
+    int64_t rank;
+    float *values;          /* num_rows rows, trained in place */
+    float *updates;         /* as values, not overlapping it: values after minus before */
+    int64_t num_rows;
+    const int64_t *w_rows;  /* per entry: the row of its row factor */
+    const int64_t *h_rows;  /* per entry: the row of its column factor */
+    const float *x;         /* per entry: its value */
+    int64_t num_entries;
+    const float *reg;       /* per row: its L2 weight (2 lambda / entries of its row or column) */
+    float lr;
+} mf_batch_t;
+
+/* Trains the entries in order: err = x - <w, h>; g_w = -2 err h + reg_w w, g_h = -2 err w +
+ * reg_h h (both from the values before the step); acc += g^2; factor -= lr g / sqrt(acc + eps)
+ * for w, then h (a w row equal to its h row is updated twice, in sequence). *loss gets the sum
+ * of err^2 before each step. Returns 0, or -1 - i when entry i names a row outside
+ * [0, num_rows) (nothing written then). */
+int64_t mf_train_batch(const mf_batch_t *b, double *loss);
+
+/* Parses text[0..n) (complete lines; a missing last newline ends the last line too): lines of
+ * "<int> <int> <number>" separated by blanks or tabs; empty lines and lines starting with '%'
+ * (when skip_percent) are skipped. Writes each entry's ints minus `base` to rows and cols, its
+ * number to vals (as float), its 1-based line number (counted from this call's first line) to
+ * lines (capacity: the number of lines). Returns the number of entries, or -line for the first
+ * line that does not parse. */
+int64_t mf_parse(const char *text, int64_t n, int skip_percent, int64_t base, int64_t *rows,
+                 int64_t *cols, float *vals, int64_t *lines);
+
+/* Writes "<row + base> <col + base> <value>\n" per entry (value with 9 significant digits,
+ * enough to read back the same float) to out; returns the bytes written, or -1 if out (cap
+ * bytes) is too small (MF_FORMAT_MAX_LINE per entry always suffices). */
+#define MF_FORMAT_MAX_LINE 64
+int64_t mf_format(const int64_t *rows, const int64_t *cols, const float *vals, int64_t n,
+                  int64_t base, char sep, char *out, int64_t cap);
+
+#endif

@@ -1,0 +1,200 @@
+/* CPython binding of mf.c: the MF batch trainer and the data file parser and writer.
+ * Conventions as module.c: every buffer checked while holding the GIL, one call into mf.c with
+ * the GIL released, nothing written when a check fails, the buffers stay the caller's.
+ */
+#include "binding.h"
+#include "mf.h"
+
+static PyObject *py_mf_train_batch(PyObject *module, PyObject *args, PyObject *kwargs) {
+    static const char *fn = "mf_train_batch";
+    static char *kwlist[] = {"rank", "values", "updates", "w_rows", "h_rows", "x", "reg", "lr",
+                             NULL};
+    long long rank;
+    double lr;
+    PyObject *ovalues, *oupdates, *ow, *oh, *ox, *oreg;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "LOOOOOOd", kwlist, &rank, &ovalues,
+                                     &oupdates, &ow, &oh, &ox, &oreg, &lr))
+        return NULL;
+    if (rank < 1 || rank > MF_MAX_RANK)
+        return PyErr_Format(PyExc_ValueError, "%s: rank %lld outside [1, %d]", fn, rank,
+                            MF_MAX_RANK);
+    views_t vs = {.n = 0};
+    Py_buffer *values, *updates, *w_rows, *h_rows, *x, *reg;
+    if (!(values = take(&vs, ovalues, fn, "values", F32, 1, 0)) ||
+        !(updates = take(&vs, oupdates, fn, "updates", F32, 1, 0)) ||
+        !(w_rows = take(&vs, ow, fn, "w_rows", I64, 0, 1)) ||
+        !(h_rows = take(&vs, oh, fn, "h_rows", I64, 0, 1)) ||
+        !(x = take(&vs, ox, fn, "x", F32, 0, 1)) ||
+        !(reg = take(&vs, oreg, fn, "reg", F32, 0, 1)))
+        goto fail;
+    const int64_t nvalues = count(values), n = count(w_rows);
+    if (nvalues % (2 * rank)) {
+        PyErr_Format(PyExc_ValueError, "%s: values has %lld floats, not a whole number of rows "
+                     "of 2 * rank = %lld", fn, (long long)nvalues, 2 * rank);
+        goto fail;
+    }
+    const int64_t nrows = nvalues / (2 * rank);
+    if (count(updates) != nvalues || count(reg) != nrows) {
+        PyErr_Format(PyExc_ValueError, "%s: updates needs %lld floats (got %lld) and reg one "
+                     "per row, %lld (got %lld)", fn, (long long)nvalues,
+                     (long long)count(updates), (long long)nrows, (long long)count(reg));
+        goto fail;
+    }
+    if (count(h_rows) != n || count(x) != n) {
+        PyErr_Format(PyExc_ValueError, "%s: w_rows, h_rows and x need one item per entry, got "
+                     "%lld, %lld, %lld", fn, (long long)n, (long long)count(h_rows),
+                     (long long)count(x));
+        goto fail;
+    }
+    if (check_no_overlap(&vs, values, fn, "values") < 0 ||
+        check_no_overlap(&vs, updates, fn, "updates") < 0)
+        goto fail;
+    const mf_batch_t batch = {.rank = rank, .values = values->buf, .updates = updates->buf,
+                              .num_rows = nrows, .w_rows = w_rows->buf, .h_rows = h_rows->buf,
+                              .x = x->buf, .num_entries = n, .reg = reg->buf, .lr = (float)lr};
+    double loss;
+    int64_t rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = mf_train_batch(&batch, &loss);
+    Py_END_ALLOW_THREADS
+    if (rc < 0) {
+        const int64_t e = -1 - rc;
+        PyErr_Format(PyExc_ValueError, "%s: entry %lld names row (w %lld, h %lld) outside "
+                     "[0, %lld)", fn, (long long)e, (long long)batch.w_rows[e],
+                     (long long)batch.h_rows[e], (long long)nrows);
+        goto fail;
+    }
+    release_views(&vs);
+    return PyFloat_FromDouble(loss);
+fail:
+    release_views(&vs);
+    return NULL;
+}
+
+static PyObject *py_mf_parse(PyObject *module, PyObject *args, PyObject *kwargs) {
+    static const char *fn = "mf_parse";
+    static char *kwlist[] = {"text", "skip_percent", "base", "rows", "cols", "vals", "lines",
+                             NULL};
+    PyObject *otext, *orows, *ocols, *ovals, *olines;
+    int skip_percent;
+    long long base;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OpLOOOO", kwlist, &otext, &skip_percent,
+                                     &base, &orows, &ocols, &ovals, &olines))
+        return NULL;
+    Py_buffer text;
+    if (PyObject_GetBuffer(otext, &text, PyBUF_SIMPLE) < 0) return NULL;
+    views_t vs = {.n = 0};
+    Py_buffer *rows, *cols, *vals, *lines;
+    if (!(rows = take(&vs, orows, fn, "rows", I64, 1, 1)) ||
+        !(cols = take(&vs, ocols, fn, "cols", I64, 1, 1)) ||
+        !(vals = take(&vs, ovals, fn, "vals", F32, 1, 1)) ||
+        !(lines = take(&vs, olines, fn, "lines", I64, 1, 1)))
+        goto fail;
+    for (int i = 0; i < vs.n; i++)
+        if (check_no_overlap(&vs, &vs.v[i], fn, "an output") < 0) goto fail;
+    for (int i = 0; i < vs.n; i++) {
+        if (overlap(&text, &vs.v[i])) {
+            PyErr_Format(PyExc_ValueError, "%s: text shares memory with an output", fn);
+            goto fail;
+        }
+    }
+    const char *t = text.buf;
+    int64_t newlines = 0;
+    for (Py_ssize_t i = 0; i < text.len; i++) newlines += t[i] == '\n';
+    const int64_t need = newlines + 1;
+    if (count(rows) < need || count(cols) < need || count(vals) < need || count(lines) < need) {
+        PyErr_Format(PyExc_ValueError, "%s: rows, cols, vals and lines need room for %lld "
+                     "entries (one per line)", fn, (long long)need);
+        goto fail;
+    }
+    int64_t got;
+    Py_BEGIN_ALLOW_THREADS
+    got = mf_parse(t, text.len, skip_percent, base, rows->buf, cols->buf, vals->buf,
+                   lines->buf);
+    Py_END_ALLOW_THREADS
+    release_views(&vs);
+    PyBuffer_Release(&text);
+    return PyLong_FromLongLong(got);
+fail:
+    release_views(&vs);
+    PyBuffer_Release(&text);
+    return NULL;
+}
+
+static PyObject *py_mf_format(PyObject *module, PyObject *args, PyObject *kwargs) {
+    static const char *fn = "mf_format";
+    static char *kwlist[] = {"rows", "cols", "vals", "base", "sep", NULL};
+    PyObject *orows, *ocols, *ovals;
+    long long base;
+    int sep;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOLC", kwlist, &orows, &ocols, &ovals,
+                                     &base, &sep))
+        return NULL;
+    if (sep != ' ' && sep != '\t')
+        return PyErr_Format(PyExc_ValueError, "%s: sep must be a space or a tab", fn);
+    views_t vs = {.n = 0};
+    Py_buffer *rows, *cols, *vals;
+    if (!(rows = take(&vs, orows, fn, "rows", I64, 0, 1)) ||
+        !(cols = take(&vs, ocols, fn, "cols", I64, 0, 1)) ||
+        !(vals = take(&vs, ovals, fn, "vals", F32, 0, 1)))
+        goto fail;
+    const int64_t n = count(rows);
+    if (count(cols) != n || count(vals) != n) {
+        PyErr_Format(PyExc_ValueError, "%s: rows, cols and vals differ in length", fn);
+        goto fail;
+    }
+    PyObject *out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(n * MF_FORMAT_MAX_LINE));
+    if (!out) goto fail;
+    int64_t written;
+    char *buf = PyBytes_AS_STRING(out);
+    Py_BEGIN_ALLOW_THREADS
+    written = mf_format(rows->buf, cols->buf, vals->buf, n, base, (char)sep, buf,
+                        n * MF_FORMAT_MAX_LINE);
+    Py_END_ALLOW_THREADS
+    release_views(&vs);
+    if (written < 0) {
+        Py_DECREF(out);
+        return PyErr_Format(PyExc_ValueError, "%s: an entry does not fit a line", fn);
+    }
+    if (_PyBytes_Resize(&out, (Py_ssize_t)written) < 0) return NULL;
+    return out;
+fail:
+    release_views(&vs);
+    return NULL;
+}
+
+PyDoc_STRVAR(mf_train_batch_doc,
+"mf_train_batch(rank, values, updates, w_rows, h_rows, x, reg, lr) -> loss_sum\n"
+"\n"
+"Trains one batch of matrix entries in place with AdaGrad, entry by entry (see\n"
+"native/kernels/mf.h for the exact step). values: float32, writable, rows of 2*rank floats\n"
+"([factor | AdaGrad accumulator]); updates: its size, not overlapping it: receives values after\n"
+"minus values before. w_rows, h_rows: int64 per entry, the rows of its row and column factor;\n"
+"x: float32 per entry, its value; reg: float32 per row, its L2 weight. Returns the sum of the\n"
+"squared errors before each step. Every row index is checked before anything is written\n"
+"(ValueError; TypeError for a dtype). The GIL is released for the computation.");
+
+PyDoc_STRVAR(mf_parse_doc,
+"mf_parse(text, skip_percent, base, rows, cols, vals, lines) -> entries or -line\n"
+"\n"
+"Parses complete lines of '<int> <int> <number>' (blanks or tabs between; empty lines, and\n"
+"lines starting with '%' if skip_percent, skipped) into rows, cols (int64, minus base), vals\n"
+"(float32) and lines (int64: each entry's 1-based line number in text); each needs room for\n"
+"one entry per line. Returns the number of entries, or minus the number of the first line that\n"
+"does not parse. The GIL is released while parsing.");
+
+PyDoc_STRVAR(mf_format_doc,
+"mf_format(rows, cols, vals, base, sep) -> bytes\n"
+"\n"
+"'<row+base><sep><col+base><sep><value>\\n' per entry (int64, int64, float32; the value with 9\n"
+"significant digits, which reads back as the same float32). The GIL is released.");
+
+PyMethodDef mf_methods[] = {
+    {"mf_train_batch", (PyCFunction)(void (*)(void))py_mf_train_batch,
+     METH_VARARGS | METH_KEYWORDS, mf_train_batch_doc},
+    {"mf_parse", (PyCFunction)(void (*)(void))py_mf_parse, METH_VARARGS | METH_KEYWORDS,
+     mf_parse_doc},
+    {"mf_format", (PyCFunction)(void (*)(void))py_mf_format, METH_VARARGS | METH_KEYWORDS,
+     mf_format_doc},
+    {NULL, NULL, 0, NULL},
+};
