@@ -50,7 +50,9 @@ _MEANS = {"mean_round_ms": "rounds", "mean_staleness_ms": "replica_reads"}
 class Plan(Protocol):
     """What a trainer prepared for one batch, ahead of time."""
 
-    keys: np.ndarray         # the batch's keys, signalled as intent and pulled when trained
+    keys: np.ndarray         # the batch's keys, pulled when trained and signalled as intent
+                             # (or only `intent_keys`, when a plan has them: the rest are the
+                             # task's standing keys)
     sample_size: int         # negative sample size of the batch (0: none)
 
 
@@ -89,7 +91,9 @@ class Task(Protocol):
     def metrics(self, sums: np.ndarray) -> dict: ...
 
     # Optional: ``epoch_order(points, part, epoch, rng) -> points`` orders a worker's points for
-    # an epoch (default: a random permutation), e.g. by column for matrix factorisation.
+    # an epoch (default: a random permutation), e.g. by column for matrix factorisation; and
+    # ``standing_keys(points) -> keys``: keys a worker wants for every batch of an epoch,
+    # signalled once per epoch for all its clocks rather than with each batch.
 
     def export(self, worker, directory: str) -> None: ...
 
@@ -250,9 +254,13 @@ class _Thread:
         base = w.clock
         plans: deque = deque()
 
+        standing = getattr(self.task, "standing_keys", None)
+        if standing is not None and batches:  # wanted for the whole epoch: signalled once
+            w.intent(standing(self._data), base, base + len(batches))
+
         def plan(j: int) -> None:
             p = trainer.plan(batches[j])
-            w.intent(p.keys, base + j)
+            w.intent(getattr(p, "intent_keys", p.keys), base + j)
             sample = w.prepare_sample(p.sample_size, base + j) if p.sample_size else None
             plans.append((p, sample))
 
