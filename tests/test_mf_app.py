@@ -1,0 +1,148 @@
+"""The matrix-factorisation app end to end, as a user runs it: the CLI on one node, under
+adapm-run on two real node processes and with --baseline; its JSON lines, its export (read back
+with numpy, which recomputes the test RMSE) and its errors on bad files and flags."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from adapm.apps import mf_data
+
+ROWS, COLS, ENTRIES = 3000, 800, 120_000
+EPOCHS = 5
+TRAIN_FLAGS = ["--epochs", str(EPOCHS), "--progress", "off"]
+ENV = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "OMP_NUM_THREADS": "1",
+       "ADAPM_CONNECT_TIMEOUT_S": "60", "ADAPM_REQUEST_TIMEOUT_S": "60"}
+for var in ("ADAPM_RANK", "ADAPM_WORLD_SIZE", "ADAPM_RENDEZVOUS", "RANK", "WORLD_SIZE",
+            "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "PMI_RANK", "PMI_SIZE",
+            "SLURM_PROCID", "SLURM_NTASKS", "MASTER_ADDR", "MASTER_PORT"):
+    ENV.pop(var, None)
+PY = sys.executable
+LAUNCHER = [PY, "-m", "adapm.launch"]
+DOCUMENTED = {"epoch", "train_seconds", "points_per_s", "loss", "rmse", "stats"}
+
+
+def run(cmd, timeout=240, expect=0):
+    proc = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == expect, (f"exit {proc.returncode}, expected {expect}\n"
+                                       f"stdout:\n{proc.stdout[-3000:]}\nstderr:\n"
+                                       f"{proc.stderr[-3000:]}")
+    return proc
+
+
+def records(stdout: str) -> list[dict]:
+    return [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> dict:
+    out = tmp_path_factory.mktemp("mf")
+    run([PY, "-m", "adapm.apps.mf", "generate", str(out), "--rows", str(ROWS), "--cols",
+         str(COLS), "--entries", str(ENTRIES), "--seed", "1"])
+    run([PY, "-m", "adapm.apps.mf", "generate", str(out / "tsv"), "--rows", str(ROWS), "--cols",
+         str(COLS), "--entries", str(ENTRIES), "--seed", "1", "--format", "tsv"])
+    return {"train": out / "train.mmc", "test": out / "test.mmc",
+            "tsv_train": out / "tsv" / "train.tsv", "tsv_test": out / "tsv" / "test.tsv"}
+
+
+@pytest.fixture(scope="module")
+def trained(data, tmp_path_factory):
+    """One node, two nodes and the baseline, trained once for all the tests below."""
+    out = tmp_path_factory.mktemp("runs")
+    app = [PY, "-m", "adapm.apps.mf", "--train", str(data["train"]), "--test",
+           str(data["test"]), *TRAIN_FLAGS]
+    single = run([*app, "--workers", "2", "--export", str(out / "one")])
+    two = run([*LAUNCHER, "-n", "2", *app, "--export", str(out / "two")])
+    base = run([*app, "--baseline", "--workers", "2"])
+    tsv = run([PY, "-m", "adapm.apps.mf", "--train", str(data["tsv_train"]), "--test",
+               str(data["tsv_test"]), *TRAIN_FLAGS, "--workers", "2"])
+    return {"one": records(single.stdout), "two": records(two.stdout),
+            "baseline": records(base.stdout), "tsv": records(tsv.stdout), "dir": out}
+
+
+def _mean_predictor_rmse(data) -> float:
+    train, test = mf_data.read_pair(data["train"], data["test"])
+    return float(np.sqrt(np.mean((test.vals - train.vals.mean()) ** 2)))
+
+
+def test_every_epoch_has_one_json_line_with_every_field(trained):
+    for name in ("one", "two", "baseline"):
+        lines = trained[name]
+        assert [r["epoch"] for r in lines] == list(range(1, EPOCHS + 1)), name
+        for r in lines:
+            assert DOCUMENTED <= set(r), (name, DOCUMENTED - set(r))
+            assert r["train_seconds"] > 0 and math.isfinite(r["loss"])
+    assert len(trained["two"][0]["stats"]) == 2
+    for node_stats in trained["two"][-1]["stats"]:
+        assert node_stats["local_pull_keys"] > 0
+        assert node_stats["relocations_in"] > 0  # columns move between the nodes
+
+
+def test_rmse_far_below_the_mean_predictor_and_close_to_the_baseline(trained, data):
+    mean = _mean_predictor_rmse(data)
+    base = trained["baseline"][-1]["rmse"]
+    for name in ("one", "two", "baseline", "tsv"):
+        rmse = [r["rmse"] for r in trained[name]]
+        assert rmse[-1] < 0.8 * mean, (name, rmse, mean)
+        assert rmse[-1] < rmse[0], (name, rmse)
+        assert abs(rmse[-1] - base) < 0.05 * base, (name, rmse[-1], base)
+    # The same matrix in the other format trains to the same figures on one node.
+    assert trained["tsv"][-1]["rmse"] == pytest.approx(trained["one"][-1]["rmse"], rel=0.05)
+
+
+@pytest.mark.parametrize("run_name", ["one", "two"])
+def test_the_export_reproduces_the_rmse(trained, data, run_name):
+    export = trained["dir"] / run_name
+    w, h = np.load(export / "W.npy"), np.load(export / "H.npy")
+    assert w.dtype == h.dtype == np.float32
+    assert w.shape == (ROWS, 10) and h.shape == (COLS, 10)
+    _, test = mf_data.read_pair(data["train"], data["test"])
+    predicted = (w[test.rows] * h[test.cols]).sum(axis=1)
+    rmse = float(np.sqrt(np.mean((test.vals.astype(np.float64) - predicted) ** 2)))
+    assert rmse == pytest.approx(trained[run_name][-1]["rmse"], rel=1e-4)
+
+
+def _app(train, test, *flags) -> list[str]:
+    return [PY, "-m", "adapm.apps.mf", "--train", str(train), "--test", str(test), "--epochs",
+            "1", "--progress", "off", *flags]
+
+
+@pytest.mark.parametrize("content,expected", [
+    (b"", "no entries"),
+    (b"%%MatrixMarket matrix coordinate pattern general\n2 2 1\n1 1\n", "line 1: expected"),
+    (b"%%MatrixMarket matrix coordinate real general\n2 2 2\n1 1 1.0\n", "declares 2 entries"),
+    (b"%%MatrixMarket matrix coordinate real general\n2 2 1\n3 1 1.0\n", "line 3: row id 3"),
+    (b"%%MatrixMarket matrix coordinate real general\n% c\n2 2 1\n1 0 1.0\n",
+     "line 4: column id 0"),
+    (b"0\t0\t1.5\n1\tx\t2\n", "line 2: expected 'row col value'"),
+    (b"0\t0\t1.5\n1\t1\n", "line 2: expected 'row col value'"),
+])
+def test_bad_data_files_give_a_clear_error(tmp_path, data, content, expected):
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes(content)
+    proc = run(_app(bad, data["test"]), expect=2)
+    assert str(bad) in proc.stderr and expected in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_missing_file(tmp_path, data):
+    proc = run(_app(tmp_path / "nope.mmc", data["test"]), expect=2)
+    assert "nope.mmc: cannot open" in proc.stderr
+
+
+@pytest.mark.parametrize("flags,expected", [
+    (["--rank", "0"], "--rank: must be an integer >= 1"),
+    (["--lr", "0"], "--lr: must be a finite number > 0"),
+    (["--reg", "-1"], "--reg: must be a finite number >= 0"),
+])
+def test_bad_flags_are_usage_errors(data, flags, expected):
+    proc = run(_app(data["train"], data["test"], *flags), expect=2)
+    assert expected in proc.stderr, proc.stderr
