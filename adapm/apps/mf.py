@@ -15,7 +15,7 @@ and each worker trains the entries of its rows column by column, the columns in 
 per epoch and rotated per worker, so that workers visit different columns at a time. Row factors
 are only ever wanted by their one worker (they move to it once and stay); a column factor is
 wanted by one worker after another, each signalling intent ``--ahead`` entries before it gets
-there. One native call per mini-batch of entries (``native/kernels/mf.c``).
+there (100,000 entries by default, see ``parser``). One native call per mini-batch of entries (``native/kernels/mf.c``).
 
 After each evaluated epoch: test RMSE. Export (``--export DIR``): ``W.npy`` (rows x rank) and
 ``H.npy`` (cols x rank), float32, prediction W[i] . H[j].
@@ -190,7 +190,11 @@ def parser() -> argparse.ArgumentParser:
                    help="AdaGrad learning rate")
     p.add_argument("--reg", type=_argtypes.non_negative_float, default=0.05,
                    help="L2 weight lambda on |W|^2 + |H|^2")
-    runner.add_common_flags(p, ahead=1000, batch_size=1000, epochs=10)
+    # The reference signals a column's intent 1000 columns before its worker gets there: on the
+    # benchmark's matrix (~200 entries per column) ~200,000 entries. 100,000 entries (100
+    # batches) keeps the lead far above a sync round; 1,000 entries (one batch) measured 0.1%
+    # remote accesses and 3.5x the epoch time on 2 nodes (bench/mf.py --quick).
+    runner.add_common_flags(p, ahead=100_000, batch_size=1000, epochs=10)
     return p
 
 

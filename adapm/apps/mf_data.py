@@ -50,18 +50,19 @@ class Matrix:
         return len(self.rows)
 
 
-def _mm_header(path, head: bytes) -> tuple[int, int, int, int]:
-    """(rows, cols, entries, bytes of the header) of a MatrixMarket file starting with head."""
-    lines = head.split(b"\n")
-    banner = lines[0].decode("utf-8", "replace").split()
+def _mm_header(path, f) -> tuple[int, int, int, int]:
+    """(rows, cols, entries, lines of the header) of the MatrixMarket file open as f, read up to
+    and including its size line (comments may run for any length)."""
+    first = f.readline()
+    banner = first.decode("utf-8", "replace").split()
     if (len(banner) != 5 or banner[0].lower() != MM_HEADER or banner[1].lower() != "matrix"
             or banner[2].lower() != "coordinate" or banner[3].lower() not in _MM_FIELDS
             or banner[4].lower() != "general"):
         raise DataError(f"{path}, line 1: expected '%%MatrixMarket matrix coordinate real "
-                        f"general' (or integer), got {lines[0][:80]!r}")
-    offset = len(lines[0]) + 1
-    for number, line in enumerate(lines[1:-1], 2):
-        offset += len(line) + 1
+                        f"general' (or integer), got {first.rstrip()[:80]!r}")
+    number = 1
+    for line in iter(f.readline, b""):
+        number += 1
         text = line.strip()
         if not text or text.startswith(b"%"):
             continue
@@ -73,7 +74,7 @@ def _mm_header(path, head: bytes) -> tuple[int, int, int, int]:
         except ValueError:
             raise DataError(f"{path}, line {number}: expected the size line 'rows cols "
                             f"entries' (positive), got {text[:80]!r}") from None
-        return rows, cols, entries, offset
+        return rows, cols, entries, number
     raise DataError(f"{path}: no size line 'rows cols entries' after the MatrixMarket header")
 
 
@@ -86,15 +87,11 @@ def read_matrix(path, shape: tuple[int, int] | None = None) -> Matrix:
     except OSError as exc:
         raise DataError(f"{path}: cannot open: {exc.strerror}") from None
     with f:
-        head = f.read(1 << 16)
-        market = head.lstrip().lower().startswith(MM_HEADER.encode())
-        declared = None
+        market = f.read(len(MM_HEADER)).lower() == MM_HEADER.encode()
+        f.seek(0)
+        declared, line_base, carry = None, 0, b""
         if market:
-            *declared, offset = _mm_header(path, head)
-            line_base = head[:offset].count(b"\n")
-            carry = head[offset:]
-        else:
-            line_base, carry = 0, head
+            *declared, line_base = _mm_header(path, f)
         parts = []
         while True:
             block = f.read(_BLOCK)
@@ -159,6 +156,7 @@ def read_pair(train_path, test_path) -> tuple[Matrix, Matrix]:
 
 
 def _is_market(path) -> bool:
+    """Whether the file starts with the MatrixMarket banner (read_matrix's test)."""
     with open(path, "rb") as f:
         return f.read(len(MM_HEADER)).lower() == MM_HEADER.encode()
 
@@ -176,6 +174,12 @@ def generate(out_dir, rows: int = 2000, cols: int = 500, entries: int = 50_000, 
     ``test_fraction`` of the cells goes to the test file."""
     if rows < 1 or cols < 1 or entries < 2 or entries > rows * cols // 2:
         raise ValueError("generate: need rows, cols >= 1 and 2 <= entries <= rows * cols / 2")
+    test_n = max(1, int(round(entries * test_fraction)))  # the test file is never empty
+    if not (0 <= test_fraction < 1 and test_n < entries):
+        raise ValueError(f"generate: test_fraction must leave both files entries, got "
+                         f"{test_fraction}")
+    if rank < 1 or not noise >= 0 or fmt not in ("mm", "tsv"):
+        raise ValueError("generate: need rank >= 1, noise >= 0 and fmt 'mm' or 'tsv'")
     rng = np.random.default_rng([seed, 31])
 
     cells = np.empty(0, dtype=np.int64)
@@ -198,7 +202,6 @@ def generate(out_dir, rows: int = 2000, cols: int = 500, entries: int = 50_000, 
     for i in range(0, entries, chunk):
         vals[i:i + chunk] = np.einsum("ij,ij->i", w[r[i:i + chunk]], h[c[i:i + chunk]])
     vals += (noise * rng.standard_normal(entries)).astype(np.float32)
-    test_n = max(1, int(round(entries * test_fraction)))
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     suffix = ".mmc" if fmt == "mm" else ".tsv"

@@ -1,6 +1,7 @@
 /* See mf.h. */
 #include "mf.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -58,28 +59,33 @@ int64_t mf_train_batch(const mf_batch_t *b, double *loss) {
 
 static inline int blank(char c) { return c == ' ' || c == '\t' || c == '\r'; }
 
+/* One id of a line: an int64 (not clamped: out of range is an error) from which base can be
+ * subtracted without overflow. */
+static int parse_id(const char **s, int64_t base, int64_t *out) {
+    char *end;
+    while (blank(**s)) (*s)++;
+    if (!(**s >= '0' && **s <= '9') && **s != '-' && **s != '+') return -1;
+    errno = 0;
+    const long long v = strtoll(*s, &end, 10);
+    if (end == *s || !blank(*end) || errno == ERANGE || v < INT64_MIN + base) return -1;
+    *out = (int64_t)v - base;
+    *s = end;
+    return 0;
+}
+
 /* Parses one line (NUL-terminated copy) into an entry; 0 on success. */
 static int parse_line(const char *s, int64_t base, int64_t *row, int64_t *col, float *val) {
     char *end;
-    while (blank(*s)) s++;
-    if (!(*s >= '0' && *s <= '9') && *s != '-' && *s != '+') return -1;
-    const long long r = strtoll(s, &end, 10);
-    if (end == s || !blank(*end)) return -1;
-    s = end;
-    while (blank(*s)) s++;
-    if (!(*s >= '0' && *s <= '9') && *s != '-' && *s != '+') return -1;
-    const long long c = strtoll(s, &end, 10);
-    if (end == s || !blank(*end)) return -1;
-    s = end;
+    if (parse_id(&s, base, row) < 0 || parse_id(&s, base, col) < 0) return -1;
     while (blank(*s)) s++;
     const double v = strtod(s, &end);
-    if (end == s || !isfinite(v)) return -1;
+    if (end == s) return -1;
+    const float f = (float)v;
+    if (!isfinite(f)) return -1; /* also a finite double beyond float's range */
     s = end;
     while (blank(*s)) s++;
     if (*s) return -1;
-    *row = (int64_t)r - base;
-    *col = (int64_t)c - base;
-    *val = (float)v;
+    *val = f;
     return 0;
 }
 
