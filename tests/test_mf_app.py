@@ -59,13 +59,15 @@ def trained(data, tmp_path_factory):
     out = tmp_path_factory.mktemp("runs")
     app = [PY, "-m", "adapm.apps.mf", "--train", str(data["train"]), "--test",
            str(data["test"]), *TRAIN_FLAGS]
-    single = run([*app, "--workers", "2", "--export", str(out / "one")])
+    single = run([*app, "--export", str(out / "one")])
     two = run([*LAUNCHER, "-n", "2", *app, "--export", str(out / "two")])
     base = run([*app, "--baseline", "--workers", "2"])
+    base1 = run([*app, "--baseline"])
     tsv = run([PY, "-m", "adapm.apps.mf", "--train", str(data["tsv_train"]), "--test",
-               str(data["tsv_test"]), *TRAIN_FLAGS, "--workers", "2"])
+               str(data["tsv_test"]), *TRAIN_FLAGS])
     return {"one": records(single.stdout), "two": records(two.stdout),
-            "baseline": records(base.stdout), "tsv": records(tsv.stdout), "dir": out}
+            "baseline": records(base.stdout), "baseline1": records(base1.stdout),
+            "tsv": records(tsv.stdout), "dir": out}
 
 
 def _mean_predictor_rmse(data) -> float:
@@ -88,14 +90,19 @@ def test_every_epoch_has_one_json_line_with_every_field(trained):
 
 def test_rmse_far_below_the_mean_predictor_and_close_to_the_baseline(trained, data):
     mean = _mean_predictor_rmse(data)
-    base = trained["baseline"][-1]["rmse"]
-    for name in ("one", "two", "baseline", "tsv"):
+    for name in ("one", "two", "baseline", "baseline1", "tsv"):
         rmse = [r["rmse"] for r in trained[name]]
         assert rmse[-1] < 0.8 * mean, (name, rmse, mean)
         assert rmse[-1] < rmse[0], (name, rmse)
-        assert abs(rmse[-1] - base) < 0.05 * base, (name, rmse[-1], base)
-    # The same matrix in the other format trains to the same figures on one node.
-    assert trained["tsv"][-1]["rmse"] == pytest.approx(trained["one"][-1]["rmse"], rel=0.05)
+    # One worker trains its entries in one order, whatever holds the parameters: the PM on one
+    # node computes what the baseline computes (and the same matrix in the other file format).
+    for name in ("one", "tsv"):
+        assert [r["rmse"] for r in trained[name]] == pytest.approx(
+            [r["rmse"] for r in trained["baseline1"]], rel=1e-5), name
+    # Two workers race (Hogwild), on two nodes or two threads: epochs of a few milliseconds
+    # here, so how much they overlap varies; measured 0.50-0.56 for the same run.
+    base = trained["baseline"][-1]["rmse"]
+    assert abs(trained["two"][-1]["rmse"] - base) < 0.15 * base, (trained["two"][-1], base)
 
 
 @pytest.mark.parametrize("run_name", ["one", "two"])
