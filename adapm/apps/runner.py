@@ -240,6 +240,8 @@ class _Thread:
 
     def _run_epoch(self, epoch: int, ahead: int) -> None:
         w, trainer, bs = self.worker, self._trainer, self.opts.batch_size
+        self.started = time.time()  # the epoch's schedule is part of its time
+        cpu = time.thread_time()
         rng = np.random.default_rng([self.opts.seed, 1, self.part, epoch])
         schedule = getattr(self.task, "epoch_order", None)
         if schedule is None:
@@ -249,8 +251,6 @@ class _Thread:
         batches = [order[i:i + bs] for i in range(0, len(order), bs)]
         self.done, self.loss, self.steps, self.units = 0, 0.0, 0, 0
         self.points = len(order)
-        self.started = time.time()
-        cpu = time.thread_time()
         base = w.clock
         plans: deque = deque()
 
