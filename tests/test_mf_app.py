@@ -153,3 +153,16 @@ def test_missing_file(tmp_path, data):
 def test_bad_flags_are_usage_errors(data, flags, expected):
     proc = run(_app(data["train"], data["test"], *flags), expect=2)
     assert expected in proc.stderr, proc.stderr
+
+
+def test_dsgd_schedule_trains_on_two_nodes(data):
+    app = [PY, "-m", "adapm.apps.mf", "--train", str(data["train"]), "--test",
+           str(data["test"]), *TRAIN_FLAGS, "--schedule", "dsgd"]
+    two = records(run([*LAUNCHER, "-n", "2", *app]).stdout)
+    base = records(run([*app, "--baseline", "--workers", "2"]).stdout)
+    mean = _mean_predictor_rmse(data)
+    for lines in (two, base):
+        assert lines[-1]["rmse"] < 0.8 * mean and lines[-1]["rmse"] < lines[0]["rmse"]
+    assert abs(two[-1]["rmse"] - base[-1]["rmse"]) < 0.15 * base[-1]["rmse"]
+    for node_stats in two[-1]["stats"]:
+        assert node_stats["relocations_in"] > 0  # the blocks' columns move between the nodes

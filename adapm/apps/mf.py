@@ -10,9 +10,11 @@ entries of each row and column (an entry of row i weighs it by 1 / its row's ent
 original AdaPM MF app; AdaGrad with its accumulator in each key's value, after the factor.
 Keys: row i is key i, column j key rows + j.
 
-Schedule (the reference's "columnwise"): the rows are split randomly across nodes and threads,
-and each worker trains the entries of its rows column by column, the columns in an order shuffled
-per epoch and rotated per worker, so that workers visit different columns at a time. Row factors
+Schedules (the reference's): the rows are split randomly across nodes and threads. With
+``--schedule columnwise`` (default) each worker trains the entries of its rows column by column,
+the columns in an order shuffled per epoch and rotated per worker, so that workers visit
+different columns at a time; with ``dsgd`` the columns form one block per worker and each worker
+trains the blocks in a rotated order, a block's entries shuffled (see ``MFTask.epoch_order``). Row factors
 are only ever wanted by their one worker (they move to it once and stay); a column factor is
 wanted by one worker after another, each signalling intent ``--ahead`` entries before it gets
 there (100,000 entries by default, see ``parser``). One native call per mini-batch of entries (``native/kernels/mf.c``).
@@ -66,6 +68,7 @@ class MFTask:
                  opts: argparse.Namespace) -> None:
         self.train, self.test = train, test
         self.rank, self.lr, self.seed = opts.rank, opts.lr, opts.seed
+        self.schedule = opts.schedule
         self.num_rows, self.num_cols = train.num_rows, train.num_cols
         self.num_keys = self.num_rows + self.num_cols
         self.value_length = 2 * self.rank
@@ -84,13 +87,20 @@ class MFTask:
         return points[np.argsort(self.train.cols[points], kind="stable")]
 
     def epoch_order(self, points: np.ndarray, part: int, epoch: int, rng) -> np.ndarray:
-        """Column by column: the columns in an order shuffled per epoch (the same for every
-        worker) and rotated by the worker's part, the entries of a column shuffled."""
+        """columnwise: column by column, the columns in an order shuffled per epoch (the same
+        for every worker) and rotated by the worker's part, the entries of a column shuffled.
+        dsgd: the shuffled columns cut into one block per worker; worker p trains block
+        (p + s) mod P in its s-th sub-epoch, the entries of a block shuffled together (DSGD's
+        stratum schedule, without a barrier between sub-epochs: intent moves each block's
+        columns to its next worker)."""
         columns = np.random.default_rng([self.seed, 5, epoch]).permutation(self.num_cols)
         position = np.empty(self.num_cols, dtype=np.int64)
         position[columns] = np.arange(self.num_cols)
-        shift = part * self.num_cols // self._parts
-        where = (position[self.train.cols[points]] - shift) % self.num_cols
+        where = position[self.train.cols[points]]
+        if self.schedule == "dsgd":
+            where = (where * self._parts // self.num_cols - part) % self._parts
+        else:
+            where = (where - part * self.num_cols // self._parts) % self.num_cols
         # One sort of (column position, random tie-break) packed into an int64: a sixth of the
         # time of np.lexsort on two keys (0.32 s against 2.2 s for 5M entries here).
         key = (where.astype(np.int64) << 32) | rng.integers(0, 1 << 32, len(points))
@@ -193,6 +203,8 @@ def parser() -> argparse.ArgumentParser:
                    help="AdaGrad learning rate")
     p.add_argument("--reg", type=_argtypes.non_negative_float, default=0.05,
                    help="L2 weight lambda on |W|^2 + |H|^2")
+    p.add_argument("--schedule", choices=("columnwise", "dsgd"), default="columnwise",
+                   help="the order each worker trains its entries in (see the module doc)")
     # The reference signals a column's intent 1000 columns before its worker gets there: on the
     # benchmark's matrix (~200 entries per column) ~200,000 entries. 100,000 entries (100
     # batches) keeps the lead far above a sync round; 1,000 entries (one batch) measured 0.1%
