@@ -18,6 +18,11 @@ from adapm.apps import mf_data
 
 ROWS, COLS, ENTRIES = 3000, 800, 120_000
 EPOCHS = 5
+# The default intent lead (100,000 entries) spans this small matrix's whole epoch: both nodes
+# want most columns at once and hold replicas; the rows still move to their workers. (With a
+# lead of 5 batches the columns move instead, and in epochs of a few milliseconds the replicas
+# that overlapping intents make are stale for a large part of them: measured RMSE 0.58 against
+# 0.48; on bench/mf.py --quick both leads give the baseline's RMSE exactly.)
 TRAIN_FLAGS = ["--epochs", str(EPOCHS), "--progress", "off"]
 ENV = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "OMP_NUM_THREADS": "1",
        "ADAPM_CONNECT_TIMEOUT_S": "60", "ADAPM_REQUEST_TIMEOUT_S": "60"}
@@ -83,9 +88,9 @@ def test_every_epoch_has_one_json_line_with_every_field(trained):
             assert DOCUMENTED <= set(r), (name, DOCUMENTED - set(r))
             assert r["train_seconds"] > 0 and math.isfinite(r["loss"])
     assert len(trained["two"][0]["stats"]) == 2
-    for node_stats in trained["two"][-1]["stats"]:
-        assert node_stats["local_pull_keys"] > 0
-        assert node_stats["relocations_in"] > 0  # columns move between the nodes
+    for rank in range(2):
+        assert trained["two"][-1]["stats"][rank]["local_pull_keys"] > 0
+        assert sum(r["stats"][rank]["relocations_in"] for r in trained["two"]) > 0  # keys move
 
 
 def test_rmse_far_below_the_mean_predictor_and_close_to_the_baseline(trained, data):
@@ -163,6 +168,7 @@ def test_dsgd_schedule_trains_on_two_nodes(data):
     mean = _mean_predictor_rmse(data)
     for lines in (two, base):
         assert lines[-1]["rmse"] < 0.8 * mean and lines[-1]["rmse"] < lines[0]["rmse"]
+    # Racing workers in millisecond epochs (see TRAIN_FLAGS).
     assert abs(two[-1]["rmse"] - base[-1]["rmse"]) < 0.15 * base[-1]["rmse"]
-    for node_stats in two[-1]["stats"]:
-        assert node_stats["relocations_in"] > 0  # the blocks' columns move between the nodes
+    for rank in range(2):  # keys move between the nodes
+        assert sum(r["stats"][rank]["relocations_in"] for r in two) > 0
