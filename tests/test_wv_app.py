@@ -63,8 +63,11 @@ def trained(data, tmp_path_factory):
                   str(out / "one.jsonl")])
     two = run([*LAUNCHER, "-n", "2", *app, "--export", str(out / "two")])
     base = run([*app, "--baseline", "--workers", "2"])
+    one1 = run([*app, "--workers", "1"])
+    base1 = run([*app, "--baseline", "--workers", "1"])
     return {"one": records(single.stdout), "two": records(two.stdout),
-            "baseline": records(base.stdout), "dir": out,
+            "baseline": records(base.stdout), "one1": records(one1.stdout),
+            "baseline1": records(base1.stdout), "dir": out,
             "one_file": (out / "one.jsonl").read_text()}
 
 
@@ -104,6 +107,14 @@ def test_quality_far_above_chance_and_close_to_the_baseline(trained):
     # Training lowers the loss.
     for name in ("one", "two", "baseline"):
         assert trained[name][-1]["loss"] < trained[name][0]["loss"]
+
+
+def test_one_worker_computes_what_the_baseline_computes(trained):
+    # The same sentences, order, subsampling, windows and negatives (the baseline draws from
+    # the same streams as the PM's local sampling on one node): the same model.
+    for ours, theirs in zip(trained["one1"], trained["baseline1"]):
+        for field in ("loss", "analogy", "similarity", "words"):
+            assert ours[field] == theirs[field], (field, ours[field], theirs[field])
 
 
 def _read_text_format(path: Path) -> tuple[list[str], np.ndarray]:
