@@ -1,6 +1,6 @@
 """Word vectors on adapm against gensim and its own single-node baseline, side by side in one run.
 
-    python bench/wv.py               # the README's table (a 1.5M-word generated corpus)
+    python bench/wv.py --repeat 3    # the README's table (a 1.5M-word generated corpus)
     python bench/wv.py --quick       # 300k words, under a minute
     python bench/wv.py --corpus FILE --analogies FILE   # any corpus
 
@@ -99,6 +99,8 @@ def main() -> None:
     p.add_argument("--min-count", type=int, default=5)
     p.add_argument("--sample", type=float, default=1e-3)
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--repeat", type=int, default=1,
+                   help="rounds of all setups; the table shows each one's median")
     opts = p.parse_args()
     env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE"}
     if opts.corpus:
@@ -117,16 +119,29 @@ def main() -> None:
            "--eval-every", "0", "--seed", str(opts.seed), "--progress", "off"]
     if analogies:
         app += ["--analogies", str(analogies)]
-    rows = [summarise("adapm", "1 node x 2 threads", sh([*app, "--workers", "2"], env)),
-            summarise("adapm", "2 nodes x 1 thread",
-                      sh([PY, "-m", "adapm.launch", "-n", "2", *app], env)),
-            summarise("adapm --baseline", "1 process x 2 threads",
-                      sh([*app, "--baseline", "--workers", "2"], env))]
-    gensim = gensim_run(corpus, analogies, opts)
-    if gensim:
-        rows.append(gensim)
+    setups = [("adapm", "1 node x 2 threads", [*app, "--workers", "2"]),
+              ("adapm", "2 nodes x 1 thread", [PY, "-m", "adapm.launch", "-n", "2", *app]),
+              ("adapm --baseline", "1 process x 2 threads", [*app, "--baseline", "--workers",
+                                                             "2"])]
+    # Rounds of every setup one after the other, so that a slow spell of the machine hits all
+    # of them; the table shows each setup's median round (by words/s).
+    runs: list[list[dict]] = [[] for _ in range(len(setups) + 1)]
+    for _ in range(opts.repeat):
+        for i, (name, setup, cmd) in enumerate(setups):
+            runs[i].append(summarise(name, setup, sh(cmd, env)))
+        gensim = gensim_run(corpus, analogies, opts)
+        if gensim:
+            runs[-1].append(gensim)
+    rows = [sorted(r, key=lambda x: x["words_s"])[len(r) // 2] for r in runs if r]
+    gensim = rows[3] if len(rows) > 3 else None
+    if opts.repeat > 1:
+        for r in runs:
+            if r:
+                print(f"{r[0]['name']}, {r[0]['setup']}: words/s "
+                      + ", ".join(f"{x['words_s']:,.0f}" for x in r), file=sys.stderr)
     print(f"\ncorpus: {corpus}, d={opts.dim}, window {opts.window}, {opts.neg} negatives, "
-          f"min-count {opts.min_count}, sample {opts.sample}, {opts.epochs} epochs\n")
+          f"min-count {opts.min_count}, sample {opts.sample}, {opts.epochs} epochs, median of "
+          f"{opts.repeat} round(s)\n")
     print("| run | setup | epoch (s) | words/s | words/epoch | analogy | MB sent/node/epoch | "
           "process CPU s/node/epoch |")
     print("|---|---|---:|---:|---:|---:|---:|---:|")
