@@ -1,4 +1,4 @@
-"""The app runner shared by the native training apps (``python -m adapm.apps.kge`` and later wv, mf).
+"""The app runner shared by the native training apps (``python -m adapm.apps.kge|wv|mf``).
 
 What every app gets from here:
 
@@ -9,12 +9,17 @@ What every app gets from here:
 - the split of the data: node r of N and its thread t train the part of global worker
   ``g = r * workers + t`` of ``N * workers``, so ``--baseline --workers N*W`` trains the same
   parts in the same order as N nodes of W threads;
+- each worker's order of its points per epoch: random, or the task's ``epoch_order`` (MF's
+  columnwise and DSGD schedules);
 - one clock per mini-batch; intent for each batch (and its negative sample) signalled a fixed
-  number of data points ahead (``--ahead``, the app's default: 1000 triples for KGE, as the
-  paper), never tuned per task;
+  number of data points ahead (``--ahead``, the app's default: 1000 triples for KGE and 2000
+  sentences for WV, as the paper; 100,000 entries for MF, see adapm.apps.mf), never tuned per
+  task; keys a worker wants all epoch long (the task's ``standing_keys``: MF's rows) are
+  signalled once per epoch for all its clocks;
 - per epoch: a progress bar on rank 0 (tqdm, on a terminal), then one JSON line on rank 0 with
-  ``epoch``, ``train_seconds`` (first worker start to last worker end over all nodes),
-  ``points_per_s``, ``loss``, the app's quality metrics when evaluated, and ``stats``: every
+  ``epoch``, ``train_seconds`` (first worker start to last worker end over all nodes, the
+  epoch's schedule included), ``points_per_s``, the task's unit and its rate (WV: ``words``,
+  ``words_per_s``), ``loss``, the app's quality metrics when evaluated, and ``stats``: every
   node's ``stats()`` counted over the training phase of this epoch only (evaluation's pulls
   are not in it);
 - export of the trained model on rank 0.
