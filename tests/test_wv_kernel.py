@@ -279,7 +279,7 @@ def test_window_larger_than_sentence_is_clipped():
     values = make_values(rng, 5, 4)
     args = ([0, 1, 2], [1, 2, 3], None, [3], [0, 1, 2, 3], 2)
     results = []
-    for w in ([2, 2, 2], [4, 4, 4], [1000, 1000, 1000]):
+    for w in ([2, 2, 2], [4, 4, 4], [1000, 1000, 1000], [2**63 - 1] * 3):  # no overflow
         a = list(args)
         a[2] = w
         results.append(run_kernel(5, values, *a, lr=0.1, seed=5))

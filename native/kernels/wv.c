@@ -138,7 +138,9 @@ static void train(const wv_batch_t *b, float *neu1e, float *grad, double *loss_o
     for (int64_t s = 0; s < b->num_sentences; start = b->sentence_ends[s], s++) {
         const int64_t end = b->sentence_ends[s];
         for (int64_t i = start; i < end; i++) {
-            const int64_t center = b->out_rows[i], w = b->windows[i];
+            /* A window past the sentence is the sentence (and i + w cannot overflow). */
+            const int64_t w = b->windows[i] < end - start ? b->windows[i] : end - start;
+            const int64_t center = b->out_rows[i];
             const int64_t lo = i - w > start ? i - w : start, hi = i + w < end ? i + w : end - 1;
             for (int64_t c = lo; c <= hi; c++) {
                 if (c == i) continue;
