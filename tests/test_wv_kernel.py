@@ -820,3 +820,109 @@ def test_vocabularies_are_independent():
     del a
     assert export(b)[0] == [b"y", b"x"]
 
+
+
+# ------------------------------------------------------------------------- batch building
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.data())
+def test_plan_builds_the_batch_from_the_sentences(data):
+    vocab = data.draw(st.integers(1, 12))
+    tokens = np.array(data.draw(st.lists(st.integers(0, vocab - 1), min_size=0, max_size=40)),
+                      dtype=np.int32)
+    n = len(tokens)
+    sentences = data.draw(st.lists(st.tuples(st.integers(0, n), st.integers(0, n)),
+                                   max_size=6))
+    starts = np.array([min(a, b) for a, b in sentences], dtype=np.int64)
+    lengths = np.array([abs(a - b) for a, b in sentences], dtype=np.int64)
+    keep = np.array(data.draw(st.lists(st.sampled_from([0.0, 0.3, 1.0]), min_size=vocab,
+                                       max_size=vocab)), dtype=np.float64)
+    window = data.draw(st.integers(1, 5))
+    seed = data.draw(st.integers(0, 2**64 - 1))
+    row_of = np.full(2 * vocab, -1, dtype=np.int32)
+    total = int(lengths.sum())
+    in_rows, out_rows, windows = (np.full(total, -7, np.int64) for _ in range(3))
+    ends = np.empty(len(starts), np.int64)
+    keys = np.empty(2 * total, np.int64)
+    got, nk = K.wv_plan(tokens, starts, lengths, keep, window, seed, row_of, in_rows, out_rows,
+                        windows, ends, keys)
+    assert (row_of == -1).all()  # left as it was found
+    keys = keys[:nk]
+    assert len(set(keys.tolist())) == nk  # distinct
+    # The positions are each sentence's tokens in order, some dropped; never a token of
+    # keep 0, always one of keep 1.
+    at = 0
+    for s in range(len(starts)):
+        sentence = tokens[starts[s]:starts[s] + lengths[s]]
+        mine = keys[in_rows[at:ends[s]]]
+        assert (keys[out_rows[at:ends[s]]] == mine + vocab).all()
+        assert (mine < vocab).all()
+        it = iter(sentence.tolist())
+        assert all(any(w == t for t in it) for w in mine.tolist())  # a subsequence
+        assert not np.isin(mine, np.flatnonzero(keep == 0)).any()
+        assert (sentence[keep[sentence] == 1.0].tolist()
+                == [w for w in mine.tolist() if keep[w] == 1.0])
+        at = ends[s]
+    assert at == got
+    assert ((windows[:got] >= 1) & (windows[:got] <= window)).all()
+    # Keys in order of first use: each key's row is where it first appears.
+    order = np.stack([keys[in_rows[:got]], keys[out_rows[:got]]], axis=1).reshape(-1)
+    assert keys.tolist() == list(dict.fromkeys(order.tolist()))
+    # The same seed draws the same batch.
+    again = [np.empty_like(a) for a in (in_rows, out_rows, windows, ends)]
+    keys2 = np.empty(2 * total, np.int64)
+    assert K.wv_plan(tokens, starts, lengths, keep, window, seed, row_of, *again,
+                     keys2) == (got, nk)
+    assert (again[0][:got] == in_rows[:got]).all() and (keys2[:nk] == keys).all()
+
+
+def test_plan_refuses_bad_input_before_writing():
+    tokens = np.array([0, 1, 2], np.int32)
+    keep = np.ones(3)
+    row_of = np.full(6, -1, np.int32)
+    out = [np.full(3, -7, np.int64) for _ in range(3)] + [np.empty(1, np.int64),
+                                                         np.empty(6, np.int64)]
+    for starts, lengths, tok in (([2], [2], tokens), ([-1], [1], tokens),
+                                 ([0], [3], np.array([0, 3, 1], np.int32))):
+        with pytest.raises(ValueError, match="sentence 0"):
+            K.wv_plan(tok, np.array(starts, np.int64), np.array(lengths, np.int64), keep, 2,
+                      1, row_of, *out)
+    assert all((a == -7).all() for a in out[:3]) and (row_of == -1).all()
+    with pytest.raises(ValueError, match="row_of"):
+        K.wv_plan(tokens, np.array([0], np.int64), np.array([3], np.int64), keep, 2, 1,
+                  row_of[:5], *out)
+    with pytest.raises(ValueError, match="window"):
+        K.wv_plan(tokens, np.array([0], np.int64), np.array([3], np.int64), keep, 0, 1,
+                  row_of, *out)
+    with pytest.raises(TypeError):
+        K.wv_plan(tokens.astype(np.int64), np.array([0], np.int64), np.array([3], np.int64),
+                  keep, 2, 1, row_of, *out)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.data())
+def test_merge_pool_gives_every_drawn_key_its_row(data):
+    size = data.draw(st.integers(1, 20))
+    keys = np.array(data.draw(st.lists(st.integers(0, size - 1), unique=True, max_size=size)),
+                    dtype=np.int64)
+    drawn = np.array(data.draw(st.lists(st.integers(0, size - 1), max_size=30)), dtype=np.int64)
+    row_of = np.full(size, -1, np.int32)
+    pool, extra_keys, extra_first = (np.empty(len(drawn), np.int64) for _ in range(3))
+    ne = K.wv_merge_pool(keys, drawn, row_of, pool, extra_keys, extra_first)
+    assert (row_of == -1).all()
+    every = np.concatenate([keys, extra_keys[:ne]])
+    assert (every[pool] == drawn).all()
+    assert len(set(every.tolist())) == len(every)  # extras are new and distinct
+    assert (drawn[extra_first[:ne]] == extra_keys[:ne]).all()
+    assert extra_keys[:ne].tolist() == [k for k in dict.fromkeys(drawn.tolist())
+                                        if k not in set(keys.tolist())]
+
+
+def test_merge_pool_refuses_bad_keys_and_leaves_the_scratch_clean():
+    row_of = np.full(5, -1, np.int32)
+    out = [np.empty(3, np.int64) for _ in range(3)]
+    for keys, drawn in (([0, 1], [1, 5, 2]), ([0, 5], [1, 2, 3]), ([1, 2, 1], [0, 0, 0])):
+        with pytest.raises(ValueError):
+            K.wv_merge_pool(np.array(keys, np.int64), np.array(drawn, np.int64), row_of, *out)
+        assert (row_of == -1).all()

@@ -54,7 +54,7 @@ _INIT_BLOCK = 4096  # keys per deterministic block of initial values
 
 @dataclass
 class _Plan:
-    keys: np.ndarray      # the batch's distinct keys, ascending (input, then output vectors)
+    keys: np.ndarray      # the batch's distinct keys, in order of first use
     in_rows: np.ndarray   # per position: row of its input vector in keys
     out_rows: np.ndarray  # per position: row of its output vector
     windows: np.ndarray   # per position: reduced window
@@ -158,23 +158,22 @@ class WVTrainer:
         self.done_words = 0
         self.values = np.empty(0, dtype=np.float32)
         self.updates = np.empty(0, dtype=np.float32)
+        self.row_of = np.full(task.num_keys, -1, dtype=np.int32)  # native scratch, key -> row
 
     def plan(self, points: np.ndarray) -> _Plan:
-        task, V = self.task, self.task.vocab_size
-        starts, lengths = task.starts[points], task.ends[points] - task.starts[points]
+        """Subsampling, windows and the batch's rows in one native call (wv_plan)."""
+        task = self.task
+        starts = task.starts[points]
+        lengths = task.ends[points] - starts
         total = int(lengths.sum())
-        first = np.cumsum(lengths) - lengths  # where each sentence begins in the batch
-        index = np.repeat(starts - first, lengths) + np.arange(total, dtype=np.int64)
-        words = task.corpus.tokens[index].astype(np.int64)
-        sentence = np.repeat(np.arange(len(points)), lengths)
-        kept = self.rng.random(total) < task.keep[words]
-        words, sentence = words[kept], sentence[kept]
-        ends = np.cumsum(np.bincount(sentence, minlength=len(points)))
-        windows = self.rng.integers(1, task.window + 1, len(words), dtype=np.int64)
-        keys, inverse = np.unique(np.concatenate([words, words + V]), return_inverse=True)
-        n = len(words)
-        return _Plan(keys, inverse[:n].astype(np.int64), inverse[n:].astype(np.int64), windows,
-                     ends.astype(np.int64), total, n if task.neg and n else 0)
+        rows = np.empty((3, total), dtype=np.int64)  # in_rows, out_rows, windows
+        ends = np.empty(len(points), dtype=np.int64)
+        keys = np.empty(2 * total, dtype=np.int64)
+        n, nk = _kernels.wv_plan(task.corpus.tokens, starts, lengths, task.keep, task.window,
+                                 int(self.rng.integers(0, 1 << 63)), self.row_of, rows[0],
+                                 rows[1], rows[2], ends, keys)
+        return _Plan(keys[:nk], rows[0, :n], rows[1, :n], rows[2, :n], ends, total,
+                     n if task.neg and n else 0)
 
     def _buffers(self, rows: int) -> tuple[np.ndarray, np.ndarray]:
         width = 2 * self.task.dim
@@ -191,18 +190,14 @@ class WVTrainer:
         pool = np.empty(0, dtype=np.int64)
         if plan.sample_size:
             drawn, drawn_values = worker.pull_sample(sample)
-            unique, first, inverse = np.unique(drawn, return_index=True, return_inverse=True)
-            at = np.searchsorted(plan.keys, unique)
-            known = at < nk
-            known[known] = plan.keys[at[known]] == unique[known]
-            extra = np.flatnonzero(~known)
-            extra_keys = unique[extra]
-            at[extra] = nk + np.arange(len(extra))
-            pool = at[inverse].astype(np.int64)
+            pool = np.empty(len(drawn), dtype=np.int64)
+            extra = np.empty((2, len(drawn)), dtype=np.int64)  # keys, first drawn at
+            ne = _kernels.wv_merge_pool(plan.keys, drawn, self.row_of, pool, extra[0], extra[1])
+            extra_keys = extra[0, :ne]
         values, updates = self._buffers(nk + len(extra_keys))
         worker.pull(plan.keys, out=values[:nk])
         if len(extra_keys):
-            values[nk:] = drawn_values.reshape(len(drawn), -1)[first[extra]]
+            values[nk:] = drawn_values.reshape(len(drawn), -1)[extra[1, :ne]]
         progress = self.done_words / self.total_words
         lr = task.lr * max(MIN_LR_FRACTION, 1.0 - progress)
         seed = int(self.rng.integers(0, 1 << 63))

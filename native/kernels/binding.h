@@ -13,11 +13,14 @@
 
 /* ---- buffer views --------------------------------------------------------------------------- */
 
-enum { F32, I64, I32 };
+enum { F32, I64, I32, F64 };
+
+/* The most buffers one call takes (wv_plan: 10). */
+#define VIEWS_MAX 12
 
 /* The views of one call; released together by release_views. */
 typedef struct {
-    Py_buffer v[8];
+    Py_buffer v[VIEWS_MAX];
     int n;
 } views_t;
 
@@ -34,6 +37,7 @@ static inline int has_type(const Py_buffer *v, int type) {
         f++;
     if (type == F32) return v->itemsize == 4 && !strcmp(f, "f");
     if (type == I32) return v->itemsize == 4 && (!strcmp(f, "i") || !strcmp(f, "l"));
+    if (type == F64) return v->itemsize == 8 && !strcmp(f, "d");
     return v->itemsize == 8 && (!strcmp(f, "l") || !strcmp(f, "q"));
 }
 
@@ -41,12 +45,16 @@ static inline int has_type(const Py_buffer *v, int type) {
  * Returns NULL with an exception set; the views taken so far stay in vs for release_views. */
 static inline Py_buffer *take(views_t *vs, PyObject *obj, const char *fn, const char *name, int type,
                        int writable, int max_ndim) {
+    if (vs->n == VIEWS_MAX) {
+        PyErr_Format(PyExc_SystemError, "%s: more than %d buffers", fn, VIEWS_MAX);
+        return NULL;
+    }
     Py_buffer *v = &vs->v[vs->n];
     if (PyObject_GetBuffer(obj, v, PyBUF_RECORDS_RO) < 0) return NULL;
     vs->n++;
     if (!has_type(v, type)) {
         PyErr_Format(PyExc_TypeError, "%s: %s must be %s, got buffer format '%s' (itemsize %zd)",
-                     fn, name, type == F32 ? "float32" : type == I32 ? "int32" : "int64", v->format ? v->format : "B",
+                     fn, name, type == F32 ? "float32" : type == I32 ? "int32" : type == F64 ? "float64" : "int64", v->format ? v->format : "B",
                      v->itemsize);
         return NULL;
     }

@@ -342,3 +342,74 @@ void wv_vocab_export(const wv_vocab_t *v, char *bytes, int64_t *offsets, int64_t
     }
     offsets[v->size] = v->used;
 }
+
+/* ---- batch building ---------------------------------------------------------------------------- */
+
+/* A uniform draw in [0, 1) with 53 random bits. */
+static inline double uniform(uint64_t *state) {
+    return (double)(next_random(state) >> 11) * (1.0 / 9007199254740992.0);
+}
+
+/* The row of key among keys, appended when new. */
+static inline int64_t row_for(int64_t key, int32_t *row_of, int64_t *keys, int64_t *nk) {
+    if (row_of[key] < 0) {
+        row_of[key] = (int32_t)*nk;
+        keys[(*nk)++] = key;
+    }
+    return row_of[key];
+}
+
+int64_t wv_plan(const int32_t *tokens, int64_t num_tokens, const int64_t *starts,
+                const int64_t *lengths, int64_t num_sentences, const double *keep, int64_t vocab,
+                int64_t window, uint64_t seed, int32_t *row_of, int64_t *in_rows,
+                int64_t *out_rows, int64_t *windows, int64_t *ends, int64_t *keys,
+                int64_t *num_keys) {
+    for (int64_t s = 0; s < num_sentences; s++) {
+        if (starts[s] < 0 || lengths[s] < 0 || starts[s] > num_tokens - lengths[s]) return -1 - s;
+        for (int64_t t = starts[s]; t < starts[s] + lengths[s]; t++)
+            if (tokens[t] < 0 || tokens[t] >= vocab) return -1 - s;
+    }
+    uint64_t rng = seed;
+    int64_t n = 0, nk = 0;
+    for (int64_t s = 0; s < num_sentences; s++) {
+        for (int64_t t = starts[s]; t < starts[s] + lengths[s]; t++) {
+            const int64_t word = tokens[t];
+            if (!(uniform(&rng) < keep[word])) continue;
+            in_rows[n] = row_for(word, row_of, keys, &nk);
+            out_rows[n] = row_for(vocab + word, row_of, keys, &nk);
+            windows[n] = 1 + (int64_t)(((next_random(&rng) >> 32) * (uint64_t)window) >> 32);
+            n++;
+        }
+        ends[s] = n;
+    }
+    for (int64_t i = 0; i < nk; i++) row_of[keys[i]] = -1;
+    *num_keys = nk;
+    return n;
+}
+
+int64_t wv_merge_pool(const int64_t *keys, int64_t nk, const int64_t *drawn, int64_t nd,
+                      int64_t num_keys_total, int32_t *row_of, int64_t *pool,
+                      int64_t *extra_keys, int64_t *extra_first) {
+    for (int64_t j = 0; j < nd; j++)
+        if (drawn[j] < 0 || drawn[j] >= num_keys_total) return -1 - j;
+    for (int64_t i = 0; i < nk; i++) {
+        if (keys[i] < 0 || keys[i] >= num_keys_total || row_of[keys[i]] >= 0) {
+            for (int64_t k = 0; k < i; k++) row_of[keys[k]] = -1;
+            return -1 - nd - i; /* outside, or repeated */
+        }
+        row_of[keys[i]] = (int32_t)i;
+    }
+    int64_t ne = 0;
+    for (int64_t j = 0; j < nd; j++) {
+        const int64_t key = drawn[j];
+        if (row_of[key] < 0) {
+            row_of[key] = (int32_t)(nk + ne);
+            extra_keys[ne] = key;
+            extra_first[ne++] = j;
+        }
+        pool[j] = row_of[key];
+    }
+    for (int64_t i = 0; i < nk; i++) row_of[keys[i]] = -1;
+    for (int64_t e = 0; e < ne; e++) row_of[extra_keys[e]] = -1;
+    return ne;
+}

@@ -101,6 +101,137 @@ fail:
     return NULL;
 }
 
+/* ---- batch building --------------------------------------------------------------------------- */
+
+static int check_written(views_t *vs, int first, const char *fn) {
+    for (int i = first; i < vs->n; i++)
+        if (check_no_overlap(vs, &vs->v[i], fn, "an output") < 0) return -1;
+    return 0;
+}
+
+static PyObject *py_wv_plan(PyObject *module, PyObject *args, PyObject *kwargs) {
+    static const char *fn = "wv_plan";
+    static char *kwlist[] = {"tokens", "starts", "lengths", "keep", "window", "seed", "row_of",
+                             "in_rows", "out_rows", "windows", "ends", "keys", NULL};
+    PyObject *o[11];
+    long long window;
+    unsigned long long seed;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOLKOOOOOO", kwlist, &o[0], &o[1], &o[2],
+                                     &o[3], &window, &seed, &o[4], &o[5], &o[6], &o[7], &o[8],
+                                     &o[9]))
+        return NULL;
+    if (window < 1) return PyErr_Format(PyExc_ValueError, "%s: window must be >= 1", fn);
+    views_t vs = {.n = 0};
+    Py_buffer *tokens, *starts, *lengths, *keep, *row_of, *in_rows, *out_rows, *windows, *ends,
+        *keys;
+    if (!(tokens = take(&vs, o[0], fn, "tokens", I32, 0, 1)) ||
+        !(starts = take(&vs, o[1], fn, "starts", I64, 0, 1)) ||
+        !(lengths = take(&vs, o[2], fn, "lengths", I64, 0, 1)) ||
+        !(keep = take(&vs, o[3], fn, "keep", F64, 0, 1)) ||
+        !(row_of = take(&vs, o[4], fn, "row_of", I32, 1, 1)) ||
+        !(in_rows = take(&vs, o[5], fn, "in_rows", I64, 1, 1)) ||
+        !(out_rows = take(&vs, o[6], fn, "out_rows", I64, 1, 1)) ||
+        !(windows = take(&vs, o[7], fn, "windows", I64, 1, 1)) ||
+        !(ends = take(&vs, o[8], fn, "ends", I64, 1, 1)) ||
+        !(keys = take(&vs, o[9], fn, "keys", I64, 1, 1)))
+        goto fail;
+    if (check_written(&vs, 4, fn) < 0) goto fail;
+    const int64_t ns = count(starts), vocab = count(keep);
+    const int64_t *len = lengths->buf;
+    int64_t total = 0;
+    for (int64_t s = 0; s < ns; s++) total += len[s] > 0 ? len[s] : 0;
+    if (count(lengths) != ns || count(ends) < ns || count(row_of) < 2 * vocab ||
+        count(in_rows) < total || count(out_rows) < total || count(windows) < total ||
+        count(keys) < 2 * total) {
+        PyErr_Format(PyExc_ValueError, "%s: starts and lengths need one item per sentence, ends "
+                     "room for them, row_of 2 * len(keep) items, in_rows, out_rows and windows "
+                     "room for %lld positions and keys for %lld", fn, (long long)total,
+                     (long long)(2 * total));
+        goto fail;
+    }
+    int64_t n, nk = 0;
+    Py_BEGIN_ALLOW_THREADS
+    n = wv_plan(tokens->buf, count(tokens), starts->buf, lengths->buf, ns, keep->buf, vocab,
+                window, seed, row_of->buf, in_rows->buf, out_rows->buf, windows->buf, ends->buf,
+                keys->buf, &nk);
+    Py_END_ALLOW_THREADS
+    if (n < 0) {
+        PyErr_Format(PyExc_ValueError, "%s: sentence %lld lies outside tokens or holds a word "
+                     "outside [0, len(keep))", fn, (long long)(-1 - n));
+        goto fail;
+    }
+    release_views(&vs);
+    return Py_BuildValue("(LL)", (long long)n, (long long)nk);
+fail:
+    release_views(&vs);
+    return NULL;
+}
+
+static PyObject *py_wv_merge_pool(PyObject *module, PyObject *args, PyObject *kwargs) {
+    static const char *fn = "wv_merge_pool";
+    static char *kwlist[] = {"keys", "drawn", "row_of", "pool", "extra_keys", "extra_first",
+                             NULL};
+    PyObject *o[6];
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOO", kwlist, &o[0], &o[1], &o[2], &o[3],
+                                     &o[4], &o[5]))
+        return NULL;
+    views_t vs = {.n = 0};
+    Py_buffer *keys, *drawn, *row_of, *pool, *extra_keys, *extra_first;
+    if (!(keys = take(&vs, o[0], fn, "keys", I64, 0, 1)) ||
+        !(drawn = take(&vs, o[1], fn, "drawn", I64, 0, 1)) ||
+        !(row_of = take(&vs, o[2], fn, "row_of", I32, 1, 1)) ||
+        !(pool = take(&vs, o[3], fn, "pool", I64, 1, 1)) ||
+        !(extra_keys = take(&vs, o[4], fn, "extra_keys", I64, 1, 1)) ||
+        !(extra_first = take(&vs, o[5], fn, "extra_first", I64, 1, 1)))
+        goto fail;
+    if (check_written(&vs, 2, fn) < 0) goto fail;
+    const int64_t nk = count(keys), nd = count(drawn);
+    if (count(pool) < nd || count(extra_keys) < nd || count(extra_first) < nd ||
+        nk + nd > INT32_MAX) {
+        PyErr_Format(PyExc_ValueError, "%s: pool, extra_keys and extra_first need room for %lld "
+                     "items", fn, (long long)nd);
+        goto fail;
+    }
+    int64_t ne;
+    Py_BEGIN_ALLOW_THREADS
+    ne = wv_merge_pool(keys->buf, nk, drawn->buf, nd, count(row_of), row_of->buf, pool->buf,
+                       extra_keys->buf, extra_first->buf);
+    Py_END_ALLOW_THREADS
+    if (ne < 0) {
+        const int64_t bad = -1 - ne;
+        if (bad < nd)
+            PyErr_Format(PyExc_ValueError, "%s: drawn[%lld] is outside [0, len(row_of))", fn,
+                         (long long)bad);
+        else
+            PyErr_Format(PyExc_ValueError, "%s: keys[%lld] is outside [0, len(row_of)) or "
+                         "repeated", fn, (long long)(bad - nd));
+        goto fail;
+    }
+    release_views(&vs);
+    return PyLong_FromLongLong(ne);
+fail:
+    release_views(&vs);
+    return NULL;
+}
+
+PyDoc_STRVAR(wv_plan_doc,
+"wv_plan(tokens, starts, lengths, keep, window, seed, row_of, in_rows, out_rows, windows,\n"
+"        ends, keys) -> (positions, num_keys)\n"
+"\n"
+"One batch's positions from the sentences tokens[starts[s] : starts[s] + lengths[s]] (int32\n"
+"word ids < V = len(keep)): each token kept with probability keep[word] (float64;\n"
+"subsampling, drawn from seed), each kept position's input row (key word) and output row (key\n"
+"V + word) among keys (the batch's distinct keys in order of first use), a window uniform in\n"
+"[1, window], and each sentence's exclusive end among the positions. row_of: int32 scratch of\n"
+"2 * V items, all -1 (every call leaves it so). The GIL is released.");
+
+PyDoc_STRVAR(wv_merge_pool_doc,
+"wv_merge_pool(keys, drawn, row_of, pool, extra_keys, extra_first) -> extras\n"
+"\n"
+"The rows of a drawn negative pool: a drawn key among keys (unique) gets its position there,\n"
+"another one a new row len(keys) + e, where it is the e-th extra key (extra_keys[e], first drawn\n"
+"at extra_first[e]). row_of: int32 scratch, all -1 (left so). The GIL is released.");
+
 /* ---- tokenizer ------------------------------------------------------------------------------ */
 
 static const char *VOCAB = "adapm._kernels.Vocab";
@@ -291,6 +422,10 @@ PyDoc_STRVAR(vocab_export_doc,
 "total_bytes) and their counts into counts (int64, tokens entries).");
 
 PyMethodDef wv_methods[] = {
+    {"wv_plan", (PyCFunction)(void (*)(void))py_wv_plan, METH_VARARGS | METH_KEYWORDS,
+     wv_plan_doc},
+    {"wv_merge_pool", (PyCFunction)(void (*)(void))py_wv_merge_pool,
+     METH_VARARGS | METH_KEYWORDS, wv_merge_pool_doc},
     {"wv_train_batch", (PyCFunction)(void (*)(void))py_wv_train_batch,
      METH_VARARGS | METH_KEYWORDS, wv_train_batch_doc},
     {"vocab_new", py_vocab_new, METH_NOARGS, vocab_new_doc},
