@@ -36,6 +36,7 @@ import adapm
 from .. import _argtypes
 from .._native_loader import load as _load
 from . import kge_data, kge_eval, runner
+from .datafiles import write_atomically
 
 _kernels = _load("adapm._kernels")
 
@@ -218,11 +219,7 @@ def write_export(directory: str, model: str, dim: int, entities, relations,
     os.makedirs(directory, exist_ok=True)
 
     def atomic(name: str, write) -> None:
-        path = os.path.join(directory, name)
-        tmp = path + ".tmp"
-        with open(tmp, "wb") as f:
-            write(f)
-        os.replace(tmp, path)
+        write_atomically(os.path.join(directory, name), write)
 
     def names(items):
         return "".join(f"{i}\t{name}\n" for i, name in enumerate(items)).encode()

@@ -38,7 +38,7 @@ import adapm
 from .. import _argtypes
 from .._native_loader import load as _load
 from . import mf_data, runner
-from .datafiles import DataError
+from .datafiles import DataError, write_atomically
 
 _kernels = _load("adapm._kernels")
 
@@ -153,10 +153,8 @@ class MFTask:
         w, h = self.factors(worker)
         os.makedirs(directory, exist_ok=True)
         for name, array in (("W.npy", w), ("H.npy", h)):
-            path = os.path.join(directory, name)
-            with open(path + ".tmp", "wb") as f:
-                np.save(f, array.astype(np.float32))
-            os.replace(path + ".tmp", path)
+            write_atomically(os.path.join(directory, name),
+                             lambda f, a=array: np.save(f, a.astype(np.float32)))
 
 
 class MFTrainer:

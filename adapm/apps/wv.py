@@ -40,7 +40,7 @@ import adapm
 from .. import _argtypes
 from .._native_loader import load as _load
 from . import runner, wv_data, wv_eval
-from .datafiles import DataError
+from .datafiles import DataError, write_atomically
 
 _kernels = _load("adapm._kernels")
 
@@ -219,12 +219,6 @@ def write_word2vec(directory: str, words: list[str], vectors: np.ndarray) -> Non
     encoded = [w.encode("utf-8", "surrogateescape") for w in words]
     header = f"{count} {dim}\n".encode()
 
-    def atomic(name: str, write) -> None:
-        path = os.path.join(directory, name)
-        with open(path + ".tmp", "wb") as f:
-            write(f)
-        os.replace(path + ".tmp", path)
-
     def text(f) -> None:
         f.write(header)
         rows = np.char.mod("%.8g", vectors.astype(np.float64))
@@ -237,8 +231,8 @@ def write_word2vec(directory: str, words: list[str], vectors: np.ndarray) -> Non
         for word, row in zip(encoded, data):
             f.write(word + b" " + row.tobytes() + b"\n")
 
-    atomic("vectors.txt", text)
-    atomic("vectors.bin", binary)
+    write_atomically(os.path.join(directory, "vectors.txt"), text)
+    write_atomically(os.path.join(directory, "vectors.bin"), binary)
 
 
 def parser() -> argparse.ArgumentParser:

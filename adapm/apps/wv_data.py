@@ -20,7 +20,6 @@ pairs, deterministically from a seed: analogy accuracy is measurable without any
 from __future__ import annotations
 
 import argparse
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,7 +27,7 @@ import numpy as np
 
 from .. import _argtypes
 from .._native_loader import load as _load
-from .datafiles import DataError, line_at
+from .datafiles import DataError, line_at, write_atomically
 
 _kernels = _load("adapm._kernels")
 
@@ -265,9 +264,7 @@ def generate(out_dir, sentences: int = 100_000, *, families: int = 4, pairs: int
 
 
 def _write(path: Path, text: str) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    write_atomically(path, lambda f: f.write(text.encode()))
 
 
 def generate_main(argv) -> int:
