@@ -6,9 +6,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -16,32 +13,16 @@ import pytest
 
 from adapm.apps import kge_data
 
+from app_cli import LAUNCHER, PY, records, run
+
 # A small KG: ~1000 entities. Random ranking gives MRR ~ ln(E)/E ~ 0.007.
 TRIPLES = 20_000
 EPOCHS = 5
 TRAIN_FLAGS = ["--dim", "32", "--epochs", str(EPOCHS), "--eval-max", "0", "--progress", "off"]
-ENV = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "OMP_NUM_THREADS": "1",
-       "ADAPM_CONNECT_TIMEOUT_S": "60", "ADAPM_REQUEST_TIMEOUT_S": "60"}
-for var in ("ADAPM_RANK", "ADAPM_WORLD_SIZE", "ADAPM_RENDEZVOUS", "RANK", "WORLD_SIZE",
-            "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "PMI_RANK", "PMI_SIZE",
-            "SLURM_PROCID", "SLURM_NTASKS", "MASTER_ADDR", "MASTER_PORT"):
-    ENV.pop(var, None)
-PY = sys.executable
-LAUNCHER = [PY, "-m", "adapm.launch"]
 DOCUMENTED = {"epoch", "train_seconds", "points_per_s", "loss", "mrr", "mr", "hits@1", "hits@3",
               "hits@10", "stats"}
 
 
-def run(cmd, timeout=240, expect=0):
-    proc = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=timeout)
-    assert proc.returncode == expect, (f"exit {proc.returncode}, expected {expect}\n"
-                                       f"stdout:\n{proc.stdout[-3000:]}\nstderr:\n"
-                                       f"{proc.stderr[-3000:]}")
-    return proc
-
-
-def records(stdout: str) -> list[dict]:
-    return [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
 
 
 @pytest.fixture(scope="module")

@@ -4,16 +4,14 @@ with numpy, which recomputes the test RMSE) and its errors on bad files and flag
 
 from __future__ import annotations
 
-import json
 import math
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
 from adapm.apps import mf_data
+
+from app_cli import LAUNCHER, PY, records, run
 
 # Two workers' schedules keep them on different columns only while they run at the same pace:
 # when one gets ahead (start skew in short epochs, or a loaded machine) they meet on columns,
@@ -26,27 +24,9 @@ ROWS, COLS, ENTRIES = 20_000, 5_000, 1_000_000
 RACING_TOLERANCE = 1.3  # largest ratio of RMSEs measured between racing runs: 0.60 / 0.48
 EPOCHS = 3
 TRAIN_FLAGS = ["--epochs", str(EPOCHS), "--progress", "off"]
-ENV = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "OMP_NUM_THREADS": "1",
-       "ADAPM_CONNECT_TIMEOUT_S": "60", "ADAPM_REQUEST_TIMEOUT_S": "60"}
-for var in ("ADAPM_RANK", "ADAPM_WORLD_SIZE", "ADAPM_RENDEZVOUS", "RANK", "WORLD_SIZE",
-            "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "PMI_RANK", "PMI_SIZE",
-            "SLURM_PROCID", "SLURM_NTASKS", "MASTER_ADDR", "MASTER_PORT"):
-    ENV.pop(var, None)
-PY = sys.executable
-LAUNCHER = [PY, "-m", "adapm.launch"]
 DOCUMENTED = {"epoch", "train_seconds", "points_per_s", "loss", "rmse", "stats"}
 
 
-def run(cmd, timeout=240, expect=0):
-    proc = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=timeout)
-    assert proc.returncode == expect, (f"exit {proc.returncode}, expected {expect}\n"
-                                       f"stdout:\n{proc.stdout[-3000:]}\nstderr:\n"
-                                       f"{proc.stderr[-3000:]}")
-    return proc
-
-
-def records(stdout: str) -> list[dict]:
-    return [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,35 @@
+"""Running the apps as a user does, for the app tests: a clean launcher environment, a command
+that must exit as expected, and the JSON lines it printed."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+# No launcher variables from the calling shell (a test decides rank and world size), passive
+# OpenMP waits and one OpenMP thread (two cores are shared), generous connect and request
+# timeouts for a loaded machine.
+ENV = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "OMP_NUM_THREADS": "1",
+       "ADAPM_CONNECT_TIMEOUT_S": "60", "ADAPM_REQUEST_TIMEOUT_S": "60"}
+for var in ("ADAPM_RANK", "ADAPM_WORLD_SIZE", "ADAPM_RENDEZVOUS", "RANK", "WORLD_SIZE",
+            "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "PMI_RANK", "PMI_SIZE",
+            "SLURM_PROCID", "SLURM_NTASKS", "MASTER_ADDR", "MASTER_PORT"):
+    ENV.pop(var, None)
+PY = sys.executable
+LAUNCHER = [PY, "-m", "adapm.launch"]
+
+
+def run(cmd, timeout=240, expect=0):
+    """Run ``cmd``; it must exit with ``expect`` (the output is shown when it does not)."""
+    proc = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == expect, (f"exit {proc.returncode}, expected {expect}\n"
+                                       f"stdout:\n{proc.stdout[-3000:]}\nstderr:\n"
+                                       f"{proc.stderr[-3000:]}")
+    return proc
+
+
+def records(stdout: str) -> list[dict]:
+    """The JSON lines of an app's stdout."""
+    return [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
