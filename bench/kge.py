@@ -20,27 +20,17 @@ and ZeroMQ). Every figure comes from the apps' own JSON lines.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
+
+from app_runs import sh  # bench/ is the script's directory: on sys.path
 
 REPO = Path(__file__).resolve().parents[1]
 PY = sys.executable
 VARIANTS = ("adaptive", "static_partition", "full_replication", "replication_only",
             "relocation_only")
-
-
-def sh(cmd: list[str], env: dict) -> list[dict]:
-    started = time.monotonic()
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
-    if proc.returncode:
-        sys.exit(f"failed ({proc.returncode}): {' '.join(cmd)}\n{proc.stderr[-4000:]}")
-    print(f"  {time.monotonic() - started:6.1f} s  {' '.join(cmd[-12:])}", file=sys.stderr)
-    return [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
 
 
 def summarise(name: str, lines: list[dict], nodes: int, threads: int) -> dict:

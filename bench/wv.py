@@ -25,13 +25,13 @@ with AdaGrad (as the original AdaPM app), gensim with SGD; both decay the learni
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from app_runs import sh  # bench/ is the script's directory: on sys.path
 
 PY = sys.executable
 # About 12 tokens per generated sentence: 125,000 sentences make the 1.5M words.
@@ -40,14 +40,6 @@ WORDS_PER_SENTENCE = 12
 # accuracy of both adapm and gensim far from 1 (the generator's default, 4 x 25, saturates it).
 FAMILIES, PAIRS = 8, 100
 
-
-def sh(cmd: list[str], env: dict) -> list[dict]:
-    started = time.monotonic()
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
-    if proc.returncode:
-        sys.exit(f"failed ({proc.returncode}): {' '.join(cmd)}\n{proc.stderr[-4000:]}")
-    print(f"  {time.monotonic() - started:6.1f} s  {' '.join(cmd[-14:])}", file=sys.stderr)
-    return [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
 
 
 def summarise(name: str, setup: str, lines: list[dict]) -> dict:
