@@ -6,11 +6,13 @@
 Per node it reports
 - ready (s): from the process's start (Python's own start-up included) to a node that has met
   its peers: store, directory and engine state for every key, home keys inserted;
-- metadata (B/key): bytes of the per-key directory arrays this node allocated (store slot, state,
-  version, synced_at; router hint, forward pointer, epoch, home table; the owner's intent and
-  replica masks; intent counts; the native bitmap for repeated keys), divided by the number of
-  keys; arrays made with ``np.zeros``
-  are only committed where written, so this is an upper bound of their resident share;
+- dense (B/key): bytes of the per-key arrays this node allocated over the whole key space (store
+  slot, state, version, synced_at; intent counts; the native bitmap for repeated keys) plus the
+  home table (4 B per key homed here), divided by the number of keys; arrays made with
+  ``np.zeros`` are only committed where written, so this is an upper bound of their resident
+  share;
+- records, B/record: the native directory's records of active keys at the end (hints, forward
+  pointers, epochs, the owner's masks; native/records.h) and their bytes (map included) each;
 - RSS ready / RSS end (GB): resident memory after the first barrier, and after the workload
   (values included: 32 B per key of 8 floats for the keys held here, committed as written);
 - the workload: ``--clocks`` clocks of ``--batch`` keys per worker, 90% from the node's own
@@ -65,22 +67,23 @@ def _rss_gb() -> float:
     return float("nan")
 
 
-def _metadata_bytes(node) -> int:
+def _metadata_bytes(node) -> tuple[int, int, int]:
+    """(bytes over the whole key space, records of active keys, their bytes)."""
     arrays = [node.store.slot, node.store.state, node.store.version, node.store.synced_at]
+    records = record_bytes = 0
     if node.engine is not None:
         state = node.engine.state
-        router = state.router
-        arrays += [router.hint, router.forward, router.epoch, router.home_owner, router.home_epoch]
-        for name in ("intent", "replicas"):
-            if hasattr(state.policy, name):
-                arrays.append(getattr(state.policy, name))
         if state.intents is not None:
             arrays += [state.intents.count, state.intents.told, state.intents._mark]
-        # The native Directory's bitmap that finds repeated keys in a batch: a bit per key.
-        native = node.store.num_keys // 8 + 1
+        # The store's bitmap that finds repeated keys in a batch: a bit per key.
+        dense = node.store.num_keys // 8 + 1
+        records, directory_bytes = state.directory.memory()
+        home_table = 4 * len(range(node.rank, node.store.num_keys, node.world_size))
+        dense += home_table
+        record_bytes = directory_bytes - home_table
     else:
-        native = 0
-    return sum(a.nbytes for a in arrays) + native
+        dense = 0
+    return sum(a.nbytes for a in arrays) + dense, records, record_bytes
 
 
 def _job(node, o: dict) -> dict:
@@ -150,11 +153,14 @@ def main(argv=None) -> None:
           f"({opts.management}); {opts.clocks} clocks x {opts.batch} keys per node, intent "
           f"{opts.ahead} clocks ahead; machine: nproc={os.cpu_count()}, "
           f"{os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.0f} GiB")
-    print("\n| rank | ready (s) | metadata (B/key) | RSS ready (GB) | RSS end (GB) |")
-    print("|---:|---:|---:|---:|---:|")
+    print("\n| rank | ready (s) | dense (B/key) | records | B/record | RSS ready (GB) | "
+          "RSS end (GB) |")
+    print("|---:|---:|---:|---:|---:|---:|---:|")
     for rank, r in enumerate(results):
-        print(f"| {rank} | {r['ready_s']:.1f} | {r['metadata'] / opts.num_keys:.1f} | "
-              f"{r['rss_ready']:.2f} | {r['rss_end']:.2f} |")
+        dense, records, record_bytes = r["metadata"]
+        print(f"| {rank} | {r['ready_s']:.1f} | {dense / opts.num_keys:.1f} | {records:,} | "
+              f"{record_bytes / max(records, 1):.0f} | {r['rss_ready']:.2f} | "
+              f"{r['rss_end']:.2f} |")
     print(f"\nworkload: {keys / elapsed:,.0f} keys/s over all nodes, remote share "
           f"{remote / accessed:.4%}, relocations {sum(s['relocations_in'] for s in st):,}, "
           f"replica set-ups {sum(s['replica_setups'] for s in st):,}; every accessed key "

@@ -3,6 +3,8 @@
 
 #include <string.h>
 
+#include "policy.h"
+
 int64_t dir_relocate_out(const directory_t *d, const int64_t *keys, int64_t n, int64_t dst,
                          float *values, int64_t values_floats, int64_t *versions,
                          uint64_t *s_out, uint64_t *r_out, int64_t *epochs, int64_t *slots) {
@@ -16,16 +18,24 @@ int64_t dir_relocate_out(const directory_t *d, const int64_t *keys, int64_t n, i
     store_remove(s, keys, n, values, NULL, values_floats, slots);
     slots_give(d->alloc, s, keys, slots, n); /* out of memory: those slots are not reused */
     const int64_t w = d->words;
+    records_t *recs = d->recs;
     for (int64_t i = 0; i < n; i++) {
         const int64_t key = keys[i];
         versions[i] = s->version[key]; /* after removal: no write can follow */
-        memcpy(s_out + i * w, d->intent + key * w, (size_t)w * sizeof(uint64_t));
-        memcpy(r_out + i * w, d->replicas + key * w, (size_t)w * sizeof(uint64_t));
-        memset(d->intent + key * w, 0, (size_t)w * sizeof(uint64_t));
-        memset(d->replicas + key * w, 0, (size_t)w * sizeof(uint64_t));
-        epochs[i] = d->epoch[key] + 1;
-        d->forward[key] = (int32_t)dst;
-        d->hint[key] = (int32_t)dst;
+        const int32_t r = rec_get(recs, key);
+        uint64_t *masks = recs->masks + (int64_t)r * 2 * recs->words;
+        if (recs->words) {
+            memcpy(s_out + i * w, masks, (size_t)w * sizeof(uint64_t));
+            memcpy(r_out + i * w, masks + w, (size_t)w * sizeof(uint64_t));
+            memset(masks, 0, (size_t)2 * w * sizeof(uint64_t));
+        } else {
+            memset(s_out + i * w, 0, (size_t)w * sizeof(uint64_t));
+            memset(r_out + i * w, 0, (size_t)w * sizeof(uint64_t));
+        }
+        epochs[i] = recs->epoch[r] + 1;
+        recs->epoch[r] = 0; /* kept only while owned here */
+        recs->forward[r] = (int32_t)dst;
+        recs->hint[r] = (int32_t)dst;
     }
     return n;
 }
@@ -66,18 +76,21 @@ int64_t dir_relocate_in(const directory_t *d, const int64_t *keys, int64_t n,
         else /* the j-th fresh key: slots[j] was taken for it above */
             store_insert(s, keys + i, 1, slots + j++, KEY_OWNER, values + off, len, versions + i);
         off += len;
-        memcpy(d->intent + key * w, s_in + i * w, (size_t)w * sizeof(uint64_t));
-        memcpy(d->replicas + key * w, r_in + i * w, (size_t)w * sizeof(uint64_t));
-        d->replicas[key * w + own_word] &= ~own_bit; /* the owner holds no replica of its own */
-        d->epoch[key] = epochs[i];
-        d->hint[key] = (int32_t)d->rank;
-        if (key % d->world_size == d->rank) {
-            const int64_t h = key / d->world_size;
-            if (epochs[i] > d->home_epoch[h]) {
-                d->home_owner[h] = (int32_t)d->rank;
-                d->home_epoch[h] = epochs[i];
-            }
+        records_t *recs = d->recs;
+        const int32_t r = rec_get(recs, key);
+        if (recs->words) {
+            uint64_t *masks = recs->masks + (int64_t)r * 2 * w;
+            memcpy(masks, s_in + i * w, (size_t)w * sizeof(uint64_t));
+            memcpy(masks + w, r_in + i * w, (size_t)w * sizeof(uint64_t));
+            masks[w + own_word] &= ~own_bit; /* the owner holds no replica of its own */
         }
+        recs->epoch[r] = epochs[i];
+        recs->hint[r] = (int32_t)d->rank;
+        if (key % d->world_size == d->rank && epochs[i] > recs->home_epoch[r]) {
+            d->home_owner[key / d->world_size] = (int32_t)d->rank;
+            recs->home_epoch[r] = epochs[i];
+        }
+        rec_tidy(recs, r);
     }
     /* Promoted replicas leave the replica set (slots[] is free scratch by now). */
     int64_t promoted = 0;
@@ -113,8 +126,24 @@ int64_t dir_setup_in(const directory_t *d, int64_t src, const int64_t *keys, int
     for (int64_t j = 0; j < m; j++) s->synced_at[taken[j]] = now;
     store_insert(s, taken, m, slots, KEY_REPLICA, rows, floats, vers);
     for (int64_t i = 0; i < n; i++)
-        if (s->state[keys[i]] != KEY_OWNER) d->hint[keys[i]] = (int32_t)src;
+        if (s->state[keys[i]] != KEY_OWNER) rec_set_hint(d->recs, keys[i], src);
     return m;
+}
+
+int64_t dir_policy_decide(const directory_t *d, int variant, int64_t node, const int64_t *keys,
+                          int64_t n, const uint8_t *has_intent, int64_t *relocate_to,
+                          uint64_t *setup) {
+    records_t *recs = d->recs;
+    const int64_t w = d->words;
+    int64_t dropped = 0;
+    for (int64_t i = 0; i < n; i++) {
+        const int32_t r = rec_get(recs, keys[i]);
+        uint64_t *masks = recs->masks + (int64_t)r * 2 * w;
+        relocate_to[i] = policy_decide_key(variant, d->rank, node, w, masks, masks + w,
+                                           has_intent[i], setup + i * w, &dropped);
+        rec_tidy(recs, r);
+    }
+    return dropped;
 }
 
 void dir_decide_sizes(const directory_t *d, const int64_t *keys, int64_t n,
@@ -186,10 +215,10 @@ int64_t dir_decide_execute(const directory_t *d, const int64_t *keys, int64_t n,
         for (int64_t i = at; i < at + o->r_count[dst]; i++) {
             const int64_t key = o->r_keys[i], home = key % world;
             if (home == d->rank) {
-                const int64_t h = key / world;
-                if (o->r_epochs[i] > d->home_epoch[h]) {
-                    d->home_epoch[h] = o->r_epochs[i];
-                    d->home_owner[h] = (int32_t)dst;
+                const int32_t r = rec_get(d->recs, key); /* relocate_out made it */
+                if (o->r_epochs[i] > d->recs->home_epoch[r]) {
+                    d->recs->home_epoch[r] = o->r_epochs[i];
+                    d->home_owner[key / world] = (int32_t)dst;
                 }
             } else if (home != dst) {
                 o->h_count[home]++;
@@ -243,7 +272,7 @@ int64_t dir_apply_answer(const directory_t *d, const int64_t *keys, int64_t nkey
     int64_t reports = 0;
     for (int64_t i = 0; i < n; i++) {
         const int64_t p = pos[i], key = keys[p];
-        if (s->state[key] != KEY_OWNER) d->hint[key] = (int32_t)src;
+        if (s->state[key] != KEY_OWNER) rec_set_hint(d->recs, key, src);
         if (p < ni) {
             told[key] = flags[p];
             reports++;

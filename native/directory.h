@@ -4,12 +4,18 @@
  * together with the store, so they run here in one pass per batch: numpy needed ~15 calls per
  * relocated batch on each side (bench/adaptive.py, 2 nodes: ~0.15 ms per relocation message
  * taken in, ~15% of the engine thread's CPU). Touches no Python object.
+ *
+ * Memory: the home table's owners are dense over the home partition (4 B per key homed here);
+ * everything else is a record per active key (records.h), so a key nobody touched costs nothing
+ * here. Passes that may create records reserve room for one per key of their batch first
+ * (dir_reserve; the bindings do it), so that they never fail halfway.
  */
 #ifndef ADAPM_DIRECTORY_H
 #define ADAPM_DIRECTORY_H
 
 #include <stdint.h>
 
+#include "records.h"
 #include "replica_set.h"
 #include "slots.h"
 #include "store.h"
@@ -18,14 +24,15 @@ typedef struct {
     const store_t *store;
     slot_alloc_t *alloc;             /* the store's slot allocator */
     replica_set_t *held;             /* the keys held here as replicas */
+    records_t *recs;                 /* hints, forward pointers, epochs, masks of active keys */
     int64_t rank, world_size, words; /* words: uint64 words per mask (ceil(world_size / 64)) */
-    int32_t *hint, *forward;         /* per key */
-    int64_t *epoch;                  /* per key: ownership epoch while owned here */
+    int masks;                       /* the variant keeps intent and replica masks */
     int32_t *home_owner;             /* per key homed here, by key / world_size */
-    int64_t *home_epoch;
     int64_t num_home;
-    uint64_t *intent, *replicas;     /* per key: `words` words (S and R) */
 } directory_t;
+
+/* Room for n new records (one per key of a batch). 0, or -1 if out of memory. */
+static inline int dir_reserve(const directory_t *d, int64_t n) { return rec_reserve(d->recs, n); }
 
 /* Keys (unique, owned here) leave for dst: copies out their values (packed, key order),
  * versions, masks (S, R: `words` per key, then zeroed here) and new epochs (epoch + 1), marks
@@ -48,6 +55,13 @@ int64_t dir_relocate_in(const directory_t *d, const int64_t *keys, int64_t n,
                         const float *values, int64_t values_floats, const int64_t *versions,
                         const uint64_t *s_in, const uint64_t *r_in, const int64_t *epochs,
                         int64_t *slots, int8_t *was_replica);
+
+/* The policy's verdicts on node's reports for keys[0..n) (owned here, unique), over the masks
+ * of their records (policy_decide_key); needs room for n records. Returns the replicas dropped
+ * from R. */
+int64_t dir_policy_decide(const directory_t *d, int variant, int64_t node, const int64_t *keys,
+                          int64_t n, const uint8_t *has_intent, int64_t *relocate_to,
+                          uint64_t *setup);
 
 /* An owner's decision on one node's intent reports, carried out (see adapm/_engine/serve.py,
  * NodeState._decide): policy_decide's verdicts (relocate_to[i], setup[i][words]) for keys[i]
@@ -89,8 +103,8 @@ int64_t dir_decide_execute(const directory_t *d, const int64_t *keys, int64_t n,
  * home table names for keys homed here, else where this node sent the key; -1: on its way here
  * (or never here and not homed here, which only a request that saw it sent here can ask). */
 static inline int64_t dir_next_hop(const directory_t *d, int64_t key) {
-    int64_t nxt = d->forward[key];
-    if (key % d->world_size == d->rank) nxt = d->home_owner[key / d->world_size];
+    const int64_t nxt = key % d->world_size == d->rank ? d->home_owner[key / d->world_size]
+                                                       : rec_forward(d->recs, key);
     return nxt == d->rank ? -1 : nxt;
 }
 

@@ -1,8 +1,9 @@
 /* CPython binding of the directory (directory.h): type adapm._native.Directory.
  *
- * A Directory keeps a reference to the node's Store object and buffer views of the directory's
- * numpy arrays (hint, forward, epoch, home table, intent and replica masks), checked once here;
- * each method checks the sizes of its batch buffers and makes one call into directory.c.
+ * A Directory keeps a reference to the node's Store object and owns the rest of the directory:
+ * the home table's owners and the records of active keys (records.h). Each method checks its
+ * batch buffers, reserves the records its pass may create, and makes one call into
+ * directory.c.
  */
 #include "directory.h"
 #include "module.h"
@@ -12,9 +13,9 @@ typedef struct {
     PyObject_HEAD
     directory_t d;
     PyObject *store; /* the StoreObject whose store_t d.store points into */
-    Py_buffer views[8];
-    int nviews;
     replica_set_t held; /* the keys held here as replicas (d.held) */
+    records_t recs;     /* d.recs */
+    int ready;
 } DirectoryObject;
 
 /* The store's repeated-key check (module.h) for this directory's batches. */
@@ -25,71 +26,57 @@ static int refuse_repeated(DirectoryObject *self, const int64_t *keys, int64_t n
 
 static void Directory_dealloc(DirectoryObject *self) {
     rs_free(&self->held);
-    for (int i = 0; i < self->nviews; i++) PyBuffer_Release(&self->views[i]);
+    if (self->ready) rec_free(&self->recs);
+    free(self->d.home_owner);
     Py_XDECREF(self->store);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
-/* A persistent view of one directory array; its element count goes to *count. */
-static void *keep(DirectoryObject *self, PyObject *obj, Py_ssize_t itemsize, const char *name,
-                  Py_ssize_t *count) {
-    Py_buffer *view = &self->views[self->nviews];
-    if (borrow(obj, view, itemsize, 1, name) < 0) return NULL;
-    self->nviews++;
-    *count = view->len / itemsize;
-    return view->buf;
+/* Room for n new records, or MemoryError. */
+static int reserve(DirectoryObject *self, int64_t n) {
+    if (dir_reserve(&self->d, n) == 0) return 0;
+    PyErr_NoMemory();
+    return -1;
 }
 
 static int Directory_init(DirectoryObject *self, PyObject *args, PyObject *kwargs) {
-    static char *kwlist[] = {"store", "hint", "forward", "epoch", "home_owner", "home_epoch",
-                             "intent", "replicas", "rank", "world_size", NULL};
-    PyObject *store, *arrays[7];
+    static char *kwlist[] = {"store", "rank", "world_size", "masks", NULL};
+    PyObject *store;
     long long rank, world_size;
-    if (self->nviews || self->store) {
+    int masks;
+    if (self->ready) {
         PyErr_SetString(PyExc_RuntimeError, "Directory is already initialised");
         return -1;
     }
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O!OOOOOOOLL", kwlist, &StoreType, &store,
-                                     &arrays[0], &arrays[1], &arrays[2], &arrays[3], &arrays[4],
-                                     &arrays[5], &arrays[6], &rank, &world_size))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O!LLp", kwlist, &StoreType, &store, &rank,
+                                     &world_size, &masks))
         return -1;
-    if (world_size < 1 || rank < 0 || rank >= world_size) {
+    if (world_size < 1 || world_size > INT32_MAX || rank < 0 || rank >= world_size) {
         PyErr_SetString(PyExc_ValueError, "Directory: rank must be in [0, world_size)");
         return -1;
     }
-    Py_INCREF(store);
-    self->store = store;
     directory_t *d = &self->d;
     d->store = &((StoreObject *)store)->s;
     d->rank = rank;
     d->world_size = world_size;
     d->words = (world_size + 63) / 64;
-    Py_ssize_t nhint, nforward, nepoch, nhome, nhome_epoch, nintent, nreplicas;
-    if (!(d->hint = keep(self, arrays[0], 4, "hint", &nhint))) return -1;
-    if (!(d->forward = keep(self, arrays[1], 4, "forward", &nforward))) return -1;
-    if (!(d->epoch = keep(self, arrays[2], 8, "epoch", &nepoch))) return -1;
-    if (!(d->home_owner = keep(self, arrays[3], 4, "home_owner", &nhome))) return -1;
-    if (!(d->home_epoch = keep(self, arrays[4], 8, "home_epoch", &nhome_epoch))) return -1;
-    if (arrays[5] == Py_None && arrays[6] == Py_None) { /* a variant without masks */
-        d->intent = d->replicas = NULL;
-        nintent = nreplicas = d->store->num_keys * d->words;
-    } else {
-        if (!(d->intent = keep(self, arrays[5], 8, "intent", &nintent))) return -1;
-        if (!(d->replicas = keep(self, arrays[6], 8, "replicas", &nreplicas))) return -1;
-    }
+    d->masks = masks;
     const int64_t num_keys = d->store->num_keys;
-    const int64_t homed = num_keys > rank ? (num_keys - rank + world_size - 1) / world_size : 0;
-    if (nhint != num_keys || nforward != num_keys || nepoch != num_keys || nhome != homed
-        || nhome_epoch != homed || nintent != num_keys * d->words
-        || nreplicas != num_keys * d->words) {
-        PyErr_SetString(PyExc_ValueError, "Directory: hint, forward and epoch need one entry "
-                                          "per key, the home table one per key homed here, "
-                                          "the masks ceil(world_size / 64) words per key");
+    d->num_home = num_keys > rank ? (num_keys - rank + world_size - 1) / world_size : 0;
+    if (!(d->home_owner = malloc((size_t)(d->num_home ? d->num_home : 1) * sizeof(int32_t)))
+        || rec_init(&self->recs, world_size, masks ? d->words : 0) < 0) {
+        free(d->home_owner);
+        d->home_owner = NULL;
+        PyErr_NoMemory();
         return -1;
     }
-    d->num_home = homed;
+    for (int64_t h = 0; h < d->num_home; h++) d->home_owner[h] = (int32_t)rank;
+    Py_INCREF(store);
+    self->store = store;
+    d->recs = &self->recs;
     d->alloc = &((StoreObject *)store)->alloc;
     d->held = &self->held;
+    self->ready = 1;
     return 0;
 }
 
@@ -136,7 +123,7 @@ static PyObject *Directory_relocate_in(DirectoryObject *self, PyObject *args) {
     }
     if (check_keys(self, v[0].buf, n) < 0 || refuse_repeated(self, v[0].buf, n, "relocate_in") < 0)
         goto done;
-    if (!self->d.intent) {
+    if (!self->d.masks) {
         PyErr_SetString(PyExc_ValueError, "relocate_in: this directory keeps no intent masks "
                                           "(the variant never relocates)");
         goto done;
@@ -150,6 +137,7 @@ static PyObject *Directory_relocate_in(DirectoryObject *self, PyObject *args) {
         PyErr_NoMemory();
         goto done;
     }
+    if (reserve(self, n) < 0) goto done;
     int64_t r;
     NOGIL_BEGIN(v[1].len / 4)
     r = dir_relocate_in(&self->d, v[0].buf, n, v[1].buf, v[1].len / 4, v[2].buf, v[3].buf,
@@ -201,7 +189,7 @@ static PyObject *decide_batch(DirectoryObject *self, int variant, int64_t node,
     int64_t *relocate_to = NULL, *cursor = NULL, *r_slots = NULL;
     uint64_t *setup = NULL;
     const int64_t w = d->words, world = d->world_size;
-    if (!d->intent) {
+    if (!d->masks) {
         PyErr_SetString(PyExc_ValueError, "decide: this directory keeps no intent masks "
                                           "(the variant does not act on intent)");
         return NULL;
@@ -218,11 +206,11 @@ static PyObject *decide_batch(DirectoryObject *self, int variant, int64_t node,
         PyErr_NoMemory();
         goto done;
     }
+    if (reserve(self, n) < 0) goto done; /* the keys' masks, then their forward pointers */
     int64_t dropped;
     decide_sizes_t z;
     NOGIL_BEGIN(n * w)
-    dropped = policy_decide(variant, d->rank, node, w, d->intent, d->replicas, keys, n, flags,
-                            relocate_to, setup);
+    dropped = dir_policy_decide(d, variant, node, keys, n, flags, relocate_to, setup);
     dir_decide_sizes(d, keys, n, relocate_to, setup, &z);
     NOGIL_END
     if (z.relocations < 0) { /* masks only name real ranks (relocate_in checks them) */
@@ -352,11 +340,12 @@ static PyObject *Directory_serve_sync(DirectoryObject *self, PyObject *args) {
                      "keys need %lld", (long long)(v[5].len / 4), (long long)row_floats);
         goto done;
     }
-    if (r.ni && (variant < POLICY_ADAPTIVE || variant > POLICY_RELOCATION_ONLY || !d->intent)) {
+    if (r.ni && (variant < POLICY_ADAPTIVE || variant > POLICY_RELOCATION_ONLY || !d->masks)) {
         PyErr_SetString(PyExc_ValueError, "serve_sync: intent reports, but this directory's "
                                           "variant does not act on intent");
         goto done;
     }
+    if (reserve(self, r.ni) < 0) goto done; /* the decision on the owned reports */
     const int64_t n = r.ni + r.nd + r.nc;
     where = PyMem_Malloc((size_t)(n ? n : 1));
     hop = PyMem_Malloc((size_t)(n ? n : 1) * sizeof(int64_t));
@@ -533,7 +522,7 @@ static PyObject *Directory_setup_in(DirectoryObject *self, PyObject *args) {
         goto done;
     }
     void *taken_ptr;
-    if (!(result = new_array(n, 8, &taken_ptr))) goto done;
+    if (reserve(self, n) < 0 || !(result = new_array(n, 8, &taken_ptr))) goto done;
     const size_t bytes[3] = {(size_t)floats * 4, (size_t)n * 8, (size_t)n * 8};
     for (int i = 0; i < 3; i++)
         if (!(scratch[i] = PyMem_Malloc(bytes[i] ? bytes[i] : 1))) {
@@ -645,6 +634,7 @@ static PyObject *Directory_apply_answer(DirectoryObject *self, PyObject *args) {
                      "refreshed keys need %lld", (long long)(v[5].len / 4), (long long)floats);
         goto done;
     }
+    if (reserve(self, n) < 0) goto done;
     int64_t reports;
     NOGIL_BEGIN(n + floats)
     reports = dir_apply_answer(d, keys, nkeys, v[1].buf, ni, src, pos, v[3].buf, n, refresh,
@@ -657,7 +647,256 @@ done:
     return result;
 }
 
+/* Borrows keys (int64, checked in range) and, if `other` is not NULL, a second buffer of
+ * `itemsize` bytes per key; 0, or -1 with an exception set (nothing borrowed). */
+static int keyed_buffers(DirectoryObject *self, PyObject *okeys, Py_buffer *kv, PyObject *other,
+                         Py_buffer *ov, Py_ssize_t itemsize, const char *what) {
+    if (borrow(okeys, kv, 8, 0, what) < 0) return -1;
+    if (check_keys(self, kv->buf, kv->len / 8) < 0) {
+        PyBuffer_Release(kv);
+        return -1;
+    }
+    if (!other) return 0;
+    if (borrow(other, ov, itemsize, 0, what) < 0) {
+        PyBuffer_Release(kv);
+        return -1;
+    }
+    if (ov->len / itemsize != kv->len / 8) {
+        PyErr_Format(PyExc_ValueError, "%s: one entry per key", what);
+        PyBuffer_Release(kv);
+        PyBuffer_Release(ov);
+        return -1;
+    }
+    return 0;
+}
+
+/* first_hop(keys) / next_hop(keys) -> bytearray of int64 ranks (-1: on its way here) */
+static PyObject *hops(DirectoryObject *self, PyObject *okeys, int first) {
+    Py_buffer kv;
+    if (keyed_buffers(self, okeys, &kv, NULL, NULL, 0, first ? "first_hop" : "next_hop") < 0)
+        return NULL;
+    const int64_t n = kv.len / 8, *keys = kv.buf;
+    int64_t *out;
+    PyObject *result = new_array(n, 8, (void **)&out);
+    if (result) {
+        const directory_t *d = &self->d;
+        for (int64_t i = 0; i < n; i++) {
+            const int64_t hint = first ? rec_hint(d->recs, keys[i]) : d->rank;
+            out[i] = hint == d->rank ? dir_next_hop(d, keys[i]) : hint;
+        }
+    }
+    PyBuffer_Release(&kv);
+    return result;
+}
+
+static PyObject *Directory_first_hop(DirectoryObject *self, PyObject *okeys) {
+    return hops(self, okeys, 1);
+}
+
+static PyObject *Directory_next_hop(DirectoryObject *self, PyObject *okeys) {
+    return hops(self, okeys, 0);
+}
+
+/* learn(keys, rank) -> None: rank answered for keys; their hint points there, except for
+ * keys owned here (a relocation that came before the answer must not be pointed away). */
+static PyObject *Directory_learn(DirectoryObject *self, PyObject *args) {
+    PyObject *okeys;
+    long long rank;
+    if (!PyArg_ParseTuple(args, "OL", &okeys, &rank)) return NULL;
+    if (rank < 0 || rank >= self->d.world_size) {
+        PyErr_SetString(PyExc_ValueError, "learn: rank outside the ranks");
+        return NULL;
+    }
+    Py_buffer kv;
+    if (keyed_buffers(self, okeys, &kv, NULL, NULL, 0, "learn") < 0) return NULL;
+    const int64_t n = kv.len / 8, *keys = kv.buf;
+    PyObject *result = NULL;
+    if (reserve(self, n) == 0) {
+        for (int64_t i = 0; i < n; i++)
+            if (self->d.store->state[keys[i]] != KEY_OWNER)
+                rec_set_hint(&self->recs, keys[i], rank);
+        result = Py_NewRef(Py_None);
+    }
+    PyBuffer_Release(&kv);
+    return result;
+}
+
+/* set_hints(keys, ranks) -> None: where others say keys are (int64 ranks, checked). */
+static PyObject *Directory_set_hints(DirectoryObject *self, PyObject *args) {
+    PyObject *okeys, *oranks;
+    if (!PyArg_ParseTuple(args, "OO", &okeys, &oranks)) return NULL;
+    Py_buffer kv, rv;
+    if (keyed_buffers(self, okeys, &kv, oranks, &rv, 8, "set_hints") < 0) return NULL;
+    const int64_t n = kv.len / 8, *keys = kv.buf, *ranks = rv.buf;
+    PyObject *result = NULL;
+    int64_t bad = -1;
+    for (int64_t i = 0; i < n && bad < 0; i++)
+        if (ranks[i] < 0 || ranks[i] >= self->d.world_size) bad = i;
+    if (bad >= 0)
+        PyErr_Format(PyExc_ValueError, "set_hints: rank %lld of key %lld is outside the ranks",
+                     (long long)ranks[bad], (long long)keys[bad]);
+    else if (reserve(self, n) == 0) {
+        for (int64_t i = 0; i < n; i++) rec_set_hint(&self->recs, keys[i], ranks[i]);
+        result = Py_NewRef(Py_None);
+    }
+    PyBuffer_Release(&kv);
+    PyBuffer_Release(&rv);
+    return result;
+}
+
+/* update_home(keys, owners, epochs) -> None: home updates for keys homed here; the newest
+ * epoch wins (updates from old and new owners may cross). */
+static PyObject *Directory_update_home(DirectoryObject *self, PyObject *args) {
+    PyObject *okeys, *oowners, *oepochs;
+    if (!PyArg_ParseTuple(args, "OOO", &okeys, &oowners, &oepochs)) return NULL;
+    Py_buffer kv, ov, ev;
+    if (keyed_buffers(self, okeys, &kv, oowners, &ov, 8, "update_home") < 0) return NULL;
+    PyObject *result = NULL;
+    const directory_t *d = &self->d;
+    const int64_t n = kv.len / 8, *keys = kv.buf, *owners = ov.buf;
+    if (borrow(oepochs, &ev, 8, 0, "update_home") < 0) goto done;
+    const int64_t *epochs = ev.buf;
+    if (ev.len / 8 != n) {
+        PyErr_SetString(PyExc_ValueError, "update_home: one epoch per key");
+        goto release;
+    }
+    for (int64_t i = 0; i < n; i++) {
+        if (keys[i] % d->world_size != d->rank || owners[i] < 0 || owners[i] >= d->world_size
+            || epochs[i] < 0) {
+            PyErr_Format(PyExc_ValueError, "update_home: key %lld is not homed at rank %lld, "
+                         "or its owner %lld or epoch %lld is bad", (long long)keys[i],
+                         (long long)d->rank, (long long)owners[i], (long long)epochs[i]);
+            goto release;
+        }
+    }
+    if (reserve(self, n) < 0) goto release;
+    for (int64_t i = 0; i < n; i++) {
+        if (epochs[i] <= rec_home_epoch(d->recs, keys[i])) continue;
+        const int32_t r = rec_get(d->recs, keys[i]);
+        d->recs->home_epoch[r] = epochs[i];
+        d->home_owner[keys[i] / d->world_size] = (int32_t)owners[i];
+    }
+    result = Py_NewRef(Py_None);
+release:
+    PyBuffer_Release(&ev);
+done:
+    PyBuffer_Release(&kv);
+    PyBuffer_Release(&ov);
+    return result;
+}
+
+/* set_masks(keys, intent, replicas) -> None: the owner's masks of keys (words per key each);
+ * for tests, which set up states the protocol reaches only through many rounds. */
+static PyObject *Directory_set_masks(DirectoryObject *self, PyObject *args) {
+    PyObject *okeys, *os, *orr;
+    if (!PyArg_ParseTuple(args, "OOO", &okeys, &os, &orr)) return NULL;
+    if (!self->d.masks) {
+        PyErr_SetString(PyExc_ValueError, "set_masks: this directory keeps no masks");
+        return NULL;
+    }
+    Py_buffer kv, sv, rv;
+    if (keyed_buffers(self, okeys, &kv, NULL, NULL, 0, "set_masks") < 0) return NULL;
+    PyObject *result = NULL;
+    const int64_t n = kv.len / 8, w = self->d.words, *keys = kv.buf;
+    if (borrow(os, &sv, 8, 0, "set_masks") < 0) goto done;
+    if (borrow(orr, &rv, 8, 0, "set_masks") < 0) {
+        PyBuffer_Release(&sv);
+        goto done;
+    }
+    if (sv.len / 8 != n * w || rv.len / 8 != n * w
+        || stray_rank_bits(&self->d, sv.buf, n) || stray_rank_bits(&self->d, rv.buf, n))
+        PyErr_SetString(PyExc_ValueError, "set_masks: masks need `words` words per key and "
+                                          "only bits of ranks in the world");
+    else if (refuse_repeated(self, keys, n, "set_masks") == 0 && reserve(self, n) == 0) {
+        for (int64_t i = 0; i < n; i++) {
+            const int32_t r = rec_get(&self->recs, keys[i]);
+            uint64_t *m = self->recs.masks + (int64_t)r * 2 * w;
+            memcpy(m, (uint64_t *)sv.buf + i * w, (size_t)w * sizeof(uint64_t));
+            memcpy(m + w, (uint64_t *)rv.buf + i * w, (size_t)w * sizeof(uint64_t));
+            rec_tidy(&self->recs, r);
+        }
+        result = Py_NewRef(Py_None);
+    }
+    PyBuffer_Release(&sv);
+    PyBuffer_Release(&rv);
+done:
+    PyBuffer_Release(&kv);
+    return result;
+}
+
+/* dense() -> (hint, forward, epoch, home_owner, home_epoch, intent, replicas) bytearrays: the
+ * whole directory as dense arrays (int32, int32, int64 per key; int32, int64 per key homed
+ * here; uint64 masks, words per key, zeros without masks), for tests and inspection. */
+static PyObject *Directory_dense(DirectoryObject *self, PyObject *unused) {
+    const directory_t *d = &self->d;
+    const int64_t k = d->store->num_keys, h = d->num_home, w = d->words;
+    const Py_ssize_t bytes[7] = {k * 4, k * 4, k * 8, h * 4, h * 8, k * w * 8, k * w * 8};
+    void *p[7];
+    PyObject *result = new_buffers(7, bytes, p);
+    if (!result) return NULL;
+    int32_t *hint = p[0], *forward = p[1];
+    int64_t *epoch = p[2], *home_epoch = p[4];
+    memcpy(p[3], d->home_owner, (size_t)h * sizeof(int32_t));
+    memset(p[5], 0, (size_t)bytes[5]);
+    memset(p[6], 0, (size_t)bytes[6]);
+    for (int64_t key = 0; key < k; key++) {
+        hint[key] = (int32_t)(key % d->world_size);
+        forward[key] = -1;
+        epoch[key] = 0;
+    }
+    for (int64_t i = 0; i < h; i++) home_epoch[i] = 0;
+    const records_t *recs = &self->recs;
+    for (int64_t slot = 0; slot <= recs->map.mask; slot++) {
+        const int64_t key = recs->map.keys[slot];
+        if (key < 0) continue;
+        const int32_t r = recs->map.vals[slot];
+        hint[key] = recs->hint[r];
+        forward[key] = recs->forward[r];
+        epoch[key] = recs->epoch[r];
+        if (key % d->world_size == d->rank) home_epoch[key / d->world_size] = recs->home_epoch[r];
+        if (recs->words) {
+            memcpy((uint64_t *)p[5] + key * w, recs->masks + (int64_t)r * 2 * w, (size_t)w * 8);
+            memcpy((uint64_t *)p[6] + key * w, recs->masks + (int64_t)r * 2 * w + w,
+                   (size_t)w * 8);
+        }
+    }
+    return result;
+}
+
+/* memory() -> (records, bytes): active keys with a record, and the bytes the directory holds
+ * beyond the store (home table, records, their map, the replica set). */
+static PyObject *Directory_memory(DirectoryObject *self, PyObject *unused) {
+    const int64_t bytes = self->d.num_home * (int64_t)sizeof(int32_t) + rec_bytes(&self->recs)
+                          + self->held.cap * (int64_t)sizeof(int64_t);
+    return Py_BuildValue("LL", (long long)rec_count(&self->recs), (long long)bytes);
+}
+
 static PyMethodDef Directory_methods[] = {
+    {"first_hop", (PyCFunction)Directory_first_hop, METH_O,
+     "first_hop(keys) -> bytearray (int64). Where a request of this node's own for keys (not "
+     "owned here) goes first: the hint, unless it names this node; then next_hop."},
+    {"next_hop", (PyCFunction)Directory_next_hop, METH_O,
+     "next_hop(keys) -> bytearray (int64). Where to pass requests for keys not owned here: "
+     "keys homed here to the owner the home table names, others to where this node sent "
+     "them; -1: on its way here."},
+    {"learn", (PyCFunction)Directory_learn, METH_VARARGS,
+     "learn(keys, rank) -> None. rank answered for keys: their hints point there, except for "
+     "keys owned here."},
+    {"set_hints", (PyCFunction)Directory_set_hints, METH_VARARGS,
+     "set_hints(keys, ranks) -> None. Hints where others say keys are (ValueError for a rank "
+     "outside the world, nothing changed)."},
+    {"update_home", (PyCFunction)Directory_update_home, METH_VARARGS,
+     "update_home(keys, owners, epochs) -> None. Home updates for keys homed here (int64 "
+     "each); the newest epoch wins. ValueError (nothing changed) for a key homed elsewhere or "
+     "a bad owner or epoch."},
+    {"set_masks", (PyCFunction)Directory_set_masks, METH_VARARGS,
+     "set_masks(keys, intent, replicas) -> None. Sets owned keys' masks (tests)."},
+    {"dense", (PyCFunction)Directory_dense, METH_NOARGS,
+     "dense() -> 7 bytearrays. The directory as dense arrays (tests, inspection): hint, "
+     "forward (int32), epoch (int64) per key, home_owner (int32), home_epoch (int64) per key "
+     "homed here, intent, replicas (uint64, words per key)."},
+    {"memory", (PyCFunction)Directory_memory, METH_NOARGS,
+     "memory() -> (records, bytes). Active keys with a record, and the directory's bytes."},
     {"apply_answer", (PyCFunction)Directory_apply_answer, METH_VARARGS,
      "apply_answer(keys, flags, ni, src, pos, versions, refresh, values, told, now) -> "
      "reports acknowledged. A SYNC_RESP's answers taken in at the round's origin "
@@ -718,10 +957,11 @@ static PyTypeObject DirectoryType = {
     .tp_basicsize = sizeof(DirectoryObject),
     .tp_dealloc = (destructor)Directory_dealloc,
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "Directory(store, hint, forward, epoch, home_owner, home_epoch, intent, replicas, "
-              "rank, world_size): serving SYNCs, the owner's decisions and relocations over a "
-              "node's store and directory arrays (native/directory.h). intent and replicas "
-              "may both be None for variants that do not act on intent.",
+    .tp_doc = "Directory(store, rank, world_size, masks): serving SYNCs, the owner's "
+              "decisions and relocations over a node's store and its directory "
+              "(native/directory.h), which it owns: the home table and the records of active "
+              "keys. masks: whether the variant keeps intent and replica masks (acts on "
+              "intent).",
     .tp_methods = Directory_methods,
     .tp_init = (initproc)Directory_init,
     .tp_new = PyType_GenericNew,

@@ -19,6 +19,13 @@ enum { POLICY_ADAPTIVE = 0, POLICY_REPLICATION_ONLY = 1, POLICY_RELOCATION_ONLY 
  * and setup[i][0..words) (the nodes that get a new replica; already added to replicas[]).
  * Returns the number of replicas removed from R because their holder's intent ended. Keys and
  * ranks must be checked by the caller. */
+/* One key's decision: node reports has_intent for a key with masks s and r (words each,
+ * updated in place); the new replicas go to want (words), replicas whose holder's intent ended
+ * are counted into *dropped. Returns the destination rank, or -1. */
+int64_t policy_decide_key(int variant, int64_t rank, int64_t node, int64_t words, uint64_t *s,
+                          uint64_t *r, int has_intent, uint64_t *want, int64_t *dropped);
+
+/* The batch form over dense masks (the reference the tests hold the records against). */
 int64_t policy_decide(int variant, int64_t rank, int64_t node, int64_t words, uint64_t *intent,
                       uint64_t *replicas, const int64_t *keys, int64_t n,
                       const uint8_t *has_intent, int64_t *relocate_to, uint64_t *setup);

@@ -24,10 +24,11 @@ static int64_t place_keys(const directory_t *d, const int64_t *keys, int64_t n, 
                           int64_t *at) {
     const int64_t world = d->world_size;
     memset(count, 0, (size_t)world * sizeof(int64_t));
-    for (int64_t i = 0; i < n; i++) {
-        const int64_t dst = d->hint[keys[i]];
+    for (int64_t i = 0; i < n; i++) { /* at[i]: the hint, until it is where entry i went */
+        const int64_t dst = rec_hint(d->recs, keys[i]);
         if (dst < 0 || dst >= world) return -1;
         count[dst]++;
+        at[i] = dst;
     }
     int64_t run = 0;
     for (int64_t r = 0; r < world; r++) {
@@ -35,7 +36,7 @@ static int64_t place_keys(const directory_t *d, const int64_t *keys, int64_t n, 
         run += count[r];
     }
     for (int64_t i = 0; i < n; i++) {
-        const int64_t j = cursor[d->hint[keys[i]]]++;
+        const int64_t j = cursor[at[i]]++;
         out_keys[j] = keys[i];
         out_pos[j] = base + i;
         at[i] = j; /* where entry i went */

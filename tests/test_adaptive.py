@@ -41,11 +41,10 @@ def placement(node) -> dict:
     """What a node holds, and what it knows as a home, for checks in the parent."""
     if node.engine is None:
         return {"state": node.store.state.copy(), "owner_at_home": None}
-    router = node.engine.state.router
     keys = np.arange(node.store.num_keys)
-    home = keys[router.is_home(keys)]
+    home = keys[keys % node.world_size == node.rank]
     table = np.full(len(keys), -1)
-    table[home] = router.owner_at_home(home)
+    table[home] = node.engine.state.directory_view()["home_owner"]
     return {"state": node.store.state.copy(), "owner_at_home": table}
 
 
@@ -271,11 +270,11 @@ def _forwarding_job(node):
     node.barrier()
     result = None
     if node.rank == 0:
-        assert node.engine.state.router.hint[1] == 1  # stale: rank 0 never heard of the move
+        assert node.engine.state.directory_view()["hint"][1] == 1  # stale: rank 0 never heard of the move
         result = w.pull(key)[0, 0]
         w.push(key, np.ones((1, 1), np.float32))
         w.wait()
-        result = (result, int(node.engine.state.router.hint[1]))
+        result = (result, int(node.engine.state.directory_view()["hint"][1]))
     node.barrier()
     s = node.stats()
     return result, node.local_keys().tolist(), s["forwarded_keys"], w.pull(key)[0, 0]

@@ -202,16 +202,31 @@ def _values(store) -> tuple:
     return held.tolist(), out.tolist(), deltas
 
 
+def dense(node: NodeState) -> dict:
+    """The node's native directory as dense arrays, named as the reference names them."""
+    return node.directory_view()
+
+
 def _agree(node: NodeState, ref: Reference) -> None:
     a, b = node.store, ref.store
     np.testing.assert_array_equal(a.state, b.state)
     np.testing.assert_array_equal(a.version, b.version)
     assert _values(a) == _values(b)
+    got = dense(node)
     for name in ("hint", "forward", "epoch", "home_owner", "home_epoch"):
-        np.testing.assert_array_equal(getattr(node.router, name), getattr(ref.router, name),
-                                      err_msg=name)
-    np.testing.assert_array_equal(node.policy.intent, ref.policy.intent)
-    np.testing.assert_array_equal(node.policy.replicas, ref.policy.replicas)
+        np.testing.assert_array_equal(got[name], getattr(ref.router, name), err_msg=name)
+    np.testing.assert_array_equal(got["intent"], ref.policy.intent.reshape(-1))
+    np.testing.assert_array_equal(got["replicas"], ref.policy.replicas.reshape(-1))
+    # Records only for keys whose state is not the default of a key nobody touched.
+    records, _ = node.directory.memory()
+    words = ref.policy.words
+    active = ((ref.router.hint != np.arange(NUM_KEYS) % ref.world_size)
+              | (ref.router.forward != -1) | (ref.router.epoch != 0)
+              | ref.policy.intent.reshape(NUM_KEYS, words).any(axis=1)
+              | ref.policy.replicas.reshape(NUM_KEYS, words).any(axis=1))
+    homed = home_keys(ref.rank, NUM_KEYS, ref.world_size)
+    active[homed[ref.router.home_epoch != 0]] = True
+    assert records == int(active.sum())
 
 
 def _masks(rng, n: int, world_size: int) -> np.ndarray:
@@ -278,9 +293,10 @@ def test_native_decisions_and_relocations_match_the_reference(case):
             homed = home_keys(rank, NUM_KEYS, world_size)
             gone = homed[state[homed] != OWNER]
             if len(gone):
-                owners = rng.choice(others, len(gone))
-                for router in (node.router, ref.router):
-                    router.update_home(gone, owners, np.full(len(gone), 10**6))
+                owners = rng.choice(others, len(gone)).astype(np.int64)
+                epochs = np.full(len(gone), 10**6, dtype=np.int64)
+                node.directory.update_home(gone, owners, epochs)
+                ref.router.update_home(gone, owners, epochs)
         elif what == "masks":  # owned keys with other nodes' intents and replicas
             owned = np.flatnonzero(state == OWNER)
             if not len(owned):
@@ -295,8 +311,8 @@ def test_native_decisions_and_relocations_match_the_reference(case):
                 s[i, one // 64] = np.uint64(1 << (one % 64))
             r = s & _masks(rng, len(keys), world_size).reshape(len(keys), words)
             r[:, rank // 64] &= ~np.uint64(1 << (rank % 64))
-            for policy in (node.policy, ref.policy):
-                policy.intent[keys], policy.replicas[keys] = s, r
+            node.directory.set_masks(keys.astype(np.int64), s.reshape(-1), r.reshape(-1))
+            ref.policy.intent[keys], ref.policy.replicas[keys] = s, r
         elif what == "in":
             candidates = np.flatnonzero(state != OWNER)
             if not len(candidates):
@@ -468,13 +484,14 @@ def test_deciding_on_a_key_not_owned_changes_nothing():
     store = Store(config)
     store.insert(home_keys(0, NUM_KEYS, 2), OWNER)
     node = NodeState(0, 2, store, config)
-    node.policy.intent[0] = 2  # rank 1 has intent: a report from 0 that ends would relocate
-    before = store.state.copy(), node.router.hint.copy(), node.policy.intent.copy()
+    # rank 1 has intent: a report from 0 that ends would relocate
+    node.directory.set_masks(np.array([0], np.int64), np.array([2], np.uint64),
+                             np.zeros(1, np.uint64))
+    before = store.state.copy(), node.directory.dense()
     with pytest.raises(ValueError, match="key 1 is not owned here"):
         node._decide(np.array([0, 1], dtype=np.int64), 0, np.zeros(2, dtype=bool))
     np.testing.assert_array_equal(store.state, before[0])
-    np.testing.assert_array_equal(node.router.hint, before[1])
-    np.testing.assert_array_equal(node.policy.intent, before[2])
+    assert node.directory.dense() == before[1]
     assert not node._held
     with pytest.raises(ValueError, match="key 2 is owned here already"):
         node._relocate_in(1, np.array([1, 2], dtype=np.int64), np.zeros(4, np.float32),
@@ -504,7 +521,7 @@ def test_native_directory_checks_its_buffers():
         with pytest.raises(ValueError, match="rank >= world size 3"):
             directory.relocate_in(keys, args[0], args[1], stray, args[3], args[4],
                                   np.empty(1, np.int8))
-    assert store.state[1] == NONE and node.router.hint[1] == 1
+    assert store.state[1] == NONE and dense(node)["hint"][1] == 1
     assert not len(store.native.free_slots())  # no slot was taken and left behind
     owned = np.array([0, 3], np.int64)
     flags = np.ones(2, np.uint8)
@@ -518,7 +535,7 @@ def test_native_directory_checks_its_buffers():
         directory.decide(7, 1, owned, flags)
     with pytest.raises(TypeError):
         directory.decide(0, 1, owned.astype(np.int32), flags)
-    assert not node.policy.intent.any()  # nothing was decided
+    assert not dense(node)["intent"].any()  # nothing was decided
 
 
 def test_serve_sync_refuses_a_malformed_sync_before_changing_anything():
@@ -537,7 +554,7 @@ def test_serve_sync_refuses_a_malformed_sync_before_changing_anything():
         arrays.update(change)
         return node.directory.serve_sync(node.variant, origin, *arrays.values())
 
-    before = store.slab.copy(), store.version.copy(), node.policy.intent.copy()
+    before = store.slab.copy(), store.version.copy(), dense(node)["intent"].copy()
     for change, error in (
             (dict(ipos=np.array([0, 1], i64)), "one position"),
             (dict(iflags=np.ones(2, np.int8)), "one position"),
@@ -554,7 +571,7 @@ def test_serve_sync_refuses_a_malformed_sync_before_changing_anything():
         sync(origin=2)
     np.testing.assert_array_equal(store.slab, before[0])
     np.testing.assert_array_equal(store.version, before[1])
-    np.testing.assert_array_equal(node.policy.intent, before[2])
+    np.testing.assert_array_equal(dense(node)["intent"], before[2])
     answer, decision, rest, _ = sync()  # the well-formed one is served
     assert answer is not None and decision is not None and rest is None
     assert store.version[2] == 1  # the delta was merged
@@ -608,12 +625,11 @@ def test_serve_sync_fuzzed(messages):
     node = NodeState(0, 2, store, config)
     for arrays, origin in messages:
         before = (store.state.copy(), store.slab.copy(), store.version.copy(),
-                  node.policy.intent.copy(), node.router.hint.copy())
+                  *(a.copy() for a in dense(node).values()))
         try:
             answer, decision, _, _ = node.directory.serve_sync(node.variant, origin, *arrays)
         except (ValueError, IndexError):
-            after = (store.state, store.slab, store.version, node.policy.intent,
-                     node.router.hint)
+            after = (store.state, store.slab, store.version, *dense(node).values())
             for a, b in zip(before, after):
                 np.testing.assert_array_equal(a, b)
             continue
@@ -644,7 +660,7 @@ def test_apply_answer_refuses_an_answer_that_does_not_fit_the_round():
                                            np.array(values, np.float32),
                                            node.intents.told.view(np.uint8), 1.0)
 
-    before = store.slab.copy(), store.version.copy(), node.router.hint.copy()
+    before = store.slab.copy(), store.version.copy(), dense(node)["hint"].copy()
     for args, error in ((((3,), (7,), (), ()), "position 3 outside"),
                         (((1,), (7,), (2,), (0, 0)), "refresh position 2 is not"),
                         (((0,), (-1,), (0,), (0, 0)), "refresh position 0 is not"),
@@ -656,7 +672,7 @@ def test_apply_answer_refuses_an_answer_that_does_not_fit_the_round():
         answer((1,), (7,), (), (), src=2)
     np.testing.assert_array_equal(store.slab, before[0])
     np.testing.assert_array_equal(store.version, before[1])
-    np.testing.assert_array_equal(node.router.hint, before[2])
+    np.testing.assert_array_equal(dense(node)["hint"], before[2])
     assert not node.intents.told.any()
     assert answer((0, 1, 2), (-1, 7, 8), (2,), (4, 4)) == 1  # a fitting answer is taken in
     assert node.intents.told[5] and store.version[1] == 7 and store.version[3] == 8

@@ -225,8 +225,8 @@ def _run(sim: Simulation, s: dict) -> None:
     assert np.all(owners.sum(axis=0) == 1), f"owners per key: {owners.sum(axis=0)}"
     actual = np.argmax(owners, axis=0)
     for key in everything:
-        router = nodes[key % len(nodes)].engine.state.router
-        assert router.owner_at_home(np.array([key]))[0] == actual[key], f"home of {key}"
+        home = nodes[key % len(nodes)].engine.state.directory_view()["home_owner"]
+        assert home[key // len(nodes)] == actual[key], f"home of {key}"
     for node in nodes:  # start no more rounds; let the running ones finish
         node.engine.state.closing = True
     sim.settle()
@@ -288,7 +288,13 @@ def test_returned_deltas_for_keys_that_moved_on_are_sent_on():
     store = Store(config)
     store.insert(home_keys(1, 6, 3), OWNER)
     state = NodeState(1, 3, store, config)
-    state.router.forward[0] = 2  # key 0 (homed at rank 0) went from here to rank 2
+    # key 0 (homed at rank 0) came here, and went on to rank 2, the only node with intent
+    i64 = np.int64
+    state._relocate_in(0, np.array([0], i64), np.zeros(2, np.float32), np.zeros(1, i64),
+                       np.array([4], np.uint64), np.zeros(1, np.uint64), np.ones(1, i64))
+    state._decide(np.array([0], i64), 2, np.ones(1, dtype=bool))
+    assert state.directory_view()["forward"][0] == 2
+    state._held.clear()
     state._out = out = []
     state._returned(np.array([0]), np.array([5.0, 6.0], dtype=np.float32))
     while state._local:

@@ -104,9 +104,25 @@ class _MaskPolicy(Policy):
     def __init__(self, rank: int, world_size: int, num_keys: int) -> None:
         super().__init__(rank, world_size, num_keys)
         self.words = mask_words(world_size)
-        self.intent = np.zeros((num_keys, self.words), dtype=np.uint64)
-        self.replicas = np.zeros((num_keys, self.words), dtype=np.uint64)
+        self.num_keys = num_keys
+        self._intent = self._replicas = None
         self._own_word, self._own_bit = divmod(rank, 64)
+
+    # The engine keeps the masks in its native directory, per active key (native/records.h);
+    # these dense ones exist only where this class's own methods are used, as the reference
+    # the tests hold the native decisions against (and are made on first use).
+
+    @property
+    def intent(self) -> np.ndarray:
+        if self._intent is None:
+            self._intent = np.zeros((self.num_keys, self.words), dtype=np.uint64)
+        return self._intent
+
+    @property
+    def replicas(self) -> np.ndarray:
+        if self._replicas is None:
+            self._replicas = np.zeros((self.num_keys, self.words), dtype=np.uint64)
+        return self._replicas
 
     def on_intent(self, keys: np.ndarray, node: int, has_intent: np.ndarray) -> Actions:
         actions = Actions()

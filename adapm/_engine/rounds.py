@@ -352,7 +352,7 @@ class Rounds:
         says they are. Keys owned here by now (the relocation came with the answer) are decided
         at once; the rest are reported again by the next round (to the corrected hint)."""
         self.counters["redirected_keys"] += len(keys)
-        self.router.hint[keys] = ranks
+        self.directory.set_hints(keys, ranks)
         keys, flags = self._decide_owned(keys, flags)
         if len(keys):
             self.intents.report_again(keys)

@@ -46,8 +46,12 @@ def segment_index(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
 
 
 class Router:
-    """Routing state of one node, in one place: where it believes keys are, where it sent keys,
-    and, for keys homed here, who owns them now.
+    """Routing state of one node: where it believes keys are, where it sent keys, and, for keys
+    homed here, who owns them now, as dense numpy arrays.
+
+    The engine keeps this state in its native directory instead (``_native.Directory``: the
+    home table dense, the rest per active key, native/records.h); this class is the reference
+    semantics the tests hold it against (tests/test_directory.py).
 
     - ``hint[k]``: the rank we believe owns k (a guess, corrected by every answer; a wrong guess
       costs a forward, never correctness);
@@ -120,6 +124,7 @@ class Router:
         native/directory.c, which the engine runs (tests/test_directory.py holds one against
         the other)."""
         epochs = self.epoch[keys] + 1
+        self.epoch[keys] = 0  # kept only while owned here
         self.forward[keys] = dst
         self.hint[keys] = dst
         return epochs

@@ -44,7 +44,8 @@ class Serving:
         rest_index = np.flatnonzero(~owned)
         if len(rest_index) < len(keys):
             self._serve(subset(msg, np.flatnonzero(owned), self.store))
-        self._pass_on(msg, rest_index, self.router.next_hop(keys[rest_index]))
+        self._pass_on(msg, rest_index, np.frombuffer(
+            self.directory.next_hop(keys[rest_index]), dtype=np.int64))
 
     def _sync(self, msg: Message) -> None:
         """A sync round's request, served in one native pass (``Directory.serve_sync``, its

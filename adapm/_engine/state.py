@@ -1,8 +1,8 @@
 """One node's engine state and its only entry point, ``NodeState.handle(event, now)``.
 
 The state is everything the protocol knows on a node: the store's directory (which keys are held
-here, as main copy or replica), routing (:class:`~.routing.Router`), the owner's per-key intent
-and replica sets (the management :mod:`~.policy`), this node's intents (:mod:`~.intents`), the
+here, as main copy or replica), the native directory (routing, epochs, and the owner's per-key
+intent and replica sets that the management :mod:`~.policy` decides on), this node's intents (:mod:`~.intents`), the
 requests this node is waiting on, the requests waiting here for keys on their way, and the sync
 round. ``handle`` takes one event (a message arrived, a worker submitted a request, time passed)
 and returns instructions (send a message, finish a worker's call). It does no I/O and reads no
@@ -35,7 +35,7 @@ from .intents import NodeIntents
 from .policy import make_policy
 from .rounds import Rounds
 from .stream import Event
-from .routing import Router, group_by_node
+from .routing import group_by_node
 from .serve import Serving
 
 
@@ -72,6 +72,9 @@ COUNTERS = ("late_answers", "relocations_in", "relocations_out", "replica_setups
 
 
 _MOVE_ROLES = [role for section in MOVE_SECTIONS for role in section]
+_DIRECTORY_VIEW = (("hint", np.int32), ("forward", np.int32), ("epoch", np.int64),
+                   ("home_owner", np.int32), ("home_epoch", np.int64), ("intent", np.uint64),
+                   ("replicas", np.uint64))
 
 
 def _merged(held: list) -> list:
@@ -96,15 +99,12 @@ class NodeState(Serving, Rounds):
         self.world_size = world_size
         self.store = store
         self.config = config
-        self.router = Router(rank, world_size, store.num_keys)
         self.policy = make_policy(config.management, rank, world_size, store.num_keys)
-        # Serving SYNCs, decisions and relocations in native code, over the store and these
-        # arrays (the masks only for the variants that act on intent).
-        router, masks = self.router, hasattr(self.policy, "intent")
-        self.directory = _native.Directory(
-            store.native, router.hint, router.forward, router.epoch, router.home_owner,
-            router.home_epoch, self.policy.intent if masks else None,
-            self.policy.replicas if masks else None, rank, world_size)
+        # Routing (hints, forward pointers, the home table), epochs and the owner's masks (only
+        # for the variants that act on intent) live in the native directory, which serves
+        # SYNCs, decides and relocates over them and the store.
+        masks = hasattr(self.policy, "variant")
+        self.directory = _native.Directory(store.native, rank, world_size, masks)
         self.variant = self.policy.variant if masks else -1  # native/policy.h; -1: no masks
         self.intents = NodeIntents(store.num_keys) if self.policy.runs_rounds else None
         self.requests: dict[int, Outstanding] = {}
@@ -123,6 +123,14 @@ class NodeState(Serving, Rounds):
         self.sinks: list = []  # event stream subscribers (see .stream)
         self.clock = 0  # smallest worker clock at the last Tick (kept while a sink listens)
         Rounds.__init__(self)
+
+    def directory_view(self) -> dict:
+        """The native directory as dense numpy arrays (copies; for tests and inspection, not
+        for hot paths): ``hint``, ``forward`` (int32), ``epoch`` (int64) per key;
+        ``home_owner`` (int32), ``home_epoch`` (int64) per key homed here, by key //
+        world_size; ``intent``, ``replicas`` (uint64, ceil(world_size / 64) words per key)."""
+        return {name: np.frombuffer(b, dtype=dtype)
+                for (name, dtype), b in zip(_DIRECTORY_VIEW, self.directory.dense())}
 
     # --- the event stream --------------------------------------------------------------------
 
@@ -257,7 +265,7 @@ class NodeState(Serving, Rounds):
         if len(setups[0]):
             self._setup_in(msg.src, *setups)
         if len(homes[0]):
-            self.router.update_home(*homes)
+            self.directory.update_home(*homes)
 
     # --- requests of this node's workers -----------------------------------------------------
 
@@ -318,7 +326,7 @@ class NodeState(Serving, Rounds):
                     return
                 msg = subset(msg, np.flatnonzero(~coming), self.store)
                 keys = msg.arrays[0]
-        dst = self.router.first_hop(keys)
+        dst = np.frombuffer(self.directory.first_hop(keys), dtype=np.int64)
         here = np.flatnonzero(dst < 0)
         if len(here):  # on its way here (a relocation we have not received yet)
             self.queued.append(subset(msg, here, self.store))
@@ -384,7 +392,7 @@ class NodeState(Serving, Rounds):
             else:
                 if msg.src != self.rank and len(positions):
                     keys = req.keys[np.searchsorted(req.positions, positions)]
-                    self.router.learn(keys, msg.src, self.store.state[keys] == OWNER)
+                    self.directory.learn(keys, msg.src)
                     if self.sinks:
                         self._emit(Event.REMOTE_ACCESS, keys, msg.src, req.clock)
                 req.parts.append(msg)

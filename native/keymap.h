@@ -1,0 +1,52 @@
+/* A hash map from key (int64, >= 0) to a small int (int32): open addressing with linear probing
+ * and tombstones, capacity a power of two, at most 3/4 full (live + tombstones). It holds the
+ * directory's records of *active* keys (directory.h), so that a node's memory follows the keys
+ * it works with, not the key space. Single-threaded: the engine thread only. Touches no Python
+ * object. */
+#ifndef ADAPM_KEYMAP_H
+#define ADAPM_KEYMAP_H
+
+#include <stdint.h>
+
+enum { KM_EMPTY = -1, KM_TOMB = -2 };
+
+typedef struct {
+    int64_t *keys; /* KM_EMPTY, KM_TOMB or a key */
+    int32_t *vals;
+    int64_t mask;   /* capacity - 1 */
+    int64_t live;   /* keys in the map */
+    int64_t filled; /* live + tombstones */
+} keymap_t;
+
+/* An empty map; returns 0, or -1 if out of memory. */
+int km_init(keymap_t *m);
+void km_free(keymap_t *m);
+
+/* Fibonacci hashing: consecutive keys spread over the table. */
+static inline int64_t km_slot(const keymap_t *m, int64_t key) {
+    return (int64_t)(((uint64_t)key * 0x9E3779B97F4A7C15ull) >> 20) & m->mask;
+}
+
+/* The value of key, or -1 if it is not in the map. */
+static inline int32_t km_get(const keymap_t *m, int64_t key) {
+    for (int64_t i = km_slot(m, key);; i = (i + 1) & m->mask) {
+        const int64_t k = m->keys[i];
+        if (k == key) return m->vals[i];
+        if (k == KM_EMPTY) return -1;
+    }
+}
+
+/* Room for `more` insertions without allocating (rehashes into a larger table if needed, which
+ * also drops the tombstones). Returns 0, or -1 if out of memory (the map is unchanged). */
+int km_reserve(keymap_t *m, int64_t more);
+
+/* Inserts key (not in the map) with val. Needs room (km_reserve). */
+void km_put(keymap_t *m, int64_t key, int32_t val);
+
+/* Removes key; returns its value, or -1 if it was not in the map. */
+int32_t km_del(keymap_t *m, int64_t key);
+
+/* Bytes the map holds. */
+int64_t km_bytes(const keymap_t *m);
+
+#endif
