@@ -7,12 +7,12 @@ Per node it reports
 - ready (s): from the process's start (Python's own start-up included) to a node that has met
   its peers: store, directory and engine state for every key, home keys inserted;
 - dense (B/key): bytes of the per-key arrays this node allocated over the whole key space (store
-  slot, state, version, synced_at; intent counts; the native bitmap for repeated keys) plus the
-  home table (4 B per key homed here), divided by the number of keys; arrays made with
-  ``np.zeros`` are only committed where written, so this is an upper bound of their resident
-  share;
-- records, B/record: the native directory's records of active keys at the end (hints, forward
-  pointers, epochs, the owner's masks; native/records.h) and their bytes (map included) each;
+  slot, state, version, synced_at; the native bitmap for repeated keys) plus the home table (4 B
+  per key homed here), divided by the number of keys; arrays made with ``np.zeros`` are only
+  committed where written, so this is an upper bound of their resident share;
+- records, B/record: the records of active keys at the end, in the native directory (hints,
+  forward pointers, epochs, the owner's masks; native/records.h) and the intent counts
+  (native/intents.h), and their bytes (maps and spare capacity included) per record;
 - RSS ready / RSS end (GB): resident memory after the first barrier, and after the workload
   (values included: 32 B per key of 8 floats for the keys held here, committed as written);
 - the workload: ``--clocks`` clocks of ``--batch`` keys per worker, 90% from the node's own
@@ -73,14 +73,16 @@ def _metadata_bytes(node) -> tuple[int, int, int]:
     records = record_bytes = 0
     if node.engine is not None:
         state = node.engine.state
-        if state.intents is not None:
-            arrays += [state.intents.count, state.intents.told, state.intents._mark]
         # The store's bitmap that finds repeated keys in a batch: a bit per key.
         dense = node.store.num_keys // 8 + 1
         records, directory_bytes = state.directory.memory()
         home_table = 4 * len(range(node.rank, node.store.num_keys, node.world_size))
         dense += home_table
         record_bytes = directory_bytes - home_table
+        if state.intents is not None:  # intent counts: records of keys with intent
+            counted, count_bytes = state.intents.native.memory()
+            records += counted
+            record_bytes += count_bytes
     else:
         dense = 0
     return sum(a.nbytes for a in arrays) + dense, records, record_bytes

@@ -101,13 +101,13 @@ int64_t dir_relocate_in(const directory_t *d, const int64_t *keys, int64_t n,
 }
 
 int64_t dir_setup_in(const directory_t *d, int64_t src, const int64_t *keys, int64_t n,
-                     const float *values, const int64_t *versions, const int32_t *counts,
+                     const float *values, const int64_t *versions, const uint8_t *wanted,
                      double now, int64_t *taken, float *rows, int64_t *vers, int64_t *slots) {
     const store_t *s = d->store;
     int64_t m = 0, off = 0, floats = 0;
     for (int64_t i = 0; i < n; i++) {
         const int64_t key = keys[i], len = key_len(s, key);
-        if (counts && s->state[key] == KEY_NONE && counts[key] > 0) {
+        if (wanted && wanted[i] && s->state[key] == KEY_NONE) {
             taken[m] = key;
             vers[m++] = versions[i];
             memcpy(rows + floats, values + off, (size_t)len * sizeof(float));
@@ -266,15 +266,13 @@ int64_t dir_decide_execute(const directory_t *d, const int64_t *keys, int64_t n,
 int64_t dir_apply_answer(const directory_t *d, const int64_t *keys, int64_t nkeys,
                          const uint8_t *flags, int64_t ni, int64_t src, const int64_t *pos,
                          const int64_t *versions, int64_t n, const int64_t *refresh, int64_t nr,
-                         const float *values, int64_t nvalues, uint8_t *told, double now,
-                         int64_t *by_pos) {
+                         const float *values, int64_t nvalues, double now, int64_t *by_pos) {
     const store_t *s = d->store;
     int64_t reports = 0;
     for (int64_t i = 0; i < n; i++) {
         const int64_t p = pos[i], key = keys[p];
         if (s->state[key] != KEY_OWNER) rec_set_hint(d->recs, key, src);
         if (p < ni) {
-            told[key] = flags[p];
             reports++;
         } else {
             by_pos[p] = versions[i];

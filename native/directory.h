@@ -208,13 +208,13 @@ int64_t dir_round_build(const directory_t *d, const round_in_t *in, const round_
                         round_out_t *o);
 
 /* Replicas from the owner src: keys[0..n) (unique) with values (packed) and versions. A key is
- * taken only if it is not held here and this node still wants it (counts[key] > 0, this node's
- * intent counts; counts NULL: none is wanted): its synced_at becomes now, it gets a slot, is inserted as a replica and joins
+ * taken only if it is not held here and this node still wants it (wanted[i] != 0; NULL: none is
+ * wanted): its synced_at becomes now, it gets a slot, is inserted as a replica and joins
  * d->held. If any was taken, every key of the batch not owned here gets src as its location
  * hint. Writes the taken keys to taken; scratch: rows (the values' floats), vers and slots
  * (n each). Returns how many were taken, or -1 if out of memory (none taken). */
 int64_t dir_setup_in(const directory_t *d, int64_t src, const int64_t *keys, int64_t n,
-                     const float *values, const int64_t *versions, const int32_t *counts,
+                     const float *values, const int64_t *versions, const uint8_t *wanted,
                      double now, int64_t *taken, float *rows, int64_t *vers, int64_t *slots);
 
 /* A SYNC_RESP's keyed part taken in at the round's origin (see adapm/_engine/rounds.py,
@@ -222,13 +222,12 @@ int64_t dir_setup_in(const directory_t *d, int64_t src, const int64_t *keys, int
  * reports first, ni of them, with whether this node has intent); the answer names positions
  * into them (pos[n], with versions[n]: -1 for reports) and refresh positions (refresh[nr],
  * values packed). Every answered key not owned here gets src as its hint; every answered report
- * is acknowledged (told[key] = its flag); replicas that were behind take the value that came
+ * counts as acknowledged (the caller tells the intent counts, intents.h); replicas that were behind take the value that came
  * (plus their own updates since) and its version; every answered replica takes its version and
  * synced_at = now. by_pos: nkeys scratch. Returns the number of reports acknowledged. */
 int64_t dir_apply_answer(const directory_t *d, const int64_t *keys, int64_t nkeys,
                          const uint8_t *flags, int64_t ni, int64_t src, const int64_t *pos,
                          const int64_t *versions, int64_t n, const int64_t *refresh, int64_t nr,
-                         const float *values, int64_t nvalues, uint8_t *told, double now,
-                         int64_t *by_pos);
+                         const float *values, int64_t nvalues, double now, int64_t *by_pos);
 
 #endif

@@ -488,28 +488,39 @@ done:
     return result;
 }
 
+/* Intent counts of this node's (an IntentCounts), or NULL with an exception set. */
+static intent_counts_t *intent_counts(PyObject *obj, const char *what) {
+    if (!PyObject_TypeCheck(obj, &IntentCountsType) || !((IntentCountsObject *)obj)->ready) {
+        PyErr_Format(PyExc_TypeError, "%s: counts must be an initialised IntentCounts", what);
+        return NULL;
+    }
+    return &((IntentCountsObject *)obj)->c;
+}
+
 /* setup_in(src, keys, values, versions, counts, now) -> bytearray of the keys taken */
 static PyObject *Directory_setup_in(DirectoryObject *self, PyObject *args) {
     long long src;
     double now;
-    PyObject *o[4];
-    if (!PyArg_ParseTuple(args, "LOOOOd", &src, &o[0], &o[1], &o[2], &o[3], &now)) return NULL;
+    PyObject *o[3], *ocounts;
+    if (!PyArg_ParseTuple(args, "LOOOOd", &src, &o[0], &o[1], &o[2], &ocounts, &now))
+        return NULL;
+    const intent_counts_t *counts = NULL;
+    if (ocounts != Py_None && !(counts = intent_counts(ocounts, "setup_in"))) return NULL;
     const directory_t *d = &self->d;
     if (src < 0 || src >= d->world_size) {
         PyErr_SetString(PyExc_ValueError, "setup_in: src outside the ranks");
         return NULL;
     }
-    Py_buffer v[4]; /* keys values versions counts */
-    const Py_ssize_t sizes[4] = {8, 4, 8, 4};
+    Py_buffer v[3]; /* keys values versions */
+    const Py_ssize_t sizes[3] = {8, 4, 8};
     int got = 0;
     PyObject *result = NULL;
-    void *scratch[3] = {NULL};
-    for (; got < 4; got++)
+    void *scratch[4] = {NULL};
+    for (; got < 3; got++)
         if (borrow(o[got], &v[got], sizes[got], 0, "setup_in") < 0) goto done;
     const int64_t n = v[0].len / 8, *keys = v[0].buf;
-    if (v[2].len / 8 != n || (v[3].len && v[3].len / 4 != d->store->num_keys)) {
-        PyErr_SetString(PyExc_ValueError, "setup_in: one version per key, one count per key "
-                                          "of the key space (or none: nothing is wanted)");
+    if (v[2].len / 8 != n) {
+        PyErr_SetString(PyExc_ValueError, "setup_in: one version per key");
         goto done;
     }
     if (check_keys(self, keys, n) < 0 || refuse_repeated(self, keys, n, "setup_in") < 0)
@@ -523,16 +534,19 @@ static PyObject *Directory_setup_in(DirectoryObject *self, PyObject *args) {
     }
     void *taken_ptr;
     if (reserve(self, n) < 0 || !(result = new_array(n, 8, &taken_ptr))) goto done;
-    const size_t bytes[3] = {(size_t)floats * 4, (size_t)n * 8, (size_t)n * 8};
-    for (int i = 0; i < 3; i++)
+    const size_t bytes[4] = {(size_t)floats * 4, (size_t)n * 8, (size_t)n * 8, (size_t)n};
+    for (int i = 0; i < 4; i++)
         if (!(scratch[i] = PyMem_Malloc(bytes[i] ? bytes[i] : 1))) {
             PyErr_NoMemory();
             Py_CLEAR(result);
             goto done;
         }
+    /* The counts are read here, with the GIL (their methods keep it: any thread may call). */
+    uint8_t *wanted = scratch[3];
+    for (int64_t i = 0; i < n && counts; i++) wanted[i] = ic_count(counts, keys[i]) > 0;
     int64_t m;
     NOGIL_BEGIN(n + floats)
-    m = dir_setup_in(d, src, keys, n, v[1].buf, v[2].buf, v[3].len ? v[3].buf : NULL, now,
+    m = dir_setup_in(d, src, keys, n, v[1].buf, v[2].buf, counts ? wanted : NULL, now,
                      taken_ptr, scratch[0], scratch[1], scratch[2]);
     NOGIL_END
     if (m < 0) {
@@ -542,7 +556,7 @@ static PyObject *Directory_setup_in(DirectoryObject *self, PyObject *args) {
         Py_CLEAR(result);
     }
 done:
-    for (int i = 0; i < 3; i++) PyMem_Free(scratch[i]);
+    for (int i = 0; i < 4; i++) PyMem_Free(scratch[i]);
     for (int i = 0; i < got; i++) PyBuffer_Release(&v[i]);
     return result;
 }
@@ -580,28 +594,30 @@ static PyObject *Directory_replica_count(DirectoryObject *self, PyObject *unused
     return PyLong_FromLongLong(self->held.len);
 }
 
-/* apply_answer(keys, flags, ni, src, pos, versions, refresh, values, told, now) -> reports */
+/* apply_answer(keys, flags, ni, src, pos, versions, refresh, values, counts, now) -> reports */
 static PyObject *Directory_apply_answer(DirectoryObject *self, PyObject *args) {
     long long ni, src;
     double now;
-    PyObject *o[8];
+    PyObject *o[6], *ocounts;
     if (!PyArg_ParseTuple(args, "OOLLOOOOOd", &o[0], &o[1], &ni, &src, &o[2], &o[3], &o[4],
-                          &o[5], &o[6], &now))
+                          &o[5], &ocounts, &now))
         return NULL;
+    intent_counts_t *told = intent_counts(ocounts, "apply_answer");
+    if (!told) return NULL;
     const directory_t *d = &self->d;
-    Py_buffer v[7]; /* keys flags pos versions refresh values told */
-    const Py_ssize_t sizes[7] = {8, 1, 8, 8, 8, 4, 1};
+    Py_buffer v[6]; /* keys flags pos versions refresh values */
+    const Py_ssize_t sizes[6] = {8, 1, 8, 8, 8, 4};
     int got = 0;
     PyObject *result = NULL;
     int64_t *by_pos = NULL;
-    for (; got < 7; got++)
-        if (borrow(o[got], &v[got], sizes[got], got == 6, "apply_answer") < 0) goto done;
+    for (; got < 6; got++)
+        if (borrow(o[got], &v[got], sizes[got], 0, "apply_answer") < 0) goto done;
     const int64_t nkeys = v[0].len / 8, n = v[2].len / 8, nr = v[4].len / 8;
     const int64_t *keys = v[0].buf, *pos = v[2].buf, *refresh = v[4].buf;
-    if (ni < 0 || ni > nkeys || v[1].len < ni || v[3].len / 8 != n
-        || v[6].len != d->store->num_keys || src < 0 || src >= d->world_size) {
+    if (ni < 0 || ni > nkeys || v[1].len < ni || v[3].len / 8 != n || src < 0
+        || src >= d->world_size) {
         PyErr_SetString(PyExc_ValueError, "apply_answer: a flag per report, a version per "
-                                          "position, told per key, src a rank");
+                                          "position, src a rank");
         goto done;
     }
     if (check_keys(self, keys, nkeys) < 0) goto done;
@@ -635,11 +651,18 @@ static PyObject *Directory_apply_answer(DirectoryObject *self, PyObject *args) {
         goto done;
     }
     if (reserve(self, n) < 0) goto done;
+    if (ic_reserve(told, n) < 0) {
+        PyErr_NoMemory();
+        goto done;
+    }
     int64_t reports;
     NOGIL_BEGIN(n + floats)
     reports = dir_apply_answer(d, keys, nkeys, v[1].buf, ni, src, pos, v[3].buf, n, refresh,
-                               nr, v[5].buf, floats, v[6].buf, now, by_pos);
+                               nr, v[5].buf, floats, now, by_pos);
     NOGIL_END
+    /* Reports acknowledged, with the GIL (the counts' methods keep it: any thread may call). */
+    for (int64_t i = 0; i < n; i++)
+        if (pos[i] < ni) ic_acknowledge(told, &keys[pos[i]], (const uint8_t *)v[1].buf + pos[i], 1);
     result = PyLong_FromLongLong(reports);
 done:
     PyMem_Free(by_pos);
@@ -898,15 +921,15 @@ static PyMethodDef Directory_methods[] = {
     {"memory", (PyCFunction)Directory_memory, METH_NOARGS,
      "memory() -> (records, bytes). Active keys with a record, and the directory's bytes."},
     {"apply_answer", (PyCFunction)Directory_apply_answer, METH_VARARGS,
-     "apply_answer(keys, flags, ni, src, pos, versions, refresh, values, told, now) -> "
+     "apply_answer(keys, flags, ni, src, pos, versions, refresh, values, counts, now) -> "
      "reports acknowledged. A SYNC_RESP's answers taken in at the round's origin "
-     "(directory.h, dir_apply_answer): hints learned, reports acknowledged in told (uint8 per "
-     "key), replicas refreshed and synced. Checks the answer against the round first "
+     "(directory.h, dir_apply_answer): hints learned, reports acknowledged in counts (this "
+     "node's IntentCounts), replicas refreshed and synced. Checks the answer against the round first "
      "(ValueError, nothing changed)."},
     {"setup_in", (PyCFunction)Directory_setup_in, METH_VARARGS,
      "setup_in(src, keys, values, versions, counts, now) -> bytearray. Replicas from their "
      "owner src (directory.h, dir_setup_in): the keys not held here that this node still "
-     "wants (int32 counts > 0) become replicas (synced at now) and join the replica set; "
+     "wants (intent count > 0 in counts, an IntentCounts, or None: none wanted) become replicas (synced at now) and join the replica set; "
      "returns them (int64). ValueError (nothing changed) for repeated keys or sizes that "
      "disagree."},
     {"replicas_added", (PyCFunction)Directory_replicas_added, METH_VARARGS,

@@ -76,10 +76,9 @@ int iq_signal(intent_queue_t *q, const int64_t *keys, int64_t n, int64_t start, 
     return 0;
 }
 
-int iq_collect(intent_queue_t *q, int64_t clock, int64_t horizon, int32_t *counts,
-               int64_t num_keys, uint8_t *mark, int64_t *dirty, int64_t *ndirty,
+int iq_collect(intent_queue_t *q, int64_t clock, int64_t horizon, intent_counts_t *counts,
                int64_t *acted_keys, int *changed) {
-    int64_t nd = *ndirty, acted = 0;
+    int64_t acted = 0;
     int any = 0;
     q->signalled = 0;
     /* Expired first (batches acted on in an earlier round; a batch acted on now has
@@ -97,8 +96,7 @@ int iq_collect(intent_queue_t *q, int64_t clock, int64_t horizon, int32_t *count
             free(b.keys);
             continue;
         }
-        nd = intents_count(counts, num_keys, b.keys, b.n, 1, mark, dirty, nd);
-        if (nd < 0) return -1;
+        if (intents_count(counts, b.keys, b.n, 1) < 0) return -1;
         acted += b.n;
         any = 1;
         b.order = b.end;
@@ -106,19 +104,17 @@ int iq_collect(intent_queue_t *q, int64_t clock, int64_t horizon, int32_t *count
     }
     for (int64_t i = 0; i < q->expired.len; i++) {
         intent_batch_t *b = &q->expired.items[i];
-        nd = intents_count(counts, num_keys, b->keys, b->n, -1, mark, dirty, nd);
-        if (nd < 0) return -1;
+        if (intents_count(counts, b->keys, b->n, -1) < 0) return -1;
         q->queued_keys -= b->n;
         free(b->keys);
     }
     q->expired.len = 0;
-    *ndirty = nd;
     *acted_keys = acted;
     *changed = any;
     return 0;
 }
 
-int iq_served(const intent_queue_t *q, int64_t clock, const uint8_t *told) {
+int iq_served(const intent_queue_t *q, int64_t clock, const intent_counts_t *counts) {
     for (int64_t i = 0; i < q->pending.len; i++) {
         const intent_batch_t *b = &q->pending.items[i];
         if (b->start <= clock && clock < b->end) return 0;
@@ -127,7 +123,7 @@ int iq_served(const intent_queue_t *q, int64_t clock, const uint8_t *told) {
         const intent_batch_t *b = &q->acted.items[i];
         if (b->start <= clock && clock < b->end)
             for (int64_t j = 0; j < b->n; j++)
-                if (!told[b->keys[j]]) return 0;
+                if (!ic_told(counts, b->keys[j])) return 0;
     }
     return 1;
 }

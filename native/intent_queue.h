@@ -14,6 +14,8 @@
 
 #include <stdint.h>
 
+#include "intents.h"
+
 typedef struct {
     int64_t order; /* start (pending) or end (acted): the heap's order */
     int64_t start, end, seq, n;
@@ -40,17 +42,16 @@ void iq_free(intent_queue_t *q);
 int iq_signal(intent_queue_t *q, const int64_t *keys, int64_t n, int64_t start, int64_t end);
 
 /* A round with the worker at `clock`: acts on pending batches with start < horizon (those over
- * already, end <= clock, are dropped uncounted), counting their keys +1, then expires acted
- * batches with end <= clock, counting theirs -1 (intents_count; dirty needs room for
- * q->queued_keys more keys). Writes the new ndirty, the number of keys acted on, and whether
- * any batch was acted on or expired. Returns 0, or -1 if a key is outside [0, num_keys) or a
- * count would go negative (keys are checked when signalled: cannot happen). */
-int iq_collect(intent_queue_t *q, int64_t clock, int64_t horizon, int32_t *counts,
-               int64_t num_keys, uint8_t *mark, int64_t *dirty, int64_t *ndirty,
+ * already, end <= clock, are dropped uncounted), counting their keys +1 into the node's counts,
+ * then expires acted batches with end <= clock, counting theirs -1 (intents_count; counts need
+ * room for q->queued_keys keys). Writes the number of keys acted on, and whether any batch was
+ * acted on or expired. Returns 0, or -1 if out of memory or a count would go negative (the
+ * counts were changed elsewhere: cannot happen). */
+int iq_collect(intent_queue_t *q, int64_t clock, int64_t horizon, intent_counts_t *counts,
                int64_t *acted_keys, int *changed);
 
 /* Whether every intent active at `clock` (start <= clock < end) was acted on and every key of
- * those is told (told[key] != 0): what wait_sync waits for. */
-int iq_served(const intent_queue_t *q, int64_t clock, const uint8_t *told);
+ * those is told: what wait_sync waits for. */
+int iq_served(const intent_queue_t *q, int64_t clock, const intent_counts_t *counts);
 
 #endif

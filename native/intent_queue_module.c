@@ -59,56 +59,16 @@ static PyObject *IntentQueue_signal(IntentQueueObject *self, PyObject *args) {
 }
 
 /* collect(clock, horizon, counts, mark, dirty, ndirty) -> (ndirty, acted keys, changed) */
-static PyObject *IntentQueue_collect(IntentQueueObject *self, PyObject *args) {
-    long long clock, horizon, ndirty;
-    PyObject *o[3];
-    if (!PyArg_ParseTuple(args, "LLOOOL", &clock, &horizon, &o[0], &o[1], &o[2], &ndirty))
-        return NULL;
-    Py_buffer v[3];
-    const Py_ssize_t sizes[3] = {4, 1, 8};
-    int got = 0;
-    PyObject *result = NULL;
-    for (; got < 3; got++)
-        if (borrow(o[got], &v[got], sizes[got], 1, "collect") < 0) goto done;
-    if (v[0].len / 4 != self->num_keys || v[1].len != self->num_keys || ndirty < 0
-        || v[2].len / 8 < ndirty) {
-        PyErr_SetString(PyExc_ValueError, "collect: counts and mark need one entry per key, "
-                                          "dirty at least ndirty");
-        goto done;
-    }
-    if (v[2].len / 8 < ndirty + self->q.queued_keys) {
-        /* A worker signalled since the caller sized dirty: nothing done, grow and call again. */
-        result = Py_NewRef(Py_None);
-        goto done;
-    }
-    int64_t nd = ndirty, acted = 0;
-    int changed = 0;
-    if (iq_collect(&self->q, clock, horizon, v[0].buf, self->num_keys, v[1].buf, v[2].buf,
-                   &nd, &acted, &changed) < 0) {
-        PyErr_SetString(PyExc_RuntimeError, "collect: out of memory, or an intent count went "
-                                            "negative (the counts were changed elsewhere)");
-        goto done;
-    }
-    result = Py_BuildValue("LLO", (long long)nd, (long long)acted, changed ? Py_True : Py_False);
-done:
-    for (int i = 0; i < got; i++) PyBuffer_Release(&v[i]);
-    return result;
-}
-
-/* served(clock, told) -> bool */
+/* served(clock, counts) -> bool */
 static PyObject *IntentQueue_served(IntentQueueObject *self, PyObject *args) {
     long long clock;
-    PyObject *otold;
-    if (!PyArg_ParseTuple(args, "LO", &clock, &otold)) return NULL;
-    Py_buffer tv;
-    if (borrow(otold, &tv, 1, 0, "served: told") < 0) return NULL;
-    PyObject *result = NULL;
-    if (tv.len != self->num_keys)
-        PyErr_SetString(PyExc_ValueError, "served: told needs one entry per key");
-    else
-        result = PyBool_FromLong(iq_served(&self->q, clock, tv.buf));
-    PyBuffer_Release(&tv);
-    return result;
+    IntentCountsObject *counts;
+    if (!PyArg_ParseTuple(args, "LO!", &clock, &IntentCountsType, &counts)) return NULL;
+    if (!counts->ready) {
+        PyErr_SetString(PyExc_ValueError, "served: counts are not initialised");
+        return NULL;
+    }
+    return PyBool_FromLong(iq_served(&self->q, clock, &counts->c));
 }
 
 static PyObject *IntentQueue_empty(IntentQueueObject *self, PyObject *unused) {
@@ -127,16 +87,9 @@ static PyMethodDef IntentQueue_methods[] = {
     {"signal", (PyCFunction)IntentQueue_signal, METH_VARARGS,
      "signal(keys, start, end) -> None. Copies keys (int64) as a batch for clocks "
      "[start, end). IndexError for a key outside [0, num_keys) (nothing queued)."},
-    {"collect", (PyCFunction)IntentQueue_collect, METH_VARARGS,
-     "collect(clock, horizon, counts, mark, dirty, ndirty) -> (ndirty, acted keys, changed) "
-     "or None. A round at the worker's clock: acts on batches with start < horizon and "
-     "expires acted ones with end <= clock, counting their keys in int32 counts (keys whose "
-     "count crossed zero are marked and appended to dirty). None, with nothing done, when "
-     "dirty has no room for ndirty + queued_keys() keys (a worker may signal in between: "
-     "grow it and call again)."},
     {"served", (PyCFunction)IntentQueue_served, METH_VARARGS,
-     "served(clock, told) -> bool. Every intent active at clock was acted on, and all its "
-     "keys are told (told: one byte per key)."},
+     "served(clock, counts) -> bool. Every intent active at clock was acted on, and all its "
+     "keys are told (in counts, an IntentCounts)."},
     {"empty", (PyCFunction)IntentQueue_empty, METH_NOARGS,
      "empty() -> bool. No batch pending or acted on."},
     {"fresh", (PyCFunction)IntentQueue_fresh, METH_NOARGS,
@@ -157,6 +110,266 @@ static PyTypeObject IntentQueueType = {
     .tp_new = PyType_GenericNew,
 };
 
+/* --- IntentCounts: the node's counts of acted-on intents (intents.h) --------------------- */
+
+static void IntentCounts_dealloc(IntentCountsObject *self) {
+    if (self->ready) ic_free(&self->c);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static int IntentCounts_init(IntentCountsObject *self, PyObject *args, PyObject *kwargs) {
+    static char *kwlist[] = {"num_keys", NULL};
+    long long num_keys;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "L", kwlist, &num_keys)) return -1;
+    if (num_keys < 0) {
+        PyErr_SetString(PyExc_ValueError, "IntentCounts: num_keys must be >= 0");
+        return -1;
+    }
+    if (self->ready) ic_free(&self->c); /* a second __init__ starts empty */
+    self->ready = 0;
+    if (ic_init(&self->c) < 0) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    self->num_keys = num_keys;
+    self->ready = 1;
+    return 0;
+}
+
+static int counts_ready(IntentCountsObject *self) {
+    if (self->ready) return 0;
+    PyErr_SetString(PyExc_ValueError, "IntentCounts is not initialised");
+    return -1;
+}
+
+/* Borrows keys (int64, in range); 0, or -1 with an exception set. */
+static int counted_keys(IntentCountsObject *self, PyObject *okeys, Py_buffer *kv,
+                        const char *what) {
+    if (counts_ready(self) < 0 || borrow(okeys, kv, 8, 0, what) < 0) return -1;
+    const int64_t bad = store_check_keys(kv->buf, kv->len / 8, self->num_keys);
+    if (bad < 0) return 0;
+    PyErr_Format(PyExc_IndexError, "%s: keys[%lld] = %lld is outside [0, %lld)", what,
+                 (long long)bad, (long long)((int64_t *)kv->buf)[bad], (long long)self->num_keys);
+    PyBuffer_Release(kv);
+    return -1;
+}
+
+/* collect(queue, clock, horizon) -> (acted keys, changed) */
+static PyObject *IntentCounts_collect(IntentCountsObject *self, PyObject *args) {
+    IntentQueueObject *queue;
+    long long clock, horizon;
+    if (!PyArg_ParseTuple(args, "O!LL", &IntentQueueType, &queue, &clock, &horizon)
+        || counts_ready(self) < 0)
+        return NULL;
+    if (queue->num_keys > self->num_keys) {
+        PyErr_SetString(PyExc_ValueError, "collect: the queue's key space is larger");
+        return NULL;
+    }
+    /* The GIL is held throughout: no worker signals between reserving and counting. */
+    if (ic_reserve(&self->c, queue->q.queued_keys) < 0) return PyErr_NoMemory();
+    int64_t acted = 0;
+    int changed = 0;
+    if (iq_collect(&queue->q, clock, horizon, &self->c, &acted, &changed) < 0) {
+        PyErr_SetString(PyExc_RuntimeError, "collect: out of memory, or an intent count went "
+                                            "negative");
+        return NULL;
+    }
+    return Py_BuildValue("LO", (long long)acted, changed ? Py_True : Py_False);
+}
+
+/* changes() -> (keys, flags) bytearrays (int64, uint8) */
+static PyObject *IntentCounts_changes(IntentCountsObject *self, PyObject *unused) {
+    if (counts_ready(self) < 0) return NULL;
+    const int64_t n = self->c.ndirty;
+    PyObject *keys = PyByteArray_FromStringAndSize(NULL, n * 8);
+    PyObject *flags = PyByteArray_FromStringAndSize(NULL, n);
+    PyObject *result = NULL;
+    if (keys && flags) {
+        const int64_t m = intents_changes(&self->c, (int64_t *)PyByteArray_AS_STRING(keys),
+                                          (uint8_t *)PyByteArray_AS_STRING(flags));
+        if (PyByteArray_Resize(keys, m * 8) == 0 && PyByteArray_Resize(flags, m) == 0)
+            result = PyTuple_Pack(2, keys, flags);
+    }
+    Py_XDECREF(keys);
+    Py_XDECREF(flags);
+    return result;
+}
+
+static PyObject *IntentCounts_pending(IntentCountsObject *self, PyObject *unused) {
+    if (counts_ready(self) < 0) return NULL;
+    return PyBool_FromLong(self->c.ndirty > 0);
+}
+
+/* report_again(keys) -> None */
+static PyObject *IntentCounts_report_again(IntentCountsObject *self, PyObject *okeys) {
+    Py_buffer kv;
+    if (counted_keys(self, okeys, &kv, "report_again") < 0) return NULL;
+    PyObject *result = NULL;
+    const int64_t n = kv.len / 8;
+    if (ic_reserve(&self->c, n) < 0) PyErr_NoMemory();
+    else {
+        ic_report_again(&self->c, kv.buf, n);
+        result = Py_NewRef(Py_None);
+    }
+    PyBuffer_Release(&kv);
+    return result;
+}
+
+/* acknowledge(keys, flags) -> None */
+static PyObject *IntentCounts_acknowledge(IntentCountsObject *self, PyObject *args) {
+    PyObject *okeys, *oflags;
+    if (!PyArg_ParseTuple(args, "OO", &okeys, &oflags)) return NULL;
+    Py_buffer kv, fv;
+    if (counted_keys(self, okeys, &kv, "acknowledge") < 0) return NULL;
+    if (borrow(oflags, &fv, 1, 0, "acknowledge: flags") < 0) {
+        PyBuffer_Release(&kv);
+        return NULL;
+    }
+    PyObject *result = NULL;
+    const int64_t n = kv.len / 8;
+    if (fv.len != n) PyErr_SetString(PyExc_ValueError, "acknowledge: one flag per key");
+    else if (ic_reserve(&self->c, n) < 0) PyErr_NoMemory();
+    else {
+        ic_acknowledge(&self->c, kv.buf, fv.buf, n);
+        result = Py_NewRef(Py_None);
+    }
+    PyBuffer_Release(&kv);
+    PyBuffer_Release(&fv);
+    return result;
+}
+
+/* wants(keys) / in_flight(keys) -> bytearray, one byte per key */
+static PyObject *per_key(IntentCountsObject *self, PyObject *okeys, int in_flight) {
+    Py_buffer kv;
+    if (counted_keys(self, okeys, &kv, in_flight ? "in_flight" : "wants") < 0) return NULL;
+    const int64_t n = kv.len / 8, *keys = kv.buf;
+    PyObject *result = PyByteArray_FromStringAndSize(NULL, n);
+    if (result) {
+        uint8_t *out = (uint8_t *)PyByteArray_AS_STRING(result);
+        for (int64_t i = 0; i < n; i++) {
+            const int32_t r = km_get(&self->c.map, keys[i]);
+            out[i] = r >= 0 && self->c.count[r] > 0 && !(in_flight && self->c.told[r]);
+        }
+    }
+    PyBuffer_Release(&kv);
+    return result;
+}
+
+static PyObject *IntentCounts_wants(IntentCountsObject *self, PyObject *okeys) {
+    return per_key(self, okeys, 0);
+}
+
+static PyObject *IntentCounts_in_flight(IntentCountsObject *self, PyObject *okeys) {
+    return per_key(self, okeys, 1);
+}
+
+/* dense() -> (counts int32, told uint8) bytearrays over the key space (tests, inspection) */
+static PyObject *IntentCounts_dense(IntentCountsObject *self, PyObject *unused) {
+    if (counts_ready(self) < 0) return NULL;
+    const int64_t k = self->num_keys;
+    PyObject *counts = PyByteArray_FromStringAndSize(NULL, k * 4);
+    PyObject *told = PyByteArray_FromStringAndSize(NULL, k);
+    PyObject *result = NULL;
+    if (counts && told) {
+        int32_t *c = (int32_t *)PyByteArray_AS_STRING(counts);
+        uint8_t *t = (uint8_t *)PyByteArray_AS_STRING(told);
+        memset(c, 0, (size_t)k * 4);
+        memset(t, 0, (size_t)k);
+        const keymap_t *m = &self->c.map;
+        for (int64_t slot = 0; slot <= m->mask; slot++) {
+            const int64_t key = m->keys[slot];
+            if (key < 0 || key >= k) continue;
+            c[key] = self->c.count[m->vals[slot]];
+            t[key] = self->c.told[m->vals[slot]];
+        }
+        result = PyTuple_Pack(2, counts, told);
+    }
+    Py_XDECREF(counts);
+    Py_XDECREF(told);
+    return result;
+}
+
+/* set_counts(keys, counts) -> None: for tests, as if rounds had acted on intents whose
+ * reports are not sent yet (the keys are not collected for changes(); owners are not told). */
+static PyObject *IntentCounts_set_counts(IntentCountsObject *self, PyObject *args) {
+    PyObject *okeys, *ocounts;
+    if (!PyArg_ParseTuple(args, "OO", &okeys, &ocounts)) return NULL;
+    Py_buffer kv, cv;
+    if (counted_keys(self, okeys, &kv, "set_counts") < 0) return NULL;
+    if (borrow(ocounts, &cv, 4, 0, "set_counts: counts") < 0) {
+        PyBuffer_Release(&kv);
+        return NULL;
+    }
+    PyObject *result = NULL;
+    const int64_t n = kv.len / 8, *keys = kv.buf;
+    const int32_t *counts = cv.buf;
+    int64_t bad = -1;
+    for (int64_t i = 0; i < n && bad < 0; i++)
+        if (counts[i] < 0) bad = i;
+    if (cv.len / 4 != n || bad >= 0)
+        PyErr_SetString(PyExc_ValueError, "set_counts: one count >= 0 per key");
+    else if (ic_reserve(&self->c, n) < 0) PyErr_NoMemory();
+    else {
+        ic_set_counts(&self->c, keys, counts, n);
+        result = Py_NewRef(Py_None);
+    }
+    PyBuffer_Release(&kv);
+    PyBuffer_Release(&cv);
+    return result;
+}
+
+/* memory() -> (records, bytes) */
+static PyObject *IntentCounts_memory(IntentCountsObject *self, PyObject *unused) {
+    if (counts_ready(self) < 0) return NULL;
+    return Py_BuildValue("LL", (long long)self->c.map.live, (long long)ic_bytes(&self->c));
+}
+
+static PyMethodDef IntentCounts_methods[] = {
+    {"collect", (PyCFunction)IntentCounts_collect, METH_VARARGS,
+     "collect(queue, clock, horizon) -> (acted keys, changed). A round at the worker's clock "
+     "(queue: its IntentQueue): acts on batches with start < horizon and expires acted ones "
+     "with end <= clock, counting their keys in and out; keys whose count crossed zero are "
+     "collected for changes()."},
+    {"changes", (PyCFunction)IntentCounts_changes, METH_NOARGS,
+     "changes() -> (keys, flags). The collected keys whose state (count > 0) differs from "
+     "what owners were told, each once, in the order they were collected (int64, uint8 "
+     "bytearrays); clears the collection."},
+    {"pending", (PyCFunction)IntentCounts_pending, METH_NOARGS,
+     "pending() -> bool. Keys are collected for changes()."},
+    {"report_again", (PyCFunction)IntentCounts_report_again, METH_O,
+     "report_again(keys) -> None. Keys changes() looks at again."},
+    {"acknowledge", (PyCFunction)IntentCounts_acknowledge, METH_VARARGS,
+     "acknowledge(keys, flags) -> None. Owners were told flags (uint8 per key)."},
+    {"wants", (PyCFunction)IntentCounts_wants, METH_O,
+     "wants(keys) -> bytearray. Per key: 1 if this node has acted-on intent for it."},
+    {"in_flight", (PyCFunction)IntentCounts_in_flight, METH_O,
+     "in_flight(keys) -> bytearray. Per key: 1 if intent was acted on and the owner has not "
+     "acknowledged it yet."},
+    {"dense", (PyCFunction)IntentCounts_dense, METH_NOARGS,
+     "dense() -> (counts, told). Over the key space (int32, uint8 bytearrays): tests."},
+    {"set_counts", (PyCFunction)IntentCounts_set_counts, METH_VARARGS,
+     "set_counts(keys, counts) -> None. Tests: sets int32 counts without collecting the keys "
+     "(owners are not told)."},
+    {"memory", (PyCFunction)IntentCounts_memory, METH_NOARGS,
+     "memory() -> (records, bytes). Keys with a record, and the bytes held."},
+    {NULL, NULL, 0, NULL},
+};
+
+PyTypeObject IntentCountsType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "adapm._native.IntentCounts",
+    .tp_basicsize = sizeof(IntentCountsObject),
+    .tp_dealloc = (destructor)IntentCounts_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "IntentCounts(num_keys): a node's counts of acted-on intents per key and what "
+              "owners were told, kept only for keys with intent (native/intents.h). Every "
+              "method keeps the GIL, and the Directory reads and writes the counts only with "
+              "it: any thread may call.",
+    .tp_methods = IntentCounts_methods,
+    .tp_init = (initproc)IntentCounts_init,
+    .tp_new = PyType_GenericNew,
+};
+
 int register_intent_queue_type(PyObject *module) {
-    return add_type(module, &IntentQueueType, "IntentQueue");
+    if (add_type(module, &IntentQueueType, "IntentQueue") < 0) return -1;
+    return add_type(module, &IntentCountsType, "IntentCounts");
 }

@@ -1,41 +1,138 @@
 /* Intent counts: see intents.h. */
 #include "intents.h"
 
-int64_t intents_count(int32_t *counts, int64_t num_keys, const int64_t *keys, int64_t n,
-                      int delta, uint8_t *mark, int64_t *dirty, int64_t ndirty) {
-    for (int64_t i = 0; i < n; i++) {
-        const int64_t key = keys[i];
-        if (key < 0 || key >= num_keys) return -1 - i;
-        const int32_t before = counts[key];
-        int crossed;
-        if (delta > 0) {
-            counts[key] = before + 1;
-            crossed = before == 0;
-        } else {
-            if (before <= 0) return -1 - i;
-            counts[key] = before - 1;
-            crossed = before == 1;
-        }
-        if (crossed && !mark[key]) {
-            mark[key] = 1;
-            dirty[ndirty++] = key;
-        }
-    }
-    return ndirty;
+#include <stdlib.h>
+#include <string.h>
+
+int ic_init(intent_counts_t *c) {
+    memset(c, 0, sizeof(*c));
+    return km_init(&c->map);
 }
 
-int64_t intents_changes(const int32_t *counts, const uint8_t *told, uint8_t *mark,
-                        const int64_t *dirty, int64_t ndirty, int64_t *out_keys,
-                        uint8_t *out_flags) {
+void ic_free(intent_counts_t *c) {
+    km_free(&c->map);
+    free(c->key);
+    free(c->count);
+    free(c->told);
+    free(c->mark);
+    free(c->free_list);
+    free(c->dirty);
+    memset(c, 0, sizeof(*c));
+}
+
+static int grow(void **items, int64_t cap, size_t itemsize) {
+    void *grown = realloc(*items, (size_t)(cap ? cap : 1) * itemsize);
+    if (!grown) return -1;
+    *items = grown;
+    return 0;
+}
+
+int ic_reserve(intent_counts_t *c, int64_t more) {
+    if (km_reserve(&c->map, more) < 0) return -1;
+    if (c->ndirty + more > c->dirty_cap) {
+        int64_t cap = c->dirty_cap ? c->dirty_cap : 1024;
+        while (cap < c->ndirty + more) cap *= 2;
+        if (grow((void **)&c->dirty, cap, sizeof(int64_t)) < 0) return -1;
+        c->dirty_cap = cap;
+    }
+    const int64_t fresh = more - c->nfree;
+    if (fresh <= 0 || c->len + fresh <= c->cap) return 0;
+    int64_t cap = c->cap ? c->cap : 64;
+    while (cap < c->len + fresh) cap *= 2;
+    if (cap > INT32_MAX) return -1;
+    if (grow((void **)&c->key, cap, sizeof(int64_t)) < 0
+        || grow((void **)&c->count, cap, sizeof(int32_t)) < 0
+        || grow((void **)&c->told, cap, 1) < 0 || grow((void **)&c->mark, cap, 1) < 0
+        || grow((void **)&c->free_list, cap, sizeof(int32_t)) < 0)
+        return -1;
+    c->cap = cap;
+    return 0;
+}
+
+/* The key's record, created empty if it has none (needs room). */
+static int32_t ic_get(intent_counts_t *c, int64_t key) {
+    int32_t i = km_get(&c->map, key);
+    if (i >= 0) return i;
+    i = c->nfree ? c->free_list[--c->nfree] : (int32_t)c->len++;
+    c->key[i] = key;
+    c->count[i] = 0;
+    c->told[i] = c->mark[i] = 0;
+    km_put(&c->map, key, i);
+    return i;
+}
+
+static void ic_tidy(intent_counts_t *c, int32_t i) {
+    if (c->count[i] || c->told[i] || c->mark[i]) return;
+    km_del(&c->map, c->key[i]);
+    c->free_list[c->nfree++] = i;
+}
+
+static void mark_dirty(intent_counts_t *c, int32_t i) {
+    if (c->mark[i]) return;
+    c->mark[i] = 1;
+    c->dirty[c->ndirty++] = c->key[i];
+}
+
+int64_t intents_count(intent_counts_t *c, const int64_t *keys, int64_t n, int delta) {
+    for (int64_t i = 0; i < n; i++) {
+        int32_t r;
+        int crossed;
+        if (delta > 0) {
+            r = ic_get(c, keys[i]);
+            crossed = c->count[r]++ == 0;
+        } else {
+            r = km_get(&c->map, keys[i]);
+            if (r < 0 || c->count[r] <= 0) return -1 - i;
+            crossed = --c->count[r] == 0;
+        }
+        if (crossed) mark_dirty(c, r);
+    }
+    return 0;
+}
+
+int64_t intents_changes(intent_counts_t *c, int64_t *out_keys, uint8_t *out_flags) {
     int64_t m = 0;
-    for (int64_t i = 0; i < ndirty; i++) {
-        const int64_t key = dirty[i];
-        mark[key] = 0;
-        const uint8_t want = counts[key] > 0;
-        if (want != (told[key] != 0)) {
+    for (int64_t i = 0; i < c->ndirty; i++) {
+        const int64_t key = c->dirty[i];
+        const int32_t r = km_get(&c->map, key); /* marked: has a record */
+        c->mark[r] = 0;
+        const uint8_t want = c->count[r] > 0;
+        if (want != c->told[r]) {
             out_keys[m] = key;
             out_flags[m++] = want;
         }
+        ic_tidy(c, r);
     }
+    c->ndirty = 0;
     return m;
+}
+
+void ic_acknowledge(intent_counts_t *c, const int64_t *keys, const uint8_t *flags, int64_t n) {
+    for (int64_t i = 0; i < n; i++) {
+        int32_t r = km_get(&c->map, keys[i]);
+        if (r < 0) {
+            if (!flags[i]) continue;
+            r = ic_get(c, keys[i]);
+        }
+        c->told[r] = flags[i] != 0;
+        ic_tidy(c, r);
+    }
+}
+
+void ic_report_again(intent_counts_t *c, const int64_t *keys, int64_t n) {
+    for (int64_t i = 0; i < n; i++) mark_dirty(c, ic_get(c, keys[i]));
+}
+
+int64_t ic_bytes(const intent_counts_t *c) {
+    return km_bytes(&c->map) + c->cap * (int64_t)(sizeof(int64_t) + sizeof(int32_t) + 2
+                                                  + sizeof(int32_t))
+           + c->dirty_cap * (int64_t)sizeof(int64_t);
+}
+
+void ic_set_counts(intent_counts_t *c, const int64_t *keys, const int32_t *counts, int64_t n) {
+    for (int64_t i = 0; i < n; i++) {
+        const int32_t r = ic_get(c, keys[i]);
+        c->count[r] = counts[i];
+        ic_tidy(c, r);
+    }
 }

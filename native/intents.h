@@ -1,27 +1,70 @@
-/* Intent bookkeeping of a node: per-key counts of acted-on intents (see adapm/_engine/intents.py).
+/* Intent bookkeeping of a node: per-key counts of acted-on intents, and what owners were told
+ * (see adapm/_engine/intents.py).
  *
  * Only a count's crossings of zero matter to owners (0->1: "this node has intent", 1->0: "its
  * intent ended"). One pass over a round's keys finds them and collects each crossed key once
- * (a mark byte per key), where numpy needs a sort to count duplicates and another to dedupe.
- * Touches no Python object.
+ * (a mark per key), where numpy needs a sort to count duplicates and another to dedupe.
+ *
+ * Memory: a record (count, told, mark) only for keys with a nonzero count, told or marked, in a
+ * key map (keymap.h): dense arrays cost 6 B per key and node for every key of the key space.
+ * Not thread-safe: the bindings keep the GIL whenever they touch the counts. Touches no Python object.
  */
 #ifndef ADAPM_INTENTS_H
 #define ADAPM_INTENTS_H
 
 #include <stdint.h>
 
-/* Adds delta (+1 or -1) to counts[keys[i]] for every i, in order. A key whose count crosses
- * zero (0 -> 1 for +1, 1 -> 0 for -1) and is not marked yet is marked and appended to
- * dirty[ndirty...]; dirty must have room for n more keys. Returns the new number of dirty keys,
- * or -1 - i if keys[i] is outside [0, num_keys) or its count would go negative; then keys[0..i)
- * have been applied (and recorded as dirty). */
-int64_t intents_count(int32_t *counts, int64_t num_keys, const int64_t *keys, int64_t n,
-                      int delta, uint8_t *mark, int64_t *dirty, int64_t ndirty);
+#include "keymap.h"
 
-/* For each dirty key (unmarking it): has_intent = counts[key] > 0; if that differs from
- * told[key], appends the key to out_keys and has_intent to out_flags. Returns how many. */
-int64_t intents_changes(const int32_t *counts, const uint8_t *told, uint8_t *mark,
-                        const int64_t *dirty, int64_t ndirty, int64_t *out_keys,
-                        uint8_t *out_flags);
+typedef struct {
+    keymap_t map; /* key -> record */
+    int64_t len, cap;
+    int64_t *key;
+    int32_t *count;
+    uint8_t *told, *mark;
+    int32_t *free_list;
+    int64_t nfree;
+    int64_t *dirty; /* marked keys, in the order they were marked */
+    int64_t ndirty, dirty_cap;
+} intent_counts_t;
+
+int ic_init(intent_counts_t *c);
+void ic_free(intent_counts_t *c);
+
+/* Room for `more` new records and `more` more dirty keys. 0, or -1 if out of memory. */
+int ic_reserve(intent_counts_t *c, int64_t more);
+
+static inline int32_t ic_count(const intent_counts_t *c, int64_t key) {
+    const int32_t i = km_get(&c->map, key);
+    return i < 0 ? 0 : c->count[i];
+}
+
+static inline int ic_told(const intent_counts_t *c, int64_t key) {
+    const int32_t i = km_get(&c->map, key);
+    return i >= 0 && c->told[i];
+}
+
+/* Adds delta (+1 or -1) to the count of keys[i] for every i, in order. A key whose count
+ * crosses zero (0 -> 1 for +1, 1 -> 0 for -1) and is not marked yet is marked and joins the
+ * dirty keys. Needs room for n (ic_reserve). Returns 0, or -1 - i if keys[i]'s count would go
+ * negative; then keys[0..i) have been applied (and recorded as dirty). */
+int64_t intents_count(intent_counts_t *c, const int64_t *keys, int64_t n, int delta);
+
+/* For each dirty key (unmarking it): has_intent = count > 0; if that differs from told, appends
+ * the key to out_keys and has_intent to out_flags (room: c->ndirty). Returns how many; the
+ * dirty list is empty afterwards. */
+int64_t intents_changes(intent_counts_t *c, int64_t *out_keys, uint8_t *out_flags);
+
+/* told = flags[i] for keys[i] (needs room for n). */
+void ic_acknowledge(intent_counts_t *c, const int64_t *keys, const uint8_t *flags, int64_t n);
+
+/* Keys that changes() must look at again: marked and dirty unless they are (needs room). */
+void ic_report_again(intent_counts_t *c, const int64_t *keys, int64_t n);
+
+/* Sets counts (>= 0) without marking (tests; needs room for n). */
+void ic_set_counts(intent_counts_t *c, const int64_t *keys, const int32_t *counts, int64_t n);
+
+/* Bytes held. */
+int64_t ic_bytes(const intent_counts_t *c);
 
 #endif

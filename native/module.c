@@ -554,49 +554,6 @@ done:
     return result;
 }
 
-/* intent_changes(counts, told, mark, dirty, ndirty, out_keys, out_flags) -> m (see intents.h) */
-static PyObject *intent_changes(PyObject *module, PyObject *args) {
-    PyObject *ocounts, *otold, *omark, *odirty, *okeys, *oflags;
-    long long ndirty;
-    if (!PyArg_ParseTuple(args, "OOOOLOO", &ocounts, &otold, &omark, &odirty, &ndirty, &okeys,
-                          &oflags))
-        return NULL;
-    Py_buffer v[6];
-    PyObject *objs[6] = {ocounts, otold, omark, odirty, okeys, oflags};
-    const Py_ssize_t sizes[6] = {4, 1, 1, 8, 8, 1};
-    const int writable[6] = {0, 0, 1, 0, 1, 1};
-    int got_views = 0;
-    PyObject *result = NULL;
-    for (; got_views < 6; got_views++)
-        if (borrow(objs[got_views], &v[got_views], sizes[got_views], writable[got_views],
-                   "intent_changes") < 0)
-            goto done;
-    const int64_t num_keys = v[0].len / 4;
-    if (v[1].len != num_keys || v[2].len != num_keys || ndirty < 0 || v[3].len / 8 < ndirty
-        || v[4].len / 8 < ndirty || v[5].len < ndirty) {
-        PyErr_SetString(PyExc_ValueError, "intent_changes: told and mark need one byte per "
-                                          "count; dirty, out_keys and out_flags ndirty entries");
-        goto done;
-    }
-    const int64_t *dirty = v[3].buf;
-    for (int64_t i = 0; i < ndirty; i++) {
-        if (dirty[i] < 0 || dirty[i] >= num_keys) {
-            PyErr_Format(PyExc_ValueError, "intent_changes: dirty key %lld out of range",
-                         (long long)dirty[i]);
-            goto done;
-        }
-    }
-    int64_t m;
-    NOGIL_BEGIN(ndirty)
-    m = intents_changes(v[0].buf, v[1].buf, v[2].buf, dirty, ndirty, v[4].buf, v[5].buf);
-    NOGIL_END
-    result = PyLong_FromLongLong(m);
-done:
-    for (int i = 0; i < got_views; i++) PyBuffer_Release(&v[i]);
-    return result;
-}
-
-
 /* alias_build(weights, prob, alias): float64 weights in, float64 prob and int64 alias out. */
 static PyObject *alias_build_py(PyObject *module, PyObject *args) {
     PyObject *ow, *oprob, *oalias;
@@ -688,9 +645,6 @@ static PyMethodDef module_methods[] = {
      "relocate_to, setup) -> int. One batch of intent reports of `node` for owned keys: updates the S and R "
      "masks, writes each key's relocation target (-1: none) and new replica mask; returns the "
      "number of replicas dropped from R."},
-    {"intent_changes", intent_changes, METH_VARARGS,
-     "intent_changes(counts, told, mark, dirty, ndirty, out_keys, out_flags) -> int. Unmarks "
-     "the dirty keys and writes those whose (count > 0) differs from told, with that flag."},
     {"alias_build", alias_build_py, METH_VARARGS,
      "alias_build(weights, prob, alias) -> None. Vose's alias table of float64 weights into "
      "float64 prob and int64 alias (same length), GIL released; ValueError on a bad weight."},

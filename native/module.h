@@ -6,6 +6,7 @@
 #include <Python.h>
 
 #include "slots.h"
+#include "intents.h"
 #include "store.h"
 
 /* Short calls keep the GIL. Releasing it is cheap, but taking it back waits until the thread
@@ -90,7 +91,18 @@ static inline int add_type(PyObject *module, PyTypeObject *type, const char *nam
 /* Adds the Directory type (directory_module.c) to the module; 0 on success. */
 int register_directory_type(PyObject *module);
 
-/* Adds the IntentQueue type (intent_queue_module.c) to the module; 0 on success. */
+/* Adds the IntentQueue and IntentCounts types (intent_queue_module.c) to the module; 0 on
+ * success. */
 int register_intent_queue_type(PyObject *module);
+
+/* A node's intent counts (intents.h), which the Directory's methods read and write. */
+typedef struct {
+    PyObject_HEAD
+    intent_counts_t c;
+    int64_t num_keys;
+    int ready;
+} IntentCountsObject;
+
+extern PyTypeObject IntentCountsType;
 
 #endif

@@ -324,8 +324,12 @@ def _await_job(node):
     node.barrier()
     result = None
     if node.rank == 1:
-        intents = node.engine.state.intents
-        intents.count[0] = 1  # as if a round had acted on an intent whose report is unanswered
+        counts = node.engine.state.intents.native
+
+        def count(key: int, value: int) -> None:
+            counts.set_counts(np.array([key]), np.array([value], np.int32))
+
+        count(0, 1)  # as if a round had acted on an intent whose report is unanswered
         got, errors = [], []
 
         def puller():
@@ -338,19 +342,19 @@ def _await_job(node):
         t.start()
         t.join(0.5)
         blocked = t.is_alive()  # still waiting for the key to arrive
-        intents.count[0] = 0  # the intent ended: the key is not coming, pull it
+        count(0, 0)  # the intent ended: the key is not coming, pull it
         t.join()
         if errors:
             raise errors[0]
         s = node.stats()
         # Now a key that never comes: the pull times out and names what it waited for.
-        intents.count[2] = 1  # key 2: home and owner rank 0
+        count(2, 1)  # key 2: home and owner rank 0
         try:
             w.pull(np.array([2]))
             timeout = None
         except Exception as exc:
             timeout = (type(exc).__name__, str(exc))
-        intents.count[2] = 0
+        count(2, 0)
         result = (blocked, got, s["remote_pull_keys"], s["waited_pull_keys"], timeout)
     node.barrier()
     return result

@@ -19,7 +19,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import adapm
+from adapm._engine.intents import NodeIntents, WorkerIntents
 from adapm._engine.policy import make_policy
+from adapm._engine.timing import ImmediateTimer
 from adapm._engine.routing import Router, group_by_node, home_keys, home_of
 from adapm._engine.state import NodeState
 from adapm._store import NONE, OWNER, REPLICA, Store
@@ -344,14 +346,14 @@ def test_native_decisions_and_relocations_match_the_reference(case):
             keys = rng.choice(free, rng.integers(1, len(free) + 1), replace=False)
             values = rng.integers(-9, 9, store.floats_for(keys)).astype(np.float32)
             versions = rng.integers(0, 50, len(keys))
-            wanted = rng.integers(0, 2, NUM_KEYS).astype(np.int32)
-            node.intents.count[:] = wanted
+            wanted = rng.integers(0, 2, NUM_KEYS).astype(bool)
+            node.intents = _wanting(np.flatnonzero(wanted))
             src = int(rng.choice(others))
             node.now = float(seed)
             node._setup_in(src, keys, values, versions)
-            taken = ref.setup_in(src, keys, values, versions, wanted > 0, float(seed))
+            taken = ref.setup_in(src, keys, values, versions, wanted, float(seed))
             np.testing.assert_array_equal(store.synced_at[taken], ref.store.synced_at[taken])
-            node.intents.count[:] = 0
+            node.intents = NodeIntents(NUM_KEYS)
         else:  # updates to held keys: replicas keep them as unsent deltas
             held = np.flatnonzero(state != NONE)
             if not len(held):
@@ -383,14 +385,22 @@ def _check_answer(node: NodeState, ref: Reference, rng, world_size: int, seed: i
     src = int(rng.integers(0, world_size))
     told = np.zeros(NUM_KEYS, dtype=bool)
     want = ref.apply_answer(keys, flags, ni, src, pos, versions, refresh, values, told, seed)
-    node.intents.told[:] = False
+    node.intents = NodeIntents(NUM_KEYS)  # nothing told yet
     got = node.directory.apply_answer(keys, flags.view(np.uint8), ni, src, pos, versions,
-                                      refresh, values, node.intents.told.view(np.uint8),
-                                      float(seed))
+                                      refresh, values, node.intents.native, float(seed))
     assert got == want
-    np.testing.assert_array_equal(node.intents.told, told)
+    np.testing.assert_array_equal(node.intents.dense()[1], told)
     np.testing.assert_array_equal(store.synced_at, ref.store.synced_at)
-    node.intents.told[:] = False
+    node.intents = NodeIntents(NUM_KEYS)
+
+
+def _wanting(keys) -> NodeIntents:
+    """Intent counts with acted-on intent for ``keys`` (through a worker's queue)."""
+    worker = WorkerIntents(ImmediateTimer(), NUM_KEYS)
+    worker.signal(np.asarray(keys, dtype=np.int64), 0, 1)
+    intents = NodeIntents(NUM_KEYS)
+    intents.collect(worker, 0)
+    return intents
 
 
 def _check_round(node: NodeState, ref: Reference, rng) -> None:
@@ -658,7 +668,7 @@ def test_apply_answer_refuses_an_answer_that_does_not_fit_the_round():
         return node.directory.apply_answer(keys, flags, 1, src, np.array(pos, i64),
                                            np.array(versions, i64), np.array(refresh, i64),
                                            np.array(values, np.float32),
-                                           node.intents.told.view(np.uint8), 1.0)
+                                           node.intents.native, 1.0)
 
     before = store.slab.copy(), store.version.copy(), dense(node)["hint"].copy()
     for args, error in ((((3,), (7,), (), ()), "position 3 outside"),
@@ -673,6 +683,6 @@ def test_apply_answer_refuses_an_answer_that_does_not_fit_the_round():
     np.testing.assert_array_equal(store.slab, before[0])
     np.testing.assert_array_equal(store.version, before[1])
     np.testing.assert_array_equal(dense(node)["hint"], before[2])
-    assert not node.intents.told.any()
+    assert not node.intents.dense()[1].any()
     assert answer((0, 1, 2), (-1, 7, 8), (2,), (4, 4)) == 1  # a fitting answer is taken in
-    assert node.intents.told[5] and store.version[1] == 7 and store.version[3] == 8
+    assert node.intents.dense()[1][5] and store.version[1] == 7 and store.version[3] == 8

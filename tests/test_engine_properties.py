@@ -147,7 +147,7 @@ class Recorder:
                                       err_msg=f"rank {rank}: replicas")
         assert not (owned & replica).any() and np.all((store.state == NONE) == ~(owned | replica))
         if state.intents is not None:
-            np.testing.assert_array_equal(intent, state.intents.told,
+            np.testing.assert_array_equal(intent, state.intents.dense()[1],
                                           err_msg=f"rank {rank}: intents told")
         counters = state.counters
         assert sizes[Event.ALLOC] == counters["relocations_in"]

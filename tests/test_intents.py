@@ -84,17 +84,17 @@ def test_intent_over_before_acting_is_dropped():
     w.signal(arr(5), 2, 4)
     assert w.fresh()
     assert _round(node, w, 10) == (0, False, [], [])
-    assert w.empty() and not node.count.any()
+    assert w.empty() and not node.dense()[0].any()
 
 
 def test_force_acts_on_active_intents():
     w = WorkerIntents(ActionTimer(lambda0=0.001, p=0.5), NUM_KEYS)
     node = NodeIntents(NUM_KEYS)
     w.signal(arr(5), 0, 10)
-    assert not w.served(0, node.told)
+    assert not w.served(0, node)
     assert _round(node, w, 0) == (0, False, [], [])  # the timer's horizon is 0: not yet
     assert _round(node, w, 0, force=True) == (1, True, [5], [True])
-    assert w.served(0, node.told) and w.served(10, node.told)
+    assert w.served(0, node) and w.served(10, node)
 
 
 def test_signal_checks_its_keys():
@@ -178,12 +178,15 @@ def test_native_queue_matches_the_reference(rounds, timing):
         got_acted, changed = node.collect(worker, clock, force)
         assert got_acted == sum(map(len, acted))
         assert changed == bool(acted or expired)
-        np.testing.assert_array_equal(node.count, ref_node.count)
+        np.testing.assert_array_equal(node.dense()[0], ref_node.count)
         keys, flags = node.changes()
         assert (keys.tolist(), flags.tolist()) == ref_node.changes()
         node.acknowledge(keys, flags)
         for at in (clock, clock + 1, clock + 5):
-            assert worker.served(at, node.told) == ref.served(at, ref_node.told)
+            assert worker.served(at, node) == ref.served(at, ref_node.told)
+        # A record only for keys with a count or told (none marked: changes() took them).
+        records, _ = node.native.memory()
+        assert records == int(((ref_node.count > 0) | ref_node.told).sum())
         assert worker.empty() == ref.empty()
 
 
@@ -204,19 +207,28 @@ def test_told_state_matches_active_intents(intents, steps):
             # ImmediateTimer acts on everything not yet over at the first round that sees it.
             if clock < start + length:
                 live[ks] = True
-        assert np.array_equal(node.told, live)
+        assert np.array_equal(node.dense()[1], live)
     assert math.isinf(ImmediateTimer().horizon(0))
 
 
-def test_collect_asks_for_room_when_a_worker_signalled_after_sizing():
-    """The engine sizes its dirty list from queued_keys(), then collects; a worker may signal
-    in between (another thread): collect then does nothing and says so, instead of failing."""
+def test_counts_keep_records_only_for_keys_with_intent():
+    """Memory follows the keys with intent: once intents ended and owners were told, no record
+    is left; a key reported again keeps one until changes() looked at it."""
     w = WorkerIntents(ImmediateTimer(), NUM_KEYS)
     node = NodeIntents(NUM_KEYS)
-    w.signal(arr(1, 2), 0, 5)
-    dirty = np.empty(2, dtype=np.int64)  # room for what was queued when it was sized
-    w.signal(arr(3, 4), 0, 5)  # signalled "meanwhile"
-    counts, mark = node.count.copy(), node._mark.copy()
-    assert w.queue.collect(0, 2**63 - 1, counts, mark, dirty, 0) is None
-    assert not counts.any() and not mark.any()  # nothing done
-    assert _round(node, w, 0)[:2] == (4, True)  # the engine's path grows and calls again
+    w.signal(arr(1, 2, 3), 0, 5)
+    _round(node, w, 0)
+    assert node.native.memory()[0] == 3
+    assert node.wants(arr(1, 4)).tolist() == [True, False]
+    assert node.in_flight(arr(1)).tolist() == [False]  # told
+    _round(node, w, 5)  # expired, and the owners told so
+    assert node.native.memory()[0] == 0 and not node.pending()
+    node.report_again(arr(7))
+    assert node.pending() and node.native.memory()[0] == 1
+    assert [a.tolist() for a in node.changes()] == [[], []]  # nothing differs from told
+    assert node.native.memory()[0] == 0
+    with pytest.raises(IndexError, match="outside"):
+        node.report_again(arr(NUM_KEYS))
+    with pytest.raises(ValueError, match="one flag per key"):
+        node.native.acknowledge(arr(1, 2), np.ones(1, np.uint8))
+    assert node.native.memory()[0] == 0  # nothing changed

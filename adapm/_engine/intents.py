@@ -54,88 +54,62 @@ class WorkerIntents:
         """An intent was signalled since the last round collected this queue."""
         return self.queue.fresh()
 
-    def served(self, clock: int, told: np.ndarray) -> bool:
-        """Every intent active at ``clock`` was acted on and all its keys are ``told``."""
-        return self.queue.served(clock, told.view(np.uint8))
+    def served(self, clock: int, node: "NodeIntents") -> bool:
+        """Every intent active at ``clock`` was acted on and all its keys are told."""
+        return self.queue.served(clock, node.native)
 
 
 class NodeIntents:
     """Per-key count of acted-on intents on this node, and what owners were last told.
 
-    ``count[k]`` is the number of occurrences of k in this node's acted-on, unexpired intent
+    A key's count is the number of its occurrences in this node's acted-on, unexpired intent
     batches (a key twice in one batch counts twice, and that batch's expiry takes both away):
     only whether it is zero matters. Each round counts each worker's batches in and out in one
     native call (:meth:`collect`) that also collects, once each, the keys whose count crossed
-    zero (``mark`` says which are collected), and :meth:`changes` is one more pass over those:
-    no sort (numpy needs one to count duplicates and another to dedupe; bench/adaptive.py,
-    ~0.4 ms of a ~1.3 ms round).
+    zero, and :meth:`changes` is one more pass over those: no sort (numpy needs one to count
+    duplicates and another to dedupe; bench/adaptive.py, ~0.4 ms of a ~1.3 ms round).
+
+    The counts live in native code (``_native.IntentCounts``, native/intents.h), kept only for
+    keys with intent (dense arrays cost 6 B per key of the key space on every node). Engine
+    thread only.
     """
 
     def __init__(self, num_keys: int) -> None:
-        self.count = np.zeros(num_keys, dtype=np.int32)
-        self.told = np.zeros(num_keys, dtype=bool)
-        self._mark = np.zeros(num_keys, dtype=np.uint8)
-        self._dirty = np.empty(1024, dtype=np.int64)
-        self._ndirty = 0
+        self.native = _native.IntentCounts(num_keys)
 
     def collect(self, worker: WorkerIntents, clock: int, force: bool = False) -> tuple:
         """A round at ``worker``'s ``clock``: its intents the timer says to act on are counted
         in, its acted-on intents that ended are counted out (one native call). Returns (keys
         acted on, whether any intent was acted on or expired)."""
-        horizon = worker.horizon(clock, force)
-        while True:  # the worker may signal between sizing and collecting: then size again
-            self._reserve(worker.queue.queued_keys())
-            done = worker.queue.collect(clock, horizon, self.count, self._mark, self._dirty,
-                                        self._ndirty)
-            if done is not None:
-                break
-        self._ndirty, acted, changed = done
-        return acted, changed
-
-    def _reserve(self, more: int) -> None:
-        """Room in the dirty list for ``more`` keys."""
-        need = self._ndirty + more
-        if len(self._dirty) < need:
-            grown = np.empty(max(need, 2 * len(self._dirty)), dtype=np.int64)
-            grown[:self._ndirty] = self._dirty[:self._ndirty]
-            self._dirty = grown
+        return self.native.collect(worker.queue, clock, worker.horizon(clock, force))
 
     def changes(self) -> tuple[np.ndarray, np.ndarray]:
         """(keys, has_intent) whose state differs from what owners were told, each key once, in
-        the order they first changed; clears the dirty set."""
-        n = self._ndirty
-        keys = np.empty(n, dtype=np.int64)
-        flags = np.empty(n, dtype=bool)
-        m = _native.intent_changes(self.count, self.told, self._mark, self._dirty, n, keys, flags)
-        self._ndirty = 0
-        return keys[:m], flags[:m]
+        the order they first changed; clears the collected set."""
+        keys, flags = self.native.changes()
+        return np.frombuffer(keys, dtype=np.int64), np.frombuffer(flags, dtype=bool)
 
     def pending(self) -> bool:
         """Keys wait for :meth:`changes` to look at them."""
-        return self._ndirty > 0
+        return self.native.pending()
 
     def report_again(self, keys: np.ndarray) -> None:
-        """``keys`` (unique) were reported but not taken in (the report went to a node that no
-        longer owns them): the next :meth:`changes` looks at them again."""
-        keys = np.ascontiguousarray(keys, dtype=np.int64)
-        fresh = keys[self._mark[keys] == 0]
-        self._reserve(len(fresh))
-        need = self._ndirty + len(fresh)
-        self._mark[fresh] = 1
-        self._dirty[self._ndirty:need] = fresh
-        self._ndirty = need
+        """``keys`` were reported but not taken in (the report went to a node that no longer
+        owns them): the next :meth:`changes` looks at them again."""
+        self.native.report_again(np.ascontiguousarray(keys, dtype=np.int64))
 
     def acknowledge(self, keys: np.ndarray, has_intent: np.ndarray) -> None:
-        self.told[keys] = has_intent
+        self.native.acknowledge(np.ascontiguousarray(keys, dtype=np.int64),
+                                np.ascontiguousarray(has_intent, dtype=bool).view(np.uint8))
 
     def wants(self, keys: np.ndarray) -> np.ndarray:
-        return self.count[keys] > 0
+        return np.frombuffer(self.native.wants(keys), dtype=bool)
 
     def in_flight(self, keys: np.ndarray) -> np.ndarray:
-        """Keys with acted-on intent whose owner has not answered the report yet.
+        """Keys with acted-on intent whose owner has not answered the report yet."""
+        return np.frombuffer(self.native.in_flight(keys), dtype=bool)
 
-        Read by worker threads while the engine thread writes: each element read is atomic, and
-        a stale answer only means the request waits for the next arrival or round.
-        """
-        return (self.count[keys] > 0) & ~self.told[keys]
-
+    def dense(self) -> tuple[np.ndarray, np.ndarray]:
+        """(count int32, told bool) over the whole key space: copies, for tests."""
+        count, told = self.native.dense()
+        return np.frombuffer(count, dtype=np.int32), np.frombuffer(told, dtype=bool)

@@ -287,7 +287,7 @@ class Rounds:
                 self._returned(keys[deltas], rows)
         reports = self.directory.apply_answer(
             keys, context.flags.view(np.uint8), context.num_intents, msg.src, positions,
-            versions, refresh_positions, values, self.intents.told.view(np.uint8), self.now)
+            versions, refresh_positions, values, self.intents.native, self.now)
         if reports:
             self._arrived = True
             if self.sinks:
@@ -368,7 +368,7 @@ class Rounds:
         ``relocation_only`` a key that several nodes want follows the latest of them, so it may
         have moved on again.)
         """
-        return self.worker_intents[worker].served(clock, self.intents.told)
+        return self.worker_intents[worker].served(clock, self.intents)
 
     def round_stats(self) -> dict:
         """``rounds``: rounds run (``empty_rounds`` of them had nothing to send);

@@ -23,7 +23,6 @@ from . import native
 from .routing import group_by_node
 from .stream import Event
 
-_NO_COUNTS = np.zeros(0, dtype=np.int32)  # a node that runs no rounds wants no replica
 
 
 class Serving:
@@ -209,7 +208,8 @@ class Serving:
         """Replicas from the owner: those this node still wants are installed, in one native
         pass (``Directory.setup_in``: synced_at first, a slot, the value, the replica set,
         and ``src`` as the hint of the batch's keys not owned here)."""
-        counts = self.intents.count if self.intents is not None else _NO_COUNTS
+        # a node that runs no rounds wants no replica
+        counts = self.intents.native if self.intents is not None else None
         taken = np.frombuffer(self.directory.setup_in(src, keys, values, versions, counts,
                                                       self.now), dtype=native.KEYS)
         if len(taken):
