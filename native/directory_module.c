@@ -924,14 +924,14 @@ static PyMethodDef Directory_methods[] = {
      "apply_answer(keys, flags, ni, src, pos, versions, refresh, values, counts, now) -> "
      "reports acknowledged. A SYNC_RESP's answers taken in at the round's origin "
      "(directory.h, dir_apply_answer): hints learned, reports acknowledged in counts (this "
-     "node's IntentCounts), replicas refreshed and synced. Checks the answer against the round first "
-     "(ValueError, nothing changed)."},
+     "node's IntentCounts), replicas refreshed and synced. Checks the answer against the "
+     "round first (ValueError, nothing changed)."},
     {"setup_in", (PyCFunction)Directory_setup_in, METH_VARARGS,
      "setup_in(src, keys, values, versions, counts, now) -> bytearray. Replicas from their "
      "owner src (directory.h, dir_setup_in): the keys not held here that this node still "
-     "wants (intent count > 0 in counts, an IntentCounts, or None: none wanted) become replicas (synced at now) and join the replica set; "
-     "returns them (int64). ValueError (nothing changed) for repeated keys or sizes that "
-     "disagree."},
+     "wants (intent count > 0 in counts, an IntentCounts, or None: none wanted) become "
+     "replicas (synced at now) and join the replica set; returns them (int64). ValueError "
+     "(nothing changed) for repeated keys or sizes that disagree."},
     {"replicas_added", (PyCFunction)Directory_replicas_added, METH_VARARGS,
      "replicas_added(keys) -> None. Keys inserted as replicas by the caller join the set."},
     {"replica_keys", (PyCFunction)Directory_replica_keys, METH_NOARGS,

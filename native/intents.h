@@ -7,7 +7,8 @@
  *
  * Memory: a record (count, told, mark) only for keys with a nonzero count, told or marked, in a
  * key map (keymap.h): dense arrays cost 6 B per key and node for every key of the key space.
- * Not thread-safe: the bindings keep the GIL whenever they touch the counts. Touches no Python object.
+ * Not thread-safe: the bindings keep the GIL whenever they touch the counts. Touches no Python
+ * object.
  */
 #ifndef ADAPM_INTENTS_H
 #define ADAPM_INTENTS_H
