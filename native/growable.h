@@ -17,4 +17,13 @@ static inline int grow_for_one(void **items, int64_t len, int64_t *cap, size_t i
     return 0;
 }
 
+/* Reallocates *items to hold cap items of itemsize bytes (at least one, so that a zero-size
+ * field still gets a pointer). Returns 0, or -1 if out of memory (*items unchanged). */
+static inline int grow_to(void **items, int64_t cap, size_t itemsize) {
+    void *grown = realloc(*items, (size_t)(cap ? cap : 1) * itemsize);
+    if (!grown) return -1;
+    *items = grown;
+    return 0;
+}
+
 #endif

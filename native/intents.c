@@ -2,6 +2,8 @@
 #include "intents.h"
 
 #include <stdlib.h>
+
+#include "growable.h"
 #include <string.h>
 
 int ic_init(intent_counts_t *c) {
@@ -20,19 +22,13 @@ void ic_free(intent_counts_t *c) {
     memset(c, 0, sizeof(*c));
 }
 
-static int grow(void **items, int64_t cap, size_t itemsize) {
-    void *grown = realloc(*items, (size_t)(cap ? cap : 1) * itemsize);
-    if (!grown) return -1;
-    *items = grown;
-    return 0;
-}
 
 int ic_reserve(intent_counts_t *c, int64_t more) {
     if (km_reserve(&c->map, more) < 0) return -1;
     if (c->ndirty + more > c->dirty_cap) {
         int64_t cap = c->dirty_cap ? c->dirty_cap : 1024;
         while (cap < c->ndirty + more) cap *= 2;
-        if (grow((void **)&c->dirty, cap, sizeof(int64_t)) < 0) return -1;
+        if (grow_to((void **)&c->dirty, cap, sizeof(int64_t)) < 0) return -1;
         c->dirty_cap = cap;
     }
     const int64_t fresh = more - c->nfree;
@@ -40,10 +36,10 @@ int ic_reserve(intent_counts_t *c, int64_t more) {
     int64_t cap = c->cap ? c->cap : 64;
     while (cap < c->len + fresh) cap *= 2;
     if (cap > INT32_MAX) return -1;
-    if (grow((void **)&c->key, cap, sizeof(int64_t)) < 0
-        || grow((void **)&c->count, cap, sizeof(int32_t)) < 0
-        || grow((void **)&c->told, cap, 1) < 0 || grow((void **)&c->mark, cap, 1) < 0
-        || grow((void **)&c->free_list, cap, sizeof(int32_t)) < 0)
+    if (grow_to((void **)&c->key, cap, sizeof(int64_t)) < 0
+        || grow_to((void **)&c->count, cap, sizeof(int32_t)) < 0
+        || grow_to((void **)&c->told, cap, 1) < 0 || grow_to((void **)&c->mark, cap, 1) < 0
+        || grow_to((void **)&c->free_list, cap, sizeof(int32_t)) < 0)
         return -1;
     c->cap = cap;
     return 0;

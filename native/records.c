@@ -3,6 +3,8 @@
 
 #include <stdlib.h>
 
+#include "growable.h"
+
 int rec_init(records_t *r, int64_t world_size, int64_t words) {
     memset(r, 0, sizeof(*r));
     r->world_size = world_size;
@@ -22,13 +24,6 @@ void rec_free(records_t *r) {
     memset(r, 0, sizeof(*r));
 }
 
-/* Grows one field array to cap items; 0 or -1. */
-static int grow(void **items, int64_t cap, size_t itemsize) {
-    void *grown = realloc(*items, (size_t)(cap ? cap : 1) * itemsize);
-    if (!grown) return -1;
-    *items = grown;
-    return 0;
-}
 
 int rec_reserve(records_t *r, int64_t more) {
     if (km_reserve(&r->map, more) < 0) return -1;
@@ -39,13 +34,13 @@ int rec_reserve(records_t *r, int64_t more) {
     if (cap > INT32_MAX) return -1;
     /* Each array grows on its own; one that fails leaves the others larger, which is harmless:
      * cap changes only when all have grown. */
-    if (grow((void **)&r->key, cap, sizeof(int64_t)) < 0
-        || grow((void **)&r->hint, cap, sizeof(int32_t)) < 0
-        || grow((void **)&r->forward, cap, sizeof(int32_t)) < 0
-        || grow((void **)&r->epoch, cap, sizeof(int64_t)) < 0
-        || grow((void **)&r->home_epoch, cap, sizeof(int64_t)) < 0
-        || grow((void **)&r->masks, cap * 2 * r->words, sizeof(uint64_t)) < 0
-        || grow((void **)&r->free_list, cap, sizeof(int32_t)) < 0)
+    if (grow_to((void **)&r->key, cap, sizeof(int64_t)) < 0
+        || grow_to((void **)&r->hint, cap, sizeof(int32_t)) < 0
+        || grow_to((void **)&r->forward, cap, sizeof(int32_t)) < 0
+        || grow_to((void **)&r->epoch, cap, sizeof(int64_t)) < 0
+        || grow_to((void **)&r->home_epoch, cap, sizeof(int64_t)) < 0
+        || grow_to((void **)&r->masks, cap * 2 * r->words, sizeof(uint64_t)) < 0
+        || grow_to((void **)&r->free_list, cap, sizeof(int32_t)) < 0)
         return -1;
     r->cap = cap;
     return 0;
