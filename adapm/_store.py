@@ -1,11 +1,14 @@
 """A node's store: values of the keys held here, and the directory that says which keys those are.
 
-Layout (all numpy, shared with the native code, which does every per-key loop):
+Layout (see native/store.h; the native code does every per-key loop):
 
-- ``slot[k]``: offset (in floats) of key k's value in ``slab``, or -1 when k is not held here;
-- ``state[k]``: ``NONE``, ``OWNER`` (main copy) or ``REPLICA``;
+- ``home``: one uint32 word per key homed on this node (``k % world_size == rank``): whether the
+  main copy is here, and its version. Home keys have fixed rows at the bottom of ``slab``.
+- every other key held here (homed elsewhere, or a replica of a home key) has an entry in a
+  native hash map: its row, version and sync time. So per-key metadata is 4 B per home key plus
+  an entry per key held beyond those, not a few words for every key of the space.
 - ``slab``: float32 values; ``delta``: for replicas, updates not yet sent to the owner;
-- ``seqs``: one seqlock word per stripe of keys (see native/store.h).
+- ``seqs``: one seqlock word per stripe of keys.
 
 ``slab`` and ``delta`` reserve address space for every key (``MAP_NORESERVE``), but memory is only
 committed for slots that are used, and slots are reused through free lists (native/slots.c,
@@ -69,20 +72,17 @@ class Store:
         else:
             self.lens = config.value_length
             capacity = int(self.lens.sum())
-        self.slot = np.full(self.num_keys, -1, dtype=np.int64)
-        self.state = np.zeros(self.num_keys, dtype=np.int8)
+        self.rank, self.world_size = config.rank, config.world_size
+        self.home = np.zeros(len(range(self.rank, self.num_keys, self.world_size)),
+                             dtype=np.uint32)
         self._slab_region, self.slab = _reserve_floats(capacity)
         self._delta_region, self.delta = _reserve_floats(capacity)
         self.seqs = np.zeros(NUM_STRIPES, dtype=np.uint64)
-        # Owner: bumped by every write; replica: the owner's version when last synced.
-        self.version = np.zeros(self.num_keys, dtype=np.int64)
-        # Replicas: time.monotonic() of the last sync, for the staleness statistic.
-        self.synced_at = np.zeros(self.num_keys, dtype=np.float64)
         # [replica reads, sum of read times (us), sum of their synced_at (us)], kept by gather.
         self.access_stats = np.zeros(3, dtype=np.int64)
         self.native = _native.Store(
-            self.slot, self.state, self.slab, self.delta, self.seqs, self.version,
-            self.synced_at, self.access_stats, self.lens, self.uniform_length
+            self.num_keys, self.rank, self.world_size, self.home, self.slab, self.delta,
+            self.seqs, self.access_stats, self.lens, self.uniform_length
         )
         # Fast paths of Worker.pull/push (see native/module.c, fast_call): bound methods, no
         # Python wrapper, since they exist to save the per-call overhead.
@@ -118,13 +118,56 @@ class Store:
     def scatter_set(self, keys: np.ndarray, vals: np.ndarray, missing: np.ndarray) -> int:
         return self.native.scatter_set(keys, vals, missing)
 
+    def states(self, keys: np.ndarray) -> np.ndarray:
+        """``NONE``, ``OWNER`` or ``REPLICA`` per key (int8; a snapshot; any thread)."""
+        keys = np.ascontiguousarray(keys, dtype=np.int64)
+        out = np.empty(len(keys), dtype=np.int8)
+        self.native.inspect(keys, out, None, None, None)
+        return out
+
+    def versions(self, keys: np.ndarray) -> np.ndarray:
+        """Per key: the owner copy's version, or a replica's last synced one; -1 if not held."""
+        keys = np.ascontiguousarray(keys, dtype=np.int64)
+        out = np.empty(len(keys), dtype=np.int64)
+        self.native.inspect(keys, None, out, None, None)
+        return out
+
+    def synced_at(self, keys: np.ndarray) -> np.ndarray:
+        """Per key: a replica's last sync (``time.monotonic()`` seconds); 0.0 for other keys."""
+        keys = np.ascontiguousarray(keys, dtype=np.int64)
+        out = np.empty(len(keys), dtype=np.float64)
+        self.native.inspect(keys, None, None, out, None)
+        return out
+
+    def slots(self, keys: np.ndarray) -> np.ndarray:
+        """Per key: the offset of its row in ``slab`` (and ``delta``), or -1 if not held."""
+        keys = np.ascontiguousarray(keys, dtype=np.int64)
+        out = np.empty(len(keys), dtype=np.int64)
+        self.native.inspect(keys, None, None, None, out)
+        return out
+
+    def snapshot(self) -> dict[str, np.ndarray]:
+        """Dense per-key arrays over the whole key space (state, version, synced_at, slot), for
+        tests and inspection: O(num_keys)."""
+        keys = np.arange(self.num_keys, dtype=np.int64)
+        out = {"state": np.empty(self.num_keys, dtype=np.int8),
+               "version": np.empty(self.num_keys, dtype=np.int64),
+               "synced_at": np.empty(self.num_keys, dtype=np.float64),
+               "slot": np.empty(self.num_keys, dtype=np.int64)}
+        self.native.inspect(keys, out["state"], out["version"], out["synced_at"], out["slot"])
+        return out
+
     def holds(self, keys: np.ndarray) -> np.ndarray:
         """Whether each key has a main copy or replica here now (a snapshot; any thread)."""
-        return self.state[keys] != NONE
+        return self.states(keys) != NONE
 
     def local_keys(self) -> np.ndarray:
-        """Keys with a main copy or replica here (a snapshot)."""
-        return np.flatnonzero(self.state != NONE).astype(np.int64)
+        """Keys with a main copy or replica here, ascending (inserting thread)."""
+        return np.sort(np.frombuffer(self.native.held_keys(), dtype=np.int64))
+
+    def memory(self) -> tuple[int, int]:
+        """(keys in the held map, bytes of per-key metadata: home words and the held map)."""
+        return self.native.memory()
 
     def mean_staleness_ms(self) -> float:
         """Mean time since the last sync of the replica read, over all replica reads so far."""
@@ -146,11 +189,12 @@ class Store:
     # --- moving keys in and out (one thread at a time) ---------------------------------------
 
     def insert(self, keys: np.ndarray, state: int, values: np.ndarray | None = None,
-               versions: np.ndarray | None = None) -> None:
+               versions: np.ndarray | None = None, synced_at: float = 0.0) -> None:
         """Make ``keys`` (unique, not held here) local with ``state``; zeros when ``values`` is
-        None. ValueError (nothing changed) for a key held already or repeated."""
+        None; replicas count as synced at ``synced_at``. ValueError (nothing changed) for a key
+        held already or repeated."""
         keys = np.ascontiguousarray(keys, dtype=np.int64)
-        self.native.insert(keys, int(state), values, versions)
+        self.native.insert(keys, int(state), values, versions, float(synced_at))
         if self.sample_pool is not None:
             self.sample_pool.add(keys)
 
@@ -165,6 +209,11 @@ class Store:
     def refresh(self, keys: np.ndarray, values: np.ndarray, versions: np.ndarray) -> int:
         """Replicas (others skipped): value = values + updates made here since the last take."""
         return self.native.refresh(keys, values, versions, False)
+
+    def set_synced(self, keys: np.ndarray, versions: np.ndarray, now: float) -> None:
+        """Replicas (others skipped) now stand at ``versions``, synced at ``now``."""
+        self.native.set_synced(np.ascontiguousarray(keys, dtype=np.int64),
+                               np.ascontiguousarray(versions, dtype=np.int64), float(now))
 
     def promote(self, keys: np.ndarray, values: np.ndarray, versions: np.ndarray) -> int:
         """Replicas become main copies: value = values + their unsent updates."""

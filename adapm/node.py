@@ -13,7 +13,7 @@ from ._engine import routing
 from ._engine.events import Op, Request
 from ._engine.loop import EngineLoop
 from ._engine.state import NodeState
-from ._store import NONE, OWNER, REPLICA, Store
+from ._store import OWNER, REPLICA, Store
 from ._wire import rendezvous
 from ._wire.zmq_transport import Transport
 from .config import Config
@@ -89,10 +89,10 @@ class Node:
         state = NodeState(config.rank, config.world_size, store, config)
         if state.policy.replicates_everything:
             # Every node holds every key: replicas of all keys homed elsewhere, synced each round.
-            others = np.flatnonzero(store.state == NONE).astype(np.int64)
+            others = np.setdiff1d(np.arange(config.num_keys, dtype=np.int64),
+                                  store.local_keys(), assume_unique=True)
             # In sync now (all zeros, version 0): staleness counts from here, not from boot.
-            store.synced_at[others] = time.monotonic()
-            store.insert(others, REPLICA)
+            store.insert(others, REPLICA, synced_at=time.monotonic())
             state.directory.replicas_added(others)
         return state
 

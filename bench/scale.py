@@ -69,23 +69,26 @@ def _rss_gb() -> float:
 
 def _metadata_bytes(node) -> tuple[int, int, int]:
     """(bytes over the whole key space, records of active keys, their bytes)."""
-    arrays = [node.store.slot, node.store.state, node.store.version, node.store.synced_at]
-    records = record_bytes = 0
+    # The store: a word per home key (dense) and the held map of keys beyond those (records).
+    held, store_bytes = node.store.memory()
+    home_words = node.store.home.nbytes
+    records, record_bytes = held, store_bytes - home_words
     if node.engine is not None:
         state = node.engine.state
         # The store's bitmap that finds repeated keys in a batch: a bit per key.
         dense = node.store.num_keys // 8 + 1
-        records, directory_bytes = state.directory.memory()
+        directory_records, directory_bytes = state.directory.memory()
         home_table = 4 * len(range(node.rank, node.store.num_keys, node.world_size))
         dense += home_table
-        record_bytes = directory_bytes - home_table
+        records += directory_records
+        record_bytes += directory_bytes - home_table
         if state.intents is not None:  # intent counts: records of keys with intent
             counted, count_bytes = state.intents.native.memory()
             records += counted
             record_bytes += count_bytes
     else:
         dense = 0
-    return sum(a.nbytes for a in arrays) + dense, records, record_bytes
+    return home_words + dense, records, record_bytes
 
 
 def _job(node, o: dict) -> dict:

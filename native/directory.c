@@ -11,17 +11,16 @@ int64_t dir_relocate_out(const directory_t *d, const int64_t *keys, int64_t n, i
     const store_t *s = d->store;
     int64_t need = 0;
     for (int64_t i = 0; i < n; i++) {
-        if (s->state[keys[i]] != KEY_OWNER) return -1 - i;
+        if (store_state(s, keys[i]) != KEY_OWNER) return -1 - i;
         need += key_len(s, keys[i]);
     }
     if (need > values_floats) return -1 - n;
-    store_remove(s, keys, n, values, NULL, values_floats, slots);
+    store_remove(s, keys, n, values, NULL, values_floats, slots, versions);
     slots_give(d->alloc, s, keys, slots, n); /* out of memory: those slots are not reused */
     const int64_t w = d->words;
     records_t *recs = d->recs;
     for (int64_t i = 0; i < n; i++) {
         const int64_t key = keys[i];
-        versions[i] = s->version[key]; /* after removal: no write can follow */
         const int32_t r = rec_get(recs, key);
         uint64_t *masks = recs->masks + (int64_t)r * 2 * recs->words;
         if (recs->words) {
@@ -47,17 +46,18 @@ int64_t dir_relocate_in(const directory_t *d, const int64_t *keys, int64_t n,
     const store_t *s = d->store;
     int64_t need = 0;
     for (int64_t i = 0; i < n; i++) {
-        if (s->state[keys[i]] == KEY_OWNER) return -1 - i;
+        if (store_state(s, keys[i]) == KEY_OWNER) return -1 - i;
         need += key_len(s, keys[i]);
     }
     if (need > values_floats) return -1 - n;
+    if (store_reserve(s, n) < 0) return -2 - n;
     /* A slot for each key that is not a replica here (slots[j]: the j-th such key's). */
     int64_t fresh = 0;
     for (int64_t i = 0; i < n; i++) {
-        if (s->state[keys[i]] == KEY_REPLICA) continue;
+        if (store_state(s, keys[i]) == KEY_REPLICA) continue;
         if (slots_take(d->alloc, s, &keys[i], 1, &slots[fresh]) < 0) {
             for (int64_t k = 0, j = 0; j < fresh; k++) /* give back what was taken */
-                if (s->state[keys[k]] != KEY_REPLICA) {
+                if (store_state(s, keys[k]) != KEY_REPLICA) {
                     slots_give(d->alloc, s, &keys[k], &slots[j], 1);
                     j++;
                 }
@@ -70,11 +70,12 @@ int64_t dir_relocate_in(const directory_t *d, const int64_t *keys, int64_t n,
     int64_t off = 0, j = 0;
     for (int64_t i = 0; i < n; i++) {
         const int64_t key = keys[i], len = key_len(s, key);
-        was_replica[i] = s->state[key] == KEY_REPLICA;
+        was_replica[i] = store_state(s, key) == KEY_REPLICA;
         if (was_replica[i]) /* value = the owner's + our unsent updates */
             store_refresh(s, keys + i, 1, values + off, len, versions + i, 1);
         else /* the j-th fresh key: slots[j] was taken for it above */
-            store_insert(s, keys + i, 1, slots + j++, KEY_OWNER, values + off, len, versions + i);
+            store_insert(s, keys + i, 1, slots + j++, KEY_OWNER, values + off, len, versions + i,
+                         0.0);
         off += len;
         records_t *recs = d->recs;
         const int32_t r = rec_get(recs, key);
@@ -107,7 +108,7 @@ int64_t dir_setup_in(const directory_t *d, int64_t src, const int64_t *keys, int
     int64_t m = 0, off = 0, floats = 0;
     for (int64_t i = 0; i < n; i++) {
         const int64_t key = keys[i], len = key_len(s, key);
-        if (wanted && wanted[i] && s->state[key] == KEY_NONE) {
+        if (wanted && wanted[i] && store_state(s, key) == KEY_NONE) {
             taken[m] = key;
             vers[m++] = versions[i];
             memcpy(rows + floats, values + off, (size_t)len * sizeof(float));
@@ -116,17 +117,14 @@ int64_t dir_setup_in(const directory_t *d, int64_t src, const int64_t *keys, int
         off += len;
     }
     if (!m) return 0;
-    if (slots_take(d->alloc, s, taken, m, slots) < 0) return -1;
+    if (store_reserve(s, m) < 0 || slots_take(d->alloc, s, taken, m, slots) < 0) return -1;
     if (rs_add(d->held, taken, m) < 0) {
         slots_give(d->alloc, s, taken, slots, m);
         return -1;
     }
-    /* synced_at first: workers may read the replica as soon as it is inserted, and a read
-     * before this would take the key's old synced_at as its refresh time. */
-    for (int64_t j = 0; j < m; j++) s->synced_at[taken[j]] = now;
-    store_insert(s, taken, m, slots, KEY_REPLICA, rows, floats, vers);
+    store_insert(s, taken, m, slots, KEY_REPLICA, rows, floats, vers, now); /* room reserved */
     for (int64_t i = 0; i < n; i++)
-        if (s->state[keys[i]] != KEY_OWNER) rec_set_hint(d->recs, keys[i], src);
+        if (store_state(s, keys[i]) != KEY_OWNER) rec_set_hint(d->recs, keys[i], src);
     return m;
 }
 
@@ -253,8 +251,8 @@ int64_t dir_decide_execute(const directory_t *d, const int64_t *keys, int64_t n,
                 o->s_keys[cursor[j * 64 + __builtin_ctzll(bits)]++] = keys[i];
     for (int64_t i = 0; i < sizes->setups; i++) {
         const int64_t key = o->s_keys[i];
-        if (s->state[key] != KEY_OWNER) return -1;
-        o->s_versions[i] = __atomic_load_n(&s->version[key], __ATOMIC_ACQUIRE);
+        if (store_state(s, key) != KEY_OWNER) return -1;
+        o->s_versions[i] = store_version(s, key);
     }
     /* None missing: every key is owned, and only this thread removes keys. */
     if (sizes->setups && store_gather(s, o->s_keys, sizes->setups, o->s_values,
@@ -271,7 +269,7 @@ int64_t dir_apply_answer(const directory_t *d, const int64_t *keys, int64_t nkey
     int64_t reports = 0;
     for (int64_t i = 0; i < n; i++) {
         const int64_t p = pos[i], key = keys[p];
-        if (s->state[key] != KEY_OWNER) rec_set_hint(d->recs, key, src);
+        if (store_state(s, key) != KEY_OWNER) rec_set_hint(d->recs, key, src);
         if (p < ni) {
             reports++;
         } else {
@@ -286,10 +284,8 @@ int64_t dir_apply_answer(const directory_t *d, const int64_t *keys, int64_t nkey
         off += len;
     }
     for (int64_t i = 0; i < n; i++) {
-        const int64_t p = pos[i], key = keys[p];
-        if (p < ni || s->state[key] != KEY_REPLICA) continue;
-        s->version[key] = versions[i];
-        s->synced_at[key] = now;
+        const int64_t p = pos[i];
+        if (p >= ni) store_set_synced(s, &keys[p], 1, &versions[i], now); /* replicas only */
     }
     (void)nkeys;
     return reports;

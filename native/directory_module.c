@@ -195,7 +195,7 @@ static PyObject *decide_batch(DirectoryObject *self, int variant, int64_t node,
         return NULL;
     }
     for (int64_t i = 0; i < n; i++) /* before anything changes */
-        if (d->store->state[keys[i]] != KEY_OWNER) {
+        if (store_state(d->store, keys[i]) != KEY_OWNER) {
             PyErr_Format(PyExc_ValueError, "decide: key %lld is not owned here",
                          (long long)keys[i]);
             return NULL;
@@ -571,7 +571,7 @@ static PyObject *Directory_replicas_added(DirectoryObject *self, PyObject *args)
     const int64_t n = kv.len / 8, *keys = kv.buf;
     if (check_keys(self, keys, n) == 0) {
         int64_t i = 0;
-        while (i < n && self->d.store->state[keys[i]] == KEY_REPLICA) i++;
+        while (i < n && store_state(self->d.store, keys[i]) == KEY_REPLICA) i++;
         if (i < n)
             PyErr_Format(PyExc_ValueError, "replicas_added: key %lld is not a replica here",
                          (long long)keys[i]);
@@ -736,7 +736,7 @@ static PyObject *Directory_learn(DirectoryObject *self, PyObject *args) {
     PyObject *result = NULL;
     if (reserve(self, n) == 0) {
         for (int64_t i = 0; i < n; i++)
-            if (self->d.store->state[keys[i]] != KEY_OWNER)
+            if (store_state(self->d.store, keys[i]) != KEY_OWNER)
                 rec_set_hint(&self->recs, keys[i], rank);
         result = Py_NewRef(Py_None);
     }

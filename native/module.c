@@ -15,6 +15,7 @@
 #include "module.h"
 #include "policy.h"
 #include "sampling.h"
+#include "seqlock.h"
 #include "store.h"
 
 
@@ -22,6 +23,8 @@
 static void Store_dealloc(StoreObject *self) {
     for (int i = 0; i < self->nviews; i++) PyBuffer_Release(&self->views[i]);
     slots_free_all(&self->alloc);
+    if (self->held_ready) held_free(&self->held);
+    PyMem_Free(self->home_off);
     PyMem_Free(self->seen);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
@@ -43,34 +46,33 @@ static int take_view(StoreObject *self, PyObject *obj, int writable, Py_ssize_t 
 }
 
 static int Store_init(StoreObject *self, PyObject *args, PyObject *kwargs) {
-    static char *kwlist[] = {"slot", "state", "slab", "delta", "seqs", "version", "synced_at",
+    static char *kwlist[] = {"num_keys", "rank", "world_size", "home", "slab", "delta", "seqs",
                              "access_stats", "lens", "uniform_len", NULL};
-    PyObject *slot, *state, *slab, *delta, *seqs, *version, *synced_at, *access_stats, *lens;
-    long long uniform_len;
+    PyObject *home, *slab, *delta, *seqs, *access_stats, *lens;
+    long long num_keys, rank, world, uniform_len;
     if (self->nviews) {
         PyErr_SetString(PyExc_RuntimeError, "Store is already initialised");
         return -1;
     }
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOOOOOL", kwlist, &slot, &state, &slab,
-                                     &delta, &seqs, &version, &synced_at, &access_stats, &lens,
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "LLLOOOOOOL", kwlist, &num_keys, &rank,
+                                     &world, &home, &slab, &delta, &seqs, &access_stats, &lens,
                                      &uniform_len))
         return -1;
-    Py_ssize_t nslot, nstate, nslab, ndelta, nseqs, nversion, nsynced, nstats, nlens = 0;
+    if (num_keys < 1 || world < 1 || rank < 0 || rank >= world) {
+        PyErr_SetString(PyExc_ValueError, "Store: need num_keys >= 1 and 0 <= rank < world_size");
+        return -1;
+    }
+    const int64_t num_home = num_keys > rank ? (num_keys - rank + world - 1) / world : 0;
+    Py_ssize_t nhome, nslab, ndelta, nseqs, nstats, nlens = 0;
     void *p;
-    if (take_view(self, slot, 1, 8, "slot", &p, &nslot) < 0) return -1;
-    self->s.slot = p;
-    if (take_view(self, state, 1, 1, "state", &p, &nstate) < 0) return -1;
-    self->s.state = p;
+    if (take_view(self, home, 1, 4, "home", &p, &nhome) < 0) return -1;
+    self->s.home = p;
     if (take_view(self, slab, 1, 4, "slab", &p, &nslab) < 0) return -1;
     self->s.slab = p;
     if (take_view(self, delta, 1, 4, "delta", &p, &ndelta) < 0) return -1;
     self->s.delta = p;
     if (take_view(self, seqs, 1, 8, "seqs", &p, &nseqs) < 0) return -1;
     self->s.seqs = p;
-    if (take_view(self, version, 1, 8, "version", &p, &nversion) < 0) return -1;
-    self->s.version = p;
-    if (take_view(self, synced_at, 1, 8, "synced_at", &p, &nsynced) < 0) return -1;
-    self->s.synced_at = p;
     if (take_view(self, access_stats, 1, 8, "access_stats", &p, &nstats) < 0) return -1;
     self->s.access_stats = p;
     self->s.lens = NULL;
@@ -78,10 +80,9 @@ static int Store_init(StoreObject *self, PyObject *args, PyObject *kwargs) {
         if (take_view(self, lens, 0, 8, "lens", &p, &nlens) < 0) return -1;
         self->s.lens = p;
     }
-    if (nstate != nslot || ndelta != nslab || (lens != Py_None && nlens != nslot) ||
-        nversion != nslot || nsynced != nslot || nstats < 3) {
-        PyErr_SetString(PyExc_ValueError,
-                        "Store: slot/state/version/synced_at/lens or slab/delta sizes differ");
+    if (nhome != num_home || ndelta != nslab || (lens != Py_None && nlens != num_keys) ||
+        nstats < 3) {
+        PyErr_SetString(PyExc_ValueError, "Store: home/lens or slab/delta sizes differ");
         return -1;
     }
     if (nseqs < 1 || (nseqs & (nseqs - 1))) {
@@ -92,12 +93,39 @@ static int Store_init(StoreObject *self, PyObject *args, PyObject *kwargs) {
         PyErr_SetString(PyExc_ValueError, "Store: give uniform_len > 0 or lens, not both");
         return -1;
     }
-    self->s.num_keys = nslot;
+    self->s.num_keys = num_keys;
+    self->s.rank = rank;
+    self->s.world = world;
     self->s.uniform_len = uniform_len > 0 ? uniform_len : 0;
     self->s.slab_floats = nslab;
     self->s.stripe_mask = (uint64_t)nseqs - 1;
-    slots_init(&self->alloc, nslab);
-    if (!(self->seen = PyMem_Calloc((size_t)(nslot / 8 + 1), 1))) {
+    if (self->s.uniform_len) {
+        self->s.home_floats = num_home * self->s.uniform_len;
+    } else { /* the home rows back to back, in home order */
+        if (!(self->home_off = PyMem_Malloc((size_t)(num_home ? num_home : 1) * 8))) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        int64_t at = 0;
+        for (int64_t i = 0; i < num_home; i++) {
+            self->home_off[i] = at;
+            at += self->s.lens[rank + i * world];
+        }
+        self->s.home_off = self->home_off;
+        self->s.home_floats = at;
+    }
+    if (self->s.home_floats > nslab) {
+        PyErr_SetString(PyExc_ValueError, "Store: the slab is smaller than the home rows");
+        return -1;
+    }
+    if (held_init(&self->held) < 0) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    self->held_ready = 1;
+    self->s.held = &self->held;
+    slots_init(&self->alloc, self->s.home_floats, nslab);
+    if (!(self->seen = PyMem_Calloc((size_t)(num_keys / 8 + 1), 1))) {
         PyErr_NoMemory();
         return -1;
     }
@@ -106,7 +134,7 @@ static int Store_init(StoreObject *self, PyObject *args, PyObject *kwargs) {
 
 /* Batch buffers of one call; released by release_batch. */
 typedef struct {
-    Py_buffer b[4];
+    Py_buffer b[5];
     int n;
 } batch_t;
 
@@ -292,11 +320,13 @@ static int64_t floats_of(const store_t *s, const int64_t *keys, int64_t n) {
     return total;
 }
 
-/* insert(keys, state, vals_or_None, versions_or_None) */
+/* insert(keys, state, vals_or_None, versions_or_None, now) */
 static PyObject *Store_insert(StoreObject *self, PyObject *args) {
     PyObject *okeys, *ovals, *oversions;
     int new_state;
-    if (!PyArg_ParseTuple(args, "OiOO", &okeys, &new_state, &ovals, &oversions)) return NULL;
+    double now;
+    if (!PyArg_ParseTuple(args, "OiOOd", &okeys, &new_state, &ovals, &oversions, &now))
+        return NULL;
     batch_t bt = {.n = 0};
     Py_ssize_t n, nvals = 0, nversions = 0;
     int64_t *keys = batch_view(&bt, okeys, 0, 8, "keys", &n), *slots = NULL;
@@ -317,7 +347,7 @@ static PyObject *Store_insert(StoreObject *self, PyObject *args) {
         goto fail;
     }
     for (Py_ssize_t i = 0; i < n; i++)
-        if (self->s.state[keys[i]] != KEY_NONE) {
+        if (store_state(&self->s, keys[i]) != KEY_NONE) {
             PyErr_Format(PyExc_ValueError, "insert: key %lld is held here already",
                          (long long)keys[i]);
             goto fail;
@@ -330,9 +360,15 @@ static PyObject *Store_insert(StoreObject *self, PyObject *args) {
         PyErr_SetString(PyExc_MemoryError, "insert: no slot for a value (out of memory)");
         goto fail;
     }
+    int64_t done;
     NOGIL_BEGIN(n + nvals)
-    store_insert(&self->s, keys, n, slots, (int8_t)new_state, vals, nvals, versions);
+    done = store_insert(&self->s, keys, n, slots, (int8_t)new_state, vals, nvals, versions, now);
     NOGIL_END
+    if (done < 0) {
+        slots_give(&self->alloc, &self->s, keys, slots, n);
+        PyErr_SetString(PyExc_MemoryError, "insert: no room for the keys (out of memory)");
+        goto fail;
+    }
     PyMem_Free(slots);
     release_batch(&bt);
     Py_RETURN_NONE;
@@ -421,7 +457,7 @@ static PyObject *Store_remove(StoreObject *self, PyObject *args) {
         goto fail;
     }
     NOGIL_BEGIN(n + (vals || deltas ? need : 0))
-    store_remove(&self->s, keys, n, vals, deltas, need, slots);
+    store_remove(&self->s, keys, n, vals, deltas, need, slots, NULL);
     NOGIL_END
     slots_give(&self->alloc, &self->s, keys, slots, n); /* not held: slot -1, skipped */
     PyMem_Free(slots);
@@ -441,6 +477,102 @@ static PyObject *Store_free_slots(StoreObject *self, PyObject *unused) {
     return out;
 }
 
+/* inspect(keys, states_or_None, versions_or_None, synced_or_None, slots_or_None): per key, what
+ * the store holds (a snapshot, from any thread). */
+static PyObject *Store_inspect(StoreObject *self, PyObject *args) {
+    PyObject *o[5];
+    if (!PyArg_ParseTuple(args, "OOOOO", &o[0], &o[1], &o[2], &o[3], &o[4])) return NULL;
+    static const Py_ssize_t itemsize[5] = {8, 1, 8, 8, 8};
+    static const char *names[5] = {"keys", "states", "versions", "synced_at", "slots"};
+    batch_t bt = {.n = 0};
+    void *ptr[5] = {NULL};
+    Py_ssize_t n = 0, count;
+    for (int i = 0; i < 5; i++) {
+        if (i > 0 && o[i] == Py_None) continue;
+        if (!(ptr[i] = batch_view(&bt, o[i], i > 0, itemsize[i], names[i], &count))) goto fail;
+        if (i == 0) n = count;
+        else if (count != n) {
+            PyErr_Format(PyExc_ValueError, "inspect: %s must have one item per key", names[i]);
+            goto fail;
+        }
+    }
+    const int64_t *keys = ptr[0];
+    if (check_keys_in_range(self, keys, n) < 0) goto fail;
+    const int token = held_enter(&self->held);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        const uint64_t *seq = &self->s.seqs[(uint64_t)keys[i] & self->s.stripe_mask];
+        int state;
+        int64_t version, slot;
+        double synced;
+        uint64_t v;
+        do { /* one consistent view of the key */
+            v = read_begin(seq);
+            held_entry_t *e;
+            const int64_t raw = store_lookup(&self->s, keys[i], &e);
+            state = raw < 0 ? KEY_NONE : (raw & REPLICA_BIT) ? KEY_REPLICA : KEY_OWNER;
+            slot = raw < 0 ? -1 : SLOT_OFFSET(raw);
+            version = store_version(&self->s, keys[i]);
+            synced = state == KEY_REPLICA ? e->synced_at : 0.0;
+        } while (read_changed(seq, v));
+        if (ptr[1]) ((int8_t *)ptr[1])[i] = (int8_t)state;
+        if (ptr[2]) ((int64_t *)ptr[2])[i] = version;
+        if (ptr[3]) ((double *)ptr[3])[i] = synced;
+        if (ptr[4]) ((int64_t *)ptr[4])[i] = slot;
+    }
+    held_exit(&self->held, token);
+    release_batch(&bt);
+    Py_RETURN_NONE;
+fail:
+    release_batch(&bt);
+    return NULL;
+}
+
+/* held_keys() -> bytearray (int64): the keys held here, unordered. Inserting thread only. */
+static PyObject *Store_held_keys(StoreObject *self, PyObject *unused) {
+    const store_t *s = &self->s;
+    const int64_t num_home = self->views[0].len / 4;
+    int64_t owned = 0;
+    for (int64_t i = 0; i < num_home; i++) owned += (s->home[i] & HOME_OWNED) != 0;
+    const int64_t others = held_keys(&self->held, NULL, 0);
+    PyObject *out = PyByteArray_FromStringAndSize(NULL, (owned + others) * 8);
+    if (!out) return NULL;
+    int64_t *keys = (int64_t *)PyByteArray_AS_STRING(out), at = 0;
+    for (int64_t i = 0; i < num_home; i++)
+        if (s->home[i] & HOME_OWNED) keys[at++] = s->rank + i * s->world;
+    held_keys(&self->held, keys + at, others);
+    return out;
+}
+
+/* set_synced(keys, versions, now): replicas (others skipped) stand at versions, synced now. */
+static PyObject *Store_set_synced(StoreObject *self, PyObject *args) {
+    PyObject *okeys, *oversions;
+    double now;
+    if (!PyArg_ParseTuple(args, "OOd", &okeys, &oversions, &now)) return NULL;
+    batch_t bt = {.n = 0};
+    Py_ssize_t n, nversions;
+    int64_t *keys = batch_view(&bt, okeys, 0, 8, "keys", &n);
+    int64_t *versions = keys ? batch_view(&bt, oversions, 0, 8, "versions", &nversions) : NULL;
+    if (!versions || check_keys_in_range(self, keys, n) < 0) goto fail;
+    if (nversions != n) {
+        PyErr_SetString(PyExc_ValueError, "set_synced: one version per key");
+        goto fail;
+    }
+    store_set_synced(&self->s, keys, n, versions, now);
+    release_batch(&bt);
+    Py_RETURN_NONE;
+fail:
+    release_batch(&bt);
+    return NULL;
+}
+
+/* memory() -> (held entries, bytes of per-key state: home words, home rows' offsets, map) */
+static PyObject *Store_memory(StoreObject *self, PyObject *unused) {
+    const store_t *s = &self->s;
+    const int64_t num_home = self->views[0].len / 4;
+    const int64_t bytes = num_home * 4 + (s->home_off ? num_home * 8 : 0) + held_bytes(&self->held);
+    return Py_BuildValue("LL", (long long)self->held.live, (long long)bytes);
+}
+
 static PyMethodDef Store_methods[] = {
     {"gather", (PyCFunction)Store_gather, METH_VARARGS,
      "gather(keys, out, missing) -> int. Copy values of local keys into out (request order); "
@@ -457,8 +589,9 @@ static PyMethodDef Store_methods[] = {
     {"scatter_set_fast", (PyCFunction)Store_scatter_set_fast, METH_VARARGS,
      "scatter_set_fast(keys, vals, missing) -> int or None. Like gather_fast, for scatter_set."},
     {"insert", (PyCFunction)Store_insert, METH_VARARGS,
-     "insert(keys, state, vals, versions) -> None. Make keys (unique, not held here) local: "
-     "each gets a slot, its value (zeros when vals is None) and version (0 when None). "
+     "insert(keys, state, vals, versions, now) -> None. Make keys (unique, not held here) local: "
+     "each gets a slot, its value (zeros when vals is None) and version (0 when None); "
+     "replicas are synced at now. MemoryError (nothing changed) if out of memory. "
      "ValueError (nothing changed) for a key held already or repeated, or sizes that differ."},
     {"take_deltas", (PyCFunction)Store_take_deltas, METH_VARARGS,
      "take_deltas(keys, out, nonzero) -> floats written. Replicas: move deltas out (zeroing "
@@ -471,6 +604,18 @@ static PyMethodDef Store_methods[] = {
      "held here are skipped (their rows in the outputs are left as they were)."},
     {"free_slots", (PyCFunction)Store_free_slots, METH_NOARGS,
      "free_slots() -> bytearray. The free slots (int64 float offsets), for checks."},
+    {"inspect", (PyCFunction)Store_inspect, METH_VARARGS,
+     "inspect(keys, states, versions, synced_at, slots) -> None. Per key (outputs may be None): "
+     "KEY_NONE/OWNER/REPLICA, version (-1 if not held), a replica's sync time (0.0 otherwise), "
+     "value offset (-1). A consistent snapshot per key; any thread."},
+    {"held_keys", (PyCFunction)Store_held_keys, METH_NOARGS,
+     "held_keys() -> bytearray (int64). The keys held here, unordered. Inserting thread only."},
+    {"set_synced", (PyCFunction)Store_set_synced, METH_VARARGS,
+     "set_synced(keys, versions, now) -> None. Replicas (others skipped) now stand at versions, "
+     "synced at now. Inserting thread only."},
+    {"memory", (PyCFunction)Store_memory, METH_NOARGS,
+     "memory() -> (entries, bytes). Keys in the held map, and bytes of per-key state (home "
+     "words, home row offsets, held map)."},
     {NULL, NULL, 0, NULL},
 };
 

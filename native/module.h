@@ -23,8 +23,11 @@
 typedef struct {
     PyObject_HEAD
     store_t s;
-    Py_buffer views[9]; /* slot, state, slab, delta, seqs, version, synced_at, access_stats, lens */
+    Py_buffer views[6]; /* home, slab, delta, seqs, access_stats, lens */
     int nviews;
+    held_map_t held;    /* the keys held here beyond the home rows (held.h) */
+    int held_ready;
+    int64_t *home_off;  /* with per-key lengths: each home key's row */
     slot_alloc_t alloc; /* where values go in the slab (slots.h) */
     uint8_t *seen;      /* one bit per key, all clear between calls: finds repeated keys */
 } StoreObject;

@@ -8,7 +8,7 @@ void dir_round_sizes(const directory_t *d, const round_in_t *in, round_sizes_t *
     z->drops = z->drop_floats = z->held_floats = 0;
     for (int64_t i = 0; i < in->nr; i++) {
         const int64_t key = in->rkeys[i];
-        if (!in->rflags[i] && s->state[key] == KEY_REPLICA) {
+        if (!in->rflags[i] && store_state(s, key) == KEY_REPLICA) {
             z->drops++;
             z->drop_floats += key_len(s, key);
         }
@@ -54,20 +54,20 @@ int64_t dir_round_build(const directory_t *d, const round_in_t *in, const round_
     int64_t ndrop = 0;
     for (int64_t i = 0; i < nr; i++) {
         const int64_t key = in->rkeys[i];
-        if (!in->rflags[i] && s->state[key] == KEY_REPLICA) {
+        if (!in->rflags[i] && store_state(s, key) == KEY_REPLICA) {
             o->drop_keys[ndrop] = key;
-            ver[ndrop++] = s->version[key];
+            ver[ndrop++] = store_version(s, key);
         }
     }
     float *rows = o->s_rows; /* the deltas' rows, packed in entry order */
     if (ndrop && store_remove(s, o->drop_keys, ndrop, NULL, rows, z->drop_floats,
-                              o->drop_slots) < 0)
+                              o->drop_slots, NULL) < 0)
         return -1;
     slots_give(d->alloc, s, o->drop_keys, o->drop_slots, ndrop);
     /* Replicas still held: each one's delta, or its version alone. */
     int64_t nl = 0;
     for (int64_t i = 0; i < d->held->len; i++)
-        if (s->state[d->held->keys[i]] == KEY_REPLICA) o->s_live[nl++] = d->held->keys[i];
+        if (store_state(s, d->held->keys[i]) == KEY_REPLICA) o->s_live[nl++] = d->held->keys[i];
     const int64_t took = store_take_deltas(s, o->s_live, nl, rows + z->drop_floats,
                                            z->held_floats, o->s_nonzero);
     if (took < 0) return -1;
@@ -78,13 +78,13 @@ int64_t dir_round_build(const directory_t *d, const round_in_t *in, const round_
     for (int64_t i = 0; i < nl; i++)
         if (o->s_nonzero[i]) {
             keys[nr + ndel] = o->s_live[i];
-            ver[ndel++] = s->version[o->s_live[i]];
+            ver[ndel++] = store_version(s, o->s_live[i]);
         }
     int64_t nc = 0;
     for (int64_t i = 0; i < nl; i++)
         if (!o->s_nonzero[i]) {
             keys[nr + ndel + nc] = o->s_live[i];
-            ver[ndel + nc++] = s->version[o->s_live[i]];
+            ver[ndel + nc++] = store_version(s, o->s_live[i]);
         }
     o->nd = ndel;
     o->nc = nc;

@@ -6,8 +6,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-void slots_init(slot_alloc_t *a, int64_t capacity) {
+void slots_init(slot_alloc_t *a, int64_t start, int64_t capacity) {
     memset(a, 0, sizeof(*a));
+    a->bump = a->start = start;
     a->capacity = capacity;
 }
 
@@ -15,7 +16,7 @@ void slots_free_all(slot_alloc_t *a) {
     for (int64_t i = 0; i < a->nlengths; i++) free(a->free[i].items);
     free(a->free);
     free(a->lengths);
-    slots_init(a, a->capacity);
+    slots_init(a, a->start, a->capacity);
 }
 
 /* The free list of value length len, added if new (few distinct lengths: a sorted array). */
@@ -53,6 +54,19 @@ static int push(slot_stack_t *st, int64_t slot) {
 
 int slots_take(slot_alloc_t *a, const store_t *s, const int64_t *keys, int64_t n,
                int64_t *slots) {
+    int64_t homed = 0;
+    for (int64_t i = 0; i < n; i++) homed += is_home(s, keys[i]);
+    if (homed) { /* the fixed rows of home keys, and the others one by one */
+        for (int64_t i = 0; i < n; i++) {
+            if (is_home(s, keys[i])) {
+                slots[i] = home_row(s, keys[i]);
+            } else if (slots_take(a, s, keys + i, 1, slots + i) < 0) {
+                slots_give(a, s, keys, slots, i);
+                return -1;
+            }
+        }
+        return 0;
+    }
     if (s->uniform_len) { /* one length: reuse what is free, then new slots in one run */
         const int64_t len = s->uniform_len;
         slot_stack_t *st = stack_of(a, len);
@@ -83,7 +97,7 @@ int slots_give(slot_alloc_t *a, const store_t *s, const int64_t *keys, const int
                int64_t n) {
     int ok = 0;
     for (int64_t i = 0; i < n; i++) {
-        if (slots[i] < 0) continue;
+        if (slots[i] < 0 || is_home(s, keys[i])) continue; /* a fixed row */
         slot_stack_t *st = stack_of(a, key_len(s, keys[i]));
         if (!st || push(st, slots[i]) < 0) ok = -1;
     }

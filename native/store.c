@@ -3,55 +3,13 @@
 
 #include "store.h"
 
-#include <sched.h>
 #include <string.h>
 #include <time.h>
 
-#if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
-#define CPU_RELAX() _mm_pause()
-#else
-#define CPU_RELAX() __asm__ __volatile__("" ::: "memory")
-#endif
-
-/* Spins this many times before yielding the core: a writer holds a stripe for well under a
- * microsecond, but with more threads than cores the holder may be descheduled. */
-#define SPINS_BEFORE_YIELD 64
+#include "seqlock.h"
 
 static inline uint64_t *stripe(const store_t *s, int64_t key) {
     return &s->seqs[(uint64_t)key & s->stripe_mask];
-}
-
-static inline uint64_t read_begin(const uint64_t *seq) {
-    int spins = 0;
-    for (;;) {
-        uint64_t v = __atomic_load_n(seq, __ATOMIC_ACQUIRE);
-        if (!(v & 1)) return v;
-        if (++spins > SPINS_BEFORE_YIELD) { sched_yield(); spins = 0; } else CPU_RELAX();
-    }
-}
-
-static inline int read_changed(const uint64_t *seq, uint64_t v) {
-    __atomic_thread_fence(__ATOMIC_ACQUIRE);
-    return __atomic_load_n(seq, __ATOMIC_RELAXED) != v;
-}
-
-static inline void write_lock(uint64_t *seq) {
-    int spins = 0;
-    for (;;) {
-        uint64_t v = __atomic_load_n(seq, __ATOMIC_RELAXED);
-        if (!(v & 1) &&
-            __atomic_compare_exchange_n(seq, &v, v + 1, 0, __ATOMIC_ACQUIRE, __ATOMIC_RELAXED)) {
-            /* Readers must see the odd sequence before any data store below. */
-            __atomic_thread_fence(__ATOMIC_RELEASE);
-            return;
-        }
-        if (++spins > SPINS_BEFORE_YIELD) { sched_yield(); spins = 0; } else CPU_RELAX();
-    }
-}
-
-static inline void write_unlock(uint64_t *seq) {
-    __atomic_store_n(seq, __atomic_load_n(seq, __ATOMIC_RELAXED) + 1, __ATOMIC_RELEASE);
 }
 
 int64_t store_check_keys(const int64_t *keys, int64_t n, int64_t num_keys) {
@@ -95,19 +53,26 @@ int64_t store_check_keys(const int64_t *keys, int64_t n, int64_t num_keys) {
 #define PREFETCH_ROW_LINES 4
 #endif
 
-static inline void prefetch_dir(const store_t *s, int64_t key, int for_write) {
-    __builtin_prefetch(&s->slot[key], 0, 3);
+static inline void prefetch_dir(const store_t *s, const held_table_t *t, int64_t key,
+                                int for_write) {
+    if (is_home(s, key)) __builtin_prefetch(&s->home[home_index(s, key)], for_write, 3);
+    else __builtin_prefetch(&t->entries[held_slot(t, key)], for_write, 3);
     __builtin_prefetch(stripe(s, key), for_write, 3);
-    if (for_write) {
-        __builtin_prefetch(&s->state[key], 0, 3);
-        __builtin_prefetch(&s->version[key], 1, 3);  /* owners bump it on every write */
-    }
 }
 
-static inline void prefetch_row(const store_t *s, int64_t key, int for_write) {
-    const int64_t raw = __atomic_load_n(&s->slot[key], __ATOMIC_RELAXED);
+static inline void prefetch_row(const store_t *s, const held_table_t *t, int64_t key,
+                                int for_write) {
+    int64_t raw = -1;
+    if (is_home(s, key) &&
+        (__atomic_load_n(&s->home[home_index(s, key)], __ATOMIC_RELAXED) & HOME_OWNED)) {
+        raw = home_row(s, key);
+    } else {
+        const held_entry_t *e = held_find(t, key);
+        if (e) raw = __atomic_load_n(&e->raw, __ATOMIC_RELAXED);
+    }
     if (raw < 0) return;
     const int64_t slot = SLOT_OFFSET(raw);
+    if (slot >= s->slab_floats) return; /* an entry reused meanwhile: a hint only */
     const char *p = (const char *)(s->slab + slot);
     int64_t bytes = key_len(s, key) * (int64_t)sizeof(float);
     if (bytes > PREFETCH_ROW_LINES * 64) bytes = PREFETCH_ROW_LINES * 64;
@@ -119,36 +84,44 @@ static inline void prefetch_row(const store_t *s, int64_t key, int for_write) {
     }
 }
 
-static inline void prefetch_ahead(const store_t *s, const int64_t *keys, int64_t i, int64_t n,
-                                  int for_write) {
-    if (i + 2 * PREFETCH_AHEAD < n) prefetch_dir(s, keys[i + 2 * PREFETCH_AHEAD], for_write);
-    if (i + PREFETCH_AHEAD < n) prefetch_row(s, keys[i + PREFETCH_AHEAD], for_write);
+static inline void prefetch_ahead(const store_t *s, const held_table_t *t, const int64_t *keys,
+                                  int64_t i, int64_t n, int for_write) {
+    if (i + 2 * PREFETCH_AHEAD < n) prefetch_dir(s, t, keys[i + 2 * PREFETCH_AHEAD], for_write);
+    if (i + PREFETCH_AHEAD < n) prefetch_row(s, t, keys[i + PREFETCH_AHEAD], for_write);
 }
 
 /* Copies one key's value; the body of store_gather. len is a compile-time constant in the
  * specialised loops, so the copy becomes a few vector moves instead of a memcpy call. */
-/* Returns 0: not held here, 1: main copy, 2: replica. */
+/* Returns 0: not held here, 1: main copy, 2: replica (then *synced: its sync time). */
 static inline __attribute__((always_inline)) int gather_one(const store_t *s, int64_t key,
-                                                            int64_t len, float *dst) {
+                                                            int64_t len, float *dst,
+                                                            double *synced) {
     const uint64_t *seq = stripe(s, key);
     for (;;) {
         const uint64_t v = read_begin(seq);
-        const int64_t raw = s->slot[key];
+        held_entry_t *e;
+        const int64_t raw = store_lookup(s, key, &e);
         if (raw < 0) {
             if (read_changed(seq, v)) continue;
             return 0;
         }
-        memcpy(dst, s->slab + SLOT_OFFSET(raw), (size_t)len * sizeof(float));
-        if (!read_changed(seq, v)) return (raw & REPLICA_BIT) ? 2 : 1;
+        /* An entry removed and reused under us holds another key's row: in the slab, but
+         * maybe of another length. The check below then fails and we retry. */
+        const int64_t slot = SLOT_OFFSET(raw);
+        if (slot + len > s->slab_floats) continue;
+        memcpy(dst, s->slab + slot, (size_t)len * sizeof(float));
+        const int replica = (raw & REPLICA_BIT) != 0;
+        if (replica) *synced = e->synced_at;
+        if (!read_changed(seq, v)) return replica ? 2 : 1;
     }
 }
 
 /* Staleness bookkeeping of replica reads: per batch, one clock read and three atomic adds. */
 typedef struct { int64_t reads; double synced_sum; } replica_reads_t;
 
-static inline void note_replica_read(const store_t *s, replica_reads_t *r, int64_t key) {
+static inline void note_replica_read(replica_reads_t *r, double synced_at) {
     r->reads++;
-    r->synced_sum += s->synced_at[key];
+    r->synced_sum += synced_at;
 }
 
 static void flush_replica_reads(const store_t *s, const replica_reads_t *r) {
@@ -163,10 +136,11 @@ static void flush_replica_reads(const store_t *s, const replica_reads_t *r) {
 
 #define GATHER_UNIFORM(LEN)                                                         \
     for (int64_t i = 0; i < n; i++) {                                               \
-        prefetch_ahead(s, keys, i, n, 0);                                           \
-        const int got = gather_one(s, keys[i], (LEN), out + i * (LEN));             \
+        prefetch_ahead(s, t, keys, i, n, 0);                                        \
+        double synced = 0.0;                                                        \
+        const int got = gather_one(s, keys[i], (LEN), out + i * (LEN), &synced);    \
         if (!got) missing[nmiss++] = i;                                             \
-        else if (got == 2) note_replica_read(s, &reads, keys[i]);                   \
+        else if (got == 2) note_replica_read(&reads, synced);                       \
     }
 
 int64_t store_gather(const store_t *s, const int64_t *keys, int64_t n, float *out,
@@ -174,8 +148,10 @@ int64_t store_gather(const store_t *s, const int64_t *keys, int64_t n, float *ou
     int64_t nmiss = 0;
     replica_reads_t reads = {0, 0.0};
     const int64_t ulen = s->uniform_len;
+    if (ulen && n > out_floats / ulen) return -1;
+    const int token = held_enter(s->held);
+    const held_table_t *t = held_table(s->held); /* for prefetching only */
     if (ulen) {
-        if (n > out_floats / ulen) return -1;
         switch (ulen) {  /* common embedding sizes get a constant-length copy */
         case 16: GATHER_UNIFORM(16) break;
         case 32: GATHER_UNIFORM(32) break;
@@ -183,22 +159,36 @@ int64_t store_gather(const store_t *s, const int64_t *keys, int64_t n, float *ou
         case 128: GATHER_UNIFORM(128) break;
         default: GATHER_UNIFORM(ulen) break;
         }
-        flush_replica_reads(s, &reads);
-        return nmiss;
+    } else {
+        int64_t off = 0;
+        for (int64_t i = 0; i < n; i++) {
+            const int64_t key = keys[i];
+            const int64_t len = s->lens[key];
+            if (off + len > out_floats) {
+                nmiss = -1;
+                break;
+            }
+            prefetch_ahead(s, t, keys, i, n, 0);
+            double synced = 0.0;
+            const int got = gather_one(s, key, len, out + off, &synced);
+            if (!got) missing[nmiss++] = i;
+            else if (got == 2) note_replica_read(&reads, synced);
+            off += len;
+        }
     }
-    int64_t off = 0;
-    for (int64_t i = 0; i < n; i++) {
-        const int64_t key = keys[i];
-        const int64_t len = s->lens[key];
-        if (off + len > out_floats) return -1;
-        prefetch_ahead(s, keys, i, n, 0);
-        const int got = gather_one(s, key, len, out + off);
-        if (!got) missing[nmiss++] = i;
-        else if (got == 2) note_replica_read(s, &reads, key);
-        off += len;
-    }
-    flush_replica_reads(s, &reads);
+    held_exit(s->held, token);
+    if (nmiss >= 0) flush_replica_reads(s, &reads);
     return nmiss;
+}
+
+/* An owner copy's write: a new version, so replicas learn they are behind. Under the lock. */
+static inline void bump_version(const store_t *s, int64_t key, held_entry_t *e) {
+    if (e) {
+        __atomic_store_n(&e->version, (e->version + 1) & VERSION_MASK, __ATOMIC_RELEASE);
+    } else {
+        uint32_t *w = &s->home[home_index(s, key)];
+        __atomic_store_n(w, HOME_OWNED | (uint32_t)((*w + 1) & VERSION_MASK), __ATOMIC_RELEASE);
+    }
 }
 
 /* Applies one key's update under its stripe's lock; the body of store_scatter. */
@@ -208,14 +198,16 @@ static inline __attribute__((always_inline)) int scatter_one(const store_t *s, i
     uint64_t *seq = stripe(s, key);
     int held = 1;
     write_lock(seq);
-    const int8_t st = s->state[key];
-    const int64_t slot = SLOT_OFFSET(s->slot[key]);
-    if (st == KEY_OWNER || (st == KEY_REPLICA && mode == 0)) {
+    held_entry_t *e;
+    const int64_t raw = store_lookup(s, key, &e);
+    const int replica = raw >= 0 && (raw & REPLICA_BIT);
+    if (raw >= 0 && (!replica || mode == 0)) {
+        const int64_t slot = SLOT_OFFSET(raw);
         float *dst = s->slab + slot;
-        if (st == KEY_OWNER) s->version[key]++;  /* replicas learn they are behind */
+        if (!replica) bump_version(s, key, e);
         if (mode == 0) {
             for (int64_t j = 0; j < len; j++) dst[j] += src[j];
-            if (st == KEY_REPLICA) {
+            if (replica) {
                 float *d = s->delta + slot;
                 for (int64_t j = 0; j < len; j++) d[j] += src[j];
             }
@@ -231,7 +223,7 @@ static inline __attribute__((always_inline)) int scatter_one(const store_t *s, i
 
 #define SCATTER_UNIFORM(LEN)                                                              \
     for (int64_t i = 0; i < n; i++) {                                                     \
-        prefetch_ahead(s, keys, i, n, 1);                                                 \
+        prefetch_ahead(s, t, keys, i, n, 1);                                              \
         if (!scatter_one(s, keys[i], (LEN), vals + i * (LEN), mode)) missing[nmiss++] = i; \
     }
 
@@ -239,8 +231,10 @@ int64_t store_scatter(const store_t *s, const int64_t *keys, int64_t n, const fl
                       int64_t vals_floats, int64_t *missing, int mode) {
     int64_t nmiss = 0;
     const int64_t ulen = s->uniform_len;
+    if (ulen && n > vals_floats / ulen) return -1;
+    const int token = held_enter(s->held);
+    const held_table_t *t = held_table(s->held); /* for prefetching only */
     if (ulen) {
-        if (n > vals_floats / ulen) return -1;
         switch (ulen) {
         case 16: SCATTER_UNIFORM(16) break;
         case 32: SCATTER_UNIFORM(32) break;
@@ -248,46 +242,75 @@ int64_t store_scatter(const store_t *s, const int64_t *keys, int64_t n, const fl
         case 128: SCATTER_UNIFORM(128) break;
         default: SCATTER_UNIFORM(ulen) break;
         }
-        return nmiss;
+    } else {
+        int64_t off = 0;
+        for (int64_t i = 0; i < n; i++) {
+            const int64_t key = keys[i];
+            const int64_t len = s->lens[key];
+            if (off + len > vals_floats) {
+                nmiss = -1;
+                break;
+            }
+            prefetch_ahead(s, t, keys, i, n, 1);
+            if (!scatter_one(s, key, len, vals + off, mode)) missing[nmiss++] = i;
+            off += len;
+        }
     }
-    int64_t off = 0;
-    for (int64_t i = 0; i < n; i++) {
-        const int64_t key = keys[i];
-        const int64_t len = s->lens[key];
-        if (off + len > vals_floats) return -1;
-        prefetch_ahead(s, keys, i, n, 1);
-        if (!scatter_one(s, key, len, vals + off, mode)) missing[nmiss++] = i;
-        off += len;
-    }
+    held_exit(s->held, token);
     return nmiss;
+}
+
+int store_reserve(const store_t *s, int64_t n) {
+    return held_reserve(s->held, n, s->seqs, (int64_t)s->stripe_mask + 1);
 }
 
 int64_t store_insert(const store_t *s, const int64_t *keys, int64_t n, const int64_t *slots,
                      int8_t new_state, const float *vals, int64_t vals_floats,
-                     const int64_t *versions) {
-    int64_t off = 0;
+                     const int64_t *versions, double now) {
+    /* Everything checked and reserved before the first change. */
+    int64_t off = 0, entries = 0;
     for (int64_t i = 0; i < n; i++) {
-        const int64_t key = keys[i];
-        const int64_t len = key_len(s, key);
-        const int64_t slot = slots[i];
+        const int64_t key = keys[i], len = key_len(s, key);
+        const int64_t slot = is_home(s, key) ? home_row(s, key) : slots[i];
         if (slot < 0 || slot + len > s->slab_floats) return -1;
         if (vals && off + len > vals_floats) return -1;
+        entries += !is_home(s, key) || new_state == KEY_REPLICA;
+        off += len;
+    }
+    if (store_reserve(s, entries) < 0) return -1;
+    off = 0;
+    for (int64_t i = 0; i < n; i++) {
+        const int64_t key = keys[i], len = key_len(s, key);
+        const int64_t home = is_home(s, key);
+        const int64_t slot = home ? home_row(s, key) : slots[i];
+        const int64_t version = (versions ? versions[i] : 0) & VERSION_MASK;
         uint64_t *seq = stripe(s, key);
         write_lock(seq);
         if (vals) memcpy(s->slab + slot, vals + off, (size_t)len * sizeof(float));
         else memset(s->slab + slot, 0, (size_t)len * sizeof(float));
         memset(s->delta + slot, 0, (size_t)len * sizeof(float));
-        s->slot[key] = new_state == KEY_REPLICA ? (slot | REPLICA_BIT) : slot;
-        s->state[key] = new_state;
-        s->version[key] = versions ? versions[i] : 0;
+        if (new_state == KEY_REPLICA)
+            held_put(s->held, key, slot | REPLICA_BIT, version, now);
+        else if (home)
+            __atomic_store_n(&s->home[home_index(s, key)], HOME_OWNED | (uint32_t)version,
+                             __ATOMIC_RELEASE);
+        else
+            held_put(s->held, key, slot, version, 0.0);
         write_unlock(seq);
         off += len;
     }
     return n;
 }
 
+/* Engine thread, under key's lock: key is no longer held here. */
+static void forget(const store_t *s, int64_t key, held_entry_t *e) {
+    if (e) held_del(s->held, e);
+    else __atomic_store_n(&s->home[home_index(s, key)], 0u, __ATOMIC_RELEASE);
+}
+
 int64_t store_remove(const store_t *s, const int64_t *keys, int64_t n, float *vals_out,
-                     float *deltas_out, int64_t out_floats, int64_t *slots_out) {
+                     float *deltas_out, int64_t out_floats, int64_t *slots_out,
+                     int64_t *versions_out) {
     int64_t off = 0;
     for (int64_t i = 0; i < n; i++) {
         const int64_t key = keys[i];
@@ -295,14 +318,15 @@ int64_t store_remove(const store_t *s, const int64_t *keys, int64_t n, float *va
         if (off + len > out_floats) return -1;
         uint64_t *seq = stripe(s, key);
         write_lock(seq);
-        const int64_t raw = s->slot[key];
+        held_entry_t *e;
+        const int64_t raw = store_lookup(s, key, &e);
         const int64_t slot = raw < 0 ? -1 : SLOT_OFFSET(raw);
         slots_out[i] = slot;
+        if (versions_out) versions_out[i] = raw < 0 ? -1 : store_version(s, key);
         if (slot >= 0) {
             if (vals_out) memcpy(vals_out + off, s->slab + slot, (size_t)len * sizeof(float));
             if (deltas_out) memcpy(deltas_out + off, s->delta + slot, (size_t)len * sizeof(float));
-            s->slot[key] = -1;
-            s->state[key] = KEY_NONE;
+            forget(s, key, e);
         }
         write_unlock(seq);
         off += len;
@@ -320,8 +344,10 @@ int64_t store_take_deltas(const store_t *s, const int64_t *keys, int64_t n, floa
         uint64_t *seq = stripe(s, key);
         int any = 0;
         write_lock(seq);
-        if (s->state[key] == KEY_REPLICA) {
-            float *d = s->delta + SLOT_OFFSET(s->slot[key]);
+        held_entry_t *e;
+        const int64_t raw = store_lookup(s, key, &e);
+        if (raw >= 0 && (raw & REPLICA_BIT)) {
+            float *d = s->delta + SLOT_OFFSET(raw);
             for (int64_t j = 0; j < len; j++) {
                 out[off + j] = d[j];
                 any |= d[j] != 0.0f;
@@ -344,16 +370,26 @@ int64_t store_refresh(const store_t *s, const int64_t *keys, int64_t n, const fl
         if (off + len > vals_floats) return -1;
         uint64_t *seq = stripe(s, key);
         write_lock(seq);
-        if (s->state[key] == KEY_REPLICA) {
-            const int64_t slot = SLOT_OFFSET(s->slot[key]);
+        held_entry_t *e;
+        const int64_t raw = store_lookup(s, key, &e);
+        if (raw >= 0 && (raw & REPLICA_BIT)) {
+            const int64_t slot = SLOT_OFFSET(raw);
             float *dst = s->slab + slot, *d = s->delta + slot;
             for (int64_t j = 0; j < len; j++) dst[j] = vals[off + j] + d[j];
             /* Promotion folds our own unsent updates in: a new version. */
-            s->version[key] = versions[i] + (promote ? 1 : 0);
-            if (promote) {
+            const int64_t version = (versions[i] + (promote ? 1 : 0)) & VERSION_MASK;
+            if (!promote) {
+                __atomic_store_n(&e->version, version, __ATOMIC_RELEASE);
+            } else {
                 memset(d, 0, (size_t)len * sizeof(float));
-                s->slot[key] = slot;
-                s->state[key] = KEY_OWNER;
+                if (is_home(s, key)) { /* back to the fixed row's word (the row is the same) */
+                    held_del(s->held, e);
+                    __atomic_store_n(&s->home[home_index(s, key)],
+                                     HOME_OWNED | (uint32_t)version, __ATOMIC_RELEASE);
+                } else {
+                    __atomic_store_n(&e->version, version, __ATOMIC_RELEASE);
+                    __atomic_store_n(&e->raw, slot, __ATOMIC_RELEASE);
+                }
             }
             changed++;
         }
@@ -361,4 +397,19 @@ int64_t store_refresh(const store_t *s, const int64_t *keys, int64_t n, const fl
         off += len;
     }
     return changed;
+}
+
+void store_set_synced(const store_t *s, const int64_t *keys, int64_t n, const int64_t *versions,
+                      double now) {
+    for (int64_t i = 0; i < n; i++) {
+        uint64_t *seq = stripe(s, keys[i]);
+        write_lock(seq);
+        held_entry_t *e;
+        const int64_t raw = store_lookup(s, keys[i], &e);
+        if (raw >= 0 && (raw & REPLICA_BIT)) {
+            __atomic_store_n(&e->version, versions[i] & VERSION_MASK, __ATOMIC_RELEASE);
+            e->synced_at = now;
+        }
+        write_unlock(seq);
+    }
 }

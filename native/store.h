@@ -1,11 +1,25 @@
 /* Store primitives: gather / scatter-add / set over key batches.
  *
- * The store's memory is owned by Python (numpy arrays); these functions only get pointers.
+ * Where values live: the slab, a float32 region that Python reserves (address space for every
+ * key, committed only where written). Its bottom holds a fixed row for every key homed on this
+ * node (k % world == rank), in home order; above that, rows handed out by the slot allocator
+ * (slots.h) to keys homed elsewhere. A key homed here always uses its fixed row, whether it is
+ * the owner copy or a replica.
+ *
+ * Which keys are held, with what version (compact state, DESIGN section 3):
+ * - one 32-bit word per home key: HOME_OWNED while the main copy is here, and its version;
+ * - every other key held here (a key homed elsewhere, or a replica of a home key) has an entry
+ *   in the held map (held.h): slot word, version, sync time. So a node's metadata is 4 B per
+ *   home key plus an entry per key it holds beyond those, not a few words per key of the space.
+ * Versions count modulo 2^31 (VERSION_MASK): they are only compared for equality.
+ *
  * Concurrency: one seqlock per stripe of keys (key & stripe_mask). Readers (gather) take no lock:
  * they copy and retry if a writer touched the stripe meanwhile. Writers (push, set, insert,
  * remove) spin on the stripe's sequence word. This keeps the common case, a pull of local keys,
- * free of atomic read-modify-writes, and it makes a key's directory entry and value change
- * together: a reader never sees a slot that was freed and reused under it.
+ * free of atomic read-modify-writes per key, and it makes a key's directory entry and value
+ * change together: a reader never sees a slot that was freed and reused under it. Batch calls
+ * that may run beside the engine thread bracket themselves with held_enter/held_exit, so that a
+ * rehash of the held map never frees a table under them.
  *
  * All functions are called with the GIL released and touch no Python object.
  */
@@ -14,30 +28,94 @@
 
 #include <stdint.h>
 
+#include "held.h"
+
 enum { KEY_NONE = 0, KEY_OWNER = 1, KEY_REPLICA = 2 };
+
+#define HOME_OWNED ((uint32_t)1 << 31)
+#define VERSION_MASK ((int64_t)0x7fffffff)
 
 typedef struct {
     int64_t num_keys;
     int64_t uniform_len;   /* > 0: every key has this many floats; 0: see lens */
     const int64_t *lens;   /* per-key lengths when uniform_len == 0 */
-    int64_t *slot;         /* per key: offset (in floats) into slab, -1 when not held here;
-                              a replica's slot also has REPLICA_BIT set (see below) */
-    int8_t *state;         /* per key: KEY_NONE / KEY_OWNER / KEY_REPLICA */
+    int64_t rank, world;   /* the home partition: keys k with k % world == rank */
+    uint32_t *home;        /* per home key (index k / world): HOME_OWNED | version */
+    const int64_t *home_off; /* lens given: each home key's row (float offset); NULL otherwise */
+    int64_t home_floats;   /* the home rows' region at the bottom of the slab */
+    held_map_t *held;      /* every other key held here */
     float *slab;           /* values of held keys */
     float *delta;          /* replicas: updates not yet sent to the owner (same offsets as slab) */
     int64_t slab_floats;   /* capacity of slab and delta, for bounds checks */
     uint64_t *seqs;        /* stripe sequence words; odd while a writer holds the stripe */
     uint64_t stripe_mask;  /* number of stripes - 1 (a power of two) */
-    int64_t *version;      /* per key: owner: bumped by every write; replica: owner's version
-                              when last synced */
-    double *synced_at;     /* per key: replicas: CLOCK_MONOTONIC seconds of the last sync */
     int64_t *access_stats; /* [replica reads, sum of read times (us), sum of synced_at (us)] */
 } store_t;
 
 /* Replica-ness is a bit of the slot word, so that a read, which must not touch more cache lines
- * than it needs, learns it from the slot it loads anyway (the state byte is another miss). */
+ * than it needs, learns it from the slot it loads anyway. */
 #define REPLICA_BIT ((int64_t)1 << 62)
 #define SLOT_OFFSET(raw) ((raw) & (REPLICA_BIT - 1))
+
+static inline int is_home(const store_t *s, int64_t key) {
+    return s->world == 1 || key % s->world == s->rank;
+}
+
+static inline int64_t home_index(const store_t *s, int64_t key) {
+    return s->world == 1 ? key : key / s->world;
+}
+
+/* The fixed row of a key homed here. */
+static inline int64_t home_row(const store_t *s, int64_t key) {
+    return s->home_off ? s->home_off[home_index(s, key)] : home_index(s, key) * s->uniform_len;
+}
+
+/* Where key is held: its slot word (row offset, | REPLICA_BIT for a replica), or -1; *entry gets
+ * its held-map entry (NULL for an owned home key or a key not held). Under the key's stripe (a
+ * seqlock read or the lock), on the engine thread or inside a section. */
+static inline int64_t store_lookup(const store_t *s, int64_t key, held_entry_t **entry) {
+    if (is_home(s, key) &&
+        (__atomic_load_n(&s->home[home_index(s, key)], __ATOMIC_RELAXED) & HOME_OWNED)) {
+        *entry = 0;
+        return home_row(s, key);
+    }
+    held_entry_t *e = held_find(held_table(s->held), key);
+    *entry = e;
+    return e ? __atomic_load_n(&e->raw, __ATOMIC_RELAXED) : -1;
+}
+
+/* KEY_NONE, KEY_OWNER or KEY_REPLICA: engine thread (or inside a section, as a snapshot). */
+static inline int store_state(const store_t *s, int64_t key) {
+    held_entry_t *e;
+    const int64_t raw = store_lookup(s, key, &e);
+    return raw < 0 ? KEY_NONE : (raw & REPLICA_BIT) ? KEY_REPLICA : KEY_OWNER;
+}
+
+/* A held key's version (-1 if not held): the owner's, which workers here may be bumping, or a
+ * replica's last synced one. Engine thread, or inside a section. */
+static inline int64_t store_version(const store_t *s, int64_t key) {
+    if (is_home(s, key)) {
+        const uint32_t w = __atomic_load_n(&s->home[home_index(s, key)], __ATOMIC_ACQUIRE);
+        if (w & HOME_OWNED) return (int64_t)(w & ~HOME_OWNED);
+    }
+    held_entry_t *e = held_find(held_table(s->held), key);
+    return e ? __atomic_load_n(&e->version, __ATOMIC_ACQUIRE) : -1;
+}
+
+/* A replica's sync time (0 if key is not a replica here). Engine thread, or inside a section. */
+static inline double store_synced_at(const store_t *s, int64_t key) {
+    held_entry_t *e;
+    const int64_t raw = store_lookup(s, key, &e);
+    return raw >= 0 && (raw & REPLICA_BIT) ? e->synced_at : 0.0;
+}
+
+/* Engine thread: replicas (others skipped) now stand at version, synced at now. */
+void store_set_synced(const store_t *s, const int64_t *keys, int64_t n, const int64_t *versions,
+                      double now);
+
+/* Engine thread, holding no stripe lock: room in the held map for n more keys. 0, or -1 if out
+ * of memory (nothing changed). */
+int store_reserve(const store_t *s, int64_t n);
 
 static inline int64_t key_len(const store_t *s, int64_t key) {
     return s->uniform_len ? s->uniform_len : s->lens[key];
@@ -58,11 +136,13 @@ int64_t store_gather(const store_t *s, const int64_t *keys, int64_t n, float *ou
 int64_t store_scatter(const store_t *s, const int64_t *keys, int64_t n, const float *vals,
                       int64_t vals_floats, int64_t *missing, int mode);
 
-/* Makes keys held here: value from vals (or zeros when vals is NULL), at the given slots,
- * with the given state and versions (zeros when NULL); replica deltas start at zero. */
+/* Makes keys (not held here) held: value from vals (or zeros when vals is NULL), at the given
+ * slots, with the given state and versions (zeros when NULL); a replica is synced at now and its
+ * delta starts at zero. Returns n, or -1 if out of memory or a slot is out of range (then
+ * nothing changed: room in the held map is reserved first). */
 int64_t store_insert(const store_t *s, const int64_t *keys, int64_t n, const int64_t *slots,
                      int8_t new_state, const float *vals, int64_t vals_floats,
-                     const int64_t *versions);
+                     const int64_t *versions, double now);
 
 /* Replicas only: moves each key's delta out (zeroing it), atomically per key; nonzero[i] tells
  * whether key i had any update. Only the rows of keys with updates are written, packed back to
@@ -78,8 +158,10 @@ int64_t store_refresh(const store_t *s, const int64_t *keys, int64_t n, const fl
                       int64_t vals_floats, const int64_t *versions, int promote);
 
 /* Removes keys: copies value (and delta into deltas_out when not NULL) out, then marks them
- * not held. Writes each key's former slot into slots_out (-1 if it was not held). */
+ * not held. Writes each key's former slot into slots_out (-1 if it was not held) and, when
+ * versions_out is not NULL, its version at removal (-1 if not held). Engine thread. */
 int64_t store_remove(const store_t *s, const int64_t *keys, int64_t n, float *vals_out,
-                     float *deltas_out, int64_t out_floats, int64_t *slots_out);
+                     float *deltas_out, int64_t out_floats, int64_t *slots_out,
+                     int64_t *versions_out);
 
 #endif

@@ -33,7 +33,7 @@ void dir_sync_plan(const directory_t *d, const sync_request_t *r, sync_plan_t *p
         int section;
         const int64_t key = entry_key(r, e, &section);
         p->hop[e] = -1;
-        if (s->state[key] == KEY_OWNER) {
+        if (store_state(s, key) == KEY_OWNER) {
             p->where[e] = SYNC_OWNED;
             if (section == 0) p->owned_intents++;
             else {
@@ -84,7 +84,7 @@ int64_t dir_sync_serve(const directory_t *d, const sync_request_t *r, const sync
                 /* The version the holder's base is compared with: read before the merge. */
                 a->skeys[os] = key;
                 spos[os] = pos;
-                svers[os] = __atomic_load_n(&s->version[key], __ATOMIC_RELAXED);
+                svers[os] = store_version(s, key);
                 if (section == 1) {
                     memcpy(a->srows + delta_floats, r->drows + row, (size_t)len * sizeof(float));
                     delta_floats += len;
@@ -123,12 +123,13 @@ int64_t dir_sync_serve(const directory_t *d, const sync_request_t *r, const sync
     if (ndeltas && store_scatter(s, a->skeys, ndeltas, a->srows, delta_floats,
                                  a->missing, 0) != 0)
         return -1;
-    for (int64_t j = 0; j < ndeltas; j++) svers[j] += 1; /* holder's base + its delta */
+    for (int64_t j = 0; j < ndeltas; j++) /* the holder's base + its delta */
+        svers[j] = (svers[j] + 1) & VERSION_MASK;
     /* Values for those behind: the version read again (after the merge), then the value. */
     int64_t nref = 0;
     for (int64_t j = 0; j < os; j++) {
         if (!behind[j]) continue;
-        svers[j] = __atomic_load_n(&s->version[a->skeys[j]], __ATOMIC_ACQUIRE);
+        svers[j] = store_version(s, a->skeys[j]);
         a->refresh_pos[nref] = spos[j];
         a->skeys[nref++] = a->skeys[j]; /* compacted in place: j >= nref */
     }

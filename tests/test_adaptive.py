@@ -40,12 +40,12 @@ def run_all(threads, errors) -> None:
 def placement(node) -> dict:
     """What a node holds, and what it knows as a home, for checks in the parent."""
     if node.engine is None:
-        return {"state": node.store.state.copy(), "owner_at_home": None}
+        return {"state": node.store.snapshot()["state"], "owner_at_home": None}
     keys = np.arange(node.store.num_keys)
     home = keys[keys % node.world_size == node.rank]
     table = np.full(len(keys), -1)
     table[home] = node.engine.state.directory_view()["home_owner"]
-    return {"state": node.store.state.copy(), "owner_at_home": table}
+    return {"state": node.store.snapshot()["state"], "owner_at_home": table}
 
 
 def check_placement(results, world_size, num_keys):
@@ -74,7 +74,7 @@ def _scenario_job(node):
     w.wait_sync()
     node.barrier()  # every node's keys have arrived
     during = node.local_keys().tolist()
-    replicas = np.flatnonzero(node.store.state == REPLICA).tolist()
+    replicas = np.flatnonzero(node.store.snapshot()["state"] == REPLICA).tolist()
     w.push(mine, np.ones((len(mine), 2), np.float32))
     w.wait_sync()
     node.barrier()
@@ -84,7 +84,7 @@ def _scenario_job(node):
     w.wait_sync()  # a round after everyone's intent ended: no replica is left
     node.barrier()
     after = node.local_keys().tolist()
-    after_replicas = np.flatnonzero(node.store.state == REPLICA).tolist()
+    after_replicas = np.flatnonzero(node.store.snapshot()["state"] == REPLICA).tolist()
     values = w.pull(np.arange(9))[:, 0].tolist()
     return during, replicas, after, after_replicas, values, placement(node)
 

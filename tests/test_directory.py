@@ -64,7 +64,7 @@ class Reference:
                 hold(int(home), HOME_UPDATES,
                      [ks[at], np.full(int(at.sum()), dst, dtype=np.int64), sent[5][at]])
         for dst, ks in actions.setup:
-            versions = self.store.version[ks].copy()
+            versions = self.store.versions(ks)
             values = np.empty(self.store.floats_for(ks), dtype=np.float32)
             assert self.store.gather(ks, values, np.empty(len(ks), dtype=np.int64)) == 0
             hold(dst, SETUPS, [ks, values, versions])
@@ -73,12 +73,11 @@ class Reference:
     def setup_in(self, src, keys, values, versions, wants, now) -> np.ndarray:
         """Replicas from an owner, installed as the engine did in numpy; returns those taken."""
         store = self.store
-        take = (store.state[keys] == NONE) & wants[keys]
+        take = (store.states(keys) == NONE) & wants[keys]
         if take.any():
-            store.synced_at[keys[take]] = now
             store.insert(keys[take], REPLICA, store.select_rows(values, keys, take),
-                         versions[take])
-            self.router.learn(keys, src, store.state[keys] == OWNER)
+                         versions[take], synced_at=now)
+            self.router.learn(keys, src, store.states(keys) == OWNER)
         return keys[take]
 
     def apply_answer(self, keys, flags, ni, src, pos, versions, refresh, values, told,
@@ -86,7 +85,7 @@ class Reference:
         """A SYNC_RESP's answers for a round's entries, taken in as the engine did in numpy."""
         store = self.store
         answered = keys[pos]
-        self.router.learn(answered, src, store.state[answered] == OWNER)
+        self.router.learn(answered, src, store.states(answered) == OWNER)
         reports = pos < ni
         told[keys[pos[reports]]] = flags[pos[reports]]
         synced, synced_versions = pos[~reports], versions[~reports]
@@ -94,9 +93,8 @@ class Reference:
         by_position[synced] = synced_versions
         store.refresh(keys[refresh], values, by_position[refresh])
         answered = keys[synced]
-        still = store.state[answered] == REPLICA
-        store.version[answered[still]] = synced_versions[still]
-        store.synced_at[answered[still]] = now
+        still = store.states(answered) == REPLICA
+        store.set_synced(answered[still], synced_versions[still], now)
         return int(reports.sum())
 
     def round_requests(self, ikeys, iflags, held) -> tuple:
@@ -104,12 +102,12 @@ class Reference:
         {owner: the 10 section arrays}, all entries' keys)."""
         store = self.store
         ending = ikeys[~iflags]
-        drop = ending[store.state[ending] == REPLICA]
-        dver = store.version[drop].copy()
+        drop = ending[store.states(ending) == REPLICA]
+        dver = store.versions(drop)
         _, drows = store.remove(drop, with_deltas=True)
-        held = held[store.state[held] == REPLICA]
+        held = held[store.states(held) == REPLICA]
         deltas, nonzero = store.take_deltas(held)
-        versions = store.version[held].copy()
+        versions = store.versions(held)
         dkeys = np.concatenate((drop, held[nonzero]))
         drows = np.concatenate((drows, deltas))
         dver = np.concatenate((dver, versions[nonzero]))
@@ -135,7 +133,7 @@ class Reference:
         store = self.store
         keys = np.concatenate((ikeys, dkeys, ckeys))
         ni, nd = len(ikeys), len(dkeys)
-        owned = store.state[keys] == OWNER
+        owned = store.states(keys) == OWNER
         rest = np.flatnonzero(~owned)
         nxt = self.router.next_hop(keys[rest])
         report = rest < ni
@@ -156,12 +154,12 @@ class Reference:
         dkeys, dpos, dver = dkeys[od], dpos[od], dver[od]
         ckeys, cpos, cver = ckeys[oc], cpos[oc], cver[oc]
         skeys, spos = np.concatenate((dkeys, ckeys)), np.concatenate((dpos, cpos))
-        reported = store.version[skeys].copy()
+        reported = store.versions(skeys)
         behind = np.concatenate((dver, cver)) != reported
         store.scatter_add(dkeys, drows, np.empty(len(dkeys), dtype=np.int64))
-        reported[:len(dkeys)] += 1
+        reported[:len(dkeys)] = (reported[:len(dkeys)] + 1) & 0x7FFFFFFF  # versions mod 2^31
         stale = skeys[behind]
-        reported[behind] = store.version[stale]
+        reported[behind] = store.versions(stale)
         values = np.empty(store.floats_for(stale), dtype=np.float32)
         assert store.gather(stale, values, np.empty(len(stale), dtype=np.int64)) == 0
         dropped, moves = self.decide(ikeys, origin, iflags) if len(ikeys) else (0, {})
@@ -173,8 +171,8 @@ class Reference:
         return answer, dropped, moves, queued, forwarded
 
     def relocate_out(self, keys, dst):
+        versions = self.store.versions(keys)
         values, _ = self.store.remove(keys)
-        versions = self.store.version[keys].copy()
         s, r = self.policy.take(keys)
         epochs = self.router.moved_out(keys, dst)
         # The old owner tells the homes; being one itself, it updates its own table.
@@ -184,7 +182,7 @@ class Reference:
 
     def relocate_in(self, keys, values, versions, s, r, epochs):
         store = self.store
-        held = store.state[keys] == REPLICA
+        held = store.states(keys) == REPLICA
         if held.any():
             store.promote(keys[held], store.select_rows(values, keys, held), versions[held])
         if (~held).any():
@@ -196,11 +194,11 @@ class Reference:
 
 def _values(store) -> tuple:
     """Every held key's value and unsent delta, by key (slots may differ between stores)."""
-    held = np.flatnonzero(store.state != NONE)
+    held = store.local_keys()
     out = np.empty(store.floats_for(held), dtype=np.float32)
     store.gather(held, out, np.empty(len(held), dtype=np.int64))
-    deltas = [store.delta[s & ((1 << 62) - 1): (s & ((1 << 62) - 1)) + n].tolist()
-              for s, n in zip(store.slot[held], store.lengths_of(held))]
+    deltas = [store.delta[s:s + n].tolist()
+              for s, n in zip(store.slots(held), store.lengths_of(held))]
     return held.tolist(), out.tolist(), deltas
 
 
@@ -211,8 +209,12 @@ def dense(node: NodeState) -> dict:
 
 def _agree(node: NodeState, ref: Reference) -> None:
     a, b = node.store, ref.store
-    np.testing.assert_array_equal(a.state, b.state)
-    np.testing.assert_array_equal(a.version, b.version)
+    got, want = a.snapshot(), b.snapshot()
+    for name in ("state", "version", "synced_at"):
+        np.testing.assert_array_equal(got[name], want[name], err_msg=name)
+    # Map entries only for the keys held here beyond the home keys' owner copies.
+    home = np.arange(NUM_KEYS) % ref.world_size == ref.rank
+    assert a.memory()[0] == int(((got["state"] != NONE) & ~(home & (got["state"] == OWNER))).sum())
     assert _values(a) == _values(b)
     got = dense(node)
     for name in ("hint", "forward", "epoch", "home_owner", "home_epoch"):
@@ -267,7 +269,7 @@ def test_native_decisions_and_relocations_match_the_reference(case):
     others = [r for r in range(world_size) if r != rank]
     for what, seed in ops:
         rng = np.random.default_rng(seed)
-        state = store.state
+        state = store.snapshot()["state"]
         if what == "decide":  # a node's reports for some owned keys
             owned = np.flatnonzero(state == OWNER)
             if not len(owned):
@@ -352,7 +354,7 @@ def test_native_decisions_and_relocations_match_the_reference(case):
             node.now = float(seed)
             node._setup_in(src, keys, values, versions)
             taken = ref.setup_in(src, keys, values, versions, wanted, float(seed))
-            np.testing.assert_array_equal(store.synced_at[taken], ref.store.synced_at[taken])
+            np.testing.assert_array_equal(store.synced_at(taken), ref.store.synced_at(taken))
             node.intents = NodeIntents(NUM_KEYS)
         else:  # updates to held keys: replicas keep them as unsent deltas
             held = np.flatnonzero(state != NONE)
@@ -364,7 +366,7 @@ def test_native_decisions_and_relocations_match_the_reference(case):
                 s.scatter_add(keys, values, np.empty(len(keys), dtype=np.int64))
         _agree(node, ref)
     np.testing.assert_array_equal(np.frombuffer(node.directory.replica_keys(), dtype=np.int64),
-                                  np.flatnonzero(store.state == REPLICA))
+                                  np.flatnonzero(store.snapshot()["state"] == REPLICA))
 
 
 def _check_answer(node: NodeState, ref: Reference, rng, world_size: int, seed: int) -> None:
@@ -390,7 +392,8 @@ def _check_answer(node: NodeState, ref: Reference, rng, world_size: int, seed: i
                                       refresh, values, node.intents.native, float(seed))
     assert got == want
     np.testing.assert_array_equal(node.intents.dense()[1], told)
-    np.testing.assert_array_equal(store.synced_at, ref.store.synced_at)
+    np.testing.assert_array_equal(store.snapshot()["synced_at"],
+                                  ref.store.snapshot()["synced_at"])
     node.intents = NodeIntents(NUM_KEYS)
 
 
@@ -407,7 +410,7 @@ def _check_round(node: NodeState, ref: Reference, rng) -> None:
     """A round's requests built natively and by the reference: the same replicas dropped, the
     same requests per owner, the same entries."""
     store = node.store
-    elsewhere = np.flatnonzero(store.state != OWNER)
+    elsewhere = np.flatnonzero(store.snapshot()["state"] != OWNER)
     ikeys = rng.choice(elsewhere, rng.integers(0, len(elsewhere) + 1), replace=False)
     iflags = rng.integers(0, 2, len(ikeys)).astype(bool)
     held = np.frombuffer(node.directory.replica_keys(), dtype=np.int64).copy()
@@ -497,17 +500,17 @@ def test_deciding_on_a_key_not_owned_changes_nothing():
     # rank 1 has intent: a report from 0 that ends would relocate
     node.directory.set_masks(np.array([0], np.int64), np.array([2], np.uint64),
                              np.zeros(1, np.uint64))
-    before = store.state.copy(), node.directory.dense()
+    before = store.snapshot()["state"], node.directory.dense()
     with pytest.raises(ValueError, match="key 1 is not owned here"):
         node._decide(np.array([0, 1], dtype=np.int64), 0, np.zeros(2, dtype=bool))
-    np.testing.assert_array_equal(store.state, before[0])
+    np.testing.assert_array_equal(store.snapshot()["state"], before[0])
     assert node.directory.dense() == before[1]
     assert not node._held
     with pytest.raises(ValueError, match="key 2 is owned here already"):
         node._relocate_in(1, np.array([1, 2], dtype=np.int64), np.zeros(4, np.float32),
                           np.zeros(2, np.int64), np.zeros(2, np.uint64), np.zeros(2, np.uint64),
                           np.ones(2, np.int64))
-    np.testing.assert_array_equal(store.state, before[0])
+    np.testing.assert_array_equal(store.snapshot()["state"], before[0])
 
 
 def test_native_directory_checks_its_buffers():
@@ -531,7 +534,7 @@ def test_native_directory_checks_its_buffers():
         with pytest.raises(ValueError, match="rank >= world size 3"):
             directory.relocate_in(keys, args[0], args[1], stray, args[3], args[4],
                                   np.empty(1, np.int8))
-    assert store.state[1] == NONE and dense(node)["hint"][1] == 1
+    assert store.states(1) == NONE and dense(node)["hint"][1] == 1
     assert not len(store.native.free_slots())  # no slot was taken and left behind
     owned = np.array([0, 3], np.int64)
     flags = np.ones(2, np.uint8)
@@ -564,7 +567,7 @@ def test_serve_sync_refuses_a_malformed_sync_before_changing_anything():
         arrays.update(change)
         return node.directory.serve_sync(node.variant, origin, *arrays.values())
 
-    before = store.slab.copy(), store.version.copy(), dense(node)["intent"].copy()
+    before = store.slab.copy(), store.snapshot()["version"], dense(node)["intent"].copy()
     for change, error in (
             (dict(ipos=np.array([0, 1], i64)), "one position"),
             (dict(iflags=np.ones(2, np.int8)), "one position"),
@@ -580,11 +583,11 @@ def test_serve_sync_refuses_a_malformed_sync_before_changing_anything():
     with pytest.raises(ValueError, match="origin"):
         sync(origin=2)
     np.testing.assert_array_equal(store.slab, before[0])
-    np.testing.assert_array_equal(store.version, before[1])
+    np.testing.assert_array_equal(store.snapshot()["version"], before[1])
     np.testing.assert_array_equal(dense(node)["intent"], before[2])
     answer, decision, rest, _ = sync()  # the well-formed one is served
     assert answer is not None and decision is not None and rest is None
-    assert store.version[2] == 1  # the delta was merged
+    assert store.versions(np.array([2]))[0] == 1  # the delta was merged
 
     plain = NodeState(0, 2, Store(_config(2, 0, 2, "full_replication")),
                       _config(2, 0, 2, "full_replication"))
@@ -634,20 +637,22 @@ def test_serve_sync_fuzzed(messages):
     store.insert(home_keys(0, NUM_KEYS, 2), OWNER)
     node = NodeState(0, 2, store, config)
     for arrays, origin in messages:
-        before = (store.state.copy(), store.slab.copy(), store.version.copy(),
+        before = (store.snapshot()["state"], store.slab.copy(), store.snapshot()["version"],
                   *(a.copy() for a in dense(node).values()))
         try:
             answer, decision, _, _ = node.directory.serve_sync(node.variant, origin, *arrays)
         except (ValueError, IndexError):
-            after = (store.state, store.slab, store.version, *dense(node).values())
+            after = (store.snapshot()["state"], store.slab, store.snapshot()["version"],
+                     *dense(node).values())
             for a, b in zip(before, after):
                 np.testing.assert_array_equal(a, b)
             continue
         if decision is not None:
             node._decided(decision)  # frees the slots of keys that left
-        held = store.state != NONE
-        slots = store.slot[held] & ((1 << 62) - 1)
-        assert (store.slot[~held] == -1).all() and (slots >= 0).all()
+        snap = store.snapshot()
+        held = snap["state"] != NONE
+        slots = snap["slot"][held]
+        assert (snap["slot"][~held] == -1).all() and (slots >= 0).all()
         assert len(np.unique(slots)) == len(slots)
         free = np.frombuffer(store.native.free_slots(), dtype=np.int64)
         assert (free >= 0).all() and len(np.unique(free)) == len(free)  # each free once
@@ -670,7 +675,7 @@ def test_apply_answer_refuses_an_answer_that_does_not_fit_the_round():
                                            np.array(values, np.float32),
                                            node.intents.native, 1.0)
 
-    before = store.slab.copy(), store.version.copy(), dense(node)["hint"].copy()
+    before = store.slab.copy(), store.snapshot()["version"], dense(node)["hint"].copy()
     for args, error in ((((3,), (7,), (), ()), "position 3 outside"),
                         (((1,), (7,), (2,), (0, 0)), "refresh position 2 is not"),
                         (((0,), (-1,), (0,), (0, 0)), "refresh position 0 is not"),
@@ -681,8 +686,8 @@ def test_apply_answer_refuses_an_answer_that_does_not_fit_the_round():
     with pytest.raises(ValueError, match="src a rank"):
         answer((1,), (7,), (), (), src=2)
     np.testing.assert_array_equal(store.slab, before[0])
-    np.testing.assert_array_equal(store.version, before[1])
+    np.testing.assert_array_equal(store.snapshot()["version"], before[1])
     np.testing.assert_array_equal(dense(node)["hint"], before[2])
     assert not node.intents.dense()[1].any()
     assert answer((0, 1, 2), (-1, 7, 8), (2,), (4, 4)) == 1  # a fitting answer is taken in
-    assert node.intents.dense()[1][5] and store.version[1] == 7 and store.version[3] == 8
+    assert node.intents.dense()[1][5] and store.versions(np.array([1, 3])).tolist() == [7, 8]

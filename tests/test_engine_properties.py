@@ -142,10 +142,10 @@ class Recorder:
                 intent[keys] = False
             else:
                 assert event == Event.REMOTE_ACCESS and peer != rank, where
-        np.testing.assert_array_equal(owned, store.state == OWNER, err_msg=f"rank {rank}: owned")
-        np.testing.assert_array_equal(replica, store.state == REPLICA,
-                                      err_msg=f"rank {rank}: replicas")
-        assert not (owned & replica).any() and np.all((store.state == NONE) == ~(owned | replica))
+        held = store.snapshot()["state"]
+        np.testing.assert_array_equal(owned, held == OWNER, err_msg=f"rank {rank}: owned")
+        np.testing.assert_array_equal(replica, held == REPLICA, err_msg=f"rank {rank}: replicas")
+        assert not (owned & replica).any() and np.all((held == NONE) == ~(owned | replica))
         if state.intents is not None:
             np.testing.assert_array_equal(intent, state.intents.dense()[1],
                                           err_msg=f"rank {rank}: intents told")
@@ -221,7 +221,7 @@ def _run(sim: Simulation, s: dict) -> None:
         got = per_node[0].pull(everything).reshape(-1)
         np.testing.assert_array_equal(got, want, err_msg=f"rank {rank}: sums differ")
 
-    owners = np.stack([node.store.state == OWNER for node in nodes])
+    owners = np.stack([node.store.snapshot()["state"] == OWNER for node in nodes])
     assert np.all(owners.sum(axis=0) == 1), f"owners per key: {owners.sum(axis=0)}"
     actual = np.argmax(owners, axis=0)
     for key in everything:

@@ -303,7 +303,7 @@ class Rounds:
         the replica is gone)."""
         store = self.store
         self.counters["returned_deltas"] += len(keys)
-        owned = store.state[keys] == OWNER
+        owned = store.states(keys) == OWNER
         if owned.any():
             mine = keys[owned]
             missing = store.scatter_add(mine, store.select_rows(rows, keys, owned),
@@ -328,7 +328,7 @@ class Rounds:
     def _decide_owned(self, keys: np.ndarray, flags: np.ndarray) -> tuple:
         """This node's intent state for ``keys``: where it owns a key, decide here and take it
         as told; returns the keys (and flags) owned elsewhere, to report."""
-        owned = self.store.state[keys] == OWNER
+        owned = self.store.states(keys) == OWNER
         if not owned.any():
             return keys, flags
         mine, mine_flags = keys[owned], flags[owned]

@@ -36,7 +36,7 @@ class Serving:
             self._sync(msg)
             return
         keys = msg.keys()
-        owned = self.store.state[keys] == OWNER
+        owned = self.store.states(keys) == OWNER
         if owned.all():
             self._serve(msg)
             return

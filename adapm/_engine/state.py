@@ -299,7 +299,7 @@ class NodeState(Serving, Rounds):
         the rest to where we believe its owner is. ``retry``: it waited for keys in flight
         (counted then)."""
         keys = msg.arrays[0]
-        state = self.store.state[keys]
+        state = self.store.states(keys)
         # A replica serves pulls and pushes (its delta goes to the owner with the next round);
         # a set goes to the main copy.
         here = state == OWNER if msg.kind == Kind.SET else state != NONE
@@ -350,12 +350,12 @@ class NodeState(Serving, Rounds):
         request (bench/adaptive.py, 2 nodes: ~3 retries per round, most of them for nothing).
         """
         awaiting, self.awaiting = self.awaiting, []
-        state, intents = self.store.state, self.intents
+        store, intents = self.store, self.intents
         for msg in awaiting:
             if msg.req_id not in self.requests:
                 continue
             keys = msg.arrays[0]
-            if (state[keys] == NONE).all() and intents.in_flight(keys).all():
+            if (store.states(keys) == NONE).all() and intents.in_flight(keys).all():
                 self.awaiting.append(msg)
             else:
                 self._route_own(msg, retry=True)

@@ -1,0 +1,52 @@
+/* The store's per-stripe seqlocks (see store.h): readers copy and retry if a writer touched the
+ * stripe meanwhile; writers spin on the stripe's sequence word, odd while held. */
+#ifndef ADAPM_SEQLOCK_H
+#define ADAPM_SEQLOCK_H
+
+#include <sched.h>
+#include <stdint.h>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define CPU_RELAX() _mm_pause()
+#else
+#define CPU_RELAX() __asm__ __volatile__("" ::: "memory")
+#endif
+
+/* Spins this many times before yielding the core: a writer holds a stripe for well under a
+ * microsecond, but with more threads than cores the holder may be descheduled. */
+#define SPINS_BEFORE_YIELD 64
+
+static inline uint64_t read_begin(const uint64_t *seq) {
+    int spins = 0;
+    for (;;) {
+        uint64_t v = __atomic_load_n(seq, __ATOMIC_ACQUIRE);
+        if (!(v & 1)) return v;
+        if (++spins > SPINS_BEFORE_YIELD) { sched_yield(); spins = 0; } else CPU_RELAX();
+    }
+}
+
+static inline int read_changed(const uint64_t *seq, uint64_t v) {
+    __atomic_thread_fence(__ATOMIC_ACQUIRE);
+    return __atomic_load_n(seq, __ATOMIC_RELAXED) != v;
+}
+
+static inline void write_lock(uint64_t *seq) {
+    int spins = 0;
+    for (;;) {
+        uint64_t v = __atomic_load_n(seq, __ATOMIC_RELAXED);
+        if (!(v & 1) &&
+            __atomic_compare_exchange_n(seq, &v, v + 1, 0, __ATOMIC_ACQUIRE, __ATOMIC_RELAXED)) {
+            /* Readers must see the odd sequence before any data store below. */
+            __atomic_thread_fence(__ATOMIC_RELEASE);
+            return;
+        }
+        if (++spins > SPINS_BEFORE_YIELD) { sched_yield(); spins = 0; } else CPU_RELAX();
+    }
+}
+
+static inline void write_unlock(uint64_t *seq) {
+    __atomic_store_n(seq, __atomic_load_n(seq, __ATOMIC_RELAXED) + 1, __ATOMIC_RELEASE);
+}
+
+#endif
