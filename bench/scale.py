@@ -6,13 +6,13 @@
 Per node it reports
 - ready (s): from the process's start (Python's own start-up included) to a node that has met
   its peers: store, directory and engine state for every key, home keys inserted;
-- dense (B/key): bytes of the per-key arrays this node allocated over the whole key space (store
-  slot, state, version, synced_at; the native bitmap for repeated keys) plus the home table (4 B
-  per key homed here), divided by the number of keys; arrays made with ``np.zeros`` are only
-  committed where written, so this is an upper bound of their resident share;
-- records, B/record: the records of active keys at the end, in the native directory (hints,
-  forward pointers, epochs, the owner's masks; native/records.h) and the intent counts
-  (native/intents.h), and their bytes (maps and spare capacity included) per record;
+- dense (B/key): bytes of this node's per-key arrays (the store's word per home key, the home
+  table's owner per home key), divided by the number of keys;
+- records, B/record: the records of keys held or active at the end, in the store's held map
+  (keys held beyond the home keys' owner copies: row, version, sync time; native/held.h), the
+  native directory (hints, forward pointers, epochs, the owner's masks; native/records.h) and
+  the intent counts (native/intents.h), and their bytes (maps and spare capacity included) per
+  record;
 - RSS ready / RSS end (GB): resident memory after the first barrier, and after the workload
   (values included: 32 B per key of 8 floats for the keys held here, committed as written);
 - the workload: ``--clocks`` clocks of ``--batch`` keys per worker, 90% from the node's own
@@ -75,8 +75,7 @@ def _metadata_bytes(node) -> tuple[int, int, int]:
     records, record_bytes = held, store_bytes - home_words
     if node.engine is not None:
         state = node.engine.state
-        # The store's bitmap that finds repeated keys in a batch: a bit per key.
-        dense = node.store.num_keys // 8 + 1
+        dense = 0
         directory_records, directory_bytes = state.directory.memory()
         home_table = 4 * len(range(node.rank, node.store.num_keys, node.world_size))
         dense += home_table

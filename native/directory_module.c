@@ -21,7 +21,7 @@ typedef struct {
 /* The store's repeated-key check (module.h) for this directory's batches. */
 static int refuse_repeated(DirectoryObject *self, const int64_t *keys, int64_t n,
                            const char *what) {
-    return refuse_repeats(((StoreObject *)self->store)->seen, keys, n, what);
+    return refuse_repeats((StoreObject *)self->store, keys, n, what);
 }
 
 static void Directory_dealloc(DirectoryObject *self) {

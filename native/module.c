@@ -25,7 +25,7 @@ static void Store_dealloc(StoreObject *self) {
     slots_free_all(&self->alloc);
     if (self->held_ready) held_free(&self->held);
     PyMem_Free(self->home_off);
-    PyMem_Free(self->seen);
+    PyMem_Free(self->repeat_set);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -125,10 +125,6 @@ static int Store_init(StoreObject *self, PyObject *args, PyObject *kwargs) {
     self->held_ready = 1;
     self->s.held = &self->held;
     slots_init(&self->alloc, self->s.home_floats, nslab);
-    if (!(self->seen = PyMem_Calloc((size_t)(num_keys / 8 + 1), 1))) {
-        PyErr_NoMemory();
-        return -1;
-    }
     return 0;
 }
 
@@ -338,7 +334,7 @@ static PyObject *Store_insert(StoreObject *self, PyObject *args) {
                                                         &nversions)))
         goto fail;
     if (check_keys_in_range(self, keys, n) < 0
-        || refuse_repeats(self->seen, keys, n, "insert") < 0)
+        || refuse_repeats(self, keys, n, "insert") < 0)
         goto fail;
     if ((versions && nversions != n) || (vals && nvals != floats_of(&self->s, keys, n))
         || (new_state != KEY_OWNER && new_state != KEY_REPLICA)) {
@@ -445,7 +441,7 @@ static PyObject *Store_remove(StoreObject *self, PyObject *args) {
         if (!(deltas = batch_view(&bt, odeltas, 1, 4, "deltas_out", &ndeltas))) goto fail;
     }
     if (check_keys_in_range(self, keys, n) < 0
-        || refuse_repeats(self->seen, keys, n, "remove") < 0)
+        || refuse_repeats(self, keys, n, "remove") < 0)
         goto fail;
     const int64_t need = floats_of(&self->s, keys, n);
     if ((vals && nvals < need) || (deltas && ndeltas < need)) {

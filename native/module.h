@@ -5,6 +5,8 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include <string.h>
+
 #include "slots.h"
 #include "intents.h"
 #include "store.h"
@@ -29,36 +31,48 @@ typedef struct {
     int held_ready;
     int64_t *home_off;  /* with per-key lengths: each home key's row */
     slot_alloc_t alloc; /* where values go in the slab (slots.h) */
-    uint8_t *seen;      /* one bit per key, all clear between calls: finds repeated keys */
+    int64_t *repeat_set; /* scratch of first_repeat (below) */
+    int64_t repeat_cap;
 } StoreObject;
 
-/* Index of the first key of keys[0..n) (checked in range) that repeats an earlier one, or -1.
- * Batches that move keys in or out may come from the network, and a repeated key would be
- * removed or inserted twice (a slot handed out twice). Two passes over the keys, no sort. */
-static inline int64_t first_repeat(uint8_t *seen, const int64_t *keys, int64_t n) {
+/* Index of the first key of keys[0..n) (checked in range) that repeats an earlier one, -1 if
+ * none, or -2 if out of memory. Batches that move keys in or out may come from the network, and
+ * a repeated key would be removed or inserted twice (a slot handed out twice). Ascending batches
+ * (a node's home keys) pass in one scan; others go through a hash set in the store's scratch
+ * (sized by the batch, not the key space). Holds the GIL (the scratch is shared). */
+static inline int64_t first_repeat(StoreObject *store, const int64_t *keys, int64_t n) {
     int64_t i = 1;
-    while (i < n && keys[i] > keys[i - 1]) i++; /* ascending (a node's home keys): no repeat */
+    while (i < n && keys[i] > keys[i - 1]) i++;
     if (i >= n) return -1;
-    i = 0;
-    int64_t at = -1;
-    for (; i < n; i++) {
-        const int64_t k = keys[i];
-        const uint8_t bit = (uint8_t)(1u << (k & 7));
-        if (seen[k >> 3] & bit) {
-            at = i;
-            break;
-        }
-        seen[k >> 3] |= bit;
+    int64_t cap = 64;
+    while (cap < 2 * n) cap *= 2;
+    if (cap > store->repeat_cap) {
+        int64_t *grown = PyMem_Realloc(store->repeat_set, (size_t)cap * sizeof(int64_t));
+        if (!grown) return -2;
+        store->repeat_set = grown;
+        store->repeat_cap = cap;
     }
-    for (int64_t j = 0; j < i; j++) seen[keys[j] >> 3] = 0;
-    return at;
+    int64_t *set = store->repeat_set;
+    memset(set, 0xff, (size_t)cap * sizeof(int64_t)); /* -1: empty (keys are >= 0) */
+    for (i = 0; i < n; i++) {
+        const int64_t k = keys[i];
+        int64_t at = (int64_t)(((uint64_t)k * 0x9E3779B97F4A7C15ull) >> 20) & (cap - 1);
+        while (set[at] >= 0 && set[at] != k) at = (at + 1) & (cap - 1);
+        if (set[at] == k) return i;
+        set[at] = k;
+    }
+    return -1;
 }
 
-/* 0, or -1 with ValueError naming the first repeated key. */
-static inline int refuse_repeats(uint8_t *seen, const int64_t *keys, int64_t n,
+/* 0, or -1 with ValueError naming the first repeated key (MemoryError if out of memory). */
+static inline int refuse_repeats(StoreObject *store, const int64_t *keys, int64_t n,
                                  const char *what) {
-    const int64_t at = first_repeat(seen, keys, n);
-    if (at < 0) return 0;
+    const int64_t at = first_repeat(store, keys, n);
+    if (at == -1) return 0;
+    if (at == -2) {
+        PyErr_NoMemory();
+        return -1;
+    }
     PyErr_Format(PyExc_ValueError, "%s: key %lld appears more than once", what,
                  (long long)keys[at]);
     return -1;

@@ -288,7 +288,8 @@ int64_t store_insert(const store_t *s, const int64_t *keys, int64_t n, const int
         write_lock(seq);
         if (vals) memcpy(s->slab + slot, vals + off, (size_t)len * sizeof(float));
         else memset(s->slab + slot, 0, (size_t)len * sizeof(float));
-        memset(s->delta + slot, 0, (size_t)len * sizeof(float));
+        /* Only replicas use their delta row: an owner's stays untouched (not committed). */
+        if (new_state == KEY_REPLICA) memset(s->delta + slot, 0, (size_t)len * sizeof(float));
         if (new_state == KEY_REPLICA)
             held_put(s->held, key, slot | REPLICA_BIT, version, now);
         else if (home)
@@ -325,7 +326,10 @@ int64_t store_remove(const store_t *s, const int64_t *keys, int64_t n, float *va
         if (versions_out) versions_out[i] = raw < 0 ? -1 : store_version(s, key);
         if (slot >= 0) {
             if (vals_out) memcpy(vals_out + off, s->slab + slot, (size_t)len * sizeof(float));
-            if (deltas_out) memcpy(deltas_out + off, s->delta + slot, (size_t)len * sizeof(float));
+            if (deltas_out && (raw & REPLICA_BIT)) /* an owner's delta row is never written */
+                memcpy(deltas_out + off, s->delta + slot, (size_t)len * sizeof(float));
+            else if (deltas_out)
+                memset(deltas_out + off, 0, (size_t)len * sizeof(float));
             forget(s, key, e);
         }
         write_unlock(seq);

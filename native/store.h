@@ -157,8 +157,8 @@ int64_t store_take_deltas(const store_t *s, const int64_t *keys, int64_t n, floa
 int64_t store_refresh(const store_t *s, const int64_t *keys, int64_t n, const float *vals,
                       int64_t vals_floats, const int64_t *versions, int promote);
 
-/* Removes keys: copies value (and delta into deltas_out when not NULL) out, then marks them
- * not held. Writes each key's former slot into slots_out (-1 if it was not held) and, when
+/* Removes keys: copies value (and, for replicas, delta into deltas_out when not NULL; an owner's
+ * row there is zeros) out, then marks them not held. Writes each key's former slot into slots_out (-1 if it was not held) and, when
  * versions_out is not NULL, its version at removal (-1 if not held). Engine thread. */
 int64_t store_remove(const store_t *s, const int64_t *keys, int64_t n, float *vals_out,
                      float *deltas_out, int64_t out_floats, int64_t *slots_out,

@@ -193,12 +193,14 @@ class Reference:
 
 
 def _values(store) -> tuple:
-    """Every held key's value and unsent delta, by key (slots may differ between stores)."""
+    """Every held key's value and a replica's unsent delta, by key (slots may differ between
+    stores; an owner's delta row is not used)."""
     held = store.local_keys()
     out = np.empty(store.floats_for(held), dtype=np.float32)
     store.gather(held, out, np.empty(len(held), dtype=np.int64))
-    deltas = [store.delta[s:s + n].tolist()
-              for s, n in zip(store.slots(held), store.lengths_of(held))]
+    deltas = [store.delta[s:s + n].tolist() if state == REPLICA else None
+              for s, n, state in zip(store.slots(held), store.lengths_of(held),
+                                     store.states(held))]
     return held.tolist(), out.tolist(), deltas
 
 
