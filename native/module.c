@@ -96,6 +96,10 @@ static int Store_init(StoreObject *self, PyObject *args, PyObject *kwargs) {
     self->s.num_keys = num_keys;
     self->s.rank = rank;
     self->s.world = world;
+    self->s.home_shift = -1;
+    if (!(world & (world - 1)))
+        for (self->s.home_shift = 0; ((int64_t)1 << self->s.home_shift) < world;)
+            self->s.home_shift++;
     self->s.uniform_len = uniform_len > 0 ? uniform_len : 0;
     self->s.slab_floats = nslab;
     self->s.stripe_mask = (uint64_t)nseqs - 1;
