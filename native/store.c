@@ -55,7 +55,8 @@ int64_t store_check_keys(const int64_t *keys, int64_t n, int64_t num_keys) {
 
 static inline void prefetch_dir(const store_t *s, const held_table_t *t, int64_t key,
                                 int for_write) {
-    if (is_home(s, key)) __builtin_prefetch(&s->home[home_index(s, key)], for_write, 3);
+    const int64_t h = home_at(s, key);
+    if (h >= 0) __builtin_prefetch(&s->home[h], for_write, 3);
     else __builtin_prefetch(&t->entries[held_slot(t, key)], for_write, 3);
     __builtin_prefetch(stripe(s, key), for_write, 3);
 }
@@ -63,9 +64,9 @@ static inline void prefetch_dir(const store_t *s, const held_table_t *t, int64_t
 static inline void prefetch_row(const store_t *s, const held_table_t *t, int64_t key,
                                 int for_write) {
     int64_t raw = -1;
-    if (is_home(s, key) &&
-        (__atomic_load_n(&s->home[home_index(s, key)], __ATOMIC_RELAXED) & HOME_OWNED)) {
-        raw = home_row(s, key);
+    const int64_t h = home_at(s, key);
+    if (h >= 0 && (__atomic_load_n(&s->home[h], __ATOMIC_RELAXED) & HOME_OWNED)) {
+        raw = home_row_at(s, h);
     } else {
         const held_entry_t *e = held_find(t, key);
         if (e) raw = __atomic_load_n(&e->raw, __ATOMIC_RELAXED);
@@ -147,6 +148,7 @@ int64_t store_gather(const store_t *s, const int64_t *keys, int64_t n, float *ou
                      int64_t out_floats, int64_t *missing) {
     /* A private copy of the (never changing) layout fields: the seqlock's acquire loads would
      * otherwise make the compiler reload each of them for every key. */
+    const store_t *shared = s;
     const store_t layout = *s;
     s = &layout;
     int64_t nmiss = 0;
@@ -181,7 +183,7 @@ int64_t store_gather(const store_t *s, const int64_t *keys, int64_t n, float *ou
         }
     }
     held_exit(s->held, token);
-    if (nmiss >= 0) flush_replica_reads(s, &reads);
+    if (nmiss >= 0) flush_replica_reads(shared, &reads); /* layout's address stays here */
     return nmiss;
 }
 

@@ -60,28 +60,34 @@ typedef struct {
 
 /* A 64-bit division costs tens of cycles, more than the rest of a lookup: clusters of a power
  * of two nodes (home_shift >= 0) use a mask and a shift instead. */
-static inline int is_home(const store_t *s, int64_t key) {
-    if (s->home_shift >= 0) return (key & (s->world - 1)) == s->rank;
-    return key % s->world == s->rank;
+static inline int64_t home_at(const store_t *s, int64_t key) { /* home index, or -1 */
+    if (s->home_shift >= 0) return (key & (s->world - 1)) == s->rank ? key >> s->home_shift : -1;
+    return key % s->world == s->rank ? key / s->world : -1;
 }
 
-static inline int64_t home_index(const store_t *s, int64_t key) {
-    return s->home_shift >= 0 ? key >> s->home_shift : key / s->world;
+static inline int is_home(const store_t *s, int64_t key) { return home_at(s, key) >= 0; }
+
+/* Index of a key homed here. */
+static inline int64_t home_index(const store_t *s, int64_t key) { return home_at(s, key); }
+
+/* The fixed row of the key with home index h. */
+static inline int64_t home_row_at(const store_t *s, int64_t h) {
+    return s->home_off ? s->home_off[h] : h * s->uniform_len;
 }
 
 /* The fixed row of a key homed here. */
 static inline int64_t home_row(const store_t *s, int64_t key) {
-    return s->home_off ? s->home_off[home_index(s, key)] : home_index(s, key) * s->uniform_len;
+    return home_row_at(s, home_at(s, key));
 }
 
 /* Where key is held: its slot word (row offset, | REPLICA_BIT for a replica), or -1; *entry gets
  * its held-map entry (NULL for an owned home key or a key not held). Under the key's stripe (a
  * seqlock read or the lock), on the engine thread or inside a section. */
 static inline int64_t store_lookup(const store_t *s, int64_t key, held_entry_t **entry) {
-    if (is_home(s, key) &&
-        (__atomic_load_n(&s->home[home_index(s, key)], __ATOMIC_RELAXED) & HOME_OWNED)) {
+    const int64_t h = home_at(s, key);
+    if (h >= 0 && (__atomic_load_n(&s->home[h], __ATOMIC_RELAXED) & HOME_OWNED)) {
         *entry = 0;
-        return home_row(s, key);
+        return home_row_at(s, h);
     }
     held_entry_t *e = held_find(held_table(s->held), key);
     *entry = e;
