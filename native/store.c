@@ -146,11 +146,6 @@ static void flush_replica_reads(const store_t *s, const replica_reads_t *r) {
 
 int64_t store_gather(const store_t *s, const int64_t *keys, int64_t n, float *out,
                      int64_t out_floats, int64_t *missing) {
-    /* A private copy of the (never changing) layout fields: the seqlock's acquire loads would
-     * otherwise make the compiler reload each of them for every key. */
-    const store_t *shared = s;
-    const store_t layout = *s;
-    s = &layout;
     int64_t nmiss = 0;
     replica_reads_t reads = {0, 0.0};
     const int64_t ulen = s->uniform_len;
@@ -183,7 +178,7 @@ int64_t store_gather(const store_t *s, const int64_t *keys, int64_t n, float *ou
         }
     }
     held_exit(s->held, token);
-    if (nmiss >= 0) flush_replica_reads(shared, &reads); /* layout's address stays here */
+    if (nmiss >= 0) flush_replica_reads(s, &reads);
     return nmiss;
 }
 
@@ -235,10 +230,6 @@ static inline __attribute__((always_inline)) int scatter_one(const store_t *s, i
 
 int64_t store_scatter(const store_t *s, const int64_t *keys, int64_t n, const float *vals,
                       int64_t vals_floats, int64_t *missing, int mode) {
-    /* A private copy of the (never changing) layout fields: the seqlock's acquire loads would
-     * otherwise make the compiler reload each of them for every key. */
-    const store_t layout = *s;
-    s = &layout;
     int64_t nmiss = 0;
     const int64_t ulen = s->uniform_len;
     if (ulen && n > vals_floats / ulen) return -1;
