@@ -187,7 +187,7 @@ static inline void bump_version(const store_t *s, int64_t key, held_entry_t *e) 
     if (e) {
         __atomic_store_n(&e->version, (e->version + 1) & VERSION_MASK, __ATOMIC_RELEASE);
     } else {
-        uint32_t *w = &s->home[home_index(s, key)];
+        uint32_t *w = &s->home[home_at(s, key)];
         __atomic_store_n(w, HOME_OWNED | (uint32_t)((*w + 1) & VERSION_MASK), __ATOMIC_RELEASE);
     }
 }
@@ -294,7 +294,7 @@ int64_t store_insert(const store_t *s, const int64_t *keys, int64_t n, const int
         if (new_state == KEY_REPLICA)
             held_put(s->held, key, slot | REPLICA_BIT, version, now);
         else if (home)
-            __atomic_store_n(&s->home[home_index(s, key)], HOME_OWNED | (uint32_t)version,
+            __atomic_store_n(&s->home[home_at(s, key)], HOME_OWNED | (uint32_t)version,
                              __ATOMIC_RELEASE);
         else
             held_put(s->held, key, slot, version, 0.0);
@@ -307,7 +307,7 @@ int64_t store_insert(const store_t *s, const int64_t *keys, int64_t n, const int
 /* Engine thread, under key's lock: key is no longer held here. */
 static void forget(const store_t *s, int64_t key, held_entry_t *e) {
     if (e) held_del(s->held, e);
-    else __atomic_store_n(&s->home[home_index(s, key)], 0u, __ATOMIC_RELEASE);
+    else __atomic_store_n(&s->home[home_at(s, key)], 0u, __ATOMIC_RELEASE);
 }
 
 int64_t store_remove(const store_t *s, const int64_t *keys, int64_t n, float *vals_out,
@@ -389,7 +389,7 @@ int64_t store_refresh(const store_t *s, const int64_t *keys, int64_t n, const fl
                 memset(d, 0, (size_t)len * sizeof(float));
                 if (is_home(s, key)) { /* back to the fixed row's word (the row is the same) */
                     held_del(s->held, e);
-                    __atomic_store_n(&s->home[home_index(s, key)],
+                    __atomic_store_n(&s->home[home_at(s, key)],
                                      HOME_OWNED | (uint32_t)version, __ATOMIC_RELEASE);
                 } else {
                     __atomic_store_n(&e->version, version, __ATOMIC_RELEASE);

@@ -67,9 +67,6 @@ static inline int64_t home_at(const store_t *s, int64_t key) { /* home index, or
 
 static inline int is_home(const store_t *s, int64_t key) { return home_at(s, key) >= 0; }
 
-/* Index of a key homed here. */
-static inline int64_t home_index(const store_t *s, int64_t key) { return home_at(s, key); }
-
 /* The fixed row of the key with home index h. */
 static inline int64_t home_row_at(const store_t *s, int64_t h) {
     return s->home_off ? s->home_off[h] : h * s->uniform_len;
@@ -104,8 +101,9 @@ static inline int store_state(const store_t *s, int64_t key) {
 /* A held key's version (-1 if not held): the owner's, which workers here may be bumping, or a
  * replica's last synced one. Engine thread, or inside a section. */
 static inline int64_t store_version(const store_t *s, int64_t key) {
-    if (is_home(s, key)) {
-        const uint32_t w = __atomic_load_n(&s->home[home_index(s, key)], __ATOMIC_ACQUIRE);
+    const int64_t h = home_at(s, key);
+    if (h >= 0) {
+        const uint32_t w = __atomic_load_n(&s->home[h], __ATOMIC_ACQUIRE);
         if (w & HOME_OWNED) return (int64_t)(w & ~HOME_OWNED);
     }
     held_entry_t *e = held_find(held_table(s->held), key);
