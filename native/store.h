@@ -60,9 +60,14 @@ typedef struct {
 
 /* A 64-bit division costs tens of cycles, more than the rest of a lookup: clusters of a power
  * of two nodes (home_shift >= 0) use a mask and a shift instead. */
-static inline int64_t home_at(const store_t *s, int64_t key) { /* home index, or -1 */
-    if (s->home_shift >= 0) return (key & (s->world - 1)) == s->rank ? key >> s->home_shift : -1;
+static inline __attribute__((always_inline)) int64_t home_at_pow2(const store_t *s, int64_t key,
+                                                                   int pow2) {
+    if (pow2) return (key & (s->world - 1)) == s->rank ? key >> s->home_shift : -1;
     return key % s->world == s->rank ? key / s->world : -1;
+}
+
+static inline int64_t home_at(const store_t *s, int64_t key) { /* home index, or -1 */
+    return s->home_shift >= 0 ? home_at_pow2(s, key, 1) : home_at_pow2(s, key, 0);
 }
 
 static inline int is_home(const store_t *s, int64_t key) { return home_at(s, key) >= 0; }
