@@ -13,7 +13,7 @@ $(PY):
 $(STAMP): $(PY) pyproject.toml $(wildcard native/*.c native/*.h) \
           $(wildcard native/kernels/*.c native/kernels/*.h)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --quiet -e '.[dev,torch]'
 	touch $(STAMP)
 
 install: $(STAMP)

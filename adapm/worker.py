@@ -53,6 +53,11 @@ class Worker:
         sampling = node.config.sampling
         self._sampler = WorkerSampler(self, sampling, node.rank) if sampling is not None else None
 
+    @property
+    def node(self) -> "Node":
+        """The node this handle belongs to."""
+        return self._node
+
     # --- data access -------------------------------------------------------------------------
 
     def pull(self, keys, out: Optional[np.ndarray] = None) -> np.ndarray:

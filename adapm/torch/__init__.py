@@ -1,0 +1,31 @@
+"""PyTorch integration (install with the ``torch`` extra: ``pip install adapm[torch]``).
+
+- :class:`IntentCollate` and :class:`IntentLoader`: intent from the data loader (``data``);
+- :class:`Embedding` and :class:`EmbeddingBag`: tables whose rows live in adapm (``nn``);
+- ``adapm.torch.optim.SGD`` and ``adapm.torch.optim.Adagrad``: their sparse row updates;
+- :class:`DenseSync`: dense parameters kept consistent across nodes through adapm (``dense``).
+
+``import adapm`` does not import torch; ``import adapm.torch`` does.
+"""
+
+from __future__ import annotations
+
+try:
+    import torch as _torch  # noqa: F401
+except ImportError as exc:  # pragma: no cover - depends on the installation
+    raise ImportError("adapm.torch needs PyTorch: pip install 'adapm[torch]'") from exc
+
+from . import optim
+from .data import IntentCollate, IntentLoader, KeyedBatch
+from .dense import DenseSync
+from .nn import Embedding, EmbeddingBag
+
+__all__ = [
+    "DenseSync",
+    "Embedding",
+    "EmbeddingBag",
+    "IntentCollate",
+    "IntentLoader",
+    "KeyedBatch",
+    "optim",
+]

@@ -1,0 +1,146 @@
+"""Intent from the data loader: keys computed where a batch is built, signalled before it is trained.
+
+Two wrappers around an ordinary ``torch.utils.data.DataLoader``:
+
+- :class:`IntentCollate` wraps its ``collate_fn``. It runs wherever the loader builds batches, in
+  the training process or in the loader's worker processes (``num_workers > 0``), and returns a
+  :class:`KeyedBatch`: the batch and the sorted distinct keys it will access. It touches no node:
+  loader workers never open a socket, and a node started before they fork stays intact (the
+  child only inherits memory; it runs none of the node's threads and uses none of its sockets).
+- :class:`IntentLoader` wraps the loader in the training process. It keeps ``ahead`` batches
+  ready beyond the one being trained, signals ``worker.intent(keys, c, c + 1)`` for the batch
+  that will be trained at clock ``c`` as soon as that batch is fetched, yields the plain batches,
+  and advances the worker's clock as they are consumed.
+"""
+
+from __future__ import annotations
+
+import collections
+import operator
+from collections.abc import Callable, Iterator
+from typing import Any, NamedTuple
+
+import numpy as np
+import torch
+from torch.utils.data import default_collate
+
+from ..errors import InvalidArgument, InvalidType
+
+
+class KeyedBatch(NamedTuple):
+    """What :class:`IntentCollate` returns: the collated batch and its keys (sorted, distinct,
+    int64). A named tuple, so that it pickles between processes and ``pin_memory`` keeps it."""
+
+    batch: Any
+    keys: np.ndarray
+
+
+def as_key_array(keys, what: str) -> np.ndarray:
+    """Sorted distinct int64 keys from a tensor, array or sequence of integers (any shape)."""
+    if isinstance(keys, torch.Tensor):
+        if keys.dtype.is_floating_point or keys.dtype.is_complex or keys.dtype == torch.bool:
+            raise InvalidType(f"{what}: keys must be integers, got a tensor of {keys.dtype}")
+        keys = keys.detach().cpu().numpy()
+    arr = np.asarray(keys)
+    if arr.size == 0:
+        return np.empty(0, dtype=np.int64)
+    if arr.dtype.kind not in "iu":
+        raise InvalidType(f"{what}: keys must be integers, got dtype {arr.dtype}")
+    return np.unique(arr.astype(np.int64, copy=False).ravel())
+
+
+class IntentCollate:
+    """``collate_fn`` wrapper: ``IntentCollate(collate_fn, keys_fn)(samples)`` returns
+    ``KeyedBatch(collate_fn(samples), keys)`` with ``keys`` the distinct keys of
+    ``keys_fn(batch)`` (a tensor, array or sequence of integers of any shape).
+
+    ``collate_fn`` None means torch's ``default_collate``. Pure: it never touches a node, so it
+    may run in loader worker processes. With the ``spawn`` start method both functions must be
+    picklable (module-level functions, not lambdas), as for any ``collate_fn``.
+    """
+
+    def __init__(self, collate_fn: Callable | None = None,
+                 keys_fn: Callable | None = None) -> None:
+        if keys_fn is None or not callable(keys_fn):
+            raise InvalidArgument("IntentCollate: keys_fn must be a callable batch -> keys")
+        if collate_fn is not None and not callable(collate_fn):
+            raise InvalidArgument("IntentCollate: collate_fn must be callable or None")
+        self.collate_fn = collate_fn if collate_fn is not None else default_collate
+        self.keys_fn = keys_fn
+
+    def __call__(self, samples) -> KeyedBatch:
+        batch = self.collate_fn(samples)
+        return KeyedBatch(batch, as_key_array(self.keys_fn(batch), "IntentCollate keys_fn"))
+
+
+class IntentLoader:
+    """Loader wrapper in the training process: yields the batches of ``loader`` (built with
+    ``collate_fn=IntentCollate(...)``) and signals each batch's keys as intent of ``worker``
+    for the clock at which it is trained.
+
+    The batch yielded when ``worker.clock == c`` is trained at clock ``c``; asking for the next
+    batch means the previous one is done, so the clock advances by one per batch. Up to
+    ``ahead`` batches beyond the current one are fetched early and their intent signalled then:
+    ``ahead`` batches of lead in which the manager relocates or replicates their keys. When an
+    iteration ends early (``break``, an exception, the iterator dropped), the clock moves past
+    the batches fetched but not trained, so no intent of this iteration outlives it.
+
+    Each ``iter()`` is one epoch, starting at the worker's current clock. The loader owns the
+    clock of ``worker`` while it iterates: do not advance it yourself meanwhile, and do not
+    iterate two loaders over one worker at the same time (give each its own ``node.worker()``).
+    Not thread-safe, like the worker.
+    """
+
+    def __init__(self, loader, worker, ahead: int = 4) -> None:
+        if worker is None:
+            raise InvalidArgument("IntentLoader needs a worker: IntentLoader(loader, "
+                                  "node.worker(), ahead=...) with a node from adapm.init()")
+        for attr in ("intent", "advance_clock", "clock"):
+            if not hasattr(worker, attr):
+                raise InvalidType(f"IntentLoader: worker must be an adapm Worker "
+                                  f"(node.worker()), got {type(worker).__name__}")
+        try:
+            ahead = operator.index(ahead)
+        except TypeError:
+            raise InvalidType(f"IntentLoader: ahead must be an int, got {ahead!r}") from None
+        if ahead < 1:
+            raise InvalidArgument(f"IntentLoader: ahead must be >= 1 batch, got {ahead}")
+        self.loader = loader
+        self.worker = worker
+        self.ahead = ahead
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def __iter__(self) -> Iterator:
+        worker, ahead = self.worker, self.ahead
+        source = iter(self.loader)
+        ready: collections.deque = collections.deque()
+        next_clock = worker.clock  # the clock of the next batch fetched
+        exhausted = False
+        try:
+            while True:
+                while not exhausted and len(ready) <= ahead:
+                    try:
+                        item = next(source)
+                    except StopIteration:
+                        exhausted = True
+                        break
+                    if not isinstance(item, KeyedBatch):
+                        raise InvalidType(
+                            "IntentLoader: the loader's batches carry no keys; build the "
+                            "DataLoader with collate_fn=adapm.torch.IntentCollate(collate_fn, "
+                            f"keys_fn) (got a batch of type {type(item).__name__})")
+                    worker.intent(item.keys, next_clock, next_clock + 1)
+                    next_clock += 1
+                    ready.append(item.batch)
+                if not ready:
+                    return
+                batch = ready.popleft()
+                yield batch
+                worker.advance_clock()
+        finally:
+            # Ended early: the yielded batch counts as trained; the fetched ones never will be.
+            while worker.clock < next_clock:
+                worker.advance_clock()
+            del source  # a multi-process loader iterator shuts its workers down

@@ -1,0 +1,97 @@
+"""Dense parameters kept consistent across nodes through adapm, without a second framework.
+
+The parameters (a dense layer's weights, say) are laid out back to back over a range of adapm
+keys, ``value_length`` floats per key. Every node signals intent for those keys for the whole run,
+so the adaptive manager holds a replica of them on every node and merges every node's updates
+into the main copy each sync round, sending the merged values back. Each node trains its dense
+parameters with any torch optimizer and calls :meth:`DenseSync.step` after it: the node's own
+change since the last call is pushed, and the parameters take the current merged values. This
+is asynchronous data parallelism with the staleness of a sync round (a few milliseconds), the
+same consistency the embeddings have; ``torch.nn.parallel.DistributedDataParallel`` over
+``torch.distributed`` (gloo) is the synchronous alternative (see the README).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ..errors import InvalidArgument, InvalidType
+
+# Intent "for the whole run": an end clock no worker reaches.
+_FOREVER = 2 ** 62
+
+
+class DenseSync:
+    """Keeps ``params`` (float32 CPU tensors, e.g. ``mlp.parameters()``) equal on every node.
+
+    ``worker``: this thread's adapm worker; ``offset``: the first of the keys used (they must
+    fit the node and be used for nothing else: ``DenseSync.keys_needed(params, value_length)``
+    tells how many). Construction is collective: every rank constructs the same DenseSync in
+    the same order; on return every rank's parameters hold rank 0's values. Blocking calls
+    raise ``AdaPMTimeout`` like the worker's. Not thread-safe.
+    """
+
+    def __init__(self, params, worker, offset: int) -> None:
+        self.params = [p for p in params]
+        if not self.params:
+            raise InvalidArgument("DenseSync: no parameters given")
+        for p in self.params:
+            if not isinstance(p, torch.Tensor) or p.dtype != torch.float32 or \
+                    p.device.type != "cpu":
+                raise InvalidType("DenseSync: parameters must be float32 CPU tensors")
+        if worker is None or not hasattr(worker, "node"):
+            raise InvalidArgument("DenseSync: worker= must be an adapm worker handle")
+        node = worker.node
+        length = node.store.uniform_length
+        if not length:
+            raise InvalidArgument("DenseSync needs a node with one value_length for all keys")
+        self.numel = sum(p.numel() for p in self.params)
+        rows = self.keys_needed(self.params, length)
+        if offset < 0 or offset + rows > node.store.num_keys:
+            raise InvalidArgument(f"DenseSync: keys [{offset}, {offset + rows}) do not fit the "
+                                  f"node's {node.store.num_keys} keys")
+        self.worker = worker
+        self.keys = np.arange(offset, offset + rows, dtype=np.int64)
+        self._flat = np.zeros(rows * length, dtype=np.float32)
+        worker.intent(self.keys, worker.clock, _FOREVER)
+        if node.rank == 0:
+            self._gather_params()
+            worker.set(self.keys, self._flat.reshape(rows, length))
+            worker.wait()
+        if node.world_size > 1:
+            node.barrier()
+            # A replica set up here before rank 0's values were in is refreshed by a round
+            # that starts after the barrier.
+            worker.wait_sync()
+        self._snapshot = self._pull_into_params()
+
+    @staticmethod
+    def keys_needed(params, value_length: int) -> int:
+        """How many keys of ``value_length`` floats the parameters take."""
+        return -(-sum(p.numel() for p in params) // value_length)
+
+    def step(self) -> None:
+        """Push this node's change of the parameters since the last call, then set them to the
+        current merged values (this node's pushes in, other nodes' as of the last sync round)."""
+        self._gather_params()
+        delta = self._flat - self._snapshot
+        self.worker.push(self.keys, delta.reshape(len(self.keys), -1))
+        self._snapshot = self._pull_into_params()
+
+    def _gather_params(self) -> None:
+        at = 0
+        for p in self.params:
+            n = p.numel()
+            self._flat[at:at + n] = p.detach().reshape(-1).numpy()
+            at += n
+
+    def _pull_into_params(self) -> np.ndarray:
+        values = self.worker.pull(self.keys).reshape(-1)
+        at = 0
+        with torch.no_grad():
+            for p in self.params:
+                n = p.numel()
+                p.copy_(torch.from_numpy(values[at:at + n]).reshape(p.shape))
+                at += n
+        return values

@@ -1,0 +1,333 @@
+"""adapm.torch: intent from the data loader, adapm-backed embeddings and their optimizers.
+
+Loader wrappers against a recording worker (what intent was signalled for which clock); the
+embeddings and optimizers against torch's own on one node, step by step; bad input; and a real
+job on 2 nodes (tests/torch_job.py) with loader worker processes forked after the node started.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+from app_cli import ENV, LAUNCHER, PY, records, run
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch.utils.data import DataLoader, TensorDataset
+
+import adapm
+from adapm.torch import (
+    DenseSync,
+    Embedding,
+    EmbeddingBag,
+    IntentCollate,
+    IntentLoader,
+    KeyedBatch,
+    optim,
+)
+
+torch.set_num_threads(1)
+
+
+# --- the loader wrappers -------------------------------------------------------------------------
+
+
+class RecordingWorker:
+    """Has a worker's intent/clock interface; records every intent with the clock it came at."""
+
+    def __init__(self) -> None:
+        self.clock = 0
+        self.intents: list[tuple[np.ndarray, int, int, int]] = []  # keys, start, end, at clock
+
+    def intent(self, keys, start, end):
+        self.intents.append((np.array(keys), start, end, self.clock))
+
+    def advance_clock(self):
+        self.clock += 1
+        return self.clock
+
+
+def ids_of(batch):
+    return batch[0]
+
+
+def _loader(num_samples: int, batch_size: int, num_workers: int) -> DataLoader:
+    ids = torch.arange(3 * num_samples).reshape(num_samples, 3) % 17
+    return DataLoader(TensorDataset(ids), batch_size=batch_size, num_workers=num_workers,
+                      collate_fn=IntentCollate(None, ids_of))
+
+
+def _check_intents(worker: RecordingWorker, trained: list, ahead: int) -> None:
+    """Each batch trained at clock c had its keys signalled for [c, c + 1), at a clock at least
+    min(ahead, c - first) earlier; nothing else was signalled for clocks it trained."""
+    by_start = {start: (keys, end, at) for keys, start, end, at in worker.intents}
+    assert len(by_start) == len(worker.intents), "two intents for one clock"
+    first = trained[0][0] if trained else 0
+    for clock, batch in trained:
+        keys, end, at = by_start[clock]
+        assert end == clock + 1
+        np.testing.assert_array_equal(keys, np.unique(batch[0].numpy()))
+        assert clock - at >= min(ahead, clock - first), (clock, at)
+    # no intent outlives the iteration
+    assert all(end <= worker.clock for _, _, end, _ in worker.intents)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+@settings(max_examples=8, deadline=None)
+@given(num_samples=st.integers(0, 23), batch_size=st.integers(1, 5), ahead=st.integers(1, 6),
+       stop_after=st.one_of(st.none(), st.integers(0, 6)))
+def test_loader_signals_each_batch_at_the_clock_it_is_trained(num_workers, num_samples,
+                                                              batch_size, ahead, stop_after):
+    loader = _loader(num_samples, batch_size, num_workers)
+    worker = RecordingWorker()
+    wrapped = IntentLoader(loader, worker, ahead=ahead)
+    for epoch in range(2):  # epochs continue the clock
+        trained = []
+        for batch in wrapped:
+            trained.append((worker.clock, batch))
+            if stop_after is not None and len(trained) > stop_after:
+                break
+        expected = -(-num_samples // batch_size)
+        if stop_after is not None:
+            expected = min(expected, stop_after + 1)
+        assert len(trained) == expected
+        if trained:  # the last, short batch included
+            assert len(trained[-1][1][0]) == (num_samples - 1) % batch_size + 1 or \
+                stop_after is not None
+        _check_intents(worker, trained, ahead)
+        worker.intents.clear()
+
+
+def test_collate_returns_sorted_distinct_keys_and_pickles():
+    import pickle
+
+    collate = IntentCollate(None, ids_of)
+    out = collate([(torch.tensor([5, 3, 5]),), (torch.tensor([1, 3, 9]),)])
+    assert isinstance(out, KeyedBatch)
+    np.testing.assert_array_equal(out.keys, [1, 3, 5, 9])
+    assert out.keys.dtype == np.int64
+    again = pickle.loads(pickle.dumps(collate))
+    np.testing.assert_array_equal(again([(torch.tensor([2]),)]).keys, [2])
+
+
+def test_two_loaders_in_one_process_keep_their_own_clocks():
+    a, b = RecordingWorker(), RecordingWorker()
+    la, lb = IntentLoader(_loader(10, 3, 0), a, ahead=2), IntentLoader(_loader(4, 1, 0), b)
+    for _ in zip(la, lb):
+        pass
+    assert a.clock >= 3 and b.clock == 4
+    assert all(end <= a.clock for _, _, end, _ in a.intents)
+
+
+# --- embeddings and optimizers against torch, one node -----------------------------------------
+
+
+@pytest.fixture
+def node(no_launcher):
+    n = adapm.init(num_keys=400, value_length=8)
+    yield n
+    n.shutdown()
+
+
+def _torch_twin(table, kind):
+    """A torch table with the same weights as the adapm one (sparse gradients; torch has none
+    for mode "max", where dense ones update the same rows: the others' gradients are zero)."""
+    if kind == "bag":
+        twin = torch.nn.EmbeddingBag(table.num_embeddings, table.embedding_dim, mode=table.mode,
+                                     sparse=table.mode != "max", padding_idx=table.padding_idx,
+                                     include_last_offset=table.include_last_offset)
+    else:
+        twin = torch.nn.Embedding(table.num_embeddings, table.embedding_dim, sparse=True,
+                                  padding_idx=table.padding_idx)
+    with torch.no_grad():
+        twin.weight.copy_(table.weight())
+    return twin
+
+
+OPTIMIZERS = {
+    "sgd": (lambda t: optim.SGD(t, lr=0.3), lambda p: torch.optim.SGD(p, lr=0.3)),
+    "adagrad": (lambda t: optim.Adagrad(t, lr=0.2, lr_decay=0.05, initial_accumulator_value=0.1,
+                                        eps=1e-8),
+                lambda p: torch.optim.Adagrad(p, lr=0.2, lr_decay=0.05,
+                                              initial_accumulator_value=0.1, eps=1e-8)),
+}
+
+
+@pytest.mark.parametrize("opt", sorted(OPTIMIZERS))
+@pytest.mark.parametrize("padding_idx", [None, 3])
+def test_embedding_trains_as_torch_does(node, opt, padding_idx):
+    w = node.worker()
+    table = Embedding(50, 4, padding_idx=padding_idx, worker=w, offset=100, seed=5)
+    twin = _torch_twin(table, "emb")
+    ours, theirs = OPTIMIZERS[opt][0](table), OPTIMIZERS[opt][1](twin.parameters())
+    rng = np.random.default_rng(0)
+    for step in range(6):
+        idx = torch.from_numpy(rng.integers(0, 50, (7, 3)))  # repeats within and across rows
+        target = torch.from_numpy(rng.standard_normal((7, 3, 4)).astype(np.float32))
+        for model, optimizer in ((table, ours), (twin, theirs)):
+            optimizer.zero_grad()
+            # used twice in one step: gradients add up before the update
+            loss = ((model(idx) - target) ** 2).sum() + model(idx[:2]).pow(3).sum()
+            loss.backward()
+            optimizer.step()
+        np.testing.assert_allclose(table.weight().numpy(), twin.weight.detach().numpy(),
+                                   rtol=1e-5, atol=1e-6, err_msg=f"step {step}")
+    if padding_idx is not None:
+        assert not table.weight()[padding_idx].any()
+
+
+@pytest.mark.parametrize("opt", sorted(OPTIMIZERS))
+@pytest.mark.parametrize("mode,weighted,layout", [
+    ("sum", False, "offsets"), ("sum", True, "offsets"), ("mean", False, "offsets"),
+    ("max", False, "offsets"), ("mean", False, "2d"), ("sum", True, "last_offset"),
+    ("sum", False, "padding"),
+])
+def test_embedding_bag_trains_as_torch_does(node, opt, mode, weighted, layout):
+    w = node.worker()
+    padding_idx = 2 if layout == "padding" else None
+    table = EmbeddingBag(30, 4, mode=mode, include_last_offset=layout == "last_offset",
+                         padding_idx=padding_idx, worker=w, offset=7, init="uniform", scale=0.5,
+                         seed=9)
+    twin = _torch_twin(table, "bag")
+    ours, theirs = OPTIMIZERS[opt][0](table), OPTIMIZERS[opt][1](twin.parameters())
+    rng = np.random.default_rng(1)
+    for step in range(5):
+        if layout == "2d":
+            idx, offsets = torch.from_numpy(rng.integers(0, 30, (6, 4))), None
+        else:
+            idx = torch.from_numpy(rng.integers(0, 30, 20))
+            starts = np.sort(rng.choice(np.arange(1, 20), 4, replace=False))
+            offsets = torch.from_numpy(np.concatenate(([0], starts)))
+            if layout == "last_offset":
+                offsets = torch.cat([offsets, torch.tensor([20])])
+        psw = torch.from_numpy(rng.random(idx.shape).astype(np.float32)) if weighted else None
+        for model, optimizer in ((table, ours), (twin, theirs)):
+            optimizer.zero_grad()
+            out = model(idx, offsets, per_sample_weights=psw)
+            (out.sin() * torch.arange(out.shape[1])).sum().backward()
+            optimizer.step()
+        np.testing.assert_allclose(table.weight().numpy(), twin.weight.detach().numpy(),
+                                   rtol=1e-5, atol=1e-6, err_msg=f"step {step}")
+
+
+def test_tables_share_the_key_space_through_offsets_and_init_is_reproducible(no_launcher):
+    with adapm.init(num_keys=300, value_length=6) as node:
+        w = node.worker()
+        a = Embedding(100, 3, worker=w, seed=1)
+        b = Embedding(200, 3, worker=w, offset=100, init="zeros")
+        optim.SGD([a, b], lr=1.0)
+        first = a.weight().numpy().copy()
+        assert not b.weight().numpy().any()
+        assert abs(first.std() - 1.0) < 0.15  # torch's default N(0, 1)
+        c = Embedding(100, 3, worker=w, seed=1)  # rewrites the same rows, same values
+        np.testing.assert_array_equal(c.weight().numpy(), first)
+        assert not w.pull(np.arange(100))[:, 3:].any()  # optimizer state starts at zero
+
+
+def test_dense_sync_on_one_node_keeps_the_optimizers_changes(no_launcher):
+    with adapm.init(num_keys=50, value_length=4) as node:
+        w = node.worker()
+        layer = torch.nn.Linear(3, 2)
+        before = [p.detach().clone() for p in layer.parameters()]
+        sync = DenseSync(layer.parameters(), worker=w, offset=10)
+        assert all(torch.equal(p, q) for p, q in zip(layer.parameters(), before))
+        opt = torch.optim.SGD(layer.parameters(), lr=0.1)
+        for _ in range(3):
+            opt.zero_grad()
+            layer(torch.ones(5, 3)).sum().backward()
+            opt.step()
+            expected = [p.detach().clone() for p in layer.parameters()]
+            sync.step()
+            for p, q in zip(layer.parameters(), expected):
+                torch.testing.assert_close(p.detach(), q)
+        assert DenseSync.keys_needed(layer.parameters(), 4) == 2
+
+
+# --- bad input ---------------------------------------------------------------------------------
+
+
+def test_bad_input_gives_a_clear_error_and_changes_nothing(node):
+    w = node.worker()
+    emb = Embedding(20, 4, worker=w)
+    bag = EmbeddingBag(20, 4, mode="sum", worker=w, offset=20)
+    narrow = Embedding(10, 5, worker=w, offset=40)  # rows of 8 floats: no room for AdaGrad's
+    before = w.pull(np.arange(50)).copy()
+    cases = [
+        (lambda: emb(torch.tensor([0.0, 1.0])), adapm.InvalidType, "integer tensor"),
+        (lambda: emb(torch.tensor([1, 20])), adapm.InvalidArgument, "index 20"),
+        (lambda: emb(torch.tensor([-1])), adapm.InvalidArgument, "index -1"),
+        (lambda: emb([1, 2]), adapm.InvalidType, "tensor of indices"),
+        (lambda: bag(torch.tensor([1, 2, 3]), torch.tensor([1, 2])), adapm.InvalidArgument,
+         "offsets\\[0\\] must be 0"),
+        (lambda: bag(torch.tensor([1, 2, 3]), torch.tensor([0, 2, 1])), adapm.InvalidArgument,
+         "non-decreasing"),
+        (lambda: bag(torch.tensor([1, 2, 3]), torch.tensor([0, 5])), adapm.InvalidArgument,
+         "past the end"),
+        (lambda: bag(torch.tensor([1, 2, 3])), adapm.InvalidArgument, "needs offsets"),
+        (lambda: bag(torch.tensor([[1, 2]]), torch.tensor([0])), adapm.InvalidArgument,
+         "must be None"),
+        (lambda: bag(torch.tensor([1, 2]), torch.tensor([0.0])), adapm.InvalidType, "offsets"),
+        (lambda: bag(torch.tensor([1, 2]), torch.tensor([0]), torch.ones(3)),
+         adapm.InvalidArgument, "per_sample_weights"),
+        (lambda: Embedding(500, 4, worker=w), adapm.InvalidArgument, "do not fit"),
+        (lambda: Embedding(10, 9, worker=w), adapm.InvalidArgument, "at least embedding_dim"),
+        (lambda: Embedding(10, 4), adapm.InvalidArgument, "worker="),
+        (lambda: Embedding(10, 4, worker=w, init="xavier"), adapm.InvalidArgument, "init"),
+        (lambda: Embedding(10, 4, worker=w, max_norm=1.0), adapm.InvalidArgument, "max_norm"),
+        (lambda: Embedding(10.0, 4, worker=w), adapm.InvalidType, "num_embeddings"),
+        (lambda: EmbeddingBag(10, 4, mode="median", worker=w), adapm.InvalidArgument, "mode"),
+        (lambda: optim.Adagrad(narrow), adapm.InvalidArgument, "accumulator"),
+        (lambda: optim.SGD(emb, momentum=0.9), adapm.InvalidArgument, "momentum"),
+        (lambda: optim.SGD(torch.nn.Linear(2, 2)), adapm.InvalidArgument, "no adapm"),
+        (lambda: optim.SGD([torch.nn.Parameter(torch.ones(2))]), adapm.InvalidType,
+         "torch optimizer"),
+        (lambda: optim.Adagrad(emb, lr=-1), adapm.InvalidArgument, "lr"),
+        (lambda: IntentLoader(_loader(3, 1, 0), None), adapm.InvalidArgument, "needs a worker"),
+        (lambda: IntentLoader(_loader(3, 1, 0), object()), adapm.InvalidType, "Worker"),
+        (lambda: IntentLoader(_loader(3, 1, 0), w, ahead=0), adapm.InvalidArgument, "ahead"),
+        (lambda: list(IntentLoader(DataLoader(TensorDataset(torch.arange(3))), w)),
+         adapm.InvalidType, "IntentCollate"),
+        (lambda: IntentCollate(None, None), adapm.InvalidArgument, "keys_fn"),
+        (lambda: IntentCollate(None, lambda b: b.float())([torch.ones(2)]), adapm.InvalidType,
+         "integers"),
+    ]
+    for call, error, text in cases:
+        with pytest.raises(error, match=text):
+            call()
+    np.testing.assert_array_equal(w.pull(np.arange(50)), before)
+    assert emb(torch.tensor([1])).shape == (1, 4)  # still working
+
+
+def test_a_loader_on_a_node_that_was_shut_down_says_so(no_launcher):
+    node = adapm.init(num_keys=20, value_length=2)
+    w = node.worker()
+    node.shutdown()
+    with pytest.raises(adapm.StateError, match="shut"):
+        next(iter(IntentLoader(_loader(3, 1, 0), w)))
+
+
+def test_import_adapm_does_not_import_torch():
+    code = "import sys, adapm; assert 'torch' not in sys.modules, 'torch imported'"
+    subprocess.run([sys.executable, "-c", code], check=True, env=ENV, timeout=60)
+
+
+# --- real processes --------------------------------------------------------------------------
+
+JOB = os.path.join(os.path.dirname(__file__), "torch_job.py")
+
+
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize("nodes", [1, 2])
+def test_a_torch_job_trains_exactly_on_real_nodes_with_loader_workers(nodes):
+    launcher = [*LAUNCHER, "-n", str(nodes)] if nodes > 1 else []
+    out = records(run([*launcher, PY, JOB], timeout=360).stdout)
+    assert sorted(r["rank"] for r in out) == list(range(nodes))
+    for r in out:
+        assert r["exact"], f"rank {r['rank']}: an update was lost"
+        assert r["losses"][-1] < 0.8 * r["losses"][0], r["losses"]
+    assert all(r["dense"] == out[0]["dense"] for r in out), "dense layers differ between nodes"
+    print({r["rank"]: (r["losses"], r["remote_share"]) for r in out})
