@@ -300,6 +300,9 @@ def test_bad_input_gives_a_clear_error_and_changes_nothing(node):
             call()
     np.testing.assert_array_equal(w.pull(np.arange(50)), before)
     assert emb(torch.tensor([1])).shape == (1, 4)  # still working
+    # int32 indices and offsets, as torch accepts them
+    same = bag(torch.tensor([1, 2, 3], dtype=torch.int32), torch.tensor([0, 1], dtype=torch.int32))
+    torch.testing.assert_close(same, bag(torch.tensor([1, 2, 3]), torch.tensor([0, 1])))
 
 
 def test_a_loader_on_a_node_that_was_shut_down_says_so(no_launcher):

@@ -36,7 +36,9 @@ _INITS = ("normal", "uniform", "zeros")
 
 class _Table(nn.Module):
     """What Embedding and EmbeddingBag share: the key range, pulls, initialisation, and the rows
-    pulled since the last optimizer step (``pending``)."""
+    pulled since the last optimizer step (``pending``). A forward in training mode with grad
+    enabled keeps its rows until the optimizer's ``step`` or ``zero_grad``: evaluate under
+    ``torch.no_grad()`` or ``model.eval()``."""
 
     def __init__(self, kind: str, num_embeddings: int, embedding_dim: int,
                  padding_idx: int | None, worker, offset: int, init: str, scale: float,
@@ -200,6 +202,8 @@ class EmbeddingBag(_Table):
         if isinstance(input, torch.Tensor):
             self._check_bags(input, offsets, per_sample_weights)
         inverse, weights, pad = self._pull_rows(input, "input")
+        if offsets is not None:
+            offsets = offsets.to(inverse.dtype)  # torch wants both of one dtype
         return F.embedding_bag(inverse, weights, offsets, mode=self.mode,
                                per_sample_weights=per_sample_weights,
                                include_last_offset=self.include_last_offset, padding_idx=pad)
