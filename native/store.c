@@ -196,10 +196,18 @@ static void flush_replica_reads(const store_t *s, const replica_reads_t *r) {
         }                                                                               \
     } while (0)
 
-#define GATHER_SHAPES(LEN)                                     \
-    do {                                                       \
-        if (s->home_shift >= 0) GATHER_UNIFORM((LEN), 1);      \
-        else GATHER_UNIFORM((LEN), 0);                         \
+/* Runs LOOP(LEN, POW2) with common embedding sizes as constant row lengths (the copy becomes a
+ * few vector moves) and the world's shape known; ulen and s are the caller's. */
+#define DISPATCH_SHAPES(LOOP)                                     \
+    do {                                                          \
+        const int pow2_ = s->home_shift >= 0;                     \
+        switch (ulen) {                                           \
+        case 16: if (pow2_) LOOP(16, 1); else LOOP(16, 0); break;  \
+        case 32: if (pow2_) LOOP(32, 1); else LOOP(32, 0); break;  \
+        case 64: if (pow2_) LOOP(64, 1); else LOOP(64, 0); break;  \
+        case 128: if (pow2_) LOOP(128, 1); else LOOP(128, 0); break; \
+        default: if (pow2_) LOOP(ulen, 1); else LOOP(ulen, 0); break; \
+        }                                                         \
     } while (0)
 
 int64_t store_gather(const store_t *s, const int64_t *keys, int64_t n, float *out,
@@ -213,13 +221,7 @@ int64_t store_gather(const store_t *s, const int64_t *keys, int64_t n, float *ou
     int64_t ring[HOME_RING];
     ring_start(s, keys, n, ring);
     if (ulen) {
-        switch (ulen) {  /* common embedding sizes get a constant-length copy */
-        case 16: GATHER_SHAPES(16); break;
-        case 32: GATHER_SHAPES(32); break;
-        case 64: GATHER_SHAPES(64); break;
-        case 128: GATHER_SHAPES(128); break;
-        default: GATHER_SHAPES(ulen); break;
-        }
+        DISPATCH_SHAPES(GATHER_UNIFORM);
     } else {
         const shape_t sh = {0, s->home_shift >= 0};
         int64_t off = 0;
@@ -296,12 +298,6 @@ static inline __attribute__((always_inline)) int scatter_one(const store_t *s, i
         }                                                                                  \
     } while (0)
 
-#define SCATTER_SHAPES(LEN)                                     \
-    do {                                                        \
-        if (s->home_shift >= 0) SCATTER_UNIFORM((LEN), 1);      \
-        else SCATTER_UNIFORM((LEN), 0);                         \
-    } while (0)
-
 int64_t store_scatter(const store_t *s, const int64_t *keys, int64_t n, const float *vals,
                       int64_t vals_floats, int64_t *missing, int mode) {
     int64_t nmiss = 0;
@@ -312,13 +308,7 @@ int64_t store_scatter(const store_t *s, const int64_t *keys, int64_t n, const fl
     int64_t ring[HOME_RING];
     ring_start(s, keys, n, ring);
     if (ulen) {
-        switch (ulen) {
-        case 16: SCATTER_SHAPES(16); break;
-        case 32: SCATTER_SHAPES(32); break;
-        case 64: SCATTER_SHAPES(64); break;
-        case 128: SCATTER_SHAPES(128); break;
-        default: SCATTER_SHAPES(ulen); break;
-        }
+        DISPATCH_SHAPES(SCATTER_UNIFORM);
     } else {
         const shape_t sh = {0, s->home_shift >= 0};
         int64_t off = 0;
