@@ -228,6 +228,36 @@ def test_tables_share_the_key_space_through_offsets_and_init_is_reproducible(no_
         assert not w.pull(np.arange(100))[:, 3:].any()  # optimizer state starts at zero
 
 
+def test_tables_and_dense_sync_on_a_node_whose_keys_differ_in_length(no_launcher):
+    """Each table takes the length of its own keys (a deep table with AdaGrad state, a wide one
+    of one weight and its accumulator, dense keys of 5): the values go packed, training is
+    still torch's."""
+    lengths = np.concatenate([np.full(40, 8), np.full(40, 2), np.full(10, 5)])
+    with adapm.init(num_keys=90, value_length=lengths) as node:
+        w = node.worker()
+        deep = Embedding(40, 4, worker=w, seed=2)
+        wide = EmbeddingBag(40, 1, mode="sum", worker=w, offset=40, seed=3)
+        twins = [_torch_twin(deep, "emb"), _torch_twin(wide, "bag")]
+        ours = optim.Adagrad([deep, wide], lr=0.2)
+        theirs = torch.optim.Adagrad([p for t in twins for p in t.parameters()], lr=0.2)
+        layer = torch.nn.Linear(4, 2)
+        sync = DenseSync(layer.parameters(), worker=w, offset=80)
+        assert len(sync.keys) == DenseSync.keys_needed(layer.parameters(), 5) == 2
+        rng = np.random.default_rng(3)
+        for _ in range(4):
+            idx = torch.from_numpy(rng.integers(0, 40, (6, 3)))
+            for (emb, bag), optimizer in (((deep, wide), ours), (twins, theirs)):
+                optimizer.zero_grad()
+                (emb(idx).sum(1) * bag(idx)).pow(2).sum().backward()
+                optimizer.step()
+            sync.step()
+        for table, twin in zip((deep, wide), twins):
+            np.testing.assert_allclose(table.weight().numpy(), twin.weight.detach().numpy(),
+                                       rtol=1e-5, atol=1e-6)
+        with pytest.raises(adapm.InvalidArgument, match="one value length"):
+            DenseSync(torch.nn.Linear(4, 4).parameters(), worker=w, offset=75)
+
+
 def test_dense_sync_on_one_node_keeps_the_optimizers_changes(no_launcher):
     with adapm.init(num_keys=50, value_length=4) as node:
         w = node.worker()

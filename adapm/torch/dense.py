@@ -26,8 +26,8 @@ class DenseSync:
     """Keeps ``params`` (float32 CPU tensors, e.g. ``mlp.parameters()``) equal on every node.
 
     ``worker``: this thread's adapm worker; ``offset``: the first of the keys used (they must
-    fit the node and be used for nothing else: ``DenseSync.keys_needed(params, value_length)``
-    tells how many). Construction is collective: every rank constructs the same DenseSync in
+    fit the node, have one value length and be used for nothing else:
+    ``DenseSync.keys_needed(params, value_length)`` tells how many). Construction is collective: every rank constructs the same DenseSync in
     the same order; on return every rank's parameters hold rank 0's values. Blocking calls
     raise ``AdaPMTimeout`` like the worker's. Not thread-safe.
     """
@@ -43,21 +43,27 @@ class DenseSync:
         if worker is None or not hasattr(worker, "node"):
             raise InvalidArgument("DenseSync: worker= must be an adapm worker handle")
         node = worker.node
-        length = node.store.uniform_length
-        if not length:
-            raise InvalidArgument("DenseSync needs a node with one value_length for all keys")
+        store = node.store
+        if offset < 0 or offset >= store.num_keys:
+            raise InvalidArgument(f"DenseSync: offset {offset} is outside the node's "
+                                  f"{store.num_keys} keys")
+        length = int(store.lengths_of(np.array([offset], dtype=np.int64))[0])
         self.numel = sum(p.numel() for p in self.params)
         rows = self.keys_needed(self.params, length)
-        if offset < 0 or offset + rows > node.store.num_keys:
+        if offset + rows > store.num_keys:
             raise InvalidArgument(f"DenseSync: keys [{offset}, {offset + rows}) do not fit the "
-                                  f"node's {node.store.num_keys} keys")
+                                  f"node's {store.num_keys} keys")
+        if np.any(store.lengths_of(np.arange(offset, offset + rows, dtype=np.int64)) != length):
+            raise InvalidArgument(f"DenseSync: the keys [{offset}, {offset + rows}) must have one "
+                                  f"value length (the first has {length})")
+        self._packed = not store.uniform_length
         self.worker = worker
         self.keys = np.arange(offset, offset + rows, dtype=np.int64)
         self._flat = np.zeros(rows * length, dtype=np.float32)
         worker.intent(self.keys, worker.clock, _FOREVER)
         if node.rank == 0:
             self._gather_params()
-            worker.set(self.keys, self._flat.reshape(rows, length))
+            worker.set(self.keys, self._values(self._flat))
             worker.wait()
         if node.world_size > 1:
             node.barrier()
@@ -76,8 +82,12 @@ class DenseSync:
         current merged values (this node's pushes in, other nodes' as of the last sync round)."""
         self._gather_params()
         delta = self._flat - self._snapshot
-        self.worker.push(self.keys, delta.reshape(len(self.keys), -1))
+        self.worker.push(self.keys, self._values(delta))
         self._snapshot = self._pull_into_params()
+
+    def _values(self, flat: np.ndarray) -> np.ndarray:
+        """``flat`` (all keys' floats) in the layout the node's set and push take."""
+        return flat if self._packed else flat.reshape(len(self.keys), -1)
 
     def _gather_params(self) -> None:
         at = 0

@@ -4,6 +4,8 @@ A table is a range of adapm keys, ``[offset, offset + num_embeddings)``; several
 one node's key space through their offsets. Each key's value is the row's ``embedding_dim``
 weights, followed by room for optimizer state (AdaGrad keeps its accumulator there, as the
 native apps do): a node for AdaGrad-trained tables has ``value_length = 2 * embedding_dim``.
+Tables of different widths can share a node whose keys differ in length (``value_length`` an
+array): each table's keys need one length of their own.
 
 Forward pulls the batch's distinct rows (one ``pull`` per call, local when their intent was
 signalled, see :class:`~adapm.torch.IntentLoader`) into a leaf tensor that requires grad, and
@@ -81,6 +83,8 @@ class _Table(nn.Module):
         self.padding_idx = padding_idx
         self.offset = offset
         self.row_length = int(lengths[0])  # weights, then optimizer state
+        # A node whose keys differ in length takes and gives values packed back to back.
+        self._packed = not store.uniform_length
         self.worker = worker
         self.pending: list[tuple[np.ndarray, np.ndarray, torch.Tensor]] = []
         self._init_rows(init, float(scale), _int(seed, f"{kind}: seed", low=0))
@@ -103,7 +107,8 @@ class _Table(nn.Module):
                 rows[:, :dim] = rng.uniform(-scale, scale, (count, dim)).astype(np.float32)
             if self.padding_idx is not None and first <= self.padding_idx < first + count:
                 rows[self.padding_idx - first] = 0.0
-            self.worker.set(np.arange(first, first + count, dtype=np.int64) + self.offset, rows)
+            self.worker.set(np.arange(first, first + count, dtype=np.int64) + self.offset,
+                            self.as_values(rows))
         self.worker.wait()
         if node.world_size > 1:
             node.barrier()
@@ -126,7 +131,7 @@ class _Table(nn.Module):
             raise InvalidArgument(f"{self._kind}: {what} holds index {bad}, outside "
                                   f"[0, {self.num_embeddings})")
         keys = unique.numpy().astype(np.int64) + self.offset
-        rows = self.worker.pull(keys)
+        rows = self.worker.pull(keys).reshape(len(keys), self.row_length)
         weights = torch.from_numpy(np.ascontiguousarray(rows[:, :self.embedding_dim]))
         weights.requires_grad_(self.training and torch.is_grad_enabled())
         if weights.requires_grad:
@@ -142,7 +147,12 @@ class _Table(nn.Module):
         """The whole table's current weights (num_embeddings, embedding_dim), pulled: for
         evaluation and export (a copy; writing to it changes nothing)."""
         keys = np.arange(self.offset, self.offset + self.num_embeddings, dtype=np.int64)
-        return torch.from_numpy(np.ascontiguousarray(self.worker.pull(keys)[:, :self.embedding_dim]))
+        rows = self.worker.pull(keys).reshape(len(keys), self.row_length)
+        return torch.from_numpy(np.ascontiguousarray(rows[:, :self.embedding_dim]))
+
+    def as_values(self, rows: np.ndarray) -> np.ndarray:
+        """``rows`` (n, row_length) in the layout the node's set and push take."""
+        return rows.reshape(-1) if self._packed else rows
 
     def extra_repr(self) -> str:
         text = f"{self.num_embeddings}, {self.embedding_dim}, keys from {self.offset}"

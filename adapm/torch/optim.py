@@ -69,7 +69,8 @@ class _RowOptimizer:
                 continue
             keys, rows, grads = got
             self.steps[i] += 1
-            table.worker.push(keys, self._update(table, rows, grads, self.steps[i]))
+            table.worker.push(keys, table.as_values(self._update(table, rows, grads,
+                                                                   self.steps[i])))
         return loss
 
     def _update(self, table: _Table, rows: np.ndarray, grads: np.ndarray,
