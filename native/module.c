@@ -17,6 +17,7 @@
 #include "sampling.h"
 #include "seqlock.h"
 #include "store.h"
+#include "unique.h"
 
 
 
@@ -782,7 +783,49 @@ static PyObject *pool_update(PyObject *args, int add) {
 static PyObject *pool_add_py(PyObject *module, PyObject *args) { return pool_update(args, 1); }
 static PyObject *pool_remove_py(PyObject *module, PyObject *args) { return pool_update(args, 0); }
 
+/* unique_inverse(keys, unique, inverse) -> count (see unique.h) */
+static PyObject *unique_inverse_py(PyObject *module, PyObject *args) {
+    PyObject *objs[3];
+    if (!PyArg_ParseTuple(args, "OOO", &objs[0], &objs[1], &objs[2])) return NULL;
+    static const char *names[3] = {"keys", "unique", "inverse"};
+    Py_buffer views[3];
+    int held = 0;
+    int64_t count = 0;
+    for (; held < 3; held++) {
+        int flags = PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (held ? PyBUF_WRITABLE : 0);
+        if (PyObject_GetBuffer(objs[held], &views[held], flags) < 0) goto done;
+        const char *f = views[held].format;
+        if (views[held].ndim != 1 || views[held].itemsize != 8 || !f
+            || (strcmp(f, "l") && strcmp(f, "q"))) {
+            PyErr_Format(PyExc_TypeError, "unique_inverse: %s must be a 1-d C-contiguous int64 "
+                         "buffer%s", names[held], held ? " (writable)" : "");
+            held++;
+            goto done;
+        }
+    }
+    const Py_ssize_t n = views[0].len / 8;
+    if (views[1].len / 8 < n || views[2].len / 8 < n) {
+        PyErr_SetString(PyExc_ValueError, "unique_inverse: unique and inverse need len(keys) entries");
+        goto done;
+    }
+    if (n >= INT32_MAX) {
+        PyErr_SetString(PyExc_ValueError, "unique_inverse: at most 2**31 - 1 keys per call");
+        goto done;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    count = unique_inverse(views[0].buf, n, views[1].buf, views[2].buf);
+    Py_END_ALLOW_THREADS
+    if (count < 0) PyErr_NoMemory();
+done:
+    for (int i = 0; i < held; i++) PyBuffer_Release(&views[i]);
+    return PyErr_Occurred() ? NULL : PyLong_FromLongLong(count);
+}
+
 static PyMethodDef module_methods[] = {
+    {"unique_inverse", unique_inverse_py, METH_VARARGS,
+     "unique_inverse(keys, unique, inverse) -> count. The distinct int64 keys in order of first "
+     "appearance into unique[:count], each position's index among them into inverse; O(n), GIL "
+     "released."},
     {"check_keys", check_keys, METH_VARARGS,
      "check_keys(keys, num_keys) -> int. Index of the first key outside [0, num_keys), or -1."},
     {"policy_decide", policy_decide_py, METH_VARARGS,

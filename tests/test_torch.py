@@ -29,6 +29,7 @@ from adapm.torch import (
     KeyedBatch,
     optim,
 )
+from adapm.torch.data import distinct
 
 torch.set_num_threads(1)
 
@@ -70,7 +71,7 @@ def _check_intents(worker: RecordingWorker, trained: list, ahead: int) -> None:
     for clock, batch in trained:
         keys, end, at = by_start[clock]
         assert end == clock + 1
-        np.testing.assert_array_equal(keys, np.unique(batch[0].numpy()))
+        np.testing.assert_array_equal(np.sort(keys), np.unique(batch[0].numpy()))
         assert clock - at >= min(ahead, clock - first), (clock, at)
     # no intent outlives the iteration
     assert all(end <= worker.clock for _, _, end, _ in worker.intents)
@@ -102,16 +103,26 @@ def test_loader_signals_each_batch_at_the_clock_it_is_trained(num_workers, num_s
         worker.intents.clear()
 
 
-def test_collate_returns_sorted_distinct_keys_and_pickles():
+def test_collate_returns_distinct_keys_in_order_of_first_appearance_and_pickles():
     import pickle
 
     collate = IntentCollate(None, ids_of)
     out = collate([(torch.tensor([5, 3, 5]),), (torch.tensor([1, 3, 9]),)])
     assert isinstance(out, KeyedBatch)
-    np.testing.assert_array_equal(out.keys, [1, 3, 5, 9])
+    np.testing.assert_array_equal(out.keys, [5, 3, 1, 9])
     assert out.keys.dtype == np.int64
     again = pickle.loads(pickle.dumps(collate))
     np.testing.assert_array_equal(again([(torch.tensor([2]),)]).keys, [2])
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(-2**62, 2**62), max_size=300), st.integers(1, 40))
+def test_distinct_is_unique_with_inverse_in_order_of_first_appearance(values, spread):
+    keys = np.array(values, dtype=np.int64) // spread  # repeats, negatives, huge keys
+    unique, inverse = distinct(keys)
+    np.testing.assert_array_equal(unique[inverse], keys)
+    _, first = np.unique(keys, return_index=True)
+    np.testing.assert_array_equal(unique, keys[np.sort(first)])
 
 
 def test_two_loaders_in_one_process_keep_their_own_clocks():

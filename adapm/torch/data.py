@@ -4,7 +4,7 @@ Two wrappers around an ordinary ``torch.utils.data.DataLoader``:
 
 - :class:`IntentCollate` wraps its ``collate_fn``. It runs wherever the loader builds batches, in
   the training process or in the loader's worker processes (``num_workers > 0``), and returns a
-  :class:`KeyedBatch`: the batch and the sorted distinct keys it will access. It touches no node:
+  :class:`KeyedBatch`: the batch and the distinct keys it will access. It touches no node:
   loader workers never open a socket, and a node started before they fork stays intact (the
   child only inherits memory; it runs none of the node's threads and uses none of its sockets).
 - :class:`IntentLoader` wraps the loader in the training process. It keeps ``ahead`` batches
@@ -24,19 +24,32 @@ import numpy as np
 import torch
 from torch.utils.data import default_collate
 
+from .._store import _native
 from ..errors import InvalidArgument, InvalidType
 
 
 class KeyedBatch(NamedTuple):
-    """What :class:`IntentCollate` returns: the collated batch and its keys (sorted, distinct,
-    int64). A named tuple, so that it pickles between processes and ``pin_memory`` keeps it."""
+    """What :class:`IntentCollate` returns: the collated batch and its keys (distinct int64, in
+    order of first appearance). A named tuple, so that it pickles between processes and ``pin_memory`` keeps it."""
 
     batch: Any
     keys: np.ndarray
 
 
+def distinct(flat: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(distinct keys in order of first appearance, each position's index among them) of a 1-d
+    int64 array: one native O(n) pass (a sort-based ``np.unique`` or ``torch.unique`` of a
+    batch's 13k indices costs 20x more, a tenth of a CTR step)."""
+    flat = np.ascontiguousarray(flat, dtype=np.int64)
+    unique = np.empty_like(flat)
+    inverse = np.empty_like(flat)
+    count = _native.unique_inverse(flat, unique, inverse)
+    return unique[:count], inverse
+
+
 def as_key_array(keys, what: str) -> np.ndarray:
-    """Sorted distinct int64 keys from a tensor, array or sequence of integers (any shape)."""
+    """Distinct int64 keys (in order of first appearance) of a tensor, array or sequence of
+    integers of any shape."""
     if isinstance(keys, torch.Tensor):
         if keys.dtype.is_floating_point or keys.dtype.is_complex or keys.dtype == torch.bool:
             raise InvalidType(f"{what}: keys must be integers, got a tensor of {keys.dtype}")
@@ -46,7 +59,7 @@ def as_key_array(keys, what: str) -> np.ndarray:
         return np.empty(0, dtype=np.int64)
     if arr.dtype.kind not in "iu":
         raise InvalidType(f"{what}: keys must be integers, got dtype {arr.dtype}")
-    return np.unique(arr.astype(np.int64, copy=False).ravel())
+    return distinct(arr.astype(np.int64, copy=False).reshape(-1))[0]
 
 
 class IntentCollate:

@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import InvalidArgument, InvalidType
+from .data import distinct
 
 # Rows of a table are initialised in chunks of this many keys, each from its own generator
 # seeded by (seed, chunk): the values do not depend on the world size or on who writes them.
@@ -124,13 +125,12 @@ class _Table(nn.Module):
         if indices.dtype not in (torch.int64, torch.int32):
             raise InvalidType(f"{self._kind}: {what} must be an integer tensor (torch.long or "
                               f"torch.int), got {indices.dtype}")
-        unique, inverse = torch.unique(indices.detach().cpu().reshape(-1), sorted=True,
-                                       return_inverse=True)
-        if len(unique) and (unique[0] < 0 or unique[-1] >= self.num_embeddings):
-            bad = int(unique[0] if unique[0] < 0 else unique[-1])
+        unique, inverse = distinct(indices.detach().cpu().reshape(-1).numpy())
+        if len(unique) and (unique.min() < 0 or unique.max() >= self.num_embeddings):
+            bad = int(unique.min() if unique.min() < 0 else unique.max())
             raise InvalidArgument(f"{self._kind}: {what} holds index {bad}, outside "
                                   f"[0, {self.num_embeddings})")
-        keys = unique.numpy().astype(np.int64) + self.offset
+        keys = unique + self.offset
         rows = self.worker.pull(keys).reshape(len(keys), self.row_length)
         weights = torch.from_numpy(np.ascontiguousarray(rows[:, :self.embedding_dim]))
         weights.requires_grad_(self.training and torch.is_grad_enabled())
@@ -138,10 +138,9 @@ class _Table(nn.Module):
             self.pending.append((keys, rows, weights))
         pad = None
         if self.padding_idx is not None:
-            at = int(np.searchsorted(keys, self.padding_idx + self.offset))
-            if at < len(keys) and keys[at] == self.padding_idx + self.offset:
-                pad = at
-        return inverse.reshape(indices.shape), weights, pad
+            at = np.flatnonzero(unique == self.padding_idx)
+            pad = int(at[0]) if len(at) else None
+        return torch.from_numpy(inverse).reshape(indices.shape), weights, pad
 
     def weight(self) -> torch.Tensor:
         """The whole table's current weights (num_embeddings, embedding_dim), pulled: for

@@ -1,0 +1,347 @@
+"""Click-through-rate prediction with Wide & Deep on Criteo-layout data, embeddings in adapm.
+
+Run it alone, under any launcher, or as the plain PyTorch baseline::
+
+    python examples/ctr/criteo.py generate data/ctr             # Criteo-like data (or real Criteo)
+    python examples/ctr/train.py --data data/ctr                # one process, rows in adapm
+    adapm-run -n 2 python examples/ctr/train.py --data data/ctr # two nodes
+    torchrun --nproc-per-node 2 examples/ctr/train.py --data data/ctr
+    python examples/ctr/train.py --data data/ctr --baseline     # torch's nn.Embedding(sparse)
+
+What the adapm run does: the categorical values' deep embeddings and wide weights are
+``adapm.torch.Embedding`` / ``EmbeddingBag`` tables (rows in adapm, AdaGrad state in the row);
+each rank trains on its own share of the training rows (rank r takes every world-th row from
+r), through a DataLoader whose ``collate_fn`` is an ``IntentCollate`` naming each batch's rows
+and an ``IntentLoader`` that signals them ``--ahead`` batches before they are trained; the MLP
+and the wide layer on the integer features are trained by torch's AdaGrad on every rank and
+kept equal by ``DenseSync``. The baseline is the same model, data order (of one rank) and
+optimizers with torch's tables in one process.
+
+Output: a progress bar on rank 0 (on a terminal), and per epoch one JSON line on rank 0 with
+``epoch``, ``examples`` (trained over all ranks), ``train_seconds`` (from the epoch's start to
+the last rank's end), ``examples_per_s``, ``train_logloss`` (rank 0's batches),
+``test_logloss`` and ``test_auc`` (rank 0 evaluates the whole test file), ``adapm_seconds``
+(rank 0's time inside adapm calls: pulls, pushes, intent, clock, dense sync) and
+``remote_share`` (rank 0's remote pulled and pushed keys over all its keys, training loop only).
+At the end every rank prints one line with its own training totals (``"rank"``, ``"final"``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import functools
+import json
+import os
+import sys
+import time
+
+import criteo
+import numpy as np
+import torch
+import torch.nn.functional as F
+from model import WideAndDeep
+from torch.utils.data import DataLoader, Dataset
+
+# Each dense key holds this many floats of the MLP's parameters (fewer keys to sync per round).
+DENSE_KEY_FLOATS = 256
+
+
+# --- data ---------------------------------------------------------------------------------------
+
+
+class ExampleSet(Dataset):
+    """Examples by index, fetched a whole batch at a time (``__getitems__``: no per-example
+    Python in the loader)."""
+
+    def __init__(self, examples: criteo.Examples) -> None:
+        self.examples = examples
+
+    def __len__(self) -> int:
+        return len(self.examples)
+
+    def __getitems__(self, indices) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        rows = self.examples.rows(np.asarray(indices))
+        return (torch.from_numpy(rows.dense), torch.from_numpy(rows.categorical),
+                torch.from_numpy(rows.labels))
+
+
+def as_batch(batch):
+    """The collate step: ``__getitems__`` already built the batch."""
+    return batch
+
+
+def batch_keys(batch, table_size: int) -> torch.Tensor:
+    """A batch's adapm keys: its categorical indices in the deep table (keys from 0) and in the
+    wide table (keys from ``table_size``)."""
+    categorical = batch[1]
+    return torch.cat([categorical.reshape(-1), categorical.reshape(-1) + table_size])
+
+
+def loader(examples: criteo.Examples, opts, rank: int, collate) -> DataLoader:
+    order = torch.Generator().manual_seed(opts.seed * 1000 + rank)
+    return DataLoader(ExampleSet(examples), batch_size=opts.batch_size, shuffle=True,
+                      generator=order, num_workers=opts.loader_workers, collate_fn=collate)
+
+
+# --- the two runs -------------------------------------------------------------------------------
+
+
+class TimedWorker:
+    """An adapm worker that adds up the time spent in its calls (``seconds``)."""
+
+    _TIMED = ("pull", "push", "set", "intent", "advance_clock", "wait", "wait_sync")
+
+    def __init__(self, worker) -> None:
+        self._worker = worker
+        self.seconds = 0.0
+
+    def __getattr__(self, name):
+        attr = getattr(self._worker, name)
+        if name not in self._TIMED:
+            return attr
+
+        def timed(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return attr(*args, **kwargs)
+            finally:
+                self.seconds += time.perf_counter() - start
+        return timed
+
+
+class AdapmRun:
+    """Rows in adapm; the dense parameters kept equal over the ranks by DenseSync."""
+
+    def __init__(self, opts, table_size: int) -> None:
+        import adapm
+        from adapm.torch import DenseSync, Embedding, EmbeddingBag, IntentCollate, optim
+
+        torch.manual_seed(opts.seed)
+        skeleton = WideAndDeep(torch.nn.Identity(), torch.nn.Identity(), opts.dim)
+        dense_keys = DenseSync.keys_needed(skeleton.dense_parameters(), DENSE_KEY_FLOATS)
+        lengths = np.concatenate([np.full(table_size, 2 * opts.dim),  # weights, AdaGrad's sums
+                                  np.full(table_size, 2),
+                                  np.full(dense_keys, DENSE_KEY_FLOATS)])
+        self.node = adapm.init(num_keys=len(lengths), value_length=lengths)
+        self.rank, self.world = self.node.rank, self.node.world_size
+        self.worker = TimedWorker(self.node.worker())
+        deep = Embedding(table_size, opts.dim, worker=self.worker, scale=opts.init_scale,
+                         seed=opts.seed)
+        wide = EmbeddingBag(table_size, 1, mode="sum", worker=self.worker, offset=table_size,
+                            init="zeros")
+        self.model = WideAndDeep(deep, wide, opts.dim)
+        self.model.load_state_dict(skeleton.state_dict(), strict=False)
+        self.sync = DenseSync(self.model.dense_parameters(), worker=self.worker,
+                              offset=2 * table_size)
+        self.row_opt = optim.Adagrad([deep, wide], lr=opts.lr)
+        self.dense_opt = torch.optim.Adagrad(self.model.dense_parameters(), lr=opts.dense_lr)
+        self.collate = IntentCollate(as_batch, functools.partial(batch_keys,
+                                                                 table_size=table_size))
+        self.ahead = opts.ahead
+
+    def batches(self, data: DataLoader):
+        from adapm.torch import IntentLoader
+
+        return IntentLoader(data, self.worker, ahead=self.ahead)
+
+    def step(self, loss: torch.Tensor) -> None:
+        loss.backward()
+        self.row_opt.step()
+        self.dense_opt.step()
+        self.sync.step()
+
+    def zero_grad(self) -> None:
+        self.row_opt.zero_grad()
+        self.dense_opt.zero_grad()
+
+    def barrier(self) -> None:
+        if self.world > 1:
+            self.node.barrier()
+
+    def accesses(self) -> tuple[int, int]:
+        """(remote, all) keys this rank pulled and pushed so far."""
+        s = self.node.stats()
+        remote = s["remote_pull_keys"] + s["remote_push_keys"]
+        return remote, remote + s["local_pull_keys"] + s["waited_pull_keys"] + s["local_push_keys"]
+
+    def close(self, failed: bool) -> None:
+        if failed:
+            self.node._release()  # do not wait for peers in shutdown after a failure here
+        else:
+            self.node.shutdown()
+
+
+class BaselineRun:
+    """torch's own sparse tables and AdaGrad in one process: what adapm is compared with."""
+
+    rank, world = 0, 1
+
+    def __init__(self, opts, table_size: int) -> None:
+        torch.manual_seed(opts.seed)
+        skeleton = WideAndDeep(torch.nn.Identity(), torch.nn.Identity(), opts.dim)
+        deep = torch.nn.Embedding(table_size, opts.dim, sparse=True)
+        torch.nn.init.normal_(deep.weight, std=opts.init_scale)
+        wide = torch.nn.EmbeddingBag(table_size, 1, mode="sum", sparse=True)
+        torch.nn.init.zeros_(wide.weight)
+        self.model = WideAndDeep(deep, wide, opts.dim)
+        self.model.load_state_dict(skeleton.state_dict(), strict=False)
+        self.row_opt = torch.optim.Adagrad([deep.weight, wide.weight], lr=opts.lr)
+        self.dense_opt = torch.optim.Adagrad(self.model.dense_parameters(), lr=opts.dense_lr)
+        self.collate = as_batch
+
+    def batches(self, data: DataLoader):
+        return data
+
+    def step(self, loss: torch.Tensor) -> None:
+        loss.backward()
+        self.row_opt.step()
+        self.dense_opt.step()
+
+    def zero_grad(self) -> None:
+        self.row_opt.zero_grad()
+        self.dense_opt.zero_grad()
+
+    def barrier(self) -> None:
+        pass
+
+    def accesses(self) -> tuple[int, int]:
+        return 0, 0
+
+    def close(self, failed: bool) -> None:
+        pass
+
+
+# --- training -----------------------------------------------------------------------------------
+
+
+def evaluate(model: WideAndDeep, examples: criteo.Examples, batch: int = 8192) -> dict:
+    """Test logloss and AUC of the whole of ``examples``."""
+    model.eval()
+    scores = np.empty(len(examples), dtype=np.float32)
+    with torch.no_grad():
+        for at in range(0, len(examples), batch):
+            part = examples.rows(slice(at, at + batch))
+            logits = model(torch.from_numpy(part.dense), torch.from_numpy(part.categorical))
+            scores[at:at + batch] = torch.sigmoid(logits).numpy()
+    model.train()
+    return {"test_logloss": round(criteo.logloss(scores, examples.labels), 5),
+            "test_auc": round(criteo.auc(scores, examples.labels), 5)}
+
+
+def progress(opts, rank: int, total: int, epoch: int):
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=f"epoch {epoch}", unit="batch", leave=False, file=sys.stderr,
+                disable=True if rank != 0 or opts.progress == "off" else
+                None if opts.progress == "auto" else False)
+
+
+def train(run, opts, train_rows: criteo.Examples, test_rows: criteo.Examples) -> None:
+    mine = train_rows.rows(slice(run.rank, None, run.world))
+    data = loader(mine, opts, run.rank, run.collate)
+    totals = {"examples": 0, "remote": 0, "accesses": 0}
+    with contextlib.ExitStack() as stack:
+        out = stack.enter_context(open(opts.json, "a")) if opts.json and run.rank == 0 else None
+        for epoch in range(1, opts.epochs + 1):
+            run.barrier()
+            start, adapm_before = time.perf_counter(), _adapm_seconds(run)
+            remote_before, all_before = run.accesses()
+            bar = progress(opts, run.rank, len(data), epoch)
+            loss_sum, seen = 0.0, 0
+            for dense, categorical, labels in run.batches(data):
+                run.zero_grad()
+                loss = F.binary_cross_entropy_with_logits(run.model(dense, categorical), labels)
+                run.step(loss)
+                loss_sum += loss.item() * len(labels)
+                seen += len(labels)
+                bar.update()
+            bar.close()
+            remote, accesses = run.accesses()
+            remote, accesses = remote - remote_before, accesses - all_before
+            totals["examples"] += seen
+            totals["remote"] += remote
+            totals["accesses"] += accesses
+            mine_seconds = _adapm_seconds(run) - adapm_before
+            run.barrier()  # every rank's training of this epoch is done
+            seconds = time.perf_counter() - start
+            if run.rank == 0:
+                record = {"epoch": epoch, "examples": len(train_rows),
+                          "train_seconds": round(seconds, 3),
+                          "examples_per_s": round(len(train_rows) / seconds, 1),
+                          "train_logloss": round(loss_sum / max(seen, 1), 5),
+                          **evaluate(run.model, test_rows),
+                          "adapm_seconds": round(mine_seconds, 3),
+                          "remote_share": remote / accesses if accesses else 0.0,
+                          "world": run.world, "baseline": isinstance(run, BaselineRun)}
+                line = json.dumps(record)
+                print(line, flush=True)
+                if out is not None:
+                    print(line, file=out, flush=True)
+            run.barrier()  # rank 0's evaluation is done
+    share = totals["remote"] / totals["accesses"] if totals["accesses"] else 0.0
+    print(json.dumps({"rank": run.rank, "final": True, "examples": totals["examples"],
+                      "training_accesses": totals["accesses"],
+                      "training_remote": totals["remote"], "remote_share": share}), flush=True)
+
+
+def _adapm_seconds(run) -> float:
+    worker = getattr(run, "worker", None)
+    return worker.seconds if worker is not None else 0.0
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="examples/ctr/train.py", description=__doc__.split("\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--data", required=True, metavar="DIR",
+                   help="directory with train.tsv and test.tsv (Criteo layout)")
+    p.add_argument("--epochs", type=int, default=2, help="epochs to train")
+    p.add_argument("--batch-size", type=int, default=512, help="examples per batch and rank")
+    p.add_argument("--dim", type=int, default=16, help="width of the deep embeddings")
+    p.add_argument("--lr", type=float, default=0.05, help="AdaGrad's step size for the tables")
+    p.add_argument("--dense-lr", type=float, default=0.02,
+                   help="AdaGrad's step size for the MLP and the wide layer")
+    p.add_argument("--init-scale", type=float, default=0.05,
+                   help="deep embeddings start from N(0, scale^2); wide weights from 0")
+    p.add_argument("--min-count", type=int, default=2,
+                   help="categorical values seen fewer times in train.tsv share one row")
+    p.add_argument("--ahead", type=int, default=8, help="batches of intent ahead of training")
+    p.add_argument("--loader-workers", type=int, default=0, help="DataLoader worker processes")
+    p.add_argument("--threads", type=int, default=1, help="torch threads (torch.set_num_threads)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the model and data order")
+    p.add_argument("--baseline", action="store_true",
+                   help="plain PyTorch in one process: nn.Embedding/EmbeddingBag(sparse=True)")
+    p.add_argument("--json", metavar="FILE", default=None,
+                   help="also append rank 0's JSON lines to FILE")
+    p.add_argument("--progress", choices=("auto", "on", "off"), default="auto",
+                   help="rank 0's progress bar: on a terminal (auto), always, never")
+    return p
+
+
+def main(argv=None) -> int:
+    opts = parser().parse_args(argv)
+    for name in ("epochs", "batch_size", "dim", "ahead", "threads", "min_count"):
+        if getattr(opts, name) < 1:
+            parser().error(f"--{name.replace('_', '-')} must be >= 1")
+    if opts.loader_workers < 0 or not opts.lr > 0 or not opts.dense_lr > 0:
+        parser().error("--loader-workers must be >= 0, --lr and --dense-lr > 0")
+    torch.set_num_threads(opts.threads)
+    try:
+        vocabulary = criteo.build_vocabulary(os.path.join(opts.data, "train.tsv"), opts.min_count)
+        train_rows = criteo.read(os.path.join(opts.data, "train.tsv"), vocabulary)
+        test_rows = criteo.read(os.path.join(opts.data, "test.tsv"), vocabulary)
+    except criteo.DataError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    run = (BaselineRun if opts.baseline else AdapmRun)(opts, vocabulary.size)
+    failed = True
+    try:
+        train(run, opts, train_rows, test_rows)
+        failed = False
+    finally:
+        run.close(failed)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
