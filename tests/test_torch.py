@@ -43,6 +43,7 @@ class RecordingWorker:
     def __init__(self) -> None:
         self.clock = 0
         self.intents: list[tuple[np.ndarray, int, int, int]] = []  # keys, start, end, at clock
+        self.syncs: list[tuple[int, int]] = []  # (clock, intents signalled) at each wait_sync
 
     def intent(self, keys, start, end):
         self.intents.append((np.array(keys), start, end, self.clock))
@@ -50,6 +51,9 @@ class RecordingWorker:
     def advance_clock(self):
         self.clock += 1
         return self.clock
+
+    def wait_sync(self):
+        self.syncs.append((self.clock, len(self.intents)))
 
 
 def ids_of(batch):
@@ -75,6 +79,14 @@ def _check_intents(worker: RecordingWorker, trained: list, ahead: int) -> None:
         assert clock - at >= min(ahead, clock - first), (clock, at)
     # no intent outlives the iteration
     assert all(end <= worker.clock for _, _, end, _ in worker.intents)
+    # one wait for the first batch's keys (it has no lead), after its intent, before training it
+    if trained:
+        assert len(worker.syncs) == 1
+        clock, signalled = worker.syncs[0]
+        assert clock == first and signalled >= 1
+        assert any(start == first for _, start, _, _ in worker.intents[:signalled])
+    else:
+        assert not worker.syncs
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])
@@ -101,6 +113,7 @@ def test_loader_signals_each_batch_at_the_clock_it_is_trained(num_workers, num_s
                 stop_after is not None
         _check_intents(worker, trained, ahead)
         worker.intents.clear()
+        worker.syncs.clear()
 
 
 def test_collate_returns_distinct_keys_in_order_of_first_appearance_and_pickles():

@@ -94,7 +94,9 @@ class IntentLoader:
     The batch yielded when ``worker.clock == c`` is trained at clock ``c``; asking for the next
     batch means the previous one is done, so the clock advances by one per batch. Up to
     ``ahead`` batches beyond the current one are fetched early and their intent signalled then:
-    ``ahead`` batches of lead in which the manager relocates or replicates their keys. When an
+    ``ahead`` batches of lead in which the manager relocates or replicates their keys. The first
+    batch of an iteration has no lead: before yielding it, the loader waits until its keys are
+    local (``worker.wait_sync()``, a sync round, once per iteration). When an
     iteration ends early (``break``, an exception, the iterator dropped), the clock moves past
     the batches fetched but not trained, so no intent of this iteration outlives it.
 
@@ -108,7 +110,7 @@ class IntentLoader:
         if worker is None:
             raise InvalidArgument("IntentLoader needs a worker: IntentLoader(loader, "
                                   "node.worker(), ahead=...) with a node from adapm.init()")
-        for attr in ("intent", "advance_clock", "clock"):
+        for attr in ("intent", "advance_clock", "clock", "wait_sync"):
             if not hasattr(worker, attr):
                 raise InvalidType(f"IntentLoader: worker must be an adapm Worker "
                                   f"(node.worker()), got {type(worker).__name__}")
@@ -131,6 +133,7 @@ class IntentLoader:
         ready: collections.deque = collections.deque()
         next_clock = worker.clock  # the clock of the next batch fetched
         exhausted = False
+        first = True
         try:
             while True:
                 while not exhausted and len(ready) <= ahead:
@@ -149,6 +152,11 @@ class IntentLoader:
                     ready.append(item.batch)
                 if not ready:
                     return
+                if first:
+                    # The first batch has no lead: wait (one sync round, once per iteration)
+                    # until its rows are local rather than pull them remotely.
+                    worker.wait_sync()
+                    first = False
                 batch = ready.popleft()
                 yield batch
                 worker.advance_clock()

@@ -159,11 +159,12 @@ class AdapmRun:
         if self.world > 1:
             self.node.barrier()
 
-    def accesses(self) -> tuple[int, int]:
-        """(remote, all) keys this rank pulled and pushed so far."""
+    def accesses(self) -> np.ndarray:
+        """Keys this rank pulled and pushed so far: (remote pulls, remote pushes, all)."""
         s = self.node.stats()
-        remote = s["remote_pull_keys"] + s["remote_push_keys"]
-        return remote, remote + s["local_pull_keys"] + s["waited_pull_keys"] + s["local_push_keys"]
+        return np.array([s["remote_pull_keys"], s["remote_push_keys"],
+                         s["remote_pull_keys"] + s["remote_push_keys"] + s["local_pull_keys"] +
+                         s["waited_pull_keys"] + s["local_push_keys"]])
 
     def close(self, failed: bool) -> None:
         if failed:
@@ -205,8 +206,8 @@ class BaselineRun:
     def barrier(self) -> None:
         pass
 
-    def accesses(self) -> tuple[int, int]:
-        return 0, 0
+    def accesses(self) -> np.ndarray:
+        return np.zeros(3, dtype=np.int64)
 
     def close(self, failed: bool) -> None:
         pass
@@ -240,13 +241,13 @@ def progress(opts, rank: int, total: int, epoch: int):
 def train(run, opts, train_rows: criteo.Examples, test_rows: criteo.Examples) -> None:
     mine = train_rows.rows(slice(run.rank, None, run.world))
     data = loader(mine, opts, run.rank, run.collate)
-    totals = {"examples": 0, "remote": 0, "accesses": 0}
+    examples, accessed = 0, np.zeros(3, dtype=np.int64)
     with contextlib.ExitStack() as stack:
         out = stack.enter_context(open(opts.json, "a")) if opts.json and run.rank == 0 else None
         for epoch in range(1, opts.epochs + 1):
             run.barrier()
             start, adapm_before = time.perf_counter(), _adapm_seconds(run)
-            remote_before, all_before = run.accesses()
+            accessed_before = run.accesses()
             bar = progress(opts, run.rank, len(data), epoch)
             loss_sum, seen = 0.0, 0
             for dense, categorical, labels in run.batches(data):
@@ -257,11 +258,9 @@ def train(run, opts, train_rows: criteo.Examples, test_rows: criteo.Examples) ->
                 seen += len(labels)
                 bar.update()
             bar.close()
-            remote, accesses = run.accesses()
-            remote, accesses = remote - remote_before, accesses - all_before
-            totals["examples"] += seen
-            totals["remote"] += remote
-            totals["accesses"] += accesses
+            remote_pulls, remote_pushes, accesses = run.accesses() - accessed_before
+            examples += seen
+            accessed += (remote_pulls, remote_pushes, accesses)
             mine_seconds = _adapm_seconds(run) - adapm_before
             run.barrier()  # every rank's training of this epoch is done
             seconds = time.perf_counter() - start
@@ -272,17 +271,22 @@ def train(run, opts, train_rows: criteo.Examples, test_rows: criteo.Examples) ->
                           "train_logloss": round(loss_sum / max(seen, 1), 5),
                           **evaluate(run.model, test_rows),
                           "adapm_seconds": round(mine_seconds, 3),
-                          "remote_share": remote / accesses if accesses else 0.0,
+                          "remote_share": _share(remote_pulls + remote_pushes, accesses),
                           "world": run.world, "baseline": isinstance(run, BaselineRun)}
                 line = json.dumps(record)
                 print(line, flush=True)
                 if out is not None:
                     print(line, file=out, flush=True)
             run.barrier()  # rank 0's evaluation is done
-    share = totals["remote"] / totals["accesses"] if totals["accesses"] else 0.0
-    print(json.dumps({"rank": run.rank, "final": True, "examples": totals["examples"],
-                      "training_accesses": totals["accesses"],
-                      "training_remote": totals["remote"], "remote_share": share}), flush=True)
+    print(json.dumps({"rank": run.rank, "final": True, "examples": examples,
+                      "training_accesses": int(accessed[2]),
+                      "remote_pulls": int(accessed[0]), "remote_pushes": int(accessed[1]),
+                      "remote_share": _share(accessed[0] + accessed[1], accessed[2])}),
+          flush=True)
+
+
+def _share(part, whole) -> float:
+    return float(part / whole) if whole else 0.0
 
 
 def _adapm_seconds(run) -> float:
