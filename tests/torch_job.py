@@ -126,9 +126,12 @@ def main() -> None:
     # remote share of the training loops' pulls and pushes (not of the checks between them)
     remote = training[0][0] + training[2][0] - training[1][0]
     total = training[0][1] + training[2][1] - training[1][1]
-    print(json.dumps({"rank": rank, "world": world, "exact": exact, "losses": losses,
-                      "dense": dense.tolist(), "remote_share": remote / total,
-                      "clock": w.clock}), flush=True)
+    # One write per line: the ranks share the pipe (print writes the newline separately when
+    # Python runs unbuffered).
+    sys.stdout.write(json.dumps({"rank": rank, "world": world, "exact": exact, "losses": losses,
+                                 "dense": dense.tolist(), "remote_share": remote / total,
+                                 "clock": w.clock}) + "\n")
+    sys.stdout.flush()
     node.shutdown()
 
 

@@ -35,6 +35,7 @@ import json
 import os
 import sys
 import time
+import warnings
 
 import criteo
 import numpy as np
@@ -118,7 +119,8 @@ class AdapmRun:
         from adapm.torch import DenseSync, Embedding, EmbeddingBag, IntentCollate, optim
 
         torch.manual_seed(opts.seed)
-        skeleton = WideAndDeep(torch.nn.Identity(), torch.nn.Identity(), opts.dim)
+        skeleton = WideAndDeep(torch.nn.Identity(), torch.nn.Identity(), opts.dim,
+                               opts.hidden)
         dense_keys = DenseSync.keys_needed(skeleton.dense_parameters(), DENSE_KEY_FLOATS)
         lengths = np.concatenate([np.full(table_size, 2 * opts.dim),  # weights, AdaGrad's sums
                                   np.full(table_size, 2),
@@ -130,7 +132,7 @@ class AdapmRun:
                          seed=opts.seed)
         wide = EmbeddingBag(table_size, 1, mode="sum", worker=self.worker, offset=table_size,
                             init="zeros")
-        self.model = WideAndDeep(deep, wide, opts.dim)
+        self.model = WideAndDeep(deep, wide, opts.dim, opts.hidden)
         self.model.load_state_dict(skeleton.state_dict(), strict=False)
         self.sync = DenseSync(self.model.dense_parameters(), worker=self.worker,
                               offset=2 * table_size)
@@ -179,13 +181,16 @@ class BaselineRun:
     rank, world = 0, 1
 
     def __init__(self, opts, table_size: int) -> None:
+        # torch's sparse AdaGrad warns on every run that it skips its invariant checks.
+        warnings.filterwarnings("ignore", message="Sparse invariant checks")
         torch.manual_seed(opts.seed)
-        skeleton = WideAndDeep(torch.nn.Identity(), torch.nn.Identity(), opts.dim)
+        skeleton = WideAndDeep(torch.nn.Identity(), torch.nn.Identity(), opts.dim,
+                               opts.hidden)
         deep = torch.nn.Embedding(table_size, opts.dim, sparse=True)
         torch.nn.init.normal_(deep.weight, std=opts.init_scale)
         wide = torch.nn.EmbeddingBag(table_size, 1, mode="sum", sparse=True)
         torch.nn.init.zeros_(wide.weight)
-        self.model = WideAndDeep(deep, wide, opts.dim)
+        self.model = WideAndDeep(deep, wide, opts.dim, opts.hidden)
         self.model.load_state_dict(skeleton.state_dict(), strict=False)
         self.row_opt = torch.optim.Adagrad([deep.weight, wide.weight], lr=opts.lr)
         self.dense_opt = torch.optim.Adagrad(self.model.dense_parameters(), lr=opts.dense_lr)
@@ -274,15 +279,21 @@ def train(run, opts, train_rows: criteo.Examples, test_rows: criteo.Examples) ->
                           "remote_share": _share(remote_pulls + remote_pushes, accesses),
                           "world": run.world, "baseline": isinstance(run, BaselineRun)}
                 line = json.dumps(record)
-                print(line, flush=True)
+                emit(line)
                 if out is not None:
                     print(line, file=out, flush=True)
             run.barrier()  # rank 0's evaluation is done
-    print(json.dumps({"rank": run.rank, "final": True, "examples": examples,
-                      "training_accesses": int(accessed[2]),
-                      "remote_pulls": int(accessed[0]), "remote_pushes": int(accessed[1]),
-                      "remote_share": _share(accessed[0] + accessed[1], accessed[2])}),
-          flush=True)
+    emit(json.dumps({"rank": run.rank, "final": True, "examples": examples,
+                     "training_accesses": int(accessed[2]),
+                     "remote_pulls": int(accessed[0]), "remote_pushes": int(accessed[1]),
+                     "remote_share": _share(accessed[0] + accessed[1], accessed[2])}))
+
+
+def emit(line: str) -> None:
+    """One line to stdout in one write: ranks share the terminal or pipe, and ``print`` makes
+    two writes (text, then newline) when Python runs unbuffered, so lines could interleave."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
 
 
 def _share(part, whole) -> float:
@@ -294,6 +305,16 @@ def _adapm_seconds(run) -> float:
     return worker.seconds if worker is not None else 0.0
 
 
+def _widths(text: str) -> tuple[int, ...]:
+    try:
+        widths = tuple(int(w) for w in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected widths like 256,128, got {text!r}") from None
+    if not widths or min(widths) < 1:
+        raise argparse.ArgumentTypeError(f"widths must be >= 1, got {text!r}")
+    return widths
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="examples/ctr/train.py", description=__doc__.split("\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -302,6 +323,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--epochs", type=int, default=2, help="epochs to train")
     p.add_argument("--batch-size", type=int, default=512, help="examples per batch and rank")
     p.add_argument("--dim", type=int, default=16, help="width of the deep embeddings")
+    p.add_argument("--hidden", type=_widths, default=(256, 128), metavar="W,W",
+                   help="widths of the MLP's hidden layers")
     p.add_argument("--lr", type=float, default=0.05, help="AdaGrad's step size for the tables")
     p.add_argument("--dense-lr", type=float, default=0.02,
                    help="AdaGrad's step size for the MLP and the wide layer")

@@ -1,0 +1,142 @@
+"""examples/ctr: the Criteo-layout data, the metrics, and Wide & Deep trained on 2 real nodes
+(under adapm-run and under torchrun) against the plain PyTorch baseline."""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+
+import numpy as np
+import pytest
+from app_cli import LAUNCHER, PY, records, run
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+CTR = os.path.join(os.path.dirname(__file__), "..", "examples", "ctr")
+sys.path.insert(0, CTR)
+import criteo
+
+TRAIN = [PY, os.path.join(CTR, "train.py")]
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    directory = str(tmp_path_factory.mktemp("ctr"))
+    # Enough rows per value that 2 epochs do not overfit: then the runs' AUCs compare the
+    # training, not how fast each memorises the training split.
+    meta = criteo.generate(directory, rows=150_000, vocab=2_000, test_share=0.2, seed=3)
+    return directory, meta
+
+
+# --- data and metrics ----------------------------------------------------------------------------
+
+
+def test_generated_data_reads_back_in_the_criteo_layout(data):
+    directory, meta = data
+    with open(os.path.join(directory, "train.tsv")) as f:
+        line = f.readline().rstrip("\n").split("\t")
+    assert len(line) == 40 and line[0] in ("0", "1")
+    assert all(len(v) in (0, 8) and all(c in "0123456789abcdef" for c in v) for v in line[14:])
+    vocabulary = criteo.build_vocabulary(os.path.join(directory, "train.tsv"), min_count=2)
+    train = criteo.read(os.path.join(directory, "train.tsv"), vocabulary)
+    test = criteo.read(os.path.join(directory, "test.tsv"), vocabulary)
+    assert len(train) == meta["train_rows"] and len(test) == meta["test_rows"]
+    assert train.dense.shape == (len(train), 13) and train.categorical.shape == (len(train), 26)
+    offsets = vocabulary.offsets
+    # every value lands in its own field's range of the shared table
+    assert ((train.categorical >= offsets[:-1]) & (train.categorical < offsets[1:])).all()
+    assert ((test.categorical >= offsets[:-1]) & (test.categorical < offsets[1:])).all()
+    assert 0.15 < train.labels.mean() < 0.4  # Criteo-like click rate
+    assert (train.dense >= 0).all()
+    # Zipf: each large field's most frequent value covers far more rows than its median one
+    field = int(np.argmax(np.diff(offsets)))
+    counts = np.bincount(train.categorical[:, field] - offsets[field])[1:]
+    assert counts.max() > 50 * max(np.median(counts[counts > 0]), 1)
+    # the planted model is learnable but not perfectly
+    assert 0.7 < meta["planted_auc"] < 0.95
+    again = criteo.build_vocabulary(os.path.join(directory, "train.tsv"), min_count=2)
+    assert vocabulary.size == again.size  # deterministic
+
+
+@pytest.mark.parametrize("content,message", [
+    ("1\t2\n", "Criteo layout"),
+    ("2" + "\t" * 39 + "\n", "line 1: the label"),
+    ("1\tx" + "\t" * 38 + "\n", "Criteo layout"),
+    ("0" + "\t" * 39 + "\n" + "\t" * 39 + "\n", "line 2: the label"),
+])
+def test_malformed_files_give_an_error_naming_the_file(tmp_path, content, message):
+    path = tmp_path / "train.tsv"
+    path.write_text(content)
+    with pytest.raises(criteo.DataError, match=message) as info:
+        criteo.read(str(path), criteo.build_vocabulary(str(path)))
+    assert str(path) in str(info.value)
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 5), st.booleans()), min_size=2, max_size=60))
+def test_auc_is_the_share_of_correctly_ordered_pairs(pairs):
+    scores = np.array([s for s, _ in pairs], dtype=float)
+    labels = np.array([y for _, y in pairs])
+    pos, neg = scores[labels], scores[~labels]
+    if len(pos) == 0 or len(neg) == 0:
+        assert np.isnan(criteo.auc(scores, labels))
+        return
+    pairwise = ((pos[:, None] > neg[None, :]) + 0.5 * (pos[:, None] == neg[None, :])).mean()
+    assert criteo.auc(scores, labels) == pytest.approx(pairwise)
+
+
+def test_logloss_matches_its_definition():
+    p, y = np.array([0.9, 0.2, 0.5]), np.array([1, 0, 1])
+    expected = -(np.log(0.9) + np.log(0.8) + np.log(0.5)) / 3
+    assert criteo.logloss(p, y) == pytest.approx(expected)
+
+
+# --- training on real nodes ---------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _train(cmd, data_dir, *flags):
+    proc = run(cmd + ["--data", data_dir, "--epochs", "2", "--progress", "off", "--dim", "8",
+                      "--hidden", "64,32", *flags],
+               timeout=240)
+    out = records(proc.stdout)
+    epochs = [r for r in out if "epoch" in r]
+    finals = [r for r in out if r.get("final")]
+    return epochs, finals
+
+
+def test_wide_and_deep_on_two_nodes_matches_the_pytorch_baseline(data):
+    directory, _ = data
+    baseline, _ = _train(TRAIN, directory, "--baseline")
+    launched, finals = _train(LAUNCHER + ["-n", "2"] + TRAIN, directory)
+    port = _free_port()
+    torchrun = [os.path.join(os.path.dirname(PY), "torchrun"), "--nproc-per-node", "2",
+                "--master-addr", "127.0.0.1", "--master-port", str(port)]
+    under_torchrun, torch_finals = _train(torchrun + TRAIN[1:], directory,
+                                          "--loader-workers", "2")
+    for epochs in (baseline, launched, under_torchrun):
+        assert [r["epoch"] for r in epochs] == [1, 2]
+        assert epochs[0]["test_auc"] > 0.7  # well above chance, as the planted model allows
+    assert baseline[0]["world"] == 1 and launched[0]["world"] == under_torchrun[0]["world"] == 2
+    for epochs in (launched, under_torchrun):
+        for ours, theirs in zip(epochs, baseline):
+            assert abs(ours["test_auc"] - theirs["test_auc"]) <= 0.005, (ours, theirs)
+    for finals_of_run in (finals, torch_finals):
+        assert sorted(r["rank"] for r in finals_of_run) == [0, 1]
+        for r in finals_of_run:
+            # every rank trained its half, its keys local thanks to intent
+            assert r["examples"] == 2 * len(range(r["rank"], 120_000, 2))
+            assert r["training_accesses"] > 0
+            assert r["remote_share"] <= 1e-4, r
+
+
+def test_a_missing_data_directory_is_a_clear_error(tmp_path):
+    proc = run(TRAIN + ["--data", str(tmp_path / "nowhere")], expect=2)
+    assert "nowhere/train.tsv: no such file" in proc.stderr
+    assert "Traceback" not in proc.stderr
