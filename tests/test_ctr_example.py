@@ -118,7 +118,9 @@ def test_wide_and_deep_on_two_nodes_matches_the_pytorch_baseline(data):
     port = _free_port()
     torchrun = [os.path.join(os.path.dirname(PY), "torchrun"), "--nproc-per-node", "2",
                 "--master-addr", "127.0.0.1", "--master-port", str(port)]
-    under_torchrun, torch_finals = _train(torchrun + TRAIN[1:], directory,
+    # torch's DDP for the dense layers (torch.distributed on MASTER_PORT, adapm on the next),
+    # and forked loader workers.
+    under_torchrun, torch_finals = _train(torchrun + TRAIN[1:], directory, "--dense", "ddp",
                                           "--loader-workers", "2")
     for epochs in (baseline, launched, under_torchrun):
         assert [r["epoch"] for r in epochs] == [1, 2]

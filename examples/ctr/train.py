@@ -5,16 +5,18 @@ Run it alone, under any launcher, or as the plain PyTorch baseline::
     python examples/ctr/criteo.py generate data/ctr             # Criteo-like data (or real Criteo)
     python examples/ctr/train.py --data data/ctr                # one process, rows in adapm
     adapm-run -n 2 python examples/ctr/train.py --data data/ctr # two nodes
-    torchrun --nproc-per-node 2 examples/ctr/train.py --data data/ctr
+    torchrun --nproc-per-node 2 examples/ctr/train.py --data data/ctr [--dense ddp]
     python examples/ctr/train.py --data data/ctr --baseline     # torch's nn.Embedding(sparse)
 
 What the adapm run does: the categorical values' deep embeddings and wide weights are
 ``adapm.torch.Embedding`` / ``EmbeddingBag`` tables (rows in adapm, AdaGrad state in the row);
 each rank trains on its own share of the training rows (rank r takes every world-th row from
-r), through a DataLoader whose ``collate_fn`` is an ``IntentCollate`` naming each batch's rows
+r; all ranks take equally many), through a DataLoader whose ``collate_fn`` is an ``IntentCollate`` naming each batch's rows
 and an ``IntentLoader`` that signals them ``--ahead`` batches before they are trained; the MLP
 and the wide layer on the integer features are trained by torch's AdaGrad on every rank and
-kept equal by ``DenseSync``. The baseline is the same model, data order (of one rank) and
+kept equal by ``DenseSync`` (asynchronously, through adapm) or, with ``--dense ddp`` under
+torchrun, by torch's ``DistributedDataParallel`` (synchronously, over gloo; adapm then uses
+``MASTER_PORT + 1``). The baseline is the same model, data order (of one rank) and
 optimizers with torch's tables in one process.
 
 Output: a progress bar on rank 0 (on a terminal), and per epoch one JSON line on rank 0 with
@@ -112,7 +114,8 @@ class TimedWorker:
 
 
 class AdapmRun:
-    """Rows in adapm; the dense parameters kept equal over the ranks by DenseSync."""
+    """Rows in adapm; the dense parameters kept equal over the ranks by DenseSync (``--dense
+    adapm``) or by torch's DistributedDataParallel over gloo (``--dense ddp``, under torchrun)."""
 
     def __init__(self, opts, table_size: int) -> None:
         import adapm
@@ -121,7 +124,8 @@ class AdapmRun:
         torch.manual_seed(opts.seed)
         skeleton = WideAndDeep(torch.nn.Identity(), torch.nn.Identity(), opts.dim,
                                opts.hidden)
-        dense_keys = DenseSync.keys_needed(skeleton.dense_parameters(), DENSE_KEY_FLOATS)
+        dense_keys = DenseSync.keys_needed(skeleton.dense_parameters(), DENSE_KEY_FLOATS) \
+            if opts.dense == "adapm" else 0
         lengths = np.concatenate([np.full(table_size, 2 * opts.dim),  # weights, AdaGrad's sums
                                   np.full(table_size, 2),
                                   np.full(dense_keys, DENSE_KEY_FLOATS)])
@@ -134,8 +138,15 @@ class AdapmRun:
                             init="zeros")
         self.model = WideAndDeep(deep, wide, opts.dim, opts.hidden)
         self.model.load_state_dict(skeleton.state_dict(), strict=False)
-        self.sync = DenseSync(self.model.dense_parameters(), worker=self.worker,
-                              offset=2 * table_size)
+        self.forward = self.model
+        self.sync = None
+        if opts.dense == "adapm":
+            self.sync = DenseSync(self.model.dense_parameters(), worker=self.worker,
+                                  offset=2 * table_size)
+        else:
+            # torch.distributed from torchrun's variables (MASTER_PORT; adapm took the next port).
+            torch.distributed.init_process_group("gloo")
+            self.forward = torch.nn.parallel.DistributedDataParallel(self.model)
         self.row_opt = optim.Adagrad([deep, wide], lr=opts.lr)
         self.dense_opt = torch.optim.Adagrad(self.model.dense_parameters(), lr=opts.dense_lr)
         self.collate = IntentCollate(as_batch, functools.partial(batch_keys,
@@ -151,7 +162,8 @@ class AdapmRun:
         loss.backward()
         self.row_opt.step()
         self.dense_opt.step()
-        self.sync.step()
+        if self.sync is not None:
+            self.sync.step()
 
     def zero_grad(self) -> None:
         self.row_opt.zero_grad()
@@ -169,6 +181,8 @@ class AdapmRun:
                          s["waited_pull_keys"] + s["local_push_keys"]])
 
     def close(self, failed: bool) -> None:
+        if self.forward is not self.model:
+            torch.distributed.destroy_process_group()
         if failed:
             self.node._release()  # do not wait for peers in shutdown after a failure here
         else:
@@ -192,6 +206,7 @@ class BaselineRun:
         torch.nn.init.zeros_(wide.weight)
         self.model = WideAndDeep(deep, wide, opts.dim, opts.hidden)
         self.model.load_state_dict(skeleton.state_dict(), strict=False)
+        self.forward = self.model
         self.row_opt = torch.optim.Adagrad([deep.weight, wide.weight], lr=opts.lr)
         self.dense_opt = torch.optim.Adagrad(self.model.dense_parameters(), lr=opts.dense_lr)
         self.collate = as_batch
@@ -244,7 +259,10 @@ def progress(opts, rank: int, total: int, epoch: int):
 
 
 def train(run, opts, train_rows: criteo.Examples, test_rows: criteo.Examples) -> None:
-    mine = train_rows.rows(slice(run.rank, None, run.world))
+    # Equal shares (the last world - 1 rows may go untrained): DDP needs every rank to take
+    # the same number of steps.
+    share = len(train_rows) // run.world
+    mine = train_rows.rows(slice(run.rank, share * run.world, run.world))
     data = loader(mine, opts, run.rank, run.collate)
     examples, accessed = 0, np.zeros(3, dtype=np.int64)
     with contextlib.ExitStack() as stack:
@@ -257,7 +275,7 @@ def train(run, opts, train_rows: criteo.Examples, test_rows: criteo.Examples) ->
             loss_sum, seen = 0.0, 0
             for dense, categorical, labels in run.batches(data):
                 run.zero_grad()
-                loss = F.binary_cross_entropy_with_logits(run.model(dense, categorical), labels)
+                loss = F.binary_cross_entropy_with_logits(run.forward(dense, categorical), labels)
                 run.step(loss)
                 loss_sum += loss.item() * len(labels)
                 seen += len(labels)
@@ -270,9 +288,9 @@ def train(run, opts, train_rows: criteo.Examples, test_rows: criteo.Examples) ->
             run.barrier()  # every rank's training of this epoch is done
             seconds = time.perf_counter() - start
             if run.rank == 0:
-                record = {"epoch": epoch, "examples": len(train_rows),
+                record = {"epoch": epoch, "examples": share * run.world,
                           "train_seconds": round(seconds, 3),
-                          "examples_per_s": round(len(train_rows) / seconds, 1),
+                          "examples_per_s": round(share * run.world / seconds, 1),
                           "train_logloss": round(loss_sum / max(seen, 1), 5),
                           **evaluate(run.model, test_rows),
                           "adapm_seconds": round(mine_seconds, 3),
@@ -336,6 +354,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--loader-workers", type=int, default=0, help="DataLoader worker processes")
     p.add_argument("--threads", type=int, default=1, help="torch threads (torch.set_num_threads)")
     p.add_argument("--seed", type=int, default=0, help="seed of the model and data order")
+    p.add_argument("--dense", choices=("adapm", "ddp"), default="adapm",
+                   help="keep the MLP equal over the ranks with adapm's DenseSync (asynchronous)"
+                        " or torch's DistributedDataParallel (synchronous; needs torchrun)")
     p.add_argument("--baseline", action="store_true",
                    help="plain PyTorch in one process: nn.Embedding/EmbeddingBag(sparse=True)")
     p.add_argument("--json", metavar="FILE", default=None,
@@ -352,6 +373,9 @@ def main(argv=None) -> int:
             parser().error(f"--{name.replace('_', '-')} must be >= 1")
     if opts.loader_workers < 0 or not opts.lr > 0 or not opts.dense_lr > 0:
         parser().error("--loader-workers must be >= 0, --lr and --dense-lr > 0")
+    if opts.dense == "ddp" and ("MASTER_ADDR" not in os.environ or opts.baseline):
+        parser().error("--dense ddp needs torchrun (torch.distributed's MASTER_ADDR and "
+                       "MASTER_PORT) and is not for --baseline")
     torch.set_num_threads(opts.threads)
     try:
         vocabulary = criteo.build_vocabulary(os.path.join(opts.data, "train.tsv"), opts.min_count)
