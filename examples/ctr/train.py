@@ -338,7 +338,8 @@ def parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--data", required=True, metavar="DIR",
                    help="directory with train.tsv and test.tsv (Criteo layout)")
-    p.add_argument("--epochs", type=int, default=2, help="epochs to train")
+    p.add_argument("--epochs", type=int, default=1,
+                   help="epochs to train (one is the rule on click logs; more overfit)")
     p.add_argument("--batch-size", type=int, default=512, help="examples per batch and rank")
     p.add_argument("--dim", type=int, default=16, help="width of the deep embeddings")
     p.add_argument("--hidden", type=_widths, default=(256, 128), metavar="W,W",
