@@ -387,7 +387,9 @@ def test_a_torch_job_trains_exactly_on_real_nodes_with_loader_workers(nodes):
         assert r["exact"], f"rank {r['rank']}: an update was lost"
         assert r["losses"][-1] < 0.8 * r["losses"][0], r["losses"]
     assert all(r["dense"] == out[0]["dense"] for r in out), "dense layers differ between nodes"
-    print({r["rank"]: (r["losses"], r["remote_share"]) for r in out})
+    # intent 4 batches ahead (and the loader's wait for each iteration's first batch) keeps
+    # the training loops' accesses local: at most 0.01% remote (measured: 0-0.0024%)
+    assert all(r["remote_share"] <= 1e-4 for r in out), {r["rank"]: r["remote_share"] for r in out}
 
 
 README = os.path.join(os.path.dirname(__file__), os.pardir, "README.md")
