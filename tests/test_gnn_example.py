@@ -213,7 +213,8 @@ def test_two_nodes_reach_the_baselines_accuracy(big_graph, tmp_path):
         assert losses[-1] < 0.3 * losses[0], losses
         assert all(r["train_seconds"] > 0 and r["examples_per_s"] > 0 for r in run_records)
         assert run_records[-1]["test_acc"] > 0.8, run_records[-1]  # chance: 1 / 8
-    assert all(r["world_size"] == 2 and 0.0 <= r["remote_share"] <= 0.2 for r in two), \
+    # intent 8 batches ahead keeps the training accesses local (measured: 0 in every epoch)
+    assert all(r["world_size"] == 2 and 0.0 <= r["remote_share"] <= 1e-4 for r in two), \
         [r["remote_share"] for r in two]
     assert "remote_share" not in baseline[-1]
     ours, theirs = two[-1]["test_acc"], baseline[-1]["test_acc"]

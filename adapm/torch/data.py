@@ -69,7 +69,10 @@ class IntentCollate:
 
     ``collate_fn`` None means torch's ``default_collate``. Pure: it never touches a node, so it
     may run in loader worker processes. With the ``spawn`` start method both functions must be
-    picklable (module-level functions, not lambdas), as for any ``collate_fn``.
+    picklable (module-level functions, not lambdas), as for any ``collate_fn``; and with
+    ``num_workers > 0`` the batches must pickle too (a class defined in ``__main__`` may not):
+    torch's loader only prints a batch that fails to pickle and then waits for it forever,
+    unless the DataLoader has a ``timeout``.
     """
 
     def __init__(self, collate_fn: Callable | None = None,
