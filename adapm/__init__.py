@@ -42,3 +42,12 @@ __all__ = [
     "StateError",
     "TransportError",
 ]
+
+
+def __getattr__(name: str):
+    # adapm.trace on first use: reading traces needs pyarrow, which `import adapm` does not load.
+    if name == "trace":
+        import importlib
+
+        return importlib.import_module(".trace", __name__)
+    raise AttributeError(f"module 'adapm' has no attribute {name!r}")

@@ -87,6 +87,15 @@ class Config:
         "Longest wait for all nodes to join the rendezvous, and for a barrier.", default=120.0
     )
 
+    trace_dir: Optional[str] = _help(
+        "Record a parameter-placement trace into this directory (Parquet; see adapm.trace). "
+        "None: no trace, at no cost.", default=None
+    )
+    trace_keys: Union[str, int, np.ndarray] = _help(
+        'Keys a trace records: "all", a list of keys, or an int N for a random sample of N keys '
+        "(seeded: the same keys on every node and run).", default="all"
+    )
+
     def __post_init__(self) -> None:
         _check_int("num_keys", self.num_keys, low=1)
         vl = self.value_length
@@ -146,6 +155,11 @@ class Config:
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
                 raise ConfigError(f"{name} must be a finite number > 0, got {value!r}")
+        if self.trace_dir is not None and not (isinstance(self.trace_dir, str)
+                                               and self.trace_dir):
+            raise ConfigError(f"trace_dir must be a directory path or None, got "
+                              f"{self.trace_dir!r}")
+        object.__setattr__(self, "trace_keys", _trace_keys(self.trace_keys, self.num_keys))
 
     @property
     def uniform_length(self) -> int:
@@ -172,6 +186,13 @@ class Config:
             found["host"] = env["ADAPM_HOST"]
         if "ADAPM_MANAGEMENT" in env:
             found["management"] = env["ADAPM_MANAGEMENT"]
+        if "ADAPM_TRACE_DIR" in env:
+            found["trace_dir"] = env["ADAPM_TRACE_DIR"]
+        if "ADAPM_TRACE_KEYS" in env:
+            text = env["ADAPM_TRACE_KEYS"].strip()
+            found["trace_keys"] = text if text == "all" else \
+                _env_int(env, "ADAPM_TRACE_KEYS") if "," not in text else \
+                _env_ints(env, "ADAPM_TRACE_KEYS")
         found.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**found)
 
@@ -183,6 +204,31 @@ class Config:
             default = "required" if f.default is dataclasses.MISSING else repr(f.default)
             lines.append(f"{f.name} ({default}): {f.metadata.get('help', '')}")
         return "\n".join(lines)
+
+
+def _trace_keys(value, num_keys: int):
+    """``trace_keys`` validated: "all", an int sample size >= 1, or a read-only sorted array of
+    distinct keys in [0, num_keys)."""
+    if isinstance(value, str):
+        if value != "all":
+            raise ConfigError(f'trace_keys must be "all", a list of keys or an int, got {value!r}')
+        return value
+    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+        _check_int("trace_keys", int(value), low=1)
+        return int(value)
+    try:
+        arr = np.asarray(value)
+    except Exception as exc:  # pragma: no cover - numpy accepts nearly anything
+        raise ConfigError(f"trace_keys: cannot read {type(value).__name__} as keys") from exc
+    if arr.ndim != 1 or (arr.size and arr.dtype.kind not in "iu"):
+        raise ConfigError(f"trace_keys must be a 1-d list of integer keys, got dtype={arr.dtype} "
+                          f"ndim={arr.ndim}")
+    arr = np.unique(arr.astype(np.int64))
+    if arr.size and (arr[0] < 0 or arr[-1] >= num_keys):
+        bad = int(arr[0] if arr[0] < 0 else arr[-1])
+        raise ConfigError(f"trace_keys: key {bad} is outside [0, {num_keys})")
+    arr.setflags(write=False)
+    return arr
 
 
 def detect_cluster(env: Mapping[str, str]) -> dict:
@@ -228,6 +274,14 @@ def _env_int(env: Mapping[str, str], var: str) -> int:
         return int(env[var])
     except ValueError:
         raise ConfigError(f"environment variable {var} must be an integer, got {env[var]!r}") from None
+
+
+def _env_ints(env: Mapping[str, str], var: str) -> list:
+    try:
+        return [int(part) for part in env[var].split(",") if part.strip()]
+    except ValueError:
+        raise ConfigError(f"environment variable {var} must be integers separated by commas, "
+                          f"got {env[var]!r}") from None
 
 
 def _env_float(env: Mapping[str, str], var: str) -> float:

@@ -76,12 +76,17 @@ class Node:
         self._context = None
         self.engine: Optional[EngineLoop] = None
         self.transport = transport
+        self._trace = None
         if self.world_size > 1:
             if transport is None:
                 self._connect()
-            self.engine = engine_class(self.make_state(config, self.store), self.transport,
-                                       config.request_timeout_s)
+            state = self.make_state(config, self.store)
+            if config.trace_dir is not None:
+                self._trace = self._start_trace(state)
+            self.engine = engine_class(state, self.transport, config.request_timeout_s)
             self.engine.start()
+        elif config.trace_dir is not None:  # one node: no events, its final statistics only
+            self._trace = self._start_trace(None)
 
     @staticmethod
     def make_state(config: Config, store: Store) -> NodeState:
@@ -95,6 +100,26 @@ class Node:
             store.insert(others, REPLICA, synced_at=time.monotonic())
             state.directory.replicas_added(others)
         return state
+
+    def _start_trace(self, state: Optional[NodeState]):
+        """A trace recorder subscribed to ``state``'s event stream (adapm.trace)."""
+        from .trace.recorder import TraceRecorder, selection
+
+        config = self.config
+        keys = config.trace_keys
+        meta = {"rank": self.rank, "world_size": self.world_size, "num_keys": config.num_keys,
+                "management": config.management,
+                "trace_keys": keys if isinstance(keys, (str, int)) else
+                f"{len(keys)} keys listed", "home": "key % world_size"}
+        recorder = TraceRecorder(config.trace_dir, self.rank, meta, selection(config),
+                                 self._round_stats)
+        if state is not None:
+            state.subscribe(recorder)
+        return recorder
+
+    def _round_stats(self) -> dict:
+        """stats() for the trace, on the engine thread at each round's end."""
+        return self._stats()
 
     def _connect(self) -> None:
         context = zmq.Context()
@@ -125,7 +150,13 @@ class Node:
         return self.store.local_keys()
 
     def stats(self) -> dict:
-        """Counters since init, this node only (see DESIGN section 6 for their meaning)."""
+        """Counters since init, this node only (see DESIGN section 6 for their meaning).
+        Raises the trace writer's failure, if tracing failed (AdaPMError)."""
+        if self._trace is not None:
+            self._trace.check()
+        return self._stats()
+
+    def _stats(self) -> dict:
         totals = {name: 0 for name in Worker.COUNTERS}
         with self._workers_lock:
             workers = list(self._workers)
@@ -203,12 +234,18 @@ class Node:
                 handle.wait_sync(timeout_s)  # replica updates reach their owners too
             if self.engine is not None:
                 self.engine.quiesce(self.config.request_timeout_s)
+            final = self._stats() if self._trace is not None else None
             self._barrier(timeout_s, refresh=False)
             self._clean = True
         except BaseException as exc:
             error = exc
         finally:
             self._release()
+        if self._trace is not None:
+            try:
+                self._trace.close(final if self._clean else None)
+            except BaseException as exc:
+                error = error or exc
         if error is not None:
             raise error
 
@@ -228,6 +265,11 @@ class Node:
             self.transport.close(linger_ms=1000 if self._clean else 0)
         if self._context is not None:
             self._context.term()
+        if self._trace is not None and not self._clean:
+            try:  # what was recorded until the failure; the writer's own error is not raised
+                self._trace.close(None)
+            except AdaPMError:
+                pass
 
     def _check_open(self, what: str) -> None:
         if self._closed:

@@ -1,0 +1,91 @@
+"""The ``adapm`` command: ``adapm trace summary DIR [--json]``, ``adapm trace plot DIR (--key K |
+--hot N) -o out.png``. Exit codes: 0 done, 2 bad usage or an unreadable trace (the message names
+the directory or file)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Optional
+
+from ._argtypes import non_negative_int, positive_int
+
+# summary's table: column title, field, format
+_COLUMNS = (("node", "node", "{}"), ("MB sent", "bytes_sent", "{:.2f}"),
+            ("MB recv", "bytes_received", "{:.2f}"), ("msgs sent", "messages_sent", "{:,}"),
+            ("msgs recv", "messages_received", "{:,}"), ("reloc in", "relocations_in", "{:,}"),
+            ("reloc out", "relocations_out", "{:,}"), ("replica set-ups", "replica_setups", "{:,}"),
+            ("replica drops", "replica_drops", "{:,}"),
+            ("staleness ms", "mean_staleness_ms", "{:.2f}"),
+            ("remote share", "remote_access_share", "{:.4%}"))
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="adapm", description="adapm's command line tools")
+    sub = p.add_subparsers(dest="command", required=True)
+    trace = sub.add_parser("trace", help="read parameter-placement traces (adapm.trace)")
+    what = trace.add_subparsers(dest="action", required=True)
+    summary = what.add_parser("summary", help="per node and in total: bytes, messages, "
+                              "relocations, replicas, staleness, remote share")
+    summary.add_argument("directory", metavar="DIR", help="a trace directory")
+    summary.add_argument("--json", action="store_true", help="one JSON object per row")
+    plot = what.add_parser("plot", help="where a key's main copy and replicas were over time")
+    plot.add_argument("directory", metavar="DIR", help="a trace directory")
+    keys = plot.add_mutually_exclusive_group(required=True)
+    keys.add_argument("--key", type=non_negative_int, action="append", metavar="K",
+                      help="a key to draw (repeat for several)")
+    keys.add_argument("--hot", type=positive_int, metavar="N",
+                      help="the N keys with the most events")
+    plot.add_argument("-o", "--output", required=True, metavar="PNG", help="the picture to write")
+    return p
+
+
+def main(argv: Optional[list] = None) -> int:
+    opts = parser().parse_args(argv)
+    from .trace import TraceError, load
+
+    try:
+        trace = load(opts.directory)
+        if opts.action == "summary":
+            _summary(trace, opts.json)
+        else:
+            from .trace.plot import plot_keys
+
+            keys = opts.key if opts.key else trace.hot_keys(opts.hot).tolist()
+            if not keys:
+                raise TraceError(f"{opts.directory}: the trace has no events to draw")
+            plot_keys(trace, keys, opts.output)
+            print(f"wrote {opts.output}: keys {', '.join(map(str, keys))}")
+    except TraceError as exc:
+        print(f"adapm trace: error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"adapm trace: error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _summary(trace, as_json: bool) -> None:
+    rows = trace.summary().to_pylist()
+    if as_json:
+        for row in rows:
+            print(json.dumps(row))
+        return
+    cells = [[title for title, _, _ in _COLUMNS]]
+    for row in rows:
+        cells.append([fmt.format(row[field] / 1e6 if field.startswith("bytes") else row[field])
+                      for _, field, fmt in _COLUMNS])
+    widths = [max(len(r[i]) for r in cells) for i in range(len(_COLUMNS))]
+    print(f"{trace.directory}: {trace.world_size} nodes, {trace.num_keys:,} keys, "
+          f"{len(trace.events):,} events over {trace.end - trace.start:.2f} s")
+    for i, r in enumerate(cells):
+        print("  ".join(c.rjust(w) if j else c.ljust(w) for j, (c, w) in enumerate(zip(r, widths))))
+        if i == 0:
+            print("  ".join("-" * w for w in widths))
+    if any(not row["complete"] for row in rows[:-1]):
+        print("(a node did not shut down cleanly: its figures are from its last recorded round)")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

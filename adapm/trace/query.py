@@ -1,0 +1,219 @@
+"""Reading a trace directory and answering placement questions about it (``adapm.trace.load``).
+
+Times are wall-clock Unix seconds, as recorded. A key starts at its home node
+(``key % world_size``) as the main copy; ``alloc`` events move the main copy, ``replica_setup``
+and ``replica_drop`` open and close replica intervals (a replica that becomes the main copy ends
+its interval with the ``alloc``).
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import warnings
+from typing import Optional
+
+import numpy as np
+
+from ..errors import AdaPMError
+from . import schema
+
+# What summary() shows per node, from the node's final statistics (or its last round's).
+SUMMARY_COUNTS = ("bytes_sent", "bytes_received", "messages_sent", "messages_received",
+                  "relocations_in", "relocations_out", "replica_setups", "replica_drops",
+                  "local_pull_keys", "waited_pull_keys", "remote_pull_keys", "local_push_keys",
+                  "remote_push_keys", "replica_reads", "rounds")
+
+
+class TraceError(AdaPMError):
+    """A directory that is not a readable adapm trace."""
+
+
+def load(directory: str) -> "Trace":
+    """The trace recorded under ``directory`` (every node's files). Raises TraceError for a
+    missing directory or one without an adapm trace. A part file that cannot be read (cut off
+    by a crash, say) is skipped with a warning; the rest loads (``Trace.skipped``)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    if not os.path.isdir(directory):
+        raise TraceError(f"{directory}: no such trace directory")
+    metas = []
+    for path in sorted(glob.glob(os.path.join(directory, "node-r*.json"))):
+        try:
+            with open(path) as f:
+                meta = json.load(f)
+        except (OSError, ValueError) as exc:
+            raise TraceError(f"{path}: unreadable trace metadata ({exc})") from None
+        if not isinstance(meta, dict) or meta.get("format") != schema.FORMAT:
+            raise TraceError(f"{path}: not adapm trace metadata (no format {schema.FORMAT!r})")
+        if meta.get("version") != schema.VERSION:
+            raise TraceError(f"{path}: trace format version {meta.get('version')}, this adapm "
+                             f"reads version {schema.VERSION}")
+        metas.append(meta)
+    if not metas:
+        raise TraceError(f"{directory}: not an adapm trace (no node-r*.json: record one with "
+                         "Config(trace_dir=...) or an app's --trace-dir)")
+    metas.sort(key=lambda m: m["rank"])
+    world = {m["world_size"] for m in metas}
+    if len(world) != 1 or {m["num_keys"] for m in metas}.__len__() != 1:
+        raise TraceError(f"{directory}: the nodes' metadata disagree (several jobs in one "
+                         "directory?)")
+    skipped = []
+    tables = {}
+    for kind in ("events", "rounds"):
+        parts = []
+        for path in sorted(glob.glob(os.path.join(directory, f"{kind}-r*-*.parquet"))):
+            try:
+                parts.append(pq.read_table(path))
+            except (OSError, pa.ArrowException) as exc:
+                warnings.warn(f"adapm.trace: skipping {path}: {exc}", stacklevel=2)
+                skipped.append(path)
+        tables[kind] = pa.concat_tables(parts, promote_options="default") if parts else None
+    return Trace(directory, metas, tables["events"], tables["rounds"], skipped)
+
+
+class Trace:
+    """A loaded trace: ``events`` and ``rounds`` (Arrow tables, every node's rows; ``events``
+    sorted by time), ``nodes`` (each node's metadata), ``world_size``, ``num_keys``,
+    ``skipped`` (part files that could not be read)."""
+
+    def __init__(self, directory: str, nodes: list, events, rounds, skipped: list) -> None:
+        import pyarrow as pa
+
+        self.directory = directory
+        self.nodes = nodes
+        self.world_size = int(nodes[0]["world_size"])
+        self.num_keys = int(nodes[0]["num_keys"])
+        self.skipped = skipped
+        if events is None:
+            events = pa.table({"time": pa.array([], pa.float64()),
+                               "clock": pa.array([], pa.int64()),
+                               "rank": pa.array([], pa.int32()), "key": pa.array([], pa.int64()),
+                               "event": pa.array([], pa.string()),
+                               "peer": pa.array([], pa.int32())})
+        else:
+            events = events.set_column(events.schema.get_field_index("event"), "event",
+                                       events["event"].cast(pa.string()))
+        self.events = events.sort_by([("time", "ascending")])
+        self.rounds = rounds
+        self.start = min(m["started"] for m in nodes)
+        ends = [m.get("finished") for m in nodes] + \
+            ([float(np.max(self.events["time"].to_numpy()))] if len(self.events) else [])
+        self.end = max(e for e in ends if e is not None) if any(
+            e is not None for e in ends) else self.start
+        self._keys = self.events["key"].to_numpy()
+        self._names = np.asarray(self.events["event"].to_numpy(zero_copy_only=False))
+
+    def __repr__(self) -> str:
+        return (f"<adapm.trace.Trace {self.directory!r}: {self.world_size} nodes, "
+                f"{len(self.events)} events>")
+
+    def to_pandas(self):
+        """The events as a pandas DataFrame (needs pandas)."""
+        return self.events.to_pandas()
+
+    # --- one key ----------------------------------------------------------------------------
+
+    def _check_key(self, key) -> int:
+        try:
+            key = int(key)
+        except (TypeError, ValueError):
+            raise TraceError(f"key must be an int, got {key!r}") from None
+        if not 0 <= key < self.num_keys:
+            raise TraceError(f"key {key} is outside [0, {self.num_keys})")
+        return key
+
+    def timeline(self, key):
+        """The events of ``key`` on every node, in time order (an Arrow table)."""
+        key = self._check_key(key)
+        return self.events.filter(self._mask(key))
+
+    def _mask(self, key: int):
+        import pyarrow as pa
+
+        return pa.array(self._keys == key)
+
+    def location(self, key, at: Optional[float] = None) -> int:
+        """The rank holding ``key``'s main copy at wall time ``at`` (default: the trace's end):
+        its home, or the node of the last ``alloc`` of it up to then."""
+        key = self._check_key(key)
+        rows = self._rows(key, ("alloc",), at)
+        return int(rows[-1][1]) if rows else key % self.world_size
+
+    def replicas(self, key) -> dict:
+        """``{rank: [(start, end), ...]}``: when each node held a replica of ``key`` (an
+        interval still open at the trace's end ends there)."""
+        key = self._check_key(key)
+        out: dict = {}
+        open_at: dict = {}
+        for time, rank, name in self._rows(key, ("replica_setup", "replica_drop", "alloc"), None):
+            if name == "replica_setup":
+                open_at[rank] = time
+            elif rank in open_at:  # replica_drop, or the replica became the main copy
+                out.setdefault(rank, []).append((open_at.pop(rank), time))
+        for rank, time in open_at.items():
+            out.setdefault(rank, []).append((time, self.end))
+        return {rank: sorted(spans) for rank, spans in sorted(out.items())}
+
+    def _rows(self, key: int, names: tuple, at: Optional[float]) -> list:
+        mask = (self._keys == key) & np.isin(self._names, names)
+        times = self.events["time"].to_numpy()[mask]
+        ranks = self.events["rank"].to_numpy()[mask]
+        kinds = self._names[mask]
+        if at is not None:
+            keep = times <= at
+            times, ranks, kinds = times[keep], ranks[keep], kinds[keep]
+        return [(float(t), int(r), str(k)) for t, r, k in zip(times, ranks, kinds)]
+
+    def hot_keys(self, n: int) -> np.ndarray:
+        """The ``n`` keys with the most events (placement activity and remote accesses; local
+        accesses are not events), most first."""
+        if not len(self._keys):
+            return np.empty(0, dtype=np.int64)
+        keys, counts = np.unique(self._keys, return_counts=True)
+        order = np.lexsort((keys, -counts))
+        return keys[order[:n]]
+
+    # --- the nodes ----------------------------------------------------------------------------
+
+    def summary(self):
+        """Per node and in total (an Arrow table, one row per node and a ``total`` row): bytes
+        and messages sent and received, relocations in and out, replica set-ups and drops, the
+        mean replica staleness (ms, averaged over replica reads) and the remote-access share
+        (remote pulled and pushed keys over all), from each node's final statistics (or its
+        last round's, for a node that did not shut down cleanly: ``complete`` False)."""
+        import pyarrow as pa
+
+        if self.rounds is None or not len(self.rounds):
+            raise TraceError(f"{self.directory}: the trace has no statistics rows")
+        rows = self.rounds.to_pylist()
+        last: dict = {}
+        for row in rows:  # the final row, else the latest round
+            rank = row["rank"]
+            best = last.get(rank)
+            if best is None or row["final"] or (not best["final"] and row["end"] >= best["end"]):
+                last[rank] = row
+        table = []
+        for rank in sorted(last):
+            row = last[rank]
+            entry = {"node": str(rank), "complete": bool(row["final"])}
+            entry.update({name: int(row.get(name) or 0) for name in SUMMARY_COUNTS})
+            entry["mean_staleness_ms"] = float(row.get("mean_staleness_ms") or 0.0)
+            table.append(_shares(entry))
+        total = {"node": "total", "complete": all(e["complete"] for e in table)}
+        total.update({name: sum(e[name] for e in table) for name in SUMMARY_COUNTS})
+        reads = total["replica_reads"]
+        total["mean_staleness_ms"] = (sum(e["mean_staleness_ms"] * e["replica_reads"]
+                                          for e in table) / reads) if reads else 0.0
+        table.append(_shares(total))
+        return pa.Table.from_pylist(table)
+
+
+def _shares(entry: dict) -> dict:
+    remote = entry["remote_pull_keys"] + entry["remote_push_keys"]
+    accessed = remote + entry["local_pull_keys"] + entry["waited_pull_keys"] + \
+        entry["local_push_keys"]
+    entry["remote_access_share"] = remote / accessed if accessed else 0.0
+    return entry

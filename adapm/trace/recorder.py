@@ -1,0 +1,237 @@
+"""The trace recorder: a sink of the engine's event stream that writes Parquet files.
+
+The engine thread hands it batches of keys per event and one record per sync round
+(``adapm._engine.stream``); it keeps them in memory (a copy of each batch's selected keys, no
+per-key Python) and every :data:`FLUSH_S` seconds or :data:`FLUSH_ROWS` rows hands them to its
+own writer thread, which builds an Arrow table and writes it as one Parquet part (see
+:mod:`.schema`). The engine thread never waits for the disk: when the writer falls
+:data:`MAX_PENDING` parts behind, further rows are dropped and counted (``dropped_rows`` in the
+node's metadata) rather than piling up in memory. A writer that fails stops recording; the
+failure surfaces as an :class:`~adapm.errors.AdaPMError` from ``node.stats()`` and
+``node.shutdown()`` of that node, naming the rank and the file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import threading
+import time
+from typing import Callable, Optional
+
+import numpy as np
+
+from ..errors import AdaPMError, ConfigError
+from . import schema
+
+FLUSH_S = 1.0           # at most this long between parts: a crash loses about this much
+FLUSH_ROWS = 1 << 18    # or this many buffered event rows (about 8 MB of columns)
+MAX_PENDING = 16        # parts queued for the writer before rows are dropped
+SAMPLE_SEED = 0         # of trace_keys=N
+
+
+def selection(config) -> Optional[np.ndarray]:
+    """The keys ``config.trace_keys`` selects (sorted int64), or None for all keys. A sample
+    of N keys is drawn with a fixed seed: the same keys on every node and in every run."""
+    keys = config.trace_keys
+    if isinstance(keys, str):
+        return None
+    if isinstance(keys, int):
+        if keys >= config.num_keys:
+            return None
+        rng = np.random.default_rng(SAMPLE_SEED)
+        return np.sort(rng.choice(config.num_keys, keys, replace=False)).astype(np.int64)
+    return np.asarray(keys, dtype=np.int64)
+
+
+class TraceRecorder:
+    """Records this node's events for ``selection`` (sorted int64 keys, or None for all keys)
+    under ``directory``. ``node_stats`` returns the node's statistics (called on the engine
+    thread once per round: it must be quick). Methods ``on_keys``/``on_round`` are called on
+    the engine thread only; ``close`` and ``check`` from any one thread."""
+
+    def __init__(self, directory: str, rank: int, meta: dict,
+                 selection: Optional[np.ndarray], node_stats: Callable[[], dict]) -> None:
+        import pyarrow  # noqa: F401 - fail here, in init, when pyarrow is missing
+
+        self.directory = directory
+        self.rank = rank
+        self.selection = selection
+        self.node_stats = node_stats
+        # Engine times are time.monotonic(); the trace holds wall-clock times, comparable
+        # between nodes (as far as their clocks agree).
+        self.wall_offset = time.time() - time.monotonic()
+        self._events: list[tuple] = []
+        self._event_rows = 0
+        self._rounds: list[dict] = []
+        self.round_columns: Optional[dict] = None  # at the first round (the engine is up)
+        self._last_flush = time.monotonic()
+        self._parts = {"events": 0, "rounds": 0}
+        self.dropped_rows = 0
+        self.error: Optional[BaseException] = None
+        self._closed = False
+        self.meta = {"format": schema.FORMAT, "version": schema.VERSION, **meta,
+                     "started": time.time()}
+        try:
+            os.makedirs(directory, exist_ok=True)
+            self._write_meta()
+        except OSError as exc:
+            raise ConfigError(f"trace_dir {directory!r}: cannot write a trace there ({exc})") \
+                from exc
+        self._queue: queue.Queue = queue.Queue(MAX_PENDING)
+        self._writer = threading.Thread(target=self._write_loop, name=f"adapm-trace-{rank}",
+                                        daemon=True)
+        self._writer.start()
+
+    # --- the engine thread's side ---------------------------------------------------------
+
+    def on_keys(self, event, keys: np.ndarray, now: float, clock: int, peer: int) -> None:
+        if self.selection is not None and len(keys):
+            at = np.searchsorted(self.selection, keys)
+            at[at == len(self.selection)] = 0
+            keys = keys[self.selection[at] == keys]
+        if not len(keys):
+            return
+        self._events.append((np.array(keys, dtype=np.int64), int(event), now, clock, peer))
+        self._event_rows += len(keys)
+        if self._event_rows >= FLUSH_ROWS:
+            self._flush()
+
+    def on_round(self, record) -> None:
+        row = {"round": record.number, "start": record.start + self.wall_offset,
+               "end": record.end + self.wall_offset, "empty": record.empty, "final": False}
+        stats = self.node_stats()
+        if self.round_columns is None:
+            self.round_columns = _round_columns(stats)
+        row.update(_numeric(stats))
+        self._rounds.append(row)
+        if record.end - self._last_flush >= FLUSH_S:
+            self._flush()
+
+    def _flush(self) -> None:
+        self._last_flush = time.monotonic()
+        for kind, rows, count in (("events", self._events, self._event_rows),
+                                  ("rounds", self._rounds, len(self._rounds))):
+            if not rows:
+                continue
+            if self.error is None:
+                try:
+                    self._queue.put_nowait((kind, rows))
+                except queue.Full:
+                    self.dropped_rows += count
+            else:
+                self.dropped_rows += count
+        self._events, self._event_rows, self._rounds = [], 0, []
+
+    # --- the writer thread --------------------------------------------------------------------
+
+    def _write_loop(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            kind, rows = item
+            if self.error is not None:
+                continue
+            try:
+                table = self._events_table(rows) if kind == "events" else self._rounds_table(rows)
+                self._write_part(kind, table)
+            except BaseException as exc:  # surfaces in the caller's thread via check()
+                self.error = exc
+
+    def _events_table(self, rows: list[tuple]):
+        import pyarrow as pa
+
+        lengths = np.array([len(r[0]) for r in rows])
+        names = pa.array(schema.EVENTS, type=pa.string())
+        codes = np.repeat(np.array([r[1] for r in rows], dtype=np.int8) - 1, lengths)
+        return pa.table({
+            "time": np.repeat(np.array([r[2] for r in rows]) + self.wall_offset, lengths),
+            "clock": np.repeat(np.array([r[3] for r in rows], dtype=np.int64), lengths),
+            "rank": np.full(int(lengths.sum()), self.rank, dtype=np.int32),
+            "key": np.concatenate([r[0] for r in rows]),
+            "event": pa.DictionaryArray.from_arrays(pa.array(codes), names),
+            "peer": np.repeat(np.array([r[4] for r in rows], dtype=np.int32), lengths),
+        })
+
+    def _rounds_table(self, rows: list[dict]):
+        import pyarrow as pa
+
+        columns = {"rank": np.full(len(rows), self.rank, dtype=np.int32)}
+        for name in schema.ROUND_COLUMNS[1:]:
+            columns[name] = [r[name] for r in rows]
+        for name, kind in self.round_columns.items():
+            columns[name] = np.array([r.get(name, 0) for r in rows], dtype=kind)
+        return pa.table(columns)
+
+    def _write_part(self, kind: str, table) -> None:
+        import pyarrow.parquet as pq
+
+        name = schema.part_name(kind, self.rank, self._parts[kind])
+        self._parts[kind] += 1
+        path = os.path.join(self.directory, name)
+        try:
+            pq.write_table(table, path + ".tmp")
+            os.replace(path + ".tmp", path)
+        except OSError as exc:
+            raise AdaPMError(f"rank {self.rank}: cannot write trace file {path}: {exc}") from exc
+
+    def _write_meta(self) -> None:
+        path = os.path.join(self.directory, schema.meta_name(self.rank))
+        with open(path + ".tmp", "w") as f:
+            json.dump(self.meta, f, indent=1)
+        os.replace(path + ".tmp", path)
+
+    # --- any thread -------------------------------------------------------------------------
+
+    def check(self) -> None:
+        """Raise the writer's failure, if any, in the caller's thread."""
+        if self.error is not None:
+            raise AdaPMError(f"rank {self.rank}: the trace writer failed ({self.error}); "
+                             f"tracing stopped, {self.dropped_rows} rows were dropped") \
+                from self.error
+
+    def close(self, final_stats: Optional[dict]) -> None:
+        """Write what is buffered (and, after a clean run, a final row with ``final_stats``),
+        wait for the writer, and complete the metadata. Call after the engine stopped."""
+        if self._closed:
+            return
+        self._closed = True
+        if final_stats is not None:
+            now = time.time()
+            row = {"round": -1, "start": now, "end": now, "empty": True, "final": True}
+            row.update(_numeric(final_stats))
+            if self.round_columns is None:
+                self.round_columns = _round_columns(final_stats)
+            self._rounds.append(row)
+        self._flush()
+        self._queue.put(None)
+        self._writer.join()
+        self.meta.update({"finished": time.time(), "dropped_rows": self.dropped_rows,
+                          "complete": final_stats is not None and self.error is None})
+        try:
+            self._write_meta()
+        except OSError as exc:
+            self.error = self.error or exc
+        self.check()
+
+
+def _round_columns(stats: dict) -> dict:
+    """The statistics columns of the rounds table, with their dtypes: the same in every part
+    (a counter that has not counted yet is 0), so that any reader takes the parts as one table.
+    Per-kind traffic counters appear when a kind is first sent: all kinds are listed upfront."""
+    from .._wire.protocol import Kind
+
+    columns = {name: np.float64 if isinstance(v, (float, np.floating)) else np.int64
+               for name, v in _numeric(stats).items()}
+    for direction in ("sent", "received"):
+        for kind in Kind:
+            for what in ("messages", "bytes"):
+                columns.setdefault(f"{what}_{direction}_{kind.name.lower()}", np.int64)
+    return columns
+
+
+def _numeric(stats: dict) -> dict:
+    return {k: v for k, v in stats.items()
+            if isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool)}

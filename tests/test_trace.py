@@ -1,0 +1,267 @@
+"""Parameter-placement traces: recorded on real nodes (the 3-node scenario of DESIGN section 8),
+read back, queried, summarised against node.stats(), drawn (pixels checked), and the failures a
+reader meets (a cut-off part file, a missing or foreign directory)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import adapm
+from adapm.testing import run_cluster
+from adapm.trace import TraceError, load
+from adapm.trace.plot import MAIN_COLOUR, REPLICA_COLOUR
+
+FAST = dict(connect_timeout_s=20, request_timeout_s=20)
+SCENARIO = {0: [3, 4], 1: [], 2: [1, 3, 6]}
+STABLE = ("relocations_in", "relocations_out", "replica_setups", "replica_drops",
+          "local_pull_keys", "remote_pull_keys", "local_push_keys", "remote_push_keys")
+
+
+def _scenario_job(node):
+    """DESIGN section 8: intents for {3, 4} at rank 0 and {1, 3, 6} at rank 2 for clock 1,
+    pushes meanwhile, the intents end; then every rank pulls every key."""
+    w = node.worker()
+    mine = np.array(SCENARIO[node.rank], dtype=np.int64)
+    if len(mine):
+        w.intent(mine, 1)
+    w.advance_clock()
+    w.wait_sync()
+    node.barrier()
+    w.push(mine, np.ones((len(mine), 2), np.float32))
+    w.wait_sync()
+    node.barrier()
+    w.advance_clock()  # the intents end
+    w.wait_sync()
+    node.barrier()
+    w.wait_sync()
+    node.barrier()
+    after = node.local_keys().tolist()
+    w.pull(np.arange(9))
+    return after, node.stats()
+
+
+@pytest.fixture(scope="module")
+def scenario(tmp_path_factory):
+    directory = str(tmp_path_factory.mktemp("trace"))
+    results = run_cluster(_scenario_job, 3, timeout_s=90,
+                          config={**FAST, "num_keys": 9, "value_length": 2,
+                                  "trace_dir": directory})
+    return directory, results
+
+
+def _events(trace, **match) -> set:
+    rows = trace.events.to_pylist()
+    return {(r["rank"], r["key"], r["event"], r["peer"]) for r in rows
+            if all(r[k] == v for k, v in match.items())}
+
+
+def test_the_scenario_records_exactly_the_expected_events(scenario):
+    directory, results = scenario
+    trace = load(directory)
+    assert trace.world_size == 3 and trace.num_keys == 9 and not trace.skipped
+    assert all(node["complete"] and node["dropped_rows"] == 0 for node in trace.nodes)
+    # keys only one node wanted: relocated from their home, and they stay
+    moves = {(1, 1, "dealloc", 2), (2, 1, "alloc", 1),   # key 1: home 1 -> rank 2
+             (1, 4, "dealloc", 0), (0, 4, "alloc", 1),   # key 4: home 1 -> rank 0
+             (0, 6, "dealloc", 2), (2, 6, "alloc", 0)}   # key 6: home 0 -> rank 2
+    placement = _events(trace) - _events(trace, event="remote_access")
+    key3 = {e for e in placement if e[1] == 3}
+    assert placement - key3 == moves | {
+        (rank, key, what, -1) for rank, keys in SCENARIO.items() for key in keys if key != 3
+        for what in ("intent_start", "intent_stop")}
+    # key 3 (home 0), wanted by ranks 0 and 2: the order of their reports decides where the
+    # main copy goes (several valid histories); each must hold together: it was replicated
+    # while both wanted it, every alloc takes it from the owner before, with a dealloc there,
+    # and the last alloc leaves it where it is.
+    starts_stops = {(r, 3, w, -1) for r in (0, 2) for w in ("intent_start", "intent_stop")}
+    assert starts_stops <= key3
+    assert any(e[2] == "replica_setup" for e in key3)
+    assert {e[2] for e in key3 - starts_stops} <= {"alloc", "dealloc", "replica_setup",
+                                                    "replica_drop"}
+    owner = 0
+    for row in trace.timeline(3).to_pylist():
+        if row["event"] == "alloc":
+            assert row["peer"] == owner, trace.timeline(3).to_pylist()
+            owner = row["rank"]
+    assert sorted((r, p) for r, _, e, p in key3 if e == "dealloc") == \
+        sorted((p, r) for r, _, e, p in key3 if e == "alloc")
+    assert [rank for rank, (after, _) in enumerate(results) if 3 in after] == [owner]
+    # the final pulls: exactly the keys not held, each served by where it is
+    for rank, (after, _) in enumerate(results):
+        remote = _events(trace, rank=rank, event="remote_access")
+        assert {key for _, key, _, _ in remote} == set(range(9)) - set(after)
+        assert all(peer == trace.location(key) for _, key, _, peer in remote)
+
+
+def test_location_and_replicas_answer_at_chosen_times(scenario):
+    trace = load(scenario[0])
+    for key, home, where in ((1, 1, 2), (4, 1, 0), (6, 0, 2), (0, 0, 0)):
+        assert trace.location(key, at=trace.start) == home
+        assert trace.location(key) == where
+        alloc = [r["time"] for r in trace.timeline(key).to_pylist() if r["event"] == "alloc"]
+        if alloc:
+            assert trace.location(key, at=alloc[0] - 1e-6) == home
+            assert trace.location(key, at=alloc[0]) == where
+    held = {rank for rank, (after, _) in enumerate(scenario[1]) if 3 in after}
+    assert {trace.location(3)} == held
+    replicas = trace.replicas(3)
+    assert len(replicas) == 1 and all(a <= b for spans_ in replicas.values() for a, b in spans_)
+    assert trace.replicas(1) == {}
+    timeline = trace.timeline(1).to_pylist()
+    assert [r["time"] for r in timeline] == sorted(r["time"] for r in timeline)
+    with pytest.raises(TraceError, match="outside"):
+        trace.location(9)
+
+
+def test_summary_agrees_with_node_stats(scenario):
+    directory, results = scenario
+    rows = {row["node"]: row for row in load(directory).summary().to_pylist()}
+    assert set(rows) == {"0", "1", "2", "total"}
+    for rank, (_, stats) in enumerate(results):
+        row = rows[str(rank)]
+        assert row["complete"]
+        for name in STABLE:
+            assert row[name] == stats[name], (rank, name)
+        # the shutdown after the job sends a little more
+        for name in ("bytes_sent", "messages_sent", "bytes_received", "messages_received"):
+            assert row[name] >= stats[name] > 0
+    for name in STABLE:
+        assert rows["total"][name] == sum(s[name] for _, s in results)
+    assert rows["total"]["relocations_in"] == rows["total"]["relocations_out"] >= 3
+    remote = sum(s["remote_pull_keys"] for _, s in results)
+    assert rows["total"]["remote_access_share"] > 0 and remote > 0
+
+
+def test_the_cli_prints_the_summary_and_draws_the_keys(scenario, tmp_path):
+    directory, _ = scenario
+    cli = [sys.executable, "-m", "adapm.cli", "trace"]
+    text = subprocess.run(cli + ["summary", directory], capture_output=True, text=True,
+                          check=True).stdout
+    assert "remote share" in text and "total" in text
+    lines = subprocess.run(cli + ["summary", directory, "--json"], capture_output=True,
+                           text=True, check=True).stdout.splitlines()
+    assert [json.loads(line)["node"] for line in lines] == ["0", "1", "2", "total"]
+    png = tmp_path / "key1.png"
+    subprocess.run(cli + ["plot", directory, "--key", "1", "-o", str(png)], check=True,
+                   capture_output=True)
+    bands = _colour_bands(png, MAIN_COLOUR)
+    # key 1: main copy at node 1 (its home) until it moves, then at node 2: two bands, node 1's
+    # above node 2's (one row per node, node 0 on top), node 1's short and early, node 2's long
+    assert len(bands) == 2, bands
+    (top, x_top), (bottom, x_bottom) = bands
+    assert top < bottom and x_top[1] <= x_bottom[0] + 2 and \
+        (x_bottom[1] - x_bottom[0]) > 5 * (x_top[1] - x_top[0])
+    assert not _colour_bands(png, REPLICA_COLOUR)
+    hot = tmp_path / "hot.png"
+    out = subprocess.run(cli + ["plot", directory, "--hot", "3", "-o", str(hot)], check=True,
+                         capture_output=True, text=True).stdout
+    assert "keys 3" in out  # key 3 had the most events
+    assert len(_colour_bands(hot, REPLICA_COLOUR)) >= 1
+
+
+def _colour_bands(path, colour: str) -> list:
+    """Horizontal bands of pixels of ``colour`` in the panels: [(mean row, (first column,
+    last column))]."""
+    from matplotlib import colors, image
+
+    pixels = image.imread(str(path))[:, :, :3]
+    assert pixels.shape[0] > 100 and pixels.shape[1] > 300  # a real PNG picture
+    hit = np.all(np.abs(pixels - np.array(colors.to_rgb(colour))) < 0.02, axis=2)
+    hit[:int(0.1 * len(hit))] = False  # the legend's patches, above the panels
+    rows = np.flatnonzero(hit.any(axis=1))
+    if not len(rows):
+        return []
+    groups = np.split(rows, np.flatnonzero(np.diff(rows) > 1) + 1)
+    out = []
+    for group in groups:
+        cols = np.flatnonzero(hit[group].any(axis=0))
+        out.append((float(group.mean()), (int(cols[0]), int(cols[-1]))))
+    return out
+
+
+def test_a_cut_off_part_is_skipped_and_the_rest_loads(scenario, tmp_path):
+    import shutil
+
+    copy = tmp_path / "copy"
+    shutil.copytree(scenario[0], copy)
+    parts = sorted(p for p in os.listdir(copy) if p.startswith("events-r1-"))
+    data = (copy / parts[0]).read_bytes()
+    (copy / parts[0]).write_bytes(data[:len(data) // 2])  # a writer killed mid-file
+    (copy / "events-r0-000099.parquet.tmp").write_bytes(b"PAR1")  # never renamed: not read
+    with pytest.warns(UserWarning, match="skipping"):
+        trace = load(str(copy))
+    assert trace.skipped == [str(copy / parts[0])]
+    assert set(trace.events["rank"].to_pylist()) == {0, 2}
+    assert len(trace.events) == len(load(scenario[0]).events.filter(
+        load(scenario[0]).events["rank"].to_numpy() != 1))
+
+
+def test_missing_and_foreign_directories_are_clear_errors(tmp_path):
+    with pytest.raises(TraceError, match="no such trace directory"):
+        load(str(tmp_path / "nowhere"))
+    with pytest.raises(TraceError, match="not an adapm trace"):
+        load(str(tmp_path))
+    (tmp_path / "node-r0.json").write_text(json.dumps({"format": "something else"}))
+    with pytest.raises(TraceError, match="not adapm trace metadata"):
+        load(str(tmp_path))
+    proc = subprocess.run([sys.executable, "-m", "adapm.cli", "trace", "summary",
+                           str(tmp_path / "nowhere")], capture_output=True, text=True)
+    assert proc.returncode == 2 and "nowhere: no such trace directory" in proc.stderr
+
+
+def _selected_job(node):
+    w = node.worker()
+    w.intent(np.arange(6), 1)
+    w.advance_clock()
+    w.wait_sync()
+    node.barrier()
+    return 0
+
+
+def test_trace_keys_selects_what_is_recorded(tmp_path):
+    listed, sampled = str(tmp_path / "listed"), str(tmp_path / "sampled")
+    run_cluster(_selected_job, 2, timeout_s=60, config={**FAST, "num_keys": 12,
+                                                        "trace_dir": listed, "trace_keys": [1, 4]})
+    assert set(load(listed).events["key"].to_pylist()) <= {1, 4}
+    assert 1 in load(listed).events["key"].to_pylist()  # rank 1 wanted key 1... of rank 1's
+    run_cluster(_selected_job, 2, timeout_s=60, config={**FAST, "num_keys": 12,
+                                                        "trace_dir": sampled, "trace_keys": 3})
+    from adapm.trace.recorder import selection
+
+    chosen = selection(adapm.Config(num_keys=12, trace_keys=3))
+    assert len(chosen) == 3 and set(load(sampled).events["key"].to_pylist()) <= set(chosen)
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.one_of(st.text(max_size=5), st.integers(-3, 0), st.just([12]), st.just([[1]]),
+                 st.just([1.5])))
+def test_bad_trace_settings_are_refused(value):
+    if value == "all":
+        return
+    with pytest.raises(adapm.ConfigError, match="trace_keys"):
+        adapm.Config(num_keys=12, trace_keys=value)
+
+
+def test_an_unwritable_trace_dir_is_a_clear_error(tmp_path, no_launcher):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with pytest.raises(adapm.ConfigError, match="cannot write a trace there"):
+        adapm.init(num_keys=4, trace_dir=str(blocker / "trace"))
+    with adapm.init(num_keys=4, trace_dir=str(tmp_path / "one")) as node:  # one node: stats
+        node.worker().push([1], [[1.0]])
+    rows = load(str(tmp_path / "one")).summary().to_pylist()
+    assert rows[0]["local_push_keys"] == 1 and rows[0]["complete"]
+
+
+def test_import_adapm_loads_neither_pyarrow_nor_matplotlib():
+    code = ("import sys, adapm; import adapm.trace; "
+            "assert 'pyarrow' not in sys.modules and 'matplotlib' not in sys.modules")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
