@@ -30,6 +30,8 @@ def parser() -> argparse.ArgumentParser:
                               "relocations, replicas, staleness, remote share")
     summary.add_argument("directory", metavar="DIR", help="a trace directory")
     summary.add_argument("--json", action="store_true", help="one JSON object per row")
+    summary.add_argument("--per-epoch", action="store_true",
+                         help="one table per epoch the app marked (its training only)")
     plot = what.add_parser("plot", help="where a key's main copy and replicas were over time")
     plot.add_argument("directory", metavar="DIR", help="a trace directory")
     keys = plot.add_mutually_exclusive_group(required=True)
@@ -48,7 +50,7 @@ def main(argv: Optional[list] = None) -> int:
     try:
         trace = load(opts.directory)
         if opts.action == "summary":
-            _summary(trace, opts.json)
+            _summary(trace, opts.json, opts.per_epoch)
         else:
             from .trace.plot import plot_keys
 
@@ -66,25 +68,35 @@ def main(argv: Optional[list] = None) -> int:
     return 0
 
 
-def _summary(trace, as_json: bool) -> None:
-    rows = trace.summary().to_pylist()
+def _summary(trace, as_json: bool, per_epoch: bool) -> None:
+    rows = trace.summary(per_epoch=per_epoch).to_pylist()
     if as_json:
         for row in rows:
             print(json.dumps(row))
         return
+    print(f"{trace.directory}: {trace.world_size} nodes, {trace.num_keys:,} keys, "
+          f"{len(trace.events):,} events over {trace.end - trace.start:.2f} s")
+    groups = [(None, rows)] if not per_epoch else [
+        (epoch, [r for r in rows if r["epoch"] == epoch])
+        for epoch in dict.fromkeys(r["epoch"] for r in rows)]
+    for epoch, group in groups:
+        if epoch is not None:
+            print(f"\nepoch {epoch} (training):")
+        _table(group)
+    if any(not row["complete"] for row in rows if row["node"] != "total"):
+        print("(a node did not shut down cleanly: its figures are from its last recorded round)")
+
+
+def _table(rows: list) -> None:
     cells = [[title for title, _, _ in _COLUMNS]]
     for row in rows:
         cells.append([fmt.format(row[field] / 1e6 if field.startswith("bytes") else row[field])
                       for _, field, fmt in _COLUMNS])
     widths = [max(len(r[i]) for r in cells) for i in range(len(_COLUMNS))]
-    print(f"{trace.directory}: {trace.world_size} nodes, {trace.num_keys:,} keys, "
-          f"{len(trace.events):,} events over {trace.end - trace.start:.2f} s")
     for i, r in enumerate(cells):
         print("  ".join(c.rjust(w) if j else c.ljust(w) for j, (c, w) in enumerate(zip(r, widths))))
         if i == 0:
             print("  ".join("-" * w for w in widths))
-    if any(not row["complete"] for row in rows[:-1]):
-        print("(a node did not shut down cleanly: its figures are from its last recorded round)")
 
 
 if __name__ == "__main__":

@@ -149,6 +149,15 @@ class Node:
         self._check_open("local_keys")
         return self.store.local_keys()
 
+    def trace_mark(self, label: str) -> None:
+        """Record a named point in time, with this node's ``stats()`` then, in its trace
+        (nothing when not tracing). ``"epoch N start"`` / ``"epoch N end"`` split
+        ``Trace.summary(per_epoch=True)``. Any thread; non-blocking."""
+        if not isinstance(label, str):
+            raise InvalidArgument(f"trace_mark: label must be a str, got {type(label).__name__}")
+        if self._trace is not None:
+            self._trace.mark(label, self._stats())
+
     def stats(self) -> dict:
         """Counters since init, this node only (see DESIGN section 6 for their meaning).
         Raises the trace writer's failure, if tracing failed (AdaPMError)."""

@@ -265,3 +265,28 @@ def test_import_adapm_loads_neither_pyarrow_nor_matplotlib():
     code = ("import sys, adapm; import adapm.trace; "
             "assert 'pyarrow' not in sys.modules and 'matplotlib' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_an_app_run_traced_per_epoch_agrees_with_its_own_epoch_lines(tmp_path):
+    """--trace-dir on a training app (KGE, 2 nodes): the trace's per-epoch summary, between
+    the runner's epoch marks, equals each node's training stats in the app's JSON lines."""
+    from app_cli import LAUNCHER, PY, records, run
+
+    data, trace_dir = tmp_path / "kg", tmp_path / "trace"
+    run([PY, "-m", "adapm.apps.kge", "generate", str(data), "--triples", "6000", "--seed", "2"])
+    out = run([*LAUNCHER, "-n", "2", PY, "-m", "adapm.apps.kge", "--data", str(data), "--dim",
+               "8", "--epochs", "2", "--progress", "off", "--trace-dir", str(trace_dir),
+               "--trace-keys", "all"]).stdout
+    lines = records(out)
+    assert [line["epoch"] for line in lines] == [1, 2] and len(lines[0]["stats"]) == 2
+    rows = load(str(trace_dir)).summary(per_epoch=True).to_pylist()
+    assert sorted({r["epoch"] for r in rows}) == [1, 2]
+    for line in lines:
+        for rank, stats in enumerate(line["stats"]):
+            row = next(r for r in rows if r["epoch"] == line["epoch"] and r["node"] == str(rank))
+            for name in STABLE:
+                assert row[name] == stats[name], (line["epoch"], rank, name)
+    text = subprocess.run([sys.executable, "-m", "adapm.cli", "trace", "summary",
+                           str(trace_dir), "--per-epoch"], capture_output=True, text=True,
+                          check=True).stdout
+    assert "epoch 1 (training):" in text and "epoch 2 (training):" in text

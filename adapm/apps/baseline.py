@@ -57,6 +57,9 @@ class ArrayNode:
     def barrier(self, timeout_s: Optional[float] = None) -> None:
         pass
 
+    def trace_mark(self, label: str) -> None:
+        pass  # no parameter manager, nothing to trace
+
     def stats(self) -> dict:
         totals = dict.fromkeys(ArrayWorker.COUNTERS, 0)
         for handle in self._workers:

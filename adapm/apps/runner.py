@@ -43,7 +43,7 @@ import numpy as np
 
 import adapm
 
-from .._argtypes import non_negative_int, positive_int
+from .._argtypes import non_negative_int, positive_int, trace_keys
 from ..config import MANAGEMENT_VARIANTS
 from .baseline import ArrayNode
 from .exchange import Exchange, LocalExchange
@@ -129,6 +129,11 @@ def add_common_flags(parser: argparse.ArgumentParser, *, ahead: int, batch_size:
                              "plain shared array, without the parameter manager")
     common.add_argument("--progress", choices=("auto", "on", "off"), default="auto",
                         help="rank 0's progress bar: on a terminal (auto), always, never")
+    common.add_argument("--trace-dir", metavar="DIR", default=None,
+                        help="record a parameter-placement trace there (adapm.trace; "
+                             "'adapm trace summary DIR' reads it)")
+    common.add_argument("--trace-keys", type=trace_keys, default="all", metavar="KEYS",
+                        help="keys the trace records: all, a sample size N, or k1,k2,...")
 
 
 def run(task: Task, opts: argparse.Namespace, *, out=None) -> list[dict]:
@@ -144,7 +149,9 @@ def run(task: Task, opts: argparse.Namespace, *, out=None) -> list[dict]:
             [task.value_length, np.full(exchange_keys, _REPORT_ROW, dtype=np.int64)])
         node = adapm.init(config=adapm.Config.from_env(
             num_keys=task.num_keys + exchange_keys, value_length=lengths,
-            management=opts.management, sampling=task.sampling))
+            management=opts.management, sampling=task.sampling,
+            trace_dir=getattr(opts, "trace_dir", None),
+            trace_keys=getattr(opts, "trace_keys", "all")))
     try:
         records = _train(task, opts, node, out)
     except BaseException:
@@ -184,6 +191,7 @@ def _train(task: Task, opts, node, out) -> list[dict]:
     records = []
     for epoch in range(1, opts.epochs + 1):
         node.barrier()
+        node.trace_mark(f"epoch {epoch} start")
         before = node.stats()
         bar = _progress(opts, node, epoch, sum(t.num_batches for t in threads))
         cpu_before = time.process_time()
@@ -196,6 +204,7 @@ def _train(task: Task, opts, node, out) -> list[dict]:
             if t.error is not None:
                 raise t.error
         node.barrier()  # every node's training of this epoch is done
+        node.trace_mark(f"epoch {epoch} end")
         stats = _delta(before, node.stats())
         # Where the CPU went (the PM's threads against the workers'): this process over the
         # training phase, and the worker threads alone.

@@ -12,7 +12,6 @@ import glob
 import json
 import os
 import warnings
-from typing import Optional
 
 import numpy as np
 
@@ -30,7 +29,7 @@ class TraceError(AdaPMError):
     """A directory that is not a readable adapm trace."""
 
 
-def load(directory: str) -> "Trace":
+def load(directory: str) -> Trace:
     """The trace recorded under ``directory`` (every node's files). Raises TraceError for a
     missing directory or one without an adapm trace. A part file that cannot be read (cut off
     by a crash, say) is skipped with a warning; the rest loads (``Trace.skipped``)."""
@@ -62,7 +61,7 @@ def load(directory: str) -> "Trace":
                          "directory?)")
     skipped = []
     tables = {}
-    for kind in ("events", "rounds"):
+    for kind in ("events", "rounds", "marks"):
         parts = []
         for path in sorted(glob.glob(os.path.join(directory, f"{kind}-r*-*.parquet"))):
             try:
@@ -71,15 +70,16 @@ def load(directory: str) -> "Trace":
                 warnings.warn(f"adapm.trace: skipping {path}: {exc}", stacklevel=2)
                 skipped.append(path)
         tables[kind] = pa.concat_tables(parts, promote_options="default") if parts else None
-    return Trace(directory, metas, tables["events"], tables["rounds"], skipped)
+    return Trace(directory, metas, tables["events"], tables["rounds"], skipped, tables["marks"])
 
 
 class Trace:
-    """A loaded trace: ``events`` and ``rounds`` (Arrow tables, every node's rows; ``events``
-    sorted by time), ``nodes`` (each node's metadata), ``world_size``, ``num_keys``,
+    """A loaded trace: ``events``, ``rounds`` and ``marks`` (Arrow tables, every node's rows;
+    ``events`` and ``marks`` sorted by time; ``marks`` None when nothing was marked), ``nodes`` (each node's metadata), ``world_size``, ``num_keys``,
     ``skipped`` (part files that could not be read)."""
 
-    def __init__(self, directory: str, nodes: list, events, rounds, skipped: list) -> None:
+    def __init__(self, directory: str, nodes: list, events, rounds, skipped: list,
+                 marks=None) -> None:
         import pyarrow as pa
 
         self.directory = directory
@@ -98,6 +98,7 @@ class Trace:
                                        events["event"].cast(pa.string()))
         self.events = events.sort_by([("time", "ascending")])
         self.rounds = rounds
+        self.marks = marks.sort_by([("time", "ascending")]) if marks is not None else None
         self.start = min(m["started"] for m in nodes)
         ends = [m.get("finished") for m in nodes] + \
             ([float(np.max(self.events["time"].to_numpy()))] if len(self.events) else [])
@@ -135,7 +136,7 @@ class Trace:
 
         return pa.array(self._keys == key)
 
-    def location(self, key, at: Optional[float] = None) -> int:
+    def location(self, key, at: float | None = None) -> int:
         """The rank holding ``key``'s main copy at wall time ``at`` (default: the trace's end):
         its home, or the node of the last ``alloc`` of it up to then."""
         key = self._check_key(key)
@@ -157,7 +158,7 @@ class Trace:
             out.setdefault(rank, []).append((time, self.end))
         return {rank: sorted(spans) for rank, spans in sorted(out.items())}
 
-    def _rows(self, key: int, names: tuple, at: Optional[float]) -> list:
+    def _rows(self, key: int, names: tuple, at: float | None) -> list:
         mask = (self._keys == key) & np.isin(self._names, names)
         times = self.events["time"].to_numpy()[mask]
         ranks = self.events["rank"].to_numpy()[mask]
@@ -178,37 +179,85 @@ class Trace:
 
     # --- the nodes ----------------------------------------------------------------------------
 
-    def summary(self):
+    def summary(self, per_epoch: bool = False):
         """Per node and in total (an Arrow table, one row per node and a ``total`` row): bytes
         and messages sent and received, relocations in and out, replica set-ups and drops, the
         mean replica staleness (ms, averaged over replica reads) and the remote-access share
         (remote pulled and pushed keys over all), from each node's final statistics (or its
-        last round's, for a node that did not shut down cleanly: ``complete`` False)."""
+        last round's, for a node that did not shut down cleanly: ``complete`` False).
+
+        ``per_epoch``: the same per epoch (an ``epoch`` column), between each node's
+        ``"epoch N start"`` and ``"epoch N end"`` marks (the apps set them around training),
+        from the statistics of the last round before each mark."""
         import pyarrow as pa
 
         if self.rounds is None or not len(self.rounds):
             raise TraceError(f"{self.directory}: the trace has no statistics rows")
-        rows = self.rounds.to_pylist()
-        last: dict = {}
-        for row in rows:  # the final row, else the latest round
-            rank = row["rank"]
-            best = last.get(rank)
-            if best is None or row["final"] or (not best["final"] and row["end"] >= best["end"]):
-                last[rank] = row
+        by_rank: dict = {}
+        for row in self.rounds.to_pylist():
+            by_rank.setdefault(row["rank"], []).append(row)
+        for rows in by_rank.values():  # rounds in time order, the final row last
+            rows.sort(key=lambda r: (r["final"], r["end"]))
+        if not per_epoch:
+            table = [_entry(str(rank), rows[-1], None, bool(rows[-1]["final"]))
+                     for rank, rows in sorted(by_rank.items())]
+            return pa.Table.from_pylist(table + [_total("total", table)])
         table = []
-        for rank in sorted(last):
-            row = last[rank]
-            entry = {"node": str(rank), "complete": bool(row["final"])}
-            entry.update({name: int(row.get(name) or 0) for name in SUMMARY_COUNTS})
-            entry["mean_staleness_ms"] = float(row.get("mean_staleness_ms") or 0.0)
-            table.append(_shares(entry))
-        total = {"node": "total", "complete": all(e["complete"] for e in table)}
-        total.update({name: sum(e[name] for e in table) for name in SUMMARY_COUNTS})
-        reads = total["replica_reads"]
-        total["mean_staleness_ms"] = (sum(e["mean_staleness_ms"] * e["replica_reads"]
-                                          for e in table) / reads) if reads else 0.0
-        table.append(_shares(total))
+        for epoch, windows in self._epochs().items():
+            entries = [_entry(str(rank), _at(by_rank.get(rank, []), end),
+                              _at(by_rank.get(rank, []), start), True)
+                       for rank, (start, end) in sorted(windows.items())]
+            table += [{"epoch": epoch, **e} for e in entries + [_total("total", entries)]]
+        if not table:
+            raise TraceError(f"{self.directory}: no epochs marked (\"epoch N start\" / "
+                             "\"epoch N end\" marks; the apps set them)")
         return pa.Table.from_pylist(table)
+
+    def _epochs(self) -> dict:
+        """{epoch: {rank: (start time, end time)}} from the marks."""
+        out: dict = {}
+        if self.marks is None:
+            return out
+        for row in self.marks.to_pylist():
+            parts = row["label"].split()
+            if len(parts) == 3 and parts[0] == "epoch" and parts[2] in ("start", "end") \
+                    and parts[1].isdigit():
+                span = out.setdefault(int(parts[1]), {}).setdefault(row["rank"], [None, None])
+                span[parts[2] == "end"] = row["time"]
+        return {epoch: {rank: tuple(span) for rank, span in ranks.items() if None not in span}
+                for epoch, ranks in sorted(out.items())}
+
+
+def _at(rows: list, time: float) -> dict | None:
+    """The last of a node's round rows that ended by ``time`` (None: none yet)."""
+    best = None
+    for row in rows:
+        if not row["final"] and row["end"] <= time:
+            best = row
+    return best
+
+
+def _entry(node: str, row: dict | None, since: dict | None, complete: bool) -> dict:
+    """A summary row: ``row``'s counters less those of ``since`` (None: since init)."""
+    entry = {"node": node, "complete": complete}
+    for name in SUMMARY_COUNTS:
+        entry[name] = int((row or {}).get(name) or 0) - int((since or {}).get(name) or 0)
+    # staleness: a mean over replica reads, so windows take the difference of the sums
+    def stale_sum(r):
+        return float((r or {}).get("mean_staleness_ms") or 0.0) * int((r or {}).get(
+            "replica_reads") or 0)
+    reads = entry["replica_reads"]
+    entry["mean_staleness_ms"] = (stale_sum(row) - stale_sum(since)) / reads if reads else 0.0
+    return _shares(entry)
+
+
+def _total(node: str, entries: list) -> dict:
+    total = {"node": node, "complete": all(e["complete"] for e in entries)}
+    total.update({name: sum(e[name] for e in entries) for name in SUMMARY_COUNTS})
+    reads = total["replica_reads"]
+    total["mean_staleness_ms"] = (sum(e["mean_staleness_ms"] * e["replica_reads"]
+                                      for e in entries) / reads) if reads else 0.0
+    return _shares(total)
 
 
 def _shares(entry: dict) -> dict:

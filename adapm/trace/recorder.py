@@ -18,7 +18,7 @@ import os
 import queue
 import threading
 import time
-from typing import Callable, Optional
+from collections.abc import Callable
 
 import numpy as np
 
@@ -31,7 +31,7 @@ MAX_PENDING = 16        # parts queued for the writer before rows are dropped
 SAMPLE_SEED = 0         # of trace_keys=N
 
 
-def selection(config) -> Optional[np.ndarray]:
+def selection(config) -> np.ndarray | None:
     """The keys ``config.trace_keys`` selects (sorted int64), or None for all keys. A sample
     of N keys is drawn with a fixed seed: the same keys on every node and in every run."""
     keys = config.trace_keys
@@ -52,7 +52,7 @@ class TraceRecorder:
     the engine thread only; ``close`` and ``check`` from any one thread."""
 
     def __init__(self, directory: str, rank: int, meta: dict,
-                 selection: Optional[np.ndarray], node_stats: Callable[[], dict]) -> None:
+                 selection: np.ndarray | None, node_stats: Callable[[], dict]) -> None:
         import pyarrow  # noqa: F401 - fail here, in init, when pyarrow is missing
 
         self.directory = directory
@@ -65,11 +65,13 @@ class TraceRecorder:
         self._events: list[tuple] = []
         self._event_rows = 0
         self._rounds: list[dict] = []
-        self.round_columns: Optional[dict] = None  # at the first round (the engine is up)
+        self._marks: list[tuple] = []  # (wall time, label, stats), from any thread
+        self._marks_lock = threading.Lock()
+        self.round_columns: dict | None = None  # at the first round (the engine is up)
         self._last_flush = time.monotonic()
-        self._parts = {"events": 0, "rounds": 0}
+        self._parts = {"events": 0, "rounds": 0, "marks": 0}
         self.dropped_rows = 0
-        self.error: Optional[BaseException] = None
+        self.error: BaseException | None = None
         self._closed = False
         self.meta = {"format": schema.FORMAT, "version": schema.VERSION, **meta,
                      "started": time.time()}
@@ -109,10 +111,19 @@ class TraceRecorder:
         if record.end - self._last_flush >= FLUSH_S:
             self._flush()
 
+    def mark(self, label: str, stats: dict) -> None:
+        """A named point in time (e.g. "epoch 3 start") with the node's statistics then, from
+        any thread; written with the next part."""
+        with self._marks_lock:
+            self._marks.append((time.time(), label, _numeric(stats)))
+
     def _flush(self) -> None:
         self._last_flush = time.monotonic()
+        with self._marks_lock:
+            marks, self._marks = self._marks, []
         for kind, rows, count in (("events", self._events, self._event_rows),
-                                  ("rounds", self._rounds, len(self._rounds))):
+                                  ("rounds", self._rounds, len(self._rounds)),
+                                  ("marks", marks, len(marks))):
             if not rows:
                 continue
             if self.error is None:
@@ -135,7 +146,8 @@ class TraceRecorder:
             if self.error is not None:
                 continue
             try:
-                table = self._events_table(rows) if kind == "events" else self._rounds_table(rows)
+                table = (self._events_table if kind == "events" else self._rounds_table
+                         if kind == "rounds" else self._marks_table)(rows)
                 self._write_part(kind, table)
             except BaseException as exc:  # surfaces in the caller's thread via check()
                 self.error = exc
@@ -165,6 +177,16 @@ class TraceRecorder:
             columns[name] = np.array([r.get(name, 0) for r in rows], dtype=kind)
         return pa.table(columns)
 
+    def _marks_table(self, rows: list[tuple]):
+        import pyarrow as pa
+
+        columns = {"time": [t for t, _, _ in rows],
+                   "rank": np.full(len(rows), self.rank, dtype=np.int32),
+                   "label": pa.array([label for _, label, _ in rows], pa.string())}
+        for name, kind in (self.round_columns or _round_columns(rows[0][2])).items():
+            columns[name] = np.array([stats.get(name, 0) for _, _, stats in rows], dtype=kind)
+        return pa.table(columns)
+
     def _write_part(self, kind: str, table) -> None:
         import pyarrow.parquet as pq
 
@@ -192,7 +214,7 @@ class TraceRecorder:
                              f"tracing stopped, {self.dropped_rows} rows were dropped") \
                 from self.error
 
-    def close(self, final_stats: Optional[dict]) -> None:
+    def close(self, final_stats: dict | None) -> None:
         """Write what is buffered (and, after a clean run, a final row with ``final_stats``),
         wait for the writer, and complete the metadata. Call after the engine stopped."""
         if self._closed:

@@ -17,6 +17,10 @@ Per node ``r`` (written by that node's recorder):
   (counts since ``init``: bytes and messages by kind, relocations, replica set-ups and drops,
   pulls and pushes local and remote, mean replica staleness, ...).
 
+- ``marks-r{r}-{part}.parquet``: named points in time (``node.trace_mark(label)``): ``time``,
+  ``rank``, ``label`` and the node's statistics then (the columns of the rounds); the apps mark ``epoch N start`` and ``epoch N end`` around each epoch's
+  training, and ``Trace.summary(per_epoch=True)`` splits the statistics by them.
+
 Parts are written whole, each under a temporary name and then renamed, so a crash loses at most
 the rows not yet written and never leaves a half-written ``.parquet`` file. pandas, polars and
 duckdb read a directory of them as one table (``pd.read_parquet(dir)`` reads both kinds:
