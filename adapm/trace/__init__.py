@@ -13,7 +13,10 @@ Query::
     trace.timeline(42)           # key 42's events in time order
     trace.summary()              # per node and in total: bytes, messages, relocations, ...
 
-Command line: ``adapm trace summary DIR [--json]``, ``adapm trace plot DIR --key K -o out.png``
+An app's ``--trace-keys`` flag: ``parser.add_argument("--trace-keys", type=keys_argument)``
+parses "all", a sample size N, or keys ``k1,k2,...`` into what ``Config.trace_keys`` takes.
+
+Command line: ``adapm trace summary DIR [--json] [--per-epoch]``, ``adapm trace plot DIR --key K -o out.png``
 and ``adapm trace plot DIR --hot N -o out.png``.
 
 ``import adapm`` does not import this package; importing it does not import pyarrow (``load``
@@ -22,6 +25,7 @@ does) or matplotlib (the plots do).
 
 from __future__ import annotations
 
+from .._argtypes import trace_keys as keys_argument
 from .query import Trace, TraceError, load
 
-__all__ = ["Trace", "TraceError", "load"]
+__all__ = ["Trace", "TraceError", "keys_argument", "load"]

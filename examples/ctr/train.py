@@ -46,6 +46,8 @@ import torch.nn.functional as F
 from model import WideAndDeep
 from torch.utils.data import DataLoader, Dataset
 
+from adapm.trace import keys_argument
+
 # Each dense key holds this many floats of the MLP's parameters (fewer keys to sync per round).
 DENSE_KEY_FLOATS = 256
 
@@ -129,7 +131,8 @@ class AdapmRun:
         lengths = np.concatenate([np.full(table_size, 2 * opts.dim),  # weights, AdaGrad's sums
                                   np.full(table_size, 2),
                                   np.full(dense_keys, DENSE_KEY_FLOATS)])
-        self.node = adapm.init(num_keys=len(lengths), value_length=lengths)
+        self.node = adapm.init(num_keys=len(lengths), value_length=lengths,
+                               trace_dir=opts.trace_dir, trace_keys=opts.trace_keys)
         self.rank, self.world = self.node.rank, self.node.world_size
         self.worker = TimedWorker(self.node.worker())
         deep = Embedding(table_size, opts.dim, worker=self.worker, scale=opts.init_scale,
@@ -172,6 +175,9 @@ class AdapmRun:
     def barrier(self) -> None:
         if self.world > 1:
             self.node.barrier()
+
+    def mark(self, label: str) -> None:
+        self.node.trace_mark(label)
 
     def accesses(self) -> np.ndarray:
         """Keys this rank pulled and pushed so far: (remote pulls, remote pushes, all)."""
@@ -226,6 +232,9 @@ class BaselineRun:
     def barrier(self) -> None:
         pass
 
+    def mark(self, label: str) -> None:
+        pass
+
     def accesses(self) -> np.ndarray:
         return np.zeros(3, dtype=np.int64)
 
@@ -269,6 +278,7 @@ def train(run, opts, train_rows: criteo.Examples, test_rows: criteo.Examples) ->
         out = stack.enter_context(open(opts.json, "a")) if opts.json and run.rank == 0 else None
         for epoch in range(1, opts.epochs + 1):
             run.barrier()
+            run.mark(f"epoch {epoch} start")
             start, adapm_before = time.perf_counter(), _adapm_seconds(run)
             accessed_before = run.accesses()
             bar = progress(opts, run.rank, len(data), epoch)
@@ -286,6 +296,7 @@ def train(run, opts, train_rows: criteo.Examples, test_rows: criteo.Examples) ->
             accessed += (remote_pulls, remote_pushes, accesses)
             mine_seconds = _adapm_seconds(run) - adapm_before
             run.barrier()  # every rank's training of this epoch is done
+            run.mark(f"epoch {epoch} end")
             seconds = time.perf_counter() - start
             if run.rank == 0:
                 record = {"epoch": epoch, "examples": share * run.world,
@@ -364,6 +375,10 @@ def parser() -> argparse.ArgumentParser:
                    help="also append rank 0's JSON lines to FILE")
     p.add_argument("--progress", choices=("auto", "on", "off"), default="auto",
                    help="rank 0's progress bar: on a terminal (auto), always, never")
+    p.add_argument("--trace-dir", metavar="DIR", default=None,
+                   help="record a parameter-placement trace there (adapm trace summary DIR)")
+    p.add_argument("--trace-keys", type=keys_argument, default="all", metavar="KEYS",
+                   help="keys the trace records: all, a sample size N, or k1,k2,...")
     return p
 
 

@@ -66,6 +66,8 @@ from graph import (
 from torch import nn
 from torch.utils.data import DataLoader
 
+from adapm.trace import keys_argument
+
 # Initial embeddings: N(0, INIT_SCALE^2), drawn in chunks of INIT_CHUNK rows, chunk k from its
 # own generator: the values depend on the seed only, not on the world size or the writer.
 INIT_SCALE = 0.1
@@ -243,7 +245,8 @@ def train_adapm(opts, graph: Graph) -> None:
     dense_keys = DenseSync.keys_needed(model.parameters(), value_length)
     world = adapm.Config.from_env(num_keys=1).world_size
     num_keys = n + dense_keys + Gather.keys_needed(world, value_length)
-    with adapm.init(num_keys=num_keys, value_length=value_length) as node:
+    with adapm.init(num_keys=num_keys, value_length=value_length, trace_dir=opts.trace_dir,
+                    trace_keys=opts.trace_keys) as node:
         w = node.worker()
         rank = node.rank
         table = Embedding(n, dim, worker=w, offset=TABLE_OFFSET, init="zeros")
@@ -267,6 +270,7 @@ def train_adapm(opts, graph: Graph) -> None:
             collate.epoch = epoch
             reseed(loader, opts.seed, epoch, rank)
             node.barrier()
+            node.trace_mark(f"epoch {epoch} start")
             bar = _progress(opts, rank, epoch, len(loader))
             before = accesses(node)
             start, loss_sum, examples = time.time(), 0.0, 0
@@ -276,6 +280,7 @@ def train_adapm(opts, graph: Graph) -> None:
                 if bar is not None:
                     bar.update()
             after = accesses(node)
+            node.trace_mark(f"epoch {epoch} end")
             end = time.time()
             if bar is not None:
                 bar.close()
@@ -489,6 +494,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "(on), never (off)")
     o.add_argument("--json", metavar="FILE", default=None,
                    help="also append the per-epoch JSON lines to FILE (rank 0)")
+    o.add_argument("--trace-dir", metavar="DIR", default=None,
+                   help="record a parameter-placement trace there (adapm trace summary DIR)")
+    o.add_argument("--trace-keys", type=keys_argument, default="all", metavar="KEYS",
+                   help="keys the trace records: all, a sample size N, or k1,k2,...")
     opts = parser.parse_args(argv)
     given = [f"--{name.replace('_', '-')}" for name in ("nodes", "communities",
              "edges_per_node", "p_in", "alpha", "train_frac", "val_frac", "test_frac")
