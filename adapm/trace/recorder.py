@@ -1,8 +1,8 @@
 """The trace recorder: a sink of the engine's event stream that writes Parquet files.
 
 The engine thread hands it batches of keys per event and one record per sync round
-(``adapm._engine.stream``); it keeps them in memory (a copy of each batch's selected keys, no
-per-key Python) and every :data:`FLUSH_S` seconds or :data:`FLUSH_ROWS` rows hands them to its
+(``adapm._engine.stream``); it keeps them in memory as they come (the engine's arrays are its to
+keep; the ``trace_keys`` selection is applied by the writer, in bulk) and every :data:`FLUSH_S` seconds or :data:`FLUSH_ROWS` rows hands them to its
 own writer thread, which builds an Arrow table and writes it as one Parquet part (see
 :mod:`.schema`). The engine thread never waits for the disk: when the writer falls
 :data:`MAX_PENDING` parts behind, further rows are dropped and counted (``dropped_rows`` in the
@@ -89,16 +89,13 @@ class TraceRecorder:
     # --- the engine thread's side ---------------------------------------------------------
 
     def on_keys(self, event, keys: np.ndarray, now: float, clock: int, peer: int) -> None:
-        if self.selection is not None and len(keys):
-            at = np.searchsorted(self.selection, keys)
-            at[at == len(self.selection)] = 0
-            keys = keys[self.selection[at] == keys]
-        if not len(keys):
-            return
-        self._events.append((np.array(keys, dtype=np.int64), int(event), now, clock, peer))
-        self._event_rows += len(keys)
-        if self._event_rows >= FLUSH_ROWS:
-            self._flush()
+        # The engine's arrays are ours to keep (see adapm._engine.stream): no copy here, and
+        # the selection is applied by the writer, in bulk: this runs many times per round.
+        if len(keys):
+            self._events.append((keys, int(event), now, clock, peer))
+            self._event_rows += len(keys)
+            if self._event_rows >= FLUSH_ROWS:
+                self._flush()
 
     def on_round(self, record) -> None:
         row = {"round": record.number, "start": record.start + self.wall_offset,
@@ -156,15 +153,23 @@ class TraceRecorder:
         import pyarrow as pa
 
         lengths = np.array([len(r[0]) for r in rows])
+        keys = np.concatenate([r[0] for r in rows]).astype(np.int64, copy=False)
+        keep = slice(None)
+        if self.selection is not None:  # the traced keys only
+            at = np.searchsorted(self.selection, keys)
+            at[at == len(self.selection)] = 0
+            keep = self.selection[at] == keys if len(self.selection) else \
+                np.zeros(len(keys), dtype=bool)
         names = pa.array(schema.EVENTS, type=pa.string())
-        codes = np.repeat(np.array([r[1] for r in rows], dtype=np.int8) - 1, lengths)
+        codes = np.repeat(np.array([r[1] for r in rows], dtype=np.int8) - 1, lengths)[keep]
+        keys = keys[keep]
         return pa.table({
-            "time": np.repeat(np.array([r[2] for r in rows]) + self.wall_offset, lengths),
-            "clock": np.repeat(np.array([r[3] for r in rows], dtype=np.int64), lengths),
-            "rank": np.full(int(lengths.sum()), self.rank, dtype=np.int32),
-            "key": np.concatenate([r[0] for r in rows]),
+            "time": np.repeat(np.array([r[2] for r in rows]) + self.wall_offset, lengths)[keep],
+            "clock": np.repeat(np.array([r[3] for r in rows], dtype=np.int64), lengths)[keep],
+            "rank": np.full(len(keys), self.rank, dtype=np.int32),
+            "key": keys,
             "event": pa.DictionaryArray.from_arrays(pa.array(codes), names),
-            "peer": np.repeat(np.array([r[4] for r in rows], dtype=np.int32), lengths),
+            "peer": np.repeat(np.array([r[4] for r in rows], dtype=np.int32), lengths)[keep],
         })
 
     def _rounds_table(self, rows: list[dict]):
