@@ -67,6 +67,9 @@ def test_the_scenario_records_exactly_the_expected_events(scenario):
     directory, results = scenario
     trace = load(directory)
     assert trace.world_size == 3 and trace.num_keys == 9 and not trace.skipped
+    frame = trace.to_pandas()
+    assert list(frame.columns) == ["time", "clock", "rank", "key", "event", "peer"]
+    assert len(frame) == len(trace.events) and frame["time"].is_monotonic_increasing
     assert all(node["complete"] and node["dropped_rows"] == 0 for node in trace.nodes)
     # keys only one node wanted: relocated from their home, and they stay
     moves = {(1, 1, "dealloc", 2), (2, 1, "alloc", 1),   # key 1: home 1 -> rank 2
