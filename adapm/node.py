@@ -76,17 +76,21 @@ class Node:
         self._context = None
         self.engine: Optional[EngineLoop] = None
         self.transport = transport
-        self._trace = None
+        # Before connecting: an unusable trace_dir fails here, not after the peers joined.
+        self._trace = self._start_trace() if config.trace_dir is not None else None
         if self.world_size > 1:
-            if transport is None:
-                self._connect()
+            try:
+                if transport is None:
+                    self._connect()
+            except BaseException:
+                if self._trace is not None:
+                    self._trace.close(None)
+                raise
             state = self.make_state(config, self.store)
-            if config.trace_dir is not None:
-                self._trace = self._start_trace(state)
+            if self._trace is not None:
+                state.subscribe(self._trace)
             self.engine = engine_class(state, self.transport, config.request_timeout_s)
             self.engine.start()
-        elif config.trace_dir is not None:  # one node: no events, its final statistics only
-            self._trace = self._start_trace(None)
 
     @staticmethod
     def make_state(config: Config, store: Store) -> NodeState:
@@ -101,8 +105,9 @@ class Node:
             state.directory.replicas_added(others)
         return state
 
-    def _start_trace(self, state: Optional[NodeState]):
-        """A trace recorder subscribed to ``state``'s event stream (adapm.trace)."""
+    def _start_trace(self):
+        """A trace recorder (adapm.trace), to subscribe to the engine's event stream. A single
+        node has no engine: its trace holds its final statistics only."""
         from .trace.recorder import TraceRecorder, selection
 
         config = self.config
@@ -111,11 +116,8 @@ class Node:
                 "management": config.management,
                 "trace_keys": keys if isinstance(keys, (str, int)) else
                 f"{len(keys)} keys listed", "home": "key % world_size"}
-        recorder = TraceRecorder(config.trace_dir, self.rank, meta, selection(config),
-                                 self._round_stats)
-        if state is not None:
-            state.subscribe(recorder)
-        return recorder
+        return TraceRecorder(config.trace_dir, self.rank, meta, selection(config),
+                             self._round_stats)
 
     def _round_stats(self) -> dict:
         """stats() for the trace, on the engine thread at each round's end."""
