@@ -114,7 +114,9 @@ class TraceRecorder:
         with self._marks_lock:
             self._marks.append((time.time(), label, _numeric(stats)))
 
-    def _flush(self) -> None:
+    def _flush(self, wait: bool = False) -> None:
+        """Hand the buffered rows to the writer: on the engine thread without waiting (rows
+        are dropped and counted when it is MAX_PENDING parts behind); at close, waiting."""
         self._last_flush = time.monotonic()
         with self._marks_lock:
             marks, self._marks = self._marks, []
@@ -125,7 +127,7 @@ class TraceRecorder:
                 continue
             if self.error is None:
                 try:
-                    self._queue.put_nowait((kind, rows))
+                    self._queue.put((kind, rows), block=wait)
                 except queue.Full:
                     self.dropped_rows += count
             else:
@@ -232,7 +234,7 @@ class TraceRecorder:
             if self.round_columns is None:
                 self.round_columns = _round_columns(final_stats)
             self._rounds.append(row)
-        self._flush()
+        self._flush(wait=True)
         self._queue.put(None)
         self._writer.join()
         self.meta.update({"finished": time.time(), "dropped_rows": self.dropped_rows,
