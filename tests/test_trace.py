@@ -13,6 +13,8 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_adaptive import SCENARIO
+from test_adaptive import _scenario_job as adaptive_scenario_job
 
 import adapm
 from adapm.testing import run_cluster
@@ -20,31 +22,16 @@ from adapm.trace import TraceError, load
 from adapm.trace.plot import MAIN_COLOUR, REPLICA_COLOUR
 
 FAST = dict(connect_timeout_s=20, request_timeout_s=20)
-SCENARIO = {0: [3, 4], 1: [], 2: [1, 3, 6]}
+# stats that the shutdown after a job does not change
 STABLE = ("relocations_in", "relocations_out", "replica_setups", "replica_drops",
           "local_pull_keys", "remote_pull_keys", "local_push_keys", "remote_push_keys")
 
 
 def _scenario_job(node):
-    """DESIGN section 8: intents for {3, 4} at rank 0 and {1, 3, 6} at rank 2 for clock 1,
-    pushes meanwhile, the intents end; then every rank pulls every key."""
-    w = node.worker()
-    mine = np.array(SCENARIO[node.rank], dtype=np.int64)
-    if len(mine):
-        w.intent(mine, 1)
-    w.advance_clock()
-    w.wait_sync()
-    node.barrier()
-    w.push(mine, np.ones((len(mine), 2), np.float32))
-    w.wait_sync()
-    node.barrier()
-    w.advance_clock()  # the intents end
-    w.wait_sync()
-    node.barrier()
-    w.wait_sync()
-    node.barrier()
-    after = node.local_keys().tolist()
-    w.pull(np.arange(9))
+    """DESIGN section 8's scenario (tests/test_adaptive.py): intents for {3, 4} at rank 0 and
+    {1, 3, 6} at rank 2 for clock 1, pushes meanwhile, the intents end, then every rank pulls
+    every key. Returns the keys held at the end and the node's stats."""
+    after = adaptive_scenario_job(node)[2]
     return after, node.stats()
 
 

@@ -315,9 +315,9 @@ def add_generation_flags(parser: argparse.ArgumentParser, *, required_defaults: 
         return value if required_defaults else None
 
     g = parser.add_argument_group("graph generation")
-    g.add_argument("--nodes", type=_positive_int, default=d(20_000),
+    g.add_argument("--nodes", type=int_at_least(1), default=d(20_000),
                    help="number of nodes (default 20000)")
-    g.add_argument("--communities", type=_positive_int, default=d(8),
+    g.add_argument("--communities", type=int_at_least(1), default=d(8),
                    help="number of communities, i.e. classes (default 8)")
     g.add_argument("--edges-per-node", type=float, default=d(5.0),
                    help="undirected edges drawn per node; the mean degree is about twice this "
@@ -343,24 +343,17 @@ def generation_kwargs(opts: argparse.Namespace, defaults: dict | None = None) ->
     return {**(defaults or {}), **kwargs}
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
-
-
-def _non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
-    return value
+def int_at_least(low: int):
+    """An argparse type: an integer >= ``low`` (also used by train.py)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be >= {low}, got {value}")
+        return value
+    return parse
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -370,7 +363,7 @@ def main(argv: list[str] | None = None) -> int:
     gen = sub.add_parser("generate", help="write DIR/graph.npz")
     gen.add_argument("dir", metavar="DIR", help="output directory (created if needed)")
     add_generation_flags(gen, required_defaults=True)
-    gen.add_argument("--seed", type=_non_negative_int, default=0,
+    gen.add_argument("--seed", type=int_at_least(0), default=0,
                      help="seed of the generator (default 0)")
     info = sub.add_parser("info", help="load DIR/graph.npz and print its statistics")
     info.add_argument("dir", metavar="DIR", help="a directory holding graph.npz, or the file")

@@ -61,6 +61,7 @@ from graph import (
     add_generation_flags,
     generate,
     generation_kwargs,
+    int_at_least,
     load,
 )
 from torch import nn
@@ -404,18 +405,6 @@ def _progress(opts, rank: int, epoch: int, total: int):
 # --- command line ------------------------------------------------------------------------------
 
 
-def _int_at_least(low: int):
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-        if value < low:
-            raise argparse.ArgumentTypeError(f"must be >= {low}, got {value}")
-        return value
-    return parse
-
-
 def _positive_float(text: str) -> float:
     try:
         value = float(text)
@@ -455,16 +444,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "(default: generate one from the flags below)")
     add_generation_flags(parser, required_defaults=False)
     t = parser.add_argument_group("training")
-    t.add_argument("--seed", type=_int_at_least(0), default=0,
+    t.add_argument("--seed", type=int_at_least(0), default=0,
                    help="seed of the generated graph, initial values, shards, shuffles and "
                         "neighbour samples (default 0)")
-    t.add_argument("--epochs", type=_int_at_least(1), default=10,
+    t.add_argument("--epochs", type=int_at_least(1), default=10,
                    help="epochs to train (default 10)")
-    t.add_argument("--batch-size", type=_int_at_least(1), default=64,
+    t.add_argument("--batch-size", type=int_at_least(1), default=64,
                    help="training nodes per mini-batch, i.e. per step of a rank (default 64)")
-    t.add_argument("--dim", type=_int_at_least(1), default=32,
+    t.add_argument("--dim", type=int_at_least(1), default=32,
                    help="node embedding size (default 32)")
-    t.add_argument("--hidden", type=_int_at_least(1), default=64,
+    t.add_argument("--hidden", type=int_at_least(1), default=64,
                    help="width of the hidden GraphSAGE layer (default 64)")
     t.add_argument("--fanouts", type=_fanouts, default=(10, 5),
                    help="neighbours sampled per node at hop 1 and hop 2 (default 10,5)")
@@ -476,16 +465,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="AdaGrad learning rate of the node embeddings (default 0.1)")
     t.add_argument("--dense-lr", type=_positive_float, default=0.005,
                    help="Adam learning rate of the dense layers (default 0.005)")
-    t.add_argument("--loader-workers", type=_int_at_least(0), default=1,
+    t.add_argument("--loader-workers", type=int_at_least(0), default=1,
                    help="DataLoader worker processes per rank that sample the batches "
                         "(0: in the training process; default 1)")
-    t.add_argument("--ahead", type=_int_at_least(1), default=8,
+    t.add_argument("--ahead", type=int_at_least(1), default=8,
                    help="signal a batch's keys as intent this many batches before it is "
                         "trained (default 8)")
     t.add_argument("--baseline", action="store_true",
                    help="one plain process without adapm: torch.nn.Embedding(sparse=True) and "
                         "torch.optim.Adagrad for the rows, otherwise the same")
-    t.add_argument("--shards", type=_int_at_least(1), default=1,
+    t.add_argument("--shards", type=int_at_least(1), default=1,
                    help="with --baseline: train the shards of this many ranks, their batches "
                         "interleaved, to match a run on that many ranks (default 1)")
     o = parser.add_argument_group("output")
