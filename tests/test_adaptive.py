@@ -48,6 +48,23 @@ def placement(node) -> dict:
     return {"state": node.store.snapshot()["state"], "owner_at_home": table}
 
 
+def settle(node, workers, clock: int) -> None:
+    """Bring the cluster to rest before a placement snapshot: every worker's intents end (its
+    clock passes ``clock``), a round reports that, and a second round runs after every node saw
+    the end. Before that, moves legitimately continue after a barrier (a node whose intent is
+    still in the future is told of a key's new owner in one round and reports to it in the
+    next), so snapshots taken on different nodes at different moments could show a key twice
+    or nowhere."""
+    for w in workers:
+        while w.clock < clock:
+            w.advance_clock()
+        w.wait_sync()
+    node.barrier()
+    for w in workers:
+        w.wait_sync()
+    node.barrier()
+
+
 def check_placement(results, world_size, num_keys):
     states = np.stack([r["state"] for r in results])
     owners = (states == OWNER).sum(axis=0)
@@ -124,6 +141,8 @@ def test_static_partition_ignores_intent():
 # --- random schedules on several nodes and threads ---------------------------------------------
 
 P_KEYS, P_DIM, P_THREADS = 12, 2, 2
+# Past every intent a schedule can signal: at most 14 advances, offset 500, length 4.
+P_CLOCK_AFTER = 14 + 500 + 4
 
 step = st.one_of(
     st.tuples(st.just("intent"), st.lists(st.integers(0, P_KEYS - 1), min_size=1, max_size=5),
@@ -171,6 +190,7 @@ def _schedule_job(node, plan):
     run_all(threads, errors)
     node.barrier()
     values = workers[0].pull(np.arange(P_KEYS))
+    settle(node, workers, P_CLOCK_AFTER)
     return values, placement(node), node.stats()
 
 
@@ -241,8 +261,9 @@ def _churn_job(node, seed):
     threads = [threading.Thread(target=run, args=(w, i == 0)) for i, w in enumerate(workers)]
     run_all(threads, errors)
     node.barrier()
-    s = node.stats()
-    return workers[0].pull(np.arange(C_KEYS))[:, 0], placement(node), s["relocations_in"]
+    values = workers[0].pull(np.arange(C_KEYS))[:, 0]
+    settle(node, workers, C_ROUNDS + 2)  # when the last intents, [C_ROUNDS, C_ROUNDS + 2), end
+    return values, placement(node), node.stats()["relocations_in"]
 
 
 @pytest.mark.parametrize("management", ["adaptive", "relocation_only", "replication_only"])
