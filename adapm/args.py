@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import math
 import numbers
+from typing import Optional
 
 import numpy as np
 
@@ -124,3 +126,16 @@ def as_clock(value, name: str) -> int:
     if value < 0:
         raise InvalidArgument(f"{name} must be >= 0, got {value}")
     return int(value)
+
+
+def as_timeout(value, name: str = "timeout_s") -> Optional[float]:
+    """``value`` as a timeout in seconds: None (the configured default) or a finite number > 0.
+    NaN would wait forever and a negative number not at all, so both are errors."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise InvalidType(f"{name} must be a number of seconds or None, got "
+                          f"{type(value).__name__}")
+    if not (math.isfinite(value) and value > 0):
+        raise InvalidArgument(f"{name} must be a finite number of seconds > 0, got {value!r}")
+    return float(value)

@@ -12,11 +12,17 @@ Where a job's rank and world size come from, in order of precedence:
 The rendezvous address (rank 0 hosts it) comes from ``ADAPM_RENDEZVOUS`` (``host:port``), or under
 torchrun from ``MASTER_ADDR`` and ``MASTER_PORT + 1`` (torchrun's own agent already listens on
 ``MASTER_PORT``).
+
+Nothing falls back silently: an ``ADAPM_*`` variable adapm does not know (a typo) and a rank
+variable without its world-size partner (or the reverse) are ConfigErrors, and a ``Config``
+given to ``adapm.init`` under a launcher takes the launcher's rank, world size and rendezvous
+(:func:`under_launcher`) instead of running as one of N unrelated single nodes.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
 import os
 from dataclasses import dataclass, field
@@ -33,6 +39,31 @@ MANAGEMENT_VARIANTS = (
     "relocation_only",
     "static_partition",
     "full_replication",
+)
+
+
+# Every ADAPM_* variable adapm reads, with its meaning; any other ADAPM_* name is an error.
+ENV_VARIABLES = {
+    "ADAPM_RANK": "this process's rank (set by adapm-run)",
+    "ADAPM_WORLD_SIZE": "number of processes in the job (set by adapm-run)",
+    "ADAPM_RENDEZVOUS": "host:port of rank 0's rendezvous (set by adapm-run)",
+    "ADAPM_HOST": "address this node binds and advertises (Config.host)",
+    "ADAPM_MANAGEMENT": "Config.management",
+    "ADAPM_REQUEST_TIMEOUT_S": "Config.request_timeout_s",
+    "ADAPM_CONNECT_TIMEOUT_S": "Config.connect_timeout_s",
+    "ADAPM_TRACE_DIR": "Config.trace_dir",
+    "ADAPM_TRACE_KEYS": 'Config.trace_keys: "all", N, or keys separated by commas',
+}
+
+# Launchers' (rank, world size) variables, in order of precedence. For the first three a
+# variable without its partner is an error; SLURM_PROCID without SLURM_NTASKS is a batch script
+# run without --ntasks, and RANK alone is set by unrelated tools, so those mean "no launcher".
+LAUNCHER_PAIRS = (
+    ("ADAPM_RANK", "ADAPM_WORLD_SIZE", True),
+    ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", True),
+    ("PMI_RANK", "PMI_SIZE", True),
+    ("SLURM_PROCID", "SLURM_NTASKS", False),
+    ("RANK", "WORLD_SIZE", False),
 )
 
 
@@ -177,6 +208,7 @@ class Config:
         ``env`` defaults to ``os.environ``; this is the only place adapm reads it.
         """
         env = os.environ if env is None else env
+        check_env_names(env)
         found = detect_cluster(env)
         for name in ("request_timeout_s", "connect_timeout_s"):
             var = "ADAPM_" + name.upper()
@@ -231,17 +263,30 @@ def _trace_keys(value, num_keys: int):
     return arr
 
 
+def check_env_names(env: Mapping[str, str]) -> None:
+    """ConfigError for an ``ADAPM_*`` variable adapm does not read (naming the closest known
+    one), so that a misspelt setting is not silently ignored."""
+    for name in sorted(env):
+        if name.startswith("ADAPM_") and name not in ENV_VARIABLES:
+            close = difflib.get_close_matches(name, ENV_VARIABLES, n=1)
+            hint = f"; did you mean {close[0]}?" if close else ""
+            raise ConfigError(f"unknown environment variable {name}{hint} (adapm reads: "
+                              f"{', '.join(sorted(ENV_VARIABLES))})")
+
+
 def detect_cluster(env: Mapping[str, str]) -> dict:
-    """Rank, world size and rendezvous address from launcher variables; {} for a single node."""
-    pairs = (
-        ("ADAPM_RANK", "ADAPM_WORLD_SIZE"),
-        ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"),
-        ("PMI_RANK", "PMI_SIZE"),
-        ("SLURM_PROCID", "SLURM_NTASKS"),
-        ("RANK", "WORLD_SIZE"),
-    )
+    """Rank, world size and rendezvous address from launcher variables; {} for a single node.
+
+    ConfigError when a launcher's rank variable is set without its world size, or the reverse
+    (see :data:`LAUNCHER_PAIRS`).
+    """
     out: dict = {}
-    for rank_var, size_var in pairs:
+    for rank_var, size_var, strict in LAUNCHER_PAIRS:
+        if strict and (rank_var in env) != (size_var in env):
+            have, missing = (rank_var, size_var) if rank_var in env else (size_var, rank_var)
+            raise ConfigError(f"environment variable {have} is set but {missing} is not; a "
+                              f"launcher sets both (unset {have} to run a single node)")
+    for rank_var, size_var, _ in LAUNCHER_PAIRS:
         if rank_var in env and size_var in env:
             out["rank"] = _env_int(env, rank_var)
             out["world_size"] = _env_int(env, size_var)
@@ -251,6 +296,26 @@ def detect_cluster(env: Mapping[str, str]) -> dict:
     elif "MASTER_ADDR" in env and "MASTER_PORT" in env:
         out["rendezvous"] = f"{env['MASTER_ADDR']}:{_env_int(env, 'MASTER_PORT') + 1}"
     return out
+
+
+def under_launcher(config: Config, env: Optional[Mapping[str, str]] = None) -> Config:
+    """``config`` as it applies in this process: under a launcher (``world_size > 1`` in the
+    environment), a config left at rank 0 of 1 takes the launcher's rank, world size and
+    rendezvous; one that names other ranks than the launcher is a ConfigError. Without a
+    launcher, ``config`` itself."""
+    env = os.environ if env is None else env
+    check_env_names(env)
+    found = detect_cluster(env)
+    if found.get("world_size", 1) <= 1:
+        return config
+    if config.world_size == 1 and config.rank == 0:
+        return config.replace(**{k: v for k, v in found.items()
+                                 if config.rendezvous is None or k != "rendezvous"})
+    if (config.rank, config.world_size) != (found["rank"], found["world_size"]):
+        raise ConfigError(f"Config says rank {config.rank} of {config.world_size}, but the "
+                          f"launcher started this process as rank {found['rank']} of "
+                          f"{found['world_size']}; leave rank and world_size out of the Config")
+    return config
 
 
 def parse_address(address: str, what: str) -> tuple[str, int]:

@@ -46,6 +46,19 @@ class PeerError(AdaPMError):
     """A peer node reported that it failed to serve one of our requests."""
 
 
+class NodeFailure(AdaPMError):
+    """A node of the job died or stopped answering; the job cannot go on.
+
+    ``rank`` is the failed node's rank, ``what`` what this node was doing or waiting for when it
+    noticed. Every later call on this node raises it too: shut down and exit non-zero.
+    """
+
+    def __init__(self, message: str, rank: int = -1, what: str = "") -> None:
+        super().__init__(message)
+        self.rank = rank
+        self.what = what
+
+
 __all__ = [
     "AdaPMError",
     "InvalidArgument",
@@ -55,4 +68,5 @@ __all__ = [
     "AdaPMTimeout",
     "TransportError",
     "PeerError",
+    "NodeFailure",
 ]

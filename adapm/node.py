@@ -16,7 +16,8 @@ from ._engine.state import NodeState
 from ._store import OWNER, REPLICA, Store
 from ._wire import rendezvous
 from ._wire.zmq_transport import Transport
-from .config import Config
+from .args import as_timeout
+from .config import Config, under_launcher
 from .errors import AdaPMError, AdaPMTimeout, InvalidArgument, StateError
 from .worker import Worker
 
@@ -30,8 +31,9 @@ def init(num_keys: Optional[int] = None, value_length=None, *, config: Optional[
 
     Give either ``config`` or the settings (``num_keys``, ``value_length`` and any other
     :class:`Config` field); settings not given come from the launcher's environment (see
-    :mod:`adapm.config`). Without a launcher this is a single node that needs no sockets.
-    Raises StateError if this process already has a running node.
+    :mod:`adapm.config`). Under a launcher a ``config`` takes the launcher's rank, world size and
+    rendezvous (ConfigError if it names others). Without a launcher this is a single node that
+    needs no sockets. Raises StateError if this process already has a running node.
     """
     if config is not None and (num_keys is not None or value_length is not None or settings):
         raise InvalidArgument("config: give either config=Config(...) or keyword settings, not both")
@@ -41,6 +43,8 @@ def init(num_keys: Optional[int] = None, value_length=None, *, config: Optional[
         if value_length is not None:
             settings["value_length"] = value_length
         config = Config.from_env(num_keys=num_keys, **settings)
+    else:
+        config = under_launcher(config)
     global _active
     with _active_lock:
         if _active is not None:
@@ -205,7 +209,7 @@ class Node:
         naming the ranks that did not arrive.
         """
         self._check_open("barrier")
-        self._barrier(timeout_s)
+        self._barrier(as_timeout(timeout_s))
 
     def _barrier(self, timeout_s: Optional[float], refresh: bool = True) -> None:
         if self.engine is None:
@@ -237,6 +241,7 @@ class Node:
         """
         if self._closed:
             return
+        timeout_s = as_timeout(timeout_s)
         error: Optional[BaseException] = None
         try:
             with self._workers_lock:

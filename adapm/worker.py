@@ -198,6 +198,7 @@ class Worker:
         whole call, however many operations are queued.
         """
         self._node._check_open("wait")
+        timeout_s = args.as_timeout(timeout_s)
         first_error: Optional[BaseException] = None
         outstanding, self._outstanding = self._outstanding, []
         if outstanding:
@@ -220,6 +221,7 @@ class Worker:
         round that starts after this call. Raises AdaPMTimeout after ``timeout_s`` (default
         ``Config.request_timeout_s``).
         """
+        timeout_s = args.as_timeout(timeout_s)
         self.wait(timeout_s)
         if self._intents is None:
             return
