@@ -51,6 +51,7 @@ ENV_VARIABLES = {
     "ADAPM_MANAGEMENT": "Config.management",
     "ADAPM_REQUEST_TIMEOUT_S": "Config.request_timeout_s",
     "ADAPM_CONNECT_TIMEOUT_S": "Config.connect_timeout_s",
+    "ADAPM_FAILURE_TIMEOUT_S": "Config.failure_timeout_s",
     "ADAPM_TRACE_DIR": "Config.trace_dir",
     "ADAPM_TRACE_KEYS": 'Config.trace_keys: "all", N, or keys separated by commas',
 }
@@ -117,6 +118,10 @@ class Config:
     connect_timeout_s: float = _help(
         "Longest wait for all nodes to join the rendezvous, and for a barrier.", default=120.0
     )
+    failure_timeout_s: float = _help(
+        "A peer that sends nothing (not even a heartbeat) for this long is declared failed: "
+        "every call on every other node then raises NodeFailure naming it.", default=4.0
+    )
 
     trace_dir: Optional[str] = _help(
         "Record a parameter-placement trace into this directory (Parquet; see adapm.trace). "
@@ -182,7 +187,7 @@ class Config:
             raise ConfigError(f"timing_lambda0 must be > 0, got {self.timing_lambda0}")
         if self.max_rounds_per_s is not None and not self.max_rounds_per_s > 0:
             raise ConfigError(f"max_rounds_per_s must be > 0 or None, got {self.max_rounds_per_s}")
-        for name in ("request_timeout_s", "connect_timeout_s"):
+        for name in ("request_timeout_s", "connect_timeout_s", "failure_timeout_s"):
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
                 raise ConfigError(f"{name} must be a finite number > 0, got {value!r}")
@@ -210,7 +215,7 @@ class Config:
         env = os.environ if env is None else env
         check_env_names(env)
         found = detect_cluster(env)
-        for name in ("request_timeout_s", "connect_timeout_s"):
+        for name in ("request_timeout_s", "connect_timeout_s", "failure_timeout_s"):
             var = "ADAPM_" + name.upper()
             if var in env:
                 found[name] = _env_float(env, var)

@@ -211,25 +211,29 @@ class Node:
         self._check_open("barrier")
         self._barrier(as_timeout(timeout_s))
 
-    def _barrier(self, timeout_s: Optional[float], refresh: bool = True) -> None:
+    def _barrier(self, timeout_s: Optional[float], refresh: bool = True,
+                 kind: str = "barrier") -> None:
+        """Meet every node at this node's next collective, of ``kind`` (the method name, so
+        that a node in ``barrier()`` never pairs with one in ``shutdown()``)."""
         if self.engine is None:
             return
         epoch = self._barrier_epoch
         self._barrier_epoch += 1
         timeout_s = self.config.connect_timeout_s if timeout_s is None else timeout_s
-        call = self.engine.submit(Request(Op.BARRIER, epoch=epoch), f"barrier #{epoch}")
+        call = self.engine.submit(Request(Op.BARRIER, epoch=epoch, tag=kind),
+                                  f"{kind} (collective #{epoch})")
         try:
             self.engine.wait(call, timeout_s)
         except AdaPMTimeout as exc:
             if self.rank == 0:
                 missing = self.engine.state.barrier_missing(epoch)
-                raise AdaPMTimeout(f"rank 0: barrier #{epoch}: ranks {missing} did not arrive "
-                                   f"within {timeout_s:g}s") from exc
+                raise AdaPMTimeout(f"rank 0: {kind} (collective #{epoch}): ranks {missing} did "
+                                   f"not arrive within {timeout_s:g}s") from exc
             raise
         if refresh:
             # Replicas here catch up with every update acknowledged before the barrier.
             call = self.engine.submit(Request(Op.ROUND),
-                                      f"replica refresh after barrier #{epoch}")
+                                      f"replica refresh after {kind} (collective #{epoch})")
             self.engine.wait(call, timeout_s)
 
     def shutdown(self, timeout_s: Optional[float] = None) -> None:
@@ -251,7 +255,7 @@ class Node:
             if self.engine is not None:
                 self.engine.quiesce(self.config.request_timeout_s)
             final = self._stats() if self._trace is not None else None
-            self._barrier(timeout_s, refresh=False)
+            self._barrier(timeout_s, refresh=False, kind="shutdown")
             self._clean = True
         except BaseException as exc:
             error = exc
@@ -275,7 +279,7 @@ class Node:
             if _active is self:
                 _active = None
         if self.engine is not None:
-            self.engine.stop()
+            self.engine.stop(goodbye=self._clean)
         if self.transport is not None:
             # A clean shutdown lets queued messages (e.g. a barrier release) go out; errors do not wait.
             self.transport.close(linger_ms=1000 if self._clean else 0)

@@ -407,8 +407,8 @@ def _silent_peer_job(node, stopped, done, what):
     ("pull from two", 3, r"rank 0: no answer from ranks \[1, 2\] to PULL of 4 keys within 1s"),
     ("push", 2, r"rank 0: no answer from rank 1 to PUSH of 1 keys within 1s"),
     ("many pushes", 2, r"rank 0: no answer from rank 1 to PUSH of 2 keys within 1s"),
-    ("barrier", 2, r"rank 0: barrier #1: ranks \[1\] did not arrive within 1s"),
-    ("barrier", 3, r"rank 0: barrier #1: ranks \[1, 2\] did not arrive within 1s"),
+    ("barrier", 2, r"rank 0: barrier \(collective #1\): ranks \[1\] did not arrive within 1s"),
+    ("barrier", 3, r"rank 0: barrier \(collective #1\): ranks \[1, 2\] did not arrive within 1s"),
 ], ids=["pull", "pull from two", "push", "many pushes", "barrier", "barrier of 3"])
 def test_timeout_names_both_ranks(what, world_size, pattern):
     ctx = mp.get_context("spawn")

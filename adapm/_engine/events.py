@@ -24,7 +24,7 @@ class Op(enum.IntEnum):
     SET = 3  # keys, positions, rows -> acknowledged
     WAIT_SYNC = 4  # worker, clock: a round after which the worker's active intents are served
     ROUND = 5  # a round that starts after the call (replicas refreshed)
-    BARRIER = 6  # epoch: all nodes arrived
+    BARRIER = 6  # epoch, tag (the collective's kind): all nodes arrived
 
 
 class Call:
@@ -63,10 +63,10 @@ class Call:
 class Request:
     """A submitted operation (see :class:`Op`); arrays are owned by the engine once submitted."""
 
-    __slots__ = ("op", "keys", "positions", "rows", "worker", "clock", "epoch")
+    __slots__ = ("op", "keys", "positions", "rows", "worker", "clock", "epoch", "tag")
 
     def __init__(self, op: Op, keys=None, positions=None, rows=None, worker: int = -1,
-                 clock: int = 0, epoch: int = 0) -> None:
+                 clock: int = 0, epoch: int = 0, tag: str = "barrier") -> None:
         self.op = op
         self.keys = keys
         self.positions = positions
@@ -74,6 +74,7 @@ class Request:
         self.worker = worker
         self.clock = clock
         self.epoch = epoch
+        self.tag = tag
 
 
 class Received:

@@ -12,6 +12,13 @@ Worker threads reach the engine only through :meth:`EngineLoop.submit` (a reques
 
 A failure in this thread is not lost in a log: it is stored, every waiting call raises it (an
 :class:`AdaPMError` naming this rank, ``raise ... from`` the cause), and so does every later call.
+
+Liveness is the loop's too (:mod:`.liveness`; the state machine never sees it): heartbeats to
+idle peers, a goodbye at a clean shutdown, and when a peer stays silent past
+``Config.failure_timeout_s`` (dead, frozen, cut off), :class:`NodeFailure` naming it for every
+call here, and a FAILED notice to the other peers so they stop with the same cause rather than
+time out one by one. A sync round that waits longer than ``request_timeout_s`` fails the node
+too: nothing can go on without it.
 """
 
 from __future__ import annotations
@@ -23,9 +30,12 @@ import time
 import traceback
 from typing import Optional
 
-from ..errors import AdaPMError, AdaPMTimeout
+from .._wire.protocol import Kind, message
+from ..errors import AdaPMError, AdaPMTimeout, NodeFailure
 from .events import Call, Finish, Received, Request, Send, Submitted, Tick
+from .liveness import Liveness
 
+_LIVENESS = frozenset({Kind.HEARTBEAT, Kind.GOODBYE, Kind.FAILED})
 # How often a waiting worker checks whether the engine thread failed.
 _FAILURE_CHECK_S = 0.5
 
@@ -46,6 +56,8 @@ class EngineLoop:
         self._live: set[Call] = set()  # submitted, not finished (engine thread only)
         self._outbox: dict[int, list] = {}
         self._stop = threading.Event()
+        self._goodbye = False  # at stop: tell the peers this node leaves on purpose
+        self.liveness: Optional[Liveness] = None  # created on the engine thread
         self._final_cpu_s = 0.0  # the thread's CPU time when it ended
         self._thread = threading.Thread(target=self._run, name=f"adapm-engine-{self.rank}",
                                         daemon=True)
@@ -138,7 +150,10 @@ class EngineLoop:
         while self.state._open and self.error is None and time.monotonic() < deadline:
             time.sleep(0.001)
 
-    def stop(self) -> None:
+    def stop(self, goodbye: bool = False) -> None:
+        """End the engine thread. ``goodbye``: a clean shutdown; tell the peers, so that this
+        node's silence from now on is not taken for a failure."""
+        self._goodbye = goodbye
         self._stop.set()
         self.transport.wake()
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
@@ -149,12 +164,20 @@ class EngineLoop:
     def _run(self) -> None:
         state, transport, clock = self.state, self.transport, time.monotonic
         workers, submissions = self._workers, self._submissions
+        liveness = self.liveness = Liveness(self.rank, state.world_size,
+                                            state.config.failure_timeout_s, clock())
         try:
             while not self._stop.is_set():
-                timeout_ms = math.ceil(state.poll_timeout_s(clock()) * 1000)
-                for _, messages in transport.poll(timeout_ms):
+                timeout_s = min(state.poll_timeout_s(clock()), liveness.next_look_s(clock()))
+                for src, messages in transport.poll(math.ceil(timeout_s * 1000)):
+                    liveness.heard_from(src, clock())
                     for msg in messages:
-                        self._carry_out(state.handle(Received(msg), clock()))
+                        if msg.kind in _LIVENESS:
+                            failure = self._liveness_message(msg)
+                            if failure is not None:
+                                return self._fail(failure)
+                        else:
+                            self._carry_out(state.handle(Received(msg), clock()))
                     # What this message caused goes out now, not after the whole batch: a
                     # worker may be blocked on it (bench/adaptive.py: from post to send took
                     # ~1.1 ms on average when sends waited for the end of the pass, ~0.65 ms so).
@@ -165,18 +188,82 @@ class EngineLoop:
                     self._carry_out(state.handle(Submitted(call, request), clock()))
                 self._carry_out(state.handle(Tick([w.clock for w in workers]), clock()))
                 self._flush()
+                failure = self._look_after_peers(clock())
+                if failure is not None:
+                    return self._fail(failure)
+            if self._goodbye:
+                self._broadcast(message(Kind.GOODBYE, self.rank, 0))
             self._final_cpu_s = time.thread_time()
         except BaseException as exc:  # surfaces in callers' threads, not only in a log
-            self._final_cpu_s = time.thread_time()
             error = AdaPMError(f"rank {self.rank}: communication thread failed: {exc!r}\n"
                                + traceback.format_exc())
             error.__cause__ = exc
-            self.error = error
-            while submissions:
-                self._live.add(submissions.popleft()[0])
-            for call in self._live:
-                call.finish([], error)
-            self._live.clear()
+            self._fail(error)
+
+    def _fail(self, error: AdaPMError) -> None:
+        """End the loop with ``error``: every waiting call raises it, and every later one."""
+        self._final_cpu_s = time.thread_time()
+        self.error = error
+        submissions = self._submissions
+        while submissions:
+            self._live.add(submissions.popleft()[0])
+        for call in self._live:
+            call.finish([], error)
+        self._live.clear()
+
+    def _in_progress(self) -> str:
+        whats = sorted({call.what for call in list(self._live)})
+        if not whats:
+            return "no call was waiting"
+        more = f" and {len(whats) - 3} more" if len(whats) > 3 else ""
+        return "waiting: " + "; ".join(whats[:3]) + more
+
+    def _look_after_peers(self, now: float) -> Optional[AdaPMError]:
+        """Heartbeats to idle peers; the error that ends this node, if a peer is silent too
+        long or the sync round hangs."""
+        liveness = self.liveness
+        for dst in liveness.heartbeats_due(now):
+            self.transport.send(dst, [message(Kind.HEARTBEAT, self.rank, 0)])
+            liveness.sent_to(dst, now)
+        silent = liveness.failed(now)
+        if silent is not None:
+            rank, seconds = silent
+            what = self._in_progress()
+            text = (f"rank {self.rank}: rank {rank} failed: nothing came from it for "
+                    f"{seconds:.1f}s (failure_timeout_s={liveness.timeout_s:g}); {what}")
+            self._broadcast(message(Kind.FAILED, self.rank, 0, r=rank, msg=text),
+                            but=(rank,))
+            return NodeFailure(text, rank, what)
+        state = self.state
+        if state._open and now - state._round_start > self.request_timeout_s:
+            return AdaPMTimeout(f"rank {self.rank}: sync round #{state.rounds_started} not "
+                                f"answered within {self.request_timeout_s:g}s by ranks "
+                                f"{state.round_waiting_on()}")
+        return None
+
+    def _liveness_message(self, msg) -> Optional[NodeFailure]:
+        """A heartbeat (nothing to do: hearing from the peer was the point), a goodbye, or a
+        peer's notice that a rank failed (the error that ends this node)."""
+        if msg.kind == Kind.GOODBYE:
+            self.liveness.said_goodbye(msg.src)
+        elif msg.kind == Kind.FAILED:
+            rank = msg.header.get("r")
+            rank = rank if type(rank) is int else -1
+            what = self._in_progress()
+            return NodeFailure(f"rank {self.rank}: rank {rank} failed, as rank {msg.src} "
+                               f"found: {str(msg.header.get('msg'))[:500]}; here, {what}",
+                               rank, what)
+        return None
+
+    def _broadcast(self, msg, but=()) -> None:
+        """``msg`` to every peer still here (best effort: this node is leaving or failing)."""
+        for dst in self.liveness.peers:
+            if dst in but or dst in self.liveness.gone:
+                continue
+            try:
+                self.transport.send(dst, [msg])
+            except AdaPMError:
+                pass
 
     def _carry_out(self, instructions: list) -> None:
         for ins in instructions:
@@ -195,5 +282,7 @@ class EngineLoop:
     def _flush(self) -> None:
         if self._outbox:
             outbox, self._outbox = self._outbox, {}
+            now = time.monotonic()
             for dst, messages in outbox.items():
                 self.transport.send(dst, messages)
+                self.liveness.sent_to(dst, now)

@@ -78,7 +78,7 @@ class SimEngine:
         self.state.closing = True
         self.sim.run_until(lambda: not self.state._open, what=f"rank {self.rank}: quiesce")
 
-    def stop(self) -> None:
+    def stop(self, goodbye: bool = False) -> None:
         pass
 
 

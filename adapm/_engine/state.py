@@ -112,6 +112,7 @@ class NodeState(Serving, Rounds):
         self.queued: list[Message] = []  # keyed requests for keys on their way here
         self.awaiting: list[Message] = []  # own requests for keys whose intent was reported
         self.barrier_waiting: dict[int, list[tuple[int, int]]] = {}  # rank 0: epoch -> waiters
+        self.barrier_tags: dict[int, dict[int, str]] = {}  # rank 0: epoch -> rank -> kind
         self.counters = dict.fromkeys(COUNTERS, 0)
         self.max_hops = 4 * world_size
         self.now = 0.0
@@ -251,7 +252,7 @@ class NodeState(Serving, Rounds):
         elif kind in KEYED:
             self._keyed(msg)
         elif kind == Kind.BARRIER:
-            self._serve_barrier(msg.src, msg.req_id, msg.header["e"])
+            self._serve_barrier(msg.src, msg.req_id, msg.header["e"], msg.header.get("t"))
         else:
             raise StateError(f"rank {self.rank}: unexpected {kind.name} from rank {msg.src}")
 
@@ -281,10 +282,10 @@ class NodeState(Serving, Rounds):
         elif op == Op.BARRIER:
             req_id = self._new_request(Outstanding(call, 1))
             if self.rank == 0:
-                self._serve_barrier(0, req_id, request.epoch)
+                self._serve_barrier(0, req_id, request.epoch, request.tag)
             else:
                 call.ranks = [0]
-                self._post(0, Kind.BARRIER, req_id, e=request.epoch)
+                self._post(0, Kind.BARRIER, req_id, e=request.epoch, t=request.tag)
         elif op in (Op.WAIT_SYNC, Op.ROUND):
             if not self.policy.runs_rounds:
                 self._out.append(Finish(call, []))
@@ -405,17 +406,30 @@ class NodeState(Serving, Rounds):
 
     # --- barrier (rank 0 counts arrivals) ----------------------------------------------------
 
-    def _serve_barrier(self, src: int, req_id: int, epoch: int) -> None:
+    def _serve_barrier(self, src: int, req_id: int, epoch: int, tag) -> None:
+        """Rank 0: ``src`` arrived at collective ``epoch`` (the nodes number their collectives
+        alike) of kind ``tag``. When one node is in ``barrier()`` and another in, say,
+        ``shutdown()``, both get an error at once instead of pairing up."""
         waiters = self.barrier_waiting.setdefault(epoch, [])
+        tags = self.barrier_tags.setdefault(epoch, {})
         waiters.append((src, req_id))
-        if len(waiters) == self.world_size:
-            del self.barrier_waiting[epoch]
+        tags[src] = tag
+        if len(set(tags.values())) > 1:
+            called = ", ".join(f"rank {r} {t}()" for r, t in sorted(tags.items()))
+            text = (f"collective #{epoch} does not match across nodes: {called}; every node "
+                    f"must call the same collectives in the same order")
+            for waiter, waiter_req in waiters:
+                self._post(waiter, Kind.ERROR, waiter_req, msg=text)
+            waiters.clear()  # later arrivals at this collective fail too (tags stay)
+            return
+        if len(tags) == self.world_size:
+            del self.barrier_waiting[epoch], self.barrier_tags[epoch]
             for src, req_id in waiters:
                 self._post(src, Kind.BARRIER_RELEASE, req_id, e=epoch)
 
     def barrier_missing(self, epoch: int) -> list[int]:
         """Ranks that have not arrived at barrier ``epoch`` (rank 0; a snapshot)."""
-        arrived = {src for src, _ in list(self.barrier_waiting.get(epoch, []))}
+        arrived = set(dict(self.barrier_tags.get(epoch, {})))
         return sorted(set(range(self.world_size)) - arrived)
 
     # --- statistics --------------------------------------------------------------------------

@@ -62,8 +62,12 @@ class Kind(enum.IntEnum):
     # owner -> node, unsolicited: relocations, replicas, home updates (MOVE_SECTIONS)
     MOVES = 20
     # control
-    BARRIER = 30  # to rank 0: "e" epoch
+    BARRIER = 30  # to rank 0: "e" sequence number of the collective, "t" its kind
     BARRIER_RELEASE = 31
+    # liveness (handled by the engine loop, never by the state machine)
+    HEARTBEAT = 32  # "I am alive"; sent only to peers that got nothing else for a while
+    GOODBYE = 33  # a clean shutdown: this node's silence from now on is not a failure
+    FAILED = 34  # "r": a rank this node found dead, "msg": how (every survivor stops)
     HELLO = 40  # rendezvous: "addr", "fp" (config fingerprint)
     TABLE = 41  # rendezvous answer: "addrs"
 
