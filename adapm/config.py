@@ -23,8 +23,10 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import ipaddress
 import math
 import os
+import stat
 from dataclasses import dataclass, field
 from typing import Mapping, Optional, Union
 
@@ -41,6 +43,11 @@ MANAGEMENT_VARIANTS = (
     "full_replication",
 )
 
+# A shorter secret could be guessed offline from one recorded handshake; adapm-run's has 43.
+MIN_SECRET_LENGTH = 16
+# A secret file larger than this is not a secret file (a wrong path, most likely).
+_MAX_SECRET_FILE_BYTES = 4096
+
 
 # Every ADAPM_* variable adapm reads, with its meaning; any other ADAPM_* name is an error.
 ENV_VARIABLES = {
@@ -54,6 +61,10 @@ ENV_VARIABLES = {
     "ADAPM_FAILURE_TIMEOUT_S": "Config.failure_timeout_s",
     "ADAPM_TRACE_DIR": "Config.trace_dir",
     "ADAPM_TRACE_KEYS": 'Config.trace_keys: "all", N, or keys separated by commas',
+    "ADAPM_AUTH": "Config.auth: 1 (on), 0 (off; loopback only) or auto",
+    "ADAPM_SECRET": "Config.secret: the job's secret (set by adapm-run)",
+    "ADAPM_SECRET_FILE": "path of a file readable only by its owner that holds Config.secret "
+                         "(for mpirun, srun, torchrun)",
 }
 
 # Launchers' (rank, world size) variables, in order of precedence. For the first three a
@@ -131,6 +142,18 @@ class Config:
         'Keys a trace records: "all", a list of keys, or an int N for a random sample of N keys '
         "(seeded: the same keys on every node and run).", default="all"
     )
+    auth: Optional[bool] = _help(
+        "Authenticate and encrypt all traffic between nodes, rendezvous included (ZeroMQ CURVE, "
+        "keys derived from secret; see docs/security.md). None: on whenever the rendezvous or "
+        "host is not loopback; True: on, also on loopback; False: off, allowed only when the "
+        "rendezvous and host are loopback.", default=None
+    )
+    secret: Optional[str] = _help(
+        "The job's shared secret (the same on every rank, at least 16 characters) from which "
+        "every rank's CURVE keys derive; needed when auth is on. adapm-run makes one per job; "
+        "other launchers: ADAPM_SECRET_FILE or ADAPM_SECRET. Never shown in repr or errors.",
+        default=None, repr=False
+    )
 
     def __post_init__(self) -> None:
         _check_int("num_keys", self.num_keys, low=1)
@@ -196,6 +219,59 @@ class Config:
             raise ConfigError(f"trace_dir must be a directory path or None, got "
                               f"{self.trace_dir!r}")
         object.__setattr__(self, "trace_keys", _trace_keys(self.trace_keys, self.num_keys))
+        self._check_auth()
+
+    def _check_auth(self) -> None:
+        """Validate ``auth`` and ``secret`` (never putting the secret in a message)."""
+        if self.auth is not None and not isinstance(self.auth, bool):
+            raise ConfigError(f"auth must be True, False or None (automatic), got {self.auth!r}")
+        if self.secret is not None:
+            if not isinstance(self.secret, str):
+                raise ConfigError(f"secret must be a str, got {type(self.secret).__name__}")
+            if len(self.secret) < MIN_SECRET_LENGTH or not self.secret.isprintable() or \
+                    self.secret.strip() != self.secret:
+                raise ConfigError(
+                    f"secret must be at least {MIN_SECRET_LENGTH} printable characters without "
+                    "surrounding spaces (the one given is not shown); make one with: python -c "
+                    "'import secrets; print(secrets.token_urlsafe(32))'"
+                )
+        if self.world_size == 1:
+            return  # a single node opens no sockets
+        if self.auth is False and not self.loopback_only:
+            where = f"the rendezvous is {self.rendezvous!r}" + (
+                f" and the host {self.host!r}" if self.host is not None else "")
+            raise ConfigError(
+                f"auth=False (ADAPM_AUTH=0) is allowed only when the rendezvous and this node's "
+                f"host are loopback addresses, but {where}: across machines every rank needs "
+                "the job's secret instead (adapm-run passes one; see Config.secret)"
+            )
+        if self.authenticated and self.secret is None:
+            why = ("auth=True (ADAPM_AUTH=1)" if self.auth else
+                   "the rendezvous or host is not a loopback address")
+            raise ConfigError(
+                f"authentication is on ({why}) but there is no job secret: adapm-run makes one "
+                "per job; under mpirun, srun or torchrun give every rank the same secret with "
+                "ADAPM_SECRET_FILE=path (a file only you can read: chmod 600) or ADAPM_SECRET, "
+                "or pass Config(secret=...); make one with: python -c 'import secrets; "
+                "print(secrets.token_urlsafe(32))'"
+            )
+
+    @property
+    def loopback_only(self) -> bool:
+        """Whether the rendezvous and this node's host (when given) are loopback addresses, so
+        that no other machine can reach this node's sockets."""
+        if self.rendezvous is None:
+            return True
+        host = parse_address(self.rendezvous, "rendezvous")[0]
+        return is_loopback(host) and (self.host is None or is_loopback(self.host))
+
+    @property
+    def authenticated(self) -> bool:
+        """Whether this node's traffic is authenticated and encrypted (``auth``, or when None,
+        whether it leaves loopback); always False for a single node, which opens no sockets."""
+        if self.world_size == 1:
+            return False
+        return self.auth if self.auth is not None else not self.loopback_only
 
     @property
     def uniform_length(self) -> int:
@@ -230,6 +306,7 @@ class Config:
             found["trace_keys"] = text if text == "all" else \
                 _env_int(env, "ADAPM_TRACE_KEYS") if "," not in text else \
                 _env_ints(env, "ADAPM_TRACE_KEYS")
+        found.update(env_auth(env))
         found.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**found)
 
@@ -303,6 +380,79 @@ def detect_cluster(env: Mapping[str, str]) -> dict:
     return out
 
 
+def env_auth(env: Mapping[str, str]) -> dict:
+    """``auth`` and ``secret`` from ``ADAPM_AUTH``, ``ADAPM_SECRET`` and ``ADAPM_SECRET_FILE``
+    (only those set). ConfigError for a bad ``ADAPM_AUTH``, both secret variables at once, or a
+    secret file that :func:`read_secret_file` refuses."""
+    out: dict = {}
+    if "ADAPM_AUTH" in env:
+        text = env["ADAPM_AUTH"].strip().lower()
+        if text in ("1", "true", "yes", "on"):
+            out["auth"] = True
+        elif text in ("0", "false", "no", "off"):
+            out["auth"] = False
+        elif text != "auto":
+            raise ConfigError(f"environment variable ADAPM_AUTH must be 1, 0 or auto, got "
+                              f"{env['ADAPM_AUTH']!r}")
+    if "ADAPM_SECRET" in env and "ADAPM_SECRET_FILE" in env:
+        raise ConfigError("environment variables ADAPM_SECRET and ADAPM_SECRET_FILE are both set; "
+                          "set only one")
+    if "ADAPM_SECRET" in env:
+        out["secret"] = env["ADAPM_SECRET"]
+    elif "ADAPM_SECRET_FILE" in env:
+        out["secret"] = read_secret_file(env["ADAPM_SECRET_FILE"])
+    return out
+
+
+def read_secret_file(path: str) -> str:
+    """The job secret held in ``path`` (surrounding whitespace removed).
+
+    ConfigError if the file is missing or unreadable, not a regular file, owned by another user,
+    open to its group or to others in any way (as ssh does for private keys: ``chmod 600``),
+    or empty. The mode is checked on the file that was opened, not on the path beforehand.
+    """
+    where = f"ADAPM_SECRET_FILE {path!r}"
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError as exc:
+        raise ConfigError(f"{where}: cannot open it: {exc.strerror or exc}") from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise ConfigError(f"{where} is not a regular file")
+        if info.st_uid != os.geteuid():
+            raise ConfigError(f"{where} belongs to uid {info.st_uid}, not to this user: whoever "
+                              "owns it can read the secret; use a file of your own (chmod 600)")
+        if info.st_mode & 0o077:
+            raise ConfigError(f"{where} has mode {stat.S_IMODE(info.st_mode):04o}, so other "
+                              f"users can read or change the job secret; make it readable only "
+                              f"by you: chmod 600 {path}")
+        data = os.read(fd, _MAX_SECRET_FILE_BYTES + 1)
+    finally:
+        os.close(fd)
+    if len(data) > _MAX_SECRET_FILE_BYTES:
+        raise ConfigError(f"{where} is larger than {_MAX_SECRET_FILE_BYTES} bytes; a secret file "
+                          "holds one line")
+    try:
+        secret = data.decode().strip()
+    except UnicodeDecodeError:
+        raise ConfigError(f"{where} is not UTF-8 text") from None
+    if not secret:
+        raise ConfigError(f"{where} is empty")
+    return secret
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (a name or an address) is a loopback address; only ``localhost`` counts
+    among names (nothing is resolved here)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 def under_launcher(config: Config, env: Optional[Mapping[str, str]] = None) -> Config:
     """``config`` as it applies in this process: under a launcher (``world_size > 1`` in the
     environment), a config left at rank 0 of 1 takes the launcher's rank, world size and
@@ -313,14 +463,16 @@ def under_launcher(config: Config, env: Optional[Mapping[str, str]] = None) -> C
     found = detect_cluster(env)
     if found.get("world_size", 1) <= 1:
         return config
+    # The launcher's job secret and auth setting apply where the Config leaves them out.
+    auth = {k: v for k, v in env_auth(env).items() if getattr(config, k) is None}
     if config.world_size == 1 and config.rank == 0:
         return config.replace(**{k: v for k, v in found.items()
-                                 if config.rendezvous is None or k != "rendezvous"})
+                                 if config.rendezvous is None or k != "rendezvous"}, **auth)
     if (config.rank, config.world_size) != (found["rank"], found["world_size"]):
         raise ConfigError(f"Config says rank {config.rank} of {config.world_size}, but the "
                           f"launcher started this process as rank {found['rank']} of "
                           f"{found['world_size']}; leave rank and world_size out of the Config")
-    return config
+    return config.replace(**auth) if auth else config
 
 
 def parse_address(address: str, what: str) -> tuple[str, int]:

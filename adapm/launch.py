@@ -4,9 +4,16 @@ Usage::
 
     adapm-run -n N [--hosts h1,h2,...] [--iface IFACE] [--grace S] cmd args...
 
-Each of the N processes runs ``cmd args...`` with ``ADAPM_RANK``, ``ADAPM_WORLD_SIZE`` and
-``ADAPM_RENDEZVOUS`` set (and ``ADAPM_HOST`` when ``--iface`` is given); ``adapm.Config.from_env``
-reads them. Without ``--hosts`` all processes run on this machine and meet on 127.0.0.1.
+Each of the N processes runs ``cmd args...`` with ``ADAPM_RANK``, ``ADAPM_WORLD_SIZE``,
+``ADAPM_RENDEZVOUS`` and ``ADAPM_SECRET`` set (and ``ADAPM_HOST`` when ``--iface`` is given);
+``adapm.Config.from_env`` reads them. Without ``--hosts`` all processes run on this machine and
+meet on 127.0.0.1.
+
+The job secret (see ``adapm.Config.secret`` and docs/security.md) is made fresh for each job
+(``secrets.token_urlsafe(32)``), unless adapm-run's own environment already has
+``ADAPM_SECRET`` or ``ADAPM_SECRET_FILE``, which then apply. Local ranks get it in their
+environment; remote ranks get it as the first line of their ssh channel's stdin, so that it
+never appears on a command line (which ``ps`` shows every user of a host).
 
 The job fails as a whole: when one process exits non-zero or is killed by a signal, adapm-run
 prints one line naming its rank, sends SIGTERM to the others, waits ``--grace`` seconds, kills what
@@ -25,6 +32,7 @@ import fcntl
 import ipaddress
 import math
 import os
+import secrets
 import shlex
 import signal
 import socket
@@ -33,7 +41,7 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
 from ._argtypes import non_negative_float, positive_int
@@ -133,6 +141,7 @@ def remote_command(
     cwd: str,
     grace: float,
     iface: Optional[str] = None,
+    secret_on_stdin: bool = False,
 ) -> str:
     """The command line ssh hands to the remote login shell to run one rank.
 
@@ -140,11 +149,22 @@ def remote_command(
     the ssh channel's stdin: when it closes (adapm-run stopped the ssh client, or died), the
     command gets SIGTERM and, ``grace`` seconds later, SIGKILL, so no rank outlives the launcher.
     ``iface`` (an interface name) sets ``ADAPM_HOST`` to that interface's IPv4 address on the
-    remote host (via ``ip``).
+    remote host (via ``ip``). ``secret_on_stdin``: the first line of stdin is the job secret,
+    which the command gets as ``ADAPM_SECRET`` (in its environment, never on a command line).
     """
     q = shlex.quote
     assigns = " ".join(f"{k}={q(v)}" for k, v in env.items())
-    parts = [f"cd {q(cwd)} || exit 1"]
+    parts = []
+    if secret_on_stdin:
+        # sh's read takes exactly one line from a pipe (byte by byte), so the rest of stdin is
+        # left for the watchdog. An exported shell variable reaches the command's environment
+        # without ever being an argument of a process.
+        parts.append(
+            "IFS= read -r ADAPM_SECRET || "
+            f'{{ echo "{PROG}: no job secret on stdin" >&2; exit 2; }}'
+        )
+        parts.append("export ADAPM_SECRET")
+    parts.append(f"cd {q(cwd)} || exit 1")
     if iface is not None:
         parts.append(
             f"h=$(ip -4 -o addr show dev {q(iface)} 2>/dev/null"
@@ -213,13 +233,30 @@ def _parser() -> argparse.ArgumentParser:
 
 @dataclass(frozen=True)
 class _Rank:
-    """How to start one rank: argv, full environment (None: inherit) and whether via ssh."""
+    """How to start one rank: argv, full environment (None: inherit), whether via ssh, and
+    what to write to its stdin first (the job secret of a remote rank)."""
 
     rank: int
     host: str
     argv: list
-    env: Optional[dict]
+    env: Optional[dict] = field(repr=False)
     remote: bool
+    stdin_data: Optional[bytes] = field(default=None, repr=False)
+
+
+def _job_secret(parser: argparse.ArgumentParser) -> tuple[Optional[str], bool]:
+    """(the job secret to hand out, whether adapm-run made it). None when the user gave
+    ``ADAPM_SECRET_FILE``: each rank reads that file on its own host."""
+    given = os.environ.get("ADAPM_SECRET")
+    if given is not None and "ADAPM_SECRET_FILE" in os.environ:
+        parser.error("ADAPM_SECRET and ADAPM_SECRET_FILE are both set; set only one")
+    if "ADAPM_SECRET_FILE" in os.environ:
+        return None, False
+    if given is not None:
+        if not given or "\n" in given or "\r" in given:
+            parser.error("ADAPM_SECRET must be one non-empty line")
+        return given, False
+    return secrets.token_urlsafe(32), True
 
 
 def _plan(args, parser: argparse.ArgumentParser) -> list[_Rank]:
@@ -270,22 +307,29 @@ def _plan(args, parser: argparse.ArgumentParser) -> list[_Rank]:
     port = free_port(LOOPBACK if all(local) else "")
     rendezvous = f"{rv_host}:{port}"
 
+    secret, made = _job_secret(parser)
     # Remote ranks do not inherit our environment: pass on the user's other ADAPM_* settings
-    # (not ADAPM_HOST, an address of this machine).
+    # (not ADAPM_HOST, an address of this machine; not ADAPM_SECRET, which goes over stdin).
     forwarded = {
-        k: v for k, v in os.environ.items() if k.startswith("ADAPM_") and k != "ADAPM_HOST"
+        k: v for k, v in os.environ.items()
+        if k.startswith("ADAPM_") and k not in ("ADAPM_HOST", "ADAPM_SECRET")
     }
     cwd = os.getcwd()
     ranks = []
     for r, host in enumerate(placement):
         if local[r]:
             env = {**os.environ, **build_env(r, n, rendezvous, local_addr)}
+            if made:
+                env["ADAPM_SECRET"] = secret
             ranks.append(_Rank(r, host, cmd, env, remote=False))
         else:
             addr = args.iface if (args.iface is not None and remote_iface is None) else None
             env = {**forwarded, **build_env(r, n, rendezvous, addr)}
-            command = remote_command(cmd, env, cwd, args.grace, iface=remote_iface)
-            ranks.append(_Rank(r, host, ssh_argv(host, command), None, remote=True))
+            command = remote_command(cmd, env, cwd, args.grace, iface=remote_iface,
+                                     secret_on_stdin=secret is not None)
+            stdin_data = None if secret is None else (secret + "\n").encode()
+            ranks.append(_Rank(r, host, ssh_argv(host, command), None, remote=True,
+                               stdin_data=stdin_data))
     return ranks
 
 
@@ -415,6 +459,14 @@ def _run(ranks: list[_Rank], grace: float) -> int:
                 _stop(procs, signal.SIGTERM, grace, received)
                 # Shell conventions: 127 not found, 126 found but not executable.
                 return 127 if isinstance(exc, FileNotFoundError) else 126
+            if spec.stdin_data is not None:
+                # One short line: the pipe buffers it whatever ssh is doing. The pipe stays
+                # open: closing it is how the remote watchdog learns that adapm-run is gone.
+                try:
+                    procs[-1].stdin.write(spec.stdin_data)
+                    procs[-1].stdin.flush()
+                except BrokenPipeError:  # ssh is already gone; the monitor reports its status
+                    pass
         return _monitor(ranks[: len(procs)], procs, grace, received)
     finally:
         _reap(procs)  # last resort on an unexpected error; a no-op after _monitor

@@ -14,7 +14,7 @@ from ._engine.events import Op, Request
 from ._engine.loop import EngineLoop
 from ._engine.state import NodeState
 from ._store import OWNER, REPLICA, Store
-from ._wire import rendezvous
+from ._wire import auth, rendezvous
 from ._wire.zmq_transport import Transport
 from .args import as_timeout
 from .config import Config, under_launcher
@@ -130,8 +130,10 @@ class Node:
     def _connect(self) -> None:
         context = zmq.Context()
         try:
-            self.transport = Transport(self.rank, rendezvous.resolve_host(self.config), context)
-            addresses = rendezvous.rendezvous(self.config, self.transport.address, context)
+            keys = auth.JobKeys.for_config(self.config)  # None: plain ZeroMQ (loopback)
+            self.transport = Transport(self.rank, rendezvous.resolve_host(self.config), context,
+                                       keys=keys)
+            addresses = rendezvous.rendezvous(self.config, self.transport.address, context, keys)
             self.transport.connect(addresses)
         except BaseException:
             if self.transport is not None:

@@ -375,6 +375,7 @@ def test_remote_command_dies_when_the_connection_closes(tmp_path):
 # adapm.config: where rank, world size and rendezvous come from
 
 RV = {"ADAPM_RENDEZVOUS": "127.0.0.1:7000"}
+SECRET = {"ADAPM_SECRET": "a-test-secret-of-enough-length"}
 LAUNCHER_PAIRS = [
     ("ADAPM_RANK", "ADAPM_WORLD_SIZE"),
     ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"),
@@ -421,13 +422,15 @@ def test_adapm_variables_win_over_mpi_and_torchrun():
         "ADAPM_RANK": "1", "ADAPM_WORLD_SIZE": "2", "ADAPM_RENDEZVOUS": "10.0.0.1:9000",
         "OMPI_COMM_WORLD_RANK": "3", "OMPI_COMM_WORLD_SIZE": "4",
         "RANK": "5", "WORLD_SIZE": "6", "MASTER_ADDR": "10.9.9.9", "MASTER_PORT": "29500",
+        **SECRET,  # across hosts authentication is on (tests/test_auth.py)
     }
     cfg = Config.from_env(env=env, num_keys=10)
     assert (cfg.rank, cfg.world_size, cfg.rendezvous) == (1, 2, "10.0.0.1:9000")
 
 
 def test_torchrun_rendezvous_is_master_port_plus_one():
-    env = {"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "10.0.0.5", "MASTER_PORT": "29500"}
+    env = {"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "10.0.0.5", "MASTER_PORT": "29500",
+           **SECRET}
     cfg = Config.from_env(env=env, num_keys=10)
     assert (cfg.rank, cfg.world_size, cfg.rendezvous) == (1, 2, "10.0.0.5:29501")
 

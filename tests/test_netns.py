@@ -4,6 +4,8 @@ Nothing here may rely on one host: each rank runs in its own network namespace, 
 loopback and one 10.199.x.y/30 address on a veth end, so the only way between the ranks is that
 veth link. Each node must pick (via adapm._wire.rendezvous.resolve_host), bind and advertise its
 namespace's address; a node that bound or advertised loopback could not be reached at all.
+Off loopback authentication is on by default: both ranks get the same ADAPM_SECRET, and every
+socket (rendezvous included) must be a CURVE socket.
 
 The namespaces, the veth pair and the addresses exist only inside this test: the veth ends are
 created directly in the namespaces (never in the host's), and both are deleted afterwards, also
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import secrets
 import shutil
 import subprocess
 import sys
@@ -41,12 +44,14 @@ CHILD = textwrap.dedent(
     N, L, REPS = 64, 4, 3
 
     config = adapm.Config.from_env(num_keys=N, value_length=L)
+    assert config.authenticated, "off loopback, authentication must be on by default"
     chosen = rendezvous.resolve_host(config)
     assert chosen == my_ip, f"rank {rank}: resolve_host chose {chosen!r}, expected {my_ip!r}"
     node = adapm.init(config=config)
     address = node.transport.address
     assert my_ip in address, f"rank {rank}: advertises {address!r}, not {my_ip}"
     assert "127.0.0.1" not in address, f"rank {rank}: advertises loopback {address!r}"
+    assert node.transport.router.curve_server, f"rank {rank}: its ROUTER is not a CURVE server"
 
     # Push only to keys homed on the other rank (home = k % 2): every update crosses the veth.
     w = node.worker()
@@ -134,6 +139,7 @@ def test_two_nodes_in_two_namespaces(netns_pair, tmp_path):
     ns, ips = netns_pair["ns"], netns_pair["ip"]
     script = tmp_path / "child.py"
     script.write_text(CHILD)
+    secret = secrets.token_urlsafe(32)  # the job's, as adapm-run would make it
     procs = []
     try:
         for rank in (0, 1):
@@ -144,7 +150,8 @@ def test_two_nodes_in_two_namespaces(netns_pair, tmp_path):
                     del env[var]
             env.update(ADAPM_RANK=str(rank), ADAPM_WORLD_SIZE="2",
                        ADAPM_RENDEZVOUS=f"{ips[0]}:{RENDEZVOUS_PORT}",
-                       ADAPM_CONNECT_TIMEOUT_S="30", ADAPM_REQUEST_TIMEOUT_S="30")
+                       ADAPM_CONNECT_TIMEOUT_S="30", ADAPM_REQUEST_TIMEOUT_S="30",
+                       ADAPM_SECRET=secret)
             procs.append(subprocess.Popen(
                 ["ip", "netns", "exec", ns[rank], sys.executable, str(script), ips[rank]],
                 env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,

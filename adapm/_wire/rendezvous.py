@@ -4,11 +4,15 @@ Rank 0 hosts the rendezvous at ``Config.rendezvous``. Every node first binds its
 port the OS picks (so two jobs on one machine never collide), then tells rank 0 its address and a
 fingerprint of its configuration. When all ``world_size`` nodes have checked in, rank 0 answers
 each with the table of addresses (or with an error when ranks or configurations disagree).
+
+With authentication on (``Config.authenticated``) the rendezvous is a CURVE server with rank 0's
+keys and only the job's members get through (:mod:`adapm._wire.auth`); a hello whose rank is
+not the rank its sender authenticated as is ignored, so nobody takes another rank's place. Both
+sides count failed handshakes, so that a timeout can say that a peer's secret differs.
 """
 
 from __future__ import annotations
 
-import ipaddress
 import socket
 import time
 import zlib
@@ -17,21 +21,13 @@ import msgpack
 import numpy as np
 import zmq
 
-from ..config import Config, parse_address
+from ..config import Config, is_loopback, parse_address
 from ..errors import AdaPMTimeout, ConfigError, TransportError
+from .auth import HandshakeWatch, JobKeys, authenticated_rank
 from .protocol import Kind
 
 # How long the rendezvous host keeps its socket open after answering, so the answers get out.
 _ANSWER_LINGER_MS = 5000
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def resolve_host(config: Config) -> str:
@@ -58,32 +54,43 @@ def fingerprint(config: Config) -> list:
     return [config.world_size, config.num_keys, length_sig, config.management]
 
 
-def rendezvous(config: Config, my_address: str, context: zmq.Context) -> list[str]:
+def rendezvous(config: Config, my_address: str, context: zmq.Context,
+               keys: JobKeys | None = None) -> list[str]:
     """Block until every node has checked in; returns all nodes' addresses indexed by rank.
 
-    Raises AdaPMTimeout after ``config.connect_timeout_s`` naming the ranks still missing,
-    ConfigError when nodes disagree on the job's configuration.
+    ``keys``: the job's keys when authentication is on (the context must then have a running
+    :class:`~adapm._wire.auth.ZapHandler`). Raises AdaPMTimeout after
+    ``config.connect_timeout_s`` naming the ranks still missing (and failed handshakes, if
+    any), ConfigError when nodes disagree on the job's configuration.
     """
     host, port = parse_address(config.rendezvous, "rendezvous")
     endpoint = f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"
     deadline = time.monotonic() + config.connect_timeout_s
     hello = {"k": int(Kind.HELLO), "s": config.rank, "addr": my_address, "fp": fingerprint(config)}
     if config.rank == 0:
-        return _host_rendezvous(config, endpoint, hello, context, deadline)
+        return _host_rendezvous(config, endpoint, hello, context, deadline, keys)
     sock = context.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
+    watch = None
     try:
+        if ":" in host:
+            sock.setsockopt(zmq.IPV6, 1)
+        if keys is not None:
+            keys.make_client(sock, 0)
+        watch = HandshakeWatch(sock)
         sock.connect(endpoint)
         sock.send(msgpack.packb(hello))
-        if not sock.poll(_remaining_ms(deadline)):
+        if not _wait(sock, watch, deadline):
             raise AdaPMTimeout(
                 f"rank {config.rank}: no address table from the rendezvous (rank 0) at {endpoint} "
-                f"within {config.connect_timeout_s:g}s; is rank 0 running?"
+                f"within {config.connect_timeout_s:g}s; is rank 0 running?" + watch.describe()
             )
         answer = msgpack.unpackb(sock.recv())
     except zmq.ZMQError as exc:
         raise TransportError(f"rank {config.rank}: rendezvous at {endpoint}: {exc}") from exc
     finally:
+        if watch is not None:
+            watch.close()
         sock.close()
     if answer["k"] == Kind.ERROR:
         raise ConfigError(f"rank {config.rank}: rendezvous refused: {answer['msg']}")
@@ -91,11 +98,19 @@ def rendezvous(config: Config, my_address: str, context: zmq.Context) -> list[st
 
 
 def _host_rendezvous(config: Config, endpoint: str, own: dict, context: zmq.Context,
-                     deadline: float) -> list[str]:
+                     deadline: float, keys: JobKeys | None) -> list[str]:
     sock = context.socket(zmq.ROUTER)
+    watch = None
     try:
+        if endpoint.startswith("tcp://["):
+            sock.setsockopt(zmq.IPV6, 1)
+        if keys is not None:
+            keys.make_server(sock)
+        watch = HandshakeWatch(sock)
         sock.bind(endpoint)
     except zmq.ZMQError as exc:
+        if watch is not None:
+            watch.close()
         sock.close(linger=0)
         raise TransportError(f"rank 0: cannot host the rendezvous at {endpoint}: {exc} "
                              "(port taken? pick another ADAPM_RENDEZVOUS port)") from exc
@@ -103,16 +118,28 @@ def _host_rendezvous(config: Config, endpoint: str, own: dict, context: zmq.Cont
         hellos = {0: own}
         identities = {}
         problems = []
+        impostors = 0
         while len(hellos) < config.world_size:
-            if not sock.poll(_remaining_ms(deadline)):
+            if not _wait(sock, watch, deadline):
                 missing = sorted(set(range(config.world_size)) - set(hellos))
+                ignored = (f"; ignored {impostors} hello(s) that named another rank than the "
+                           "sender's keys" if impostors else "")
                 raise AdaPMTimeout(
                     f"rank 0: rendezvous at {endpoint}: ranks {missing} did not check in within "
-                    f"{config.connect_timeout_s:g}s"
+                    f"{config.connect_timeout_s:g}s" + watch.describe() + ignored
                 )
-            identity, payload = sock.recv_multipart()
-            hello = msgpack.unpackb(payload)
-            rank = hello.get("s")
+            frames = sock.recv_multipart(copy=False)
+            try:
+                identity, payload = frames
+                hello = msgpack.unpackb(payload.bytes)
+                rank = hello.get("s")
+            except (ValueError, TypeError, AttributeError, msgpack.UnpackException):
+                continue  # not a hello: only a member could have sent it, and it gains nothing
+            if keys is not None and rank != authenticated_rank(payload):
+                # A member's keys with another rank's number: never let it take that place.
+                impostors += 1
+                continue
+            identity = identity.bytes
             if not isinstance(rank, int) or not 0 <= rank < config.world_size or rank in hellos:
                 problems.append(f"a node checked in with rank {rank!r} (duplicate or out of range)")
                 _answer(sock, identity, Kind.ERROR, msg=problems[-1])
@@ -132,7 +159,24 @@ def _host_rendezvous(config: Config, endpoint: str, own: dict, context: zmq.Cont
             raise ConfigError("rank 0: rendezvous refused: " + "; ".join(problems))
         return addrs
     finally:
+        watch.close()
         sock.close(linger=_ANSWER_LINGER_MS)
+
+
+def _wait(sock: zmq.Socket, watch: HandshakeWatch, deadline: float) -> bool:
+    """Wait until ``sock`` has a message (True) or the deadline passes (False), counting failed
+    handshakes on the way."""
+    poller = zmq.Poller()
+    poller.register(sock, zmq.POLLIN)
+    poller.register(watch.socket, zmq.POLLIN)
+    while True:
+        ready = dict(poller.poll(_remaining_ms(deadline)))
+        if watch.socket in ready:
+            watch.drain()
+        if sock in ready:
+            return True
+        if time.monotonic() >= deadline:
+            return False
 
 
 def _answer(sock: zmq.Socket, identity: bytes, kind: Kind, **fields) -> None:

@@ -16,17 +16,27 @@ arrays are packed into one frame before that (:mod:`adapm._wire.protocol`).
 Counters: ``messages_*`` and ``bytes_*`` count logical messages (and per kind); a ZeroMQ message
 may carry several (``wire_messages_*``). Per-kind bytes are each message's header and arrays;
 the totals also include the alignment padding.
+
+Authentication (``keys`` given, see :mod:`adapm._wire.auth`): the ROUTER is a CURVE server and
+every DEALER a CURVE client, and the transport runs the context's ZAP handler, so only the job's
+members connect and all traffic is encrypted. A received ZeroMQ message whose headers name
+another sender than the rank its connection authenticated as is dropped before the engine sees
+it, and counted (``dropped_forged_messages``).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 
 import zmq
 
 from ..errors import TransportError
+from .auth import JobKeys, ZapHandler, authenticated_rank
 from .protocol import Kind, Message, decode, encode, frame_bytes
 from .traffic import Traffic
+
+_log = logging.getLogger("adapm.wire")
 
 _SNDMORE = int(zmq.SNDMORE)
 
@@ -38,19 +48,34 @@ def _check_host(host: str) -> str:
 class Transport:
     """Sockets of one node. All methods but :meth:`wake` are for the engine thread."""
 
-    def __init__(self, rank: int, host: str, context: zmq.Context | None = None) -> None:
+    def __init__(self, rank: int, host: str, context: zmq.Context | None = None,
+                 keys: JobKeys | None = None) -> None:
+        """``keys``: the job's keys to authenticate with (None: plain ZeroMQ). The transport
+        then runs the ZAP handler of ``context``, which serves the rendezvous too."""
         self.rank = rank
         self.context = context or zmq.Context()
         self._own_context = context is None
+        self._keys = keys
+        self._zap = None
+        self._warned: set[int] = set()  # peers already logged for a forged message
         try:
+            if keys is not None:
+                # Before binding: a CURVE server without a ZAP handler refuses everyone.
+                self._zap = ZapHandler(self.context, keys, f"adapm-zap-{rank}")
             self.router = self.context.socket(zmq.ROUTER)
             self.router.setsockopt(zmq.RCVHWM, 0)  # never drop or block: we bound traffic by design
             self.router.setsockopt(zmq.LINGER, 0)
             if ":" in host:
                 self.router.setsockopt(zmq.IPV6, 1)
+            if keys is not None:
+                keys.make_server(self.router)
             port = self.router.bind_to_random_port(f"tcp://{_check_host(host)}")
             self.address = f"tcp://{_check_host(host)}:{port}"
         except zmq.ZMQError as exc:
+            if getattr(self, "router", None) is not None:
+                self.router.close(linger=0)
+            if self._zap is not None:
+                self._zap.close()
             raise TransportError(f"rank {rank}: cannot bind on host {host!r}: {exc}") from exc
         self.peers: dict[int, zmq.Socket] = {}
         self.poller = zmq.Poller()
@@ -71,6 +96,8 @@ class Transport:
             sock.setsockopt(zmq.IDENTITY, str(self.rank).encode())
             if address.startswith("tcp://["):
                 sock.setsockopt(zmq.IPV6, 1)
+            if self._keys is not None:
+                self._keys.make_client(sock, peer)
             try:
                 sock.connect(address)
             except zmq.ZMQError as exc:
@@ -106,7 +133,8 @@ class Transport:
         """Messages that arrived within ``timeout_ms`` (or until woken): [(source rank, messages)].
 
         Reads at most a batch per call, so a busy peer cannot starve the caller's other work.
-        A message that cannot be parsed raises TransportError.
+        A message that cannot be parsed raises TransportError. With authentication, a message
+        that names another sender than its connection's rank is dropped (see module docstring).
         """
         try:
             ready = dict(self.poller.poll(timeout_ms))
@@ -123,11 +151,28 @@ class Transport:
                     except zmq.Again:
                         break
                     messages = decode(frames[1:])
+                    if self._keys is not None and not self._from_sender(frames, messages):
+                        continue
                     self.traffic.count("received", frame_bytes(frames[1:]), messages)
                     out.append((messages[0].src if messages else -1, messages))
             return out
         except zmq.ZMQError as exc:
             raise TransportError(f"rank {self.rank}: receive failed: {exc}") from exc
+
+    def _from_sender(self, frames: list, messages: list[Message]) -> bool:
+        """Whether every header of a received ZeroMQ message names the rank its connection
+        authenticated as; if not, count the message as dropped and log it once per peer."""
+        sender = authenticated_rank(frames[-1])
+        if all(m.src == sender for m in messages):
+            return True
+        self.traffic.counters["dropped_forged_messages"] += 1
+        if sender not in self._warned:
+            self._warned.add(sender)
+            claimed = sorted({m.src for m in messages} - {sender})
+            _log.warning("rank %d: dropped a message from rank %d whose headers name rank(s) %s "
+                         "(further ones are only counted: stats()['dropped_forged_messages'])",
+                         self.rank, sender, claimed)
+        return False
 
     def close(self, linger_ms: int = 0) -> None:
         self.router.close(linger=0)
@@ -135,5 +180,8 @@ class Transport:
         for sock in self.peers.values():
             sock.close(linger=linger_ms)
         self.peers.clear()
+        if self._zap is not None:  # last: its socket must be closed before the context ends
+            self._zap.close()
+            self._zap = None
         if self._own_context:
             self.context.term()
