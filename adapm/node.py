@@ -16,17 +16,22 @@ from ._engine.state import NodeState
 from ._store import OWNER, REPLICA, Store
 from ._wire import auth, rendezvous
 from ._wire.zmq_transport import Transport
+from . import checkpoint as _checkpoint
 from .args import as_timeout
 from .config import Config, under_launcher
-from .errors import AdaPMError, AdaPMTimeout, InvalidArgument, StateError
+from .errors import AdaPMError, AdaPMTimeout, CheckpointError, InvalidArgument, StateError
 from .worker import Worker
+
+# Pause between two attempts to write a checkpoint's shards (keys were still on their way
+# between nodes): an idle engine sends what it holds for a peer within its idle poll (50 ms).
+_SETTLE_PAUSE_S = 0.05
 
 _active_lock = threading.Lock()
 _active: Optional["Node"] = None
 
 
 def init(num_keys: Optional[int] = None, value_length=None, *, config: Optional[Config] = None,
-         **settings) -> "Node":
+         restore=None, **settings) -> "Node":
     """Start this process's node and return it. Blocks until all nodes of the job have joined.
 
     Give either ``config`` or the settings (``num_keys``, ``value_length`` and any other
@@ -34,10 +39,24 @@ def init(num_keys: Optional[int] = None, value_length=None, *, config: Optional[
     :mod:`adapm.config`). Under a launcher a ``config`` takes the launcher's rank, world size and
     rendezvous (ConfigError if it names others). Without a launcher this is a single node that
     needs no sockets. Raises StateError if this process already has a running node.
+
+    ``restore``: a checkpoint directory (:meth:`Node.checkpoint`) to start from, on any number
+    of nodes: each node reads its home keys' values (``k % world_size == rank``) from it into
+    its store before it joins its peers, so every key starts with its value there (the
+    checkpoint must be readable by every node: a shared filesystem or a copy per host). Without
+    ``config`` and ``num_keys``, ``num_keys`` and ``value_length`` come from the checkpoint.
+    Raises ConfigError (naming the path and the difference) when the job's num_keys or value
+    lengths differ from the checkpoint's, CheckpointError when it is missing, corrupt (every
+    file read is checked against its sha256) or of an unknown format version.
     """
     if config is not None and (num_keys is not None or value_length is not None or settings):
         raise InvalidArgument("config: give either config=Config(...) or keyword settings, not both")
+    if restore is not None and not isinstance(restore, _checkpoint.Checkpoint):
+        restore = _checkpoint.load(restore)
     if config is None:
+        if num_keys is None and restore is not None:
+            num_keys = restore.num_keys
+            value_length = restore.value_length if value_length is None else value_length
         if num_keys is None:
             raise InvalidArgument("num_keys: required (or pass config=Config(...))")
         if value_length is not None:
@@ -51,9 +70,13 @@ def init(num_keys: Optional[int] = None, value_length=None, *, config: Optional[
             raise StateError(
                 f"init: this process already runs node rank {_active.rank}; call shutdown() first"
             )
-        node = Node(config)
+        node = Node(config, restore=restore)
         _active = node
     return node
+
+
+class _KeysMoved(CheckpointError):
+    """Keys left this node while its checkpoint shard was read (the shards are written again)."""
 
 
 class Node:
@@ -63,15 +86,20 @@ class Node:
     ``barrier()`` and ``shutdown()`` are collective (every node calls them, one thread each).
     """
 
-    def __init__(self, config: Config, *, transport=None, engine_class=EngineLoop) -> None:
+    def __init__(self, config: Config, *, transport=None, engine_class=EngineLoop,
+                 restore=None) -> None:
         """``transport``: an already connected transport (in-process clusters); by default a
         ZeroMQ transport connected through the rendezvous when ``world_size > 1``.
-        ``engine_class``: what runs the engine state (a thread; the simulator in tests)."""
+        ``engine_class``: what runs the engine state (a thread; the simulator in tests).
+        ``restore``: a checkpoint (path or :class:`adapm.checkpoint.Checkpoint`) whose values
+        this node's keys start with (see :func:`init`)."""
         self.config = config
         self.rank = config.rank
         self.world_size = config.world_size
+        restored = self._restored(restore)
         self.store = Store(config)
-        self.store.insert(routing.home_keys(self.rank, config.num_keys, self.world_size), OWNER)
+        home = routing.home_keys(self.rank, config.num_keys, self.world_size)
+        self.store.insert(home, OWNER, restored.read(home) if restored is not None else None)
         self._workers: list[Worker] = []
         self._workers_lock = threading.Lock()
         self._barrier_epoch = 0
@@ -90,22 +118,34 @@ class Node:
                 if self._trace is not None:
                     self._trace.close(None)
                 raise
-            state = self.make_state(config, self.store)
+            state = self.make_state(config, self.store, restored)
             if self._trace is not None:
                 state.subscribe(self._trace)
             self.engine = engine_class(state, self.transport, config.request_timeout_s)
             self.engine.start()
 
+    def _restored(self, restore) -> Optional["_checkpoint.Checkpoint"]:
+        """The checkpoint to restore from, checked against this node's config (ConfigError,
+        CheckpointError before anything starts), or None."""
+        if restore is None:
+            return None
+        if not isinstance(restore, _checkpoint.Checkpoint):
+            restore = _checkpoint.load(restore)
+        restore.check_matches(self.config.num_keys, self.config.value_length)
+        return restore
+
     @staticmethod
-    def make_state(config: Config, store: Store) -> NodeState:
-        """The engine state of a node whose store holds its home partition."""
+    def make_state(config: Config, store: Store, restored=None) -> NodeState:
+        """The engine state of a node whose store holds its home partition (restored from
+        checkpoint ``restored``, if given)."""
         state = NodeState(config.rank, config.world_size, store, config)
         if state.policy.replicates_everything:
             # Every node holds every key: replicas of all keys homed elsewhere, synced each round.
             others = np.setdiff1d(np.arange(config.num_keys, dtype=np.int64),
                                   store.local_keys(), assume_unique=True)
-            # In sync now (all zeros, version 0): staleness counts from here, not from boot.
-            store.insert(others, REPLICA, synced_at=time.monotonic())
+            # In sync now (the owners' values, version 0): staleness counts from here.
+            values = restored.read(others) if restored is not None else None
+            store.insert(others, REPLICA, values, synced_at=time.monotonic())
             state.directory.replicas_added(others)
         return state
 
@@ -186,10 +226,11 @@ class Node:
             totals.update(self.transport.traffic.snapshot())
         totals.update({"relocations_in": 0, "relocations_out": 0, "replica_setups": 0,
                        "replica_drops": 0, "rounds": 0, "empty_rounds": 0,
-                       "mean_round_ms": 0.0, "engine_cpu_s": 0.0})
+                       "mean_round_ms": 0.0, "engine_cpu_s": 0.0, "dropped_messages": 0})
         if self.engine is not None:
             totals.update(self.engine.state.stats())
             totals["late_answers"] += self.engine.counters["late_answers"]
+            totals["dropped_messages"] = self.engine.counters["dropped_messages"]
             totals["engine_cpu_s"] = self.engine.cpu_seconds()
         totals["mean_staleness_ms"] = self.store.mean_staleness_ms()
         totals["replica_reads"] = int(self.store.access_stats[0])
@@ -237,6 +278,120 @@ class Node:
             call = self.engine.submit(Request(Op.ROUND),
                                       f"replica refresh after {kind} (collective #{epoch})")
             self.engine.wait(call, timeout_s)
+
+    def checkpoint(self, path, timeout_s: Optional[float] = None, *, meta=None) -> None:
+        """Write every key's value exactly once into directory ``path``, atomically.
+
+        Collective and blocking: every node calls it (one thread each) while none of its
+        workers is inside a call; training may go on after it returns. The files (see
+        :mod:`adapm.checkpoint`): per node a shard of the keys whose main copy it holds, with
+        their values (optimizer state kept in a value is part of it), and a manifest; restore
+        with ``adapm.init(..., restore=path)`` on any number of nodes. ``meta``: a JSON document
+        stored in the manifest (rank 0's; read it back with ``adapm.checkpoint_meta(path)``).
+
+        Atomic: until the new checkpoint is complete and verified, ``path`` keeps the previous
+        one; a crash at any moment leaves a complete checkpoint to load, and the next
+        checkpoint to ``path`` cleans up after it. Every node writes into ``<path>.partial``,
+        which must be on a filesystem that all nodes share (a relative ``path`` is taken from
+        each process's working directory).
+
+        Consistency: every worker of this node is flushed as in ``shutdown`` (its pushes are in
+        the main copies), sync rounds stop, the nodes meet (after which no key starts moving),
+        each node writes the keys it holds as main copy, and rank 0 checks that the shards
+        together hold every key exactly once; a key still on its way between two nodes shows
+        as missing, and the shards are written again once it arrived. ``timeout_s`` bounds each
+        wait (default: ``Config.request_timeout_s`` for flushing and for shards to settle,
+        ``connect_timeout_s`` for meeting). Raises CheckpointError (on every node, the previous
+        checkpoint left in place) when a node cannot write or the path is not a checkpoint
+        directory, InvalidArgument for a bad ``path`` or ``meta``.
+        """
+        self._check_open("checkpoint")
+        timeout_s = as_timeout(timeout_s)
+        config = self.config
+        writer = _checkpoint.ShardWriter(path, self.rank, self.world_size, config.num_keys,
+                                         config.value_length, meta)
+        writer.check_path()  # every node, before anything collective: all raise alike
+        with self._workers_lock:
+            workers = list(self._workers)
+        for handle in workers:
+            handle.wait_sync(timeout_s)  # replica updates reach their owners too
+        try:
+            if self.engine is not None:
+                # No round starts any more, on any node once all have met: no owner decides
+                # to move a key, so keys only finish moves already on their way.
+                self.engine.quiesce(config.request_timeout_s)
+            self._write_checkpoint(writer, timeout_s)
+        finally:
+            if self.engine is not None:
+                self.engine.resume()
+
+    def _write_checkpoint(self, writer: "_checkpoint.ShardWriter",
+                          timeout_s: Optional[float]) -> None:
+        """The collective part of :meth:`checkpoint`. Every node meets the others the same
+        number of times whatever fails, and raises after the meeting that tells it; so no
+        node waits for one that gave up."""
+        settle_s = self.config.request_timeout_s if timeout_s is None else timeout_s
+        tag = f"{self.config.rendezvous}#{self._barrier_epoch}"  # this job's this checkpoint
+        failure: Optional[BaseException] = None
+        if self.rank == 0:
+            try:
+                writer.prepare(tag)
+            except (OSError, AdaPMError) as exc:
+                failure = exc
+        self._meet(timeout_s)  # every node is quiet; rank 0 prepared the directory
+        if failure is not None:
+            raise CheckpointError(f"rank 0: checkpoint {writer.path}: cannot prepare "
+                                  f"{writer.partial}: {failure}") from failure
+        writer.check_prepared(tag)
+        deadline = time.monotonic() + settle_s
+        attempt = 0
+        while True:
+            failure = None
+            try:
+                writer.write_shard(self.store.owned_keys(), self._checkpoint_values)
+            except _KeysMoved as exc:
+                writer.report_failure(exc, retry=True)
+            except (OSError, AdaPMError) as exc:
+                failure = exc
+                writer.report_failure(exc)
+            self._meet(timeout_s)  # every shard written
+            if self.rank == 0:
+                try:
+                    writer.post_verdict(attempt, writer.verify(time.monotonic() > deadline))
+                except (OSError, ValueError, AdaPMError) as exc:
+                    failure = failure or exc
+            self._meet(timeout_s)  # rank 0's verdict posted
+            verdict = writer.read_verdict(attempt)
+            if verdict.status == "ok":
+                break
+            if verdict.status != "retry":
+                raise CheckpointError(f"rank {self.rank}: checkpoint {writer.path} not "
+                                      f"written, the previous one is left: {verdict.message}"
+                                      ) from failure
+            attempt += 1
+            time.sleep(_SETTLE_PAUSE_S)  # keys on their way arrive meanwhile
+        self._meet(timeout_s)  # every node read the verdict: rank 0 may swap the directory
+        if self.rank == 0:
+            try:
+                writer.commit(verdict.id)
+            except (OSError, AdaPMError) as exc:
+                failure = exc
+        self._meet(timeout_s)  # the new checkpoint is in place (or rank 0 failed)
+        if failure is not None:
+            raise CheckpointError(f"rank 0: checkpoint {writer.path}: cannot put it in place: "
+                                  f"{failure}") from failure
+        writer.check_committed(verdict.id)
+
+    def _meet(self, timeout_s: Optional[float]) -> None:
+        self._barrier(timeout_s, refresh=False, kind="checkpoint")
+
+    def _checkpoint_values(self, keys: np.ndarray) -> np.ndarray:
+        """Packed values of ``keys`` (main copies here), in one store call."""
+        out = np.empty(self.store.floats_for(keys), dtype=np.float32)
+        missing = np.empty(len(keys), dtype=np.int64)
+        if self.store.gather(keys, out, missing):
+            raise _KeysMoved(f"rank {self.rank}: keys left this node while they were written")
+        return out
 
     def shutdown(self, timeout_s: Optional[float] = None) -> None:
         """Flush every worker's queued operations, meet all nodes, then close. Idempotent.

@@ -229,8 +229,9 @@ def _check_schedule(management, plan):
     results = cluster(_schedule_job, len(plan), args=(plan,), num_keys=P_KEYS,
                       value_length=P_DIM, management=management)
     expected = expected_sums(plan)
-    for rank, (values, _, _) in enumerate(results):
+    for rank, (values, _, stats) in enumerate(results):
         np.testing.assert_array_equal(values, expected, err_msg=f"rank {rank} ({management})")
+        assert stats["dropped_messages"] == 0, f"rank {rank} dropped a message of its peers"
     check_placement([p for _, p, _ in results], len(plan), P_KEYS)
 
 

@@ -24,6 +24,7 @@ too: nothing can go on without it.
 from __future__ import annotations
 
 import collections
+import logging
 import math
 import threading
 import time
@@ -34,6 +35,9 @@ from .._wire.protocol import Kind, message
 from ..errors import AdaPMError, AdaPMTimeout, NodeFailure
 from .events import Call, Finish, Received, Request, Send, Submitted, Tick
 from .liveness import Liveness
+from .validate import problem
+
+_log = logging.getLogger("adapm")
 
 _LIVENESS = frozenset({Kind.HEARTBEAT, Kind.GOODBYE, Kind.FAILED})
 # How often a waiting worker checks whether the engine thread failed.
@@ -50,7 +54,8 @@ class EngineLoop:
         self.rank = state.rank
         self.request_timeout_s = request_timeout_s
         self.error: Optional[AdaPMError] = None
-        self.counters = {"late_answers": 0}
+        self.counters = {"late_answers": 0, "dropped_messages": 0}
+        self._warned: set[int] = set()  # peers whose bad messages were logged once
         self._submissions: collections.deque = collections.deque()
         self._workers: list = []  # Worker handles, by index: their clocks go into each Tick
         self._live: set[Call] = set()  # submitted, not finished (engine thread only)
@@ -59,6 +64,7 @@ class EngineLoop:
         self._goodbye = False  # at stop: tell the peers this node leaves on purpose
         self.liveness: Optional[Liveness] = None  # created on the engine thread
         self._final_cpu_s = 0.0  # the thread's CPU time when it ended
+        self.passes = 0  # loop passes completed (quiesce waits for one that saw `closing`)
         self._thread = threading.Thread(target=self._run, name=f"adapm-engine-{self.rank}",
                                         daemon=True)
 
@@ -143,12 +149,26 @@ class EngineLoop:
             raise self.error
 
     def quiesce(self, timeout_s: float) -> None:
-        """Start no more sync rounds; wait until the running one is answered (shutdown)."""
+        """Start no more sync rounds; wait until the running one is answered (shutdown,
+        checkpoint). Waits for a whole loop pass that began after ``closing`` was set: the pass
+        running at that moment may have passed its check and be starting a round."""
+        seen = self.passes
+        first = seen + 2
         self.state.closing = True
         self.transport.wake()
         deadline = time.monotonic() + timeout_s
-        while self.state._open and self.error is None and time.monotonic() < deadline:
+        while ((self.passes < first and self._thread.is_alive()) or self.state._open) and \
+                self.error is None and time.monotonic() < deadline:
+            if self.passes != seen:  # the next pass starts now, not after its poll timeout
+                seen = self.passes
+                self.transport.wake()
             time.sleep(0.001)
+
+    def resume(self) -> None:
+        """Start sync rounds again after :meth:`quiesce` (a checkpoint is done; training goes
+        on). Any thread."""
+        self.state.closing = False
+        self.transport.wake()
 
     def stop(self, goodbye: bool = False) -> None:
         """End the engine thread. ``goodbye``: a clean shutdown; tell the peers, so that this
@@ -176,8 +196,12 @@ class EngineLoop:
                             failure = self._liveness_message(msg)
                             if failure is not None:
                                 return self._fail(failure)
-                        else:
-                            self._carry_out(state.handle(Received(msg), clock()))
+                            continue
+                        why = problem(msg, state)
+                        if why is not None:
+                            self._drop(msg, why)
+                            continue
+                        self._carry_out(state.handle(Received(msg), clock()))
                     # What this message caused goes out now, not after the whole batch: a
                     # worker may be blocked on it (bench/adaptive.py: from post to send took
                     # ~1.1 ms on average when sends waited for the end of the pass, ~0.65 ms so).
@@ -191,6 +215,7 @@ class EngineLoop:
                 failure = self._look_after_peers(clock())
                 if failure is not None:
                     return self._fail(failure)
+                self.passes += 1
             if self._goodbye:
                 self._broadcast(message(Kind.GOODBYE, self.rank, 0))
             self._final_cpu_s = time.thread_time()
@@ -210,6 +235,15 @@ class EngineLoop:
         for call in self._live:
             call.finish([], error)
         self._live.clear()
+
+    def _drop(self, msg, why: str) -> None:
+        """A message unfit to handle: counted, logged once per sender, otherwise ignored."""
+        self.counters["dropped_messages"] += 1
+        if msg.src not in self._warned:
+            self._warned.add(msg.src)
+            _log.warning("rank %d: dropped a %s from rank %d: %s (further bad messages from it "
+                         "are only counted: stats()['dropped_messages'])", self.rank,
+                         msg.kind.name, msg.src, why)
 
     def _in_progress(self) -> str:
         whats = sorted({call.what for call in list(self._live)})

@@ -1,0 +1,160 @@
+"""Is a received message fit to touch this node's state? Checked before the state machine sees it.
+
+The decoder (:func:`adapm._wire.protocol.decode`) already guarantees the framing: known kind,
+integer header fields, the kind's number of arrays, each a whole number of its dtype. Here come
+the checks that need the node: sender and origin ranks, keys in ``[0, num_keys)``, per-key
+arrays as long as their keys, rows as long as their keys' values, home updates only for keys
+homed here, answers only to requests this node has open, at positions it asked for. A message
+that fails is dropped whole (nothing of it is applied) and the reason is returned for the
+counters and the log. Vectorised numpy per array, no per-key Python.
+
+What these checks cannot tell is whether a well-formed message from a member of the job is
+*true* (a forged but consistent answer); that is what authentication (CURVE) is for.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import numpy as np
+
+from .._wire.protocol import ANSWERS, CARRIERS, KEYED, MOVE_ARRAYS, Kind, Message
+
+_FROM_PEERS = frozenset(Kind) - {Kind.HELLO, Kind.TABLE}
+
+
+def problem(msg: Message, state) -> Optional[str]:
+    """Why ``msg`` must be dropped, or None when it may be handled by ``state``."""
+    world, store = state.world_size, state.store
+    src = msg.src
+    if not 0 <= src < world or src == state.rank:
+        return f"sender rank {src} is not a peer"
+    if msg.kind not in _FROM_PEERS:
+        return f"{msg.kind.name} is not sent between nodes"
+    if msg.req_id < 0:
+        return f"negative request id {msg.req_id}"
+    if msg.kind in CARRIERS:
+        why = _moves_problem(msg.moves(), state)
+        if why:
+            return why
+    if msg.kind in KEYED:
+        return _keyed_problem(msg, world, store)
+    if msg.kind in ANSWERS:
+        return _answer_problem(msg, state)
+    if msg.kind == Kind.BARRIER:
+        if state.rank != 0:
+            return "a barrier arrival at a rank other than 0"
+        if type(msg.header.get("e")) is not int or not isinstance(msg.header.get("t"), str):
+            return "a barrier arrival without epoch and kind"
+    return None
+
+
+def _keys_problem(keys: np.ndarray, num_keys: int) -> Optional[str]:
+    if len(keys) and (int(keys.min()) < 0 or int(keys.max()) >= num_keys):
+        bad = int(keys.min()) if int(keys.min()) < 0 else int(keys.max())
+        return f"key {bad} outside [0, {num_keys})"
+    return None
+
+
+def _rows_problem(keys: np.ndarray, rows: np.ndarray, store) -> Optional[str]:
+    need = store.floats_for(keys)
+    if len(rows) != need:
+        return f"{len(rows)} floats for {len(keys)} keys that hold {need}"
+    return None
+
+
+def _keyed_problem(msg: Message, world: int, store) -> Optional[str]:
+    origin, hops = msg.header.get("o"), msg.header.get("h", 0)
+    if type(origin) is not int or not 0 <= origin < world:
+        return f"origin rank {origin!r} is not in the job"
+    if type(hops) is not int or hops < 0:
+        return f"hop count {hops!r}"
+    sections = msg.sections()
+    keyed = 3 if msg.kind == Kind.SYNC else 1
+    for section in sections[:keyed]:
+        keys = section[0]
+        why = _keys_problem(keys, store.num_keys)
+        if why:
+            return why
+        for array in section[1:]:
+            if array.dtype.kind == "f":
+                why = _rows_problem(keys, array, store)
+                if why:
+                    return why
+            elif len(array) != len(keys):
+                return f"{len(array)} entries for {len(keys)} keys"
+    return None
+
+
+def _moves_problem(moves: list, state) -> Optional[str]:
+    store, world = state.store, state.world_size
+    words = (world + 63) // 64
+    relocations, setups, homes = moves[:6], moves[6:9], moves[9:MOVE_ARRAYS]
+    for name, arrays in (("relocation", relocations), ("replica", setups)):
+        keys = arrays[0]
+        why = _keys_problem(keys, store.num_keys) or _rows_problem(keys, arrays[1], store)
+        if why:
+            return f"{name}: {why}"
+        if len(arrays[2]) != len(keys):
+            return f"{name}: {len(arrays[2])} versions for {len(keys)} keys"
+    keys = relocations[0]
+    if any(len(mask) != len(keys) * words for mask in relocations[3:5]) or \
+            len(relocations[5]) != len(keys):
+        return "relocation: masks or epochs do not match its keys"
+    keys, ranks, epochs = homes
+    why = _keys_problem(keys, store.num_keys)
+    if why:
+        return f"home update: {why}"
+    if len(ranks) != len(keys) or len(epochs) != len(keys):
+        return "home update: ranks or epochs do not match its keys"
+    if len(keys) and (np.any(keys % world != state.rank) or int(ranks.min()) < 0
+                      or int(ranks.max()) >= world):
+        return "home update for a key homed elsewhere, or to a rank not in the job"
+    return None
+
+
+def _answer_problem(msg: Message, state) -> Optional[str]:
+    req = state.requests.get(msg.req_id)
+    if req is None:
+        return None  # a late answer to a request given up on: the state counts and drops it
+    if msg.kind == Kind.ERROR:
+        return None if isinstance(msg.header.get("msg"), str) else "an error without text"
+    if msg.kind == Kind.BARRIER_RELEASE:
+        return None if msg.src == 0 else "a barrier release not from rank 0"
+    positions = msg.arrays[0]
+    if req.round is not None:
+        if msg.kind != Kind.SYNC_RESP:
+            return f"{msg.kind.name} answers a sync round"
+        return _sync_answer_problem(msg, req.round, state)
+    if msg.kind == Kind.SYNC_RESP:
+        return "a SYNC_RESP answers a worker's request"
+    asked = req.positions
+    at = np.searchsorted(asked, positions)
+    if len(positions) and (int(at.max()) >= len(asked) or np.any(asked[at] != positions)):
+        return f"answer positions that request {msg.req_id} did not ask for"
+    if len(positions) > req.remaining:
+        return f"more answers than request {msg.req_id} waits for"
+    if msg.kind == Kind.PULL_RESP:
+        return _rows_problem(req.keys[at], msg.arrays[1], state.store)
+    return None
+
+
+def _sync_answer_problem(msg: Message, context, state) -> Optional[str]:
+    positions, versions, refresh, values, moved, ranks, back, rows = msg.arrays[:8]
+    keys = context.keys
+    n = len(keys)
+    for name, pos in (("answered", positions), ("refreshed", refresh), ("redirected", moved),
+                      ("returned", back)):
+        if len(pos) and (int(pos.min()) < 0 or int(pos.max()) >= n):
+            return f"sync answer: {name} position outside the round's {n} entries"
+    if len(refresh) and (int(refresh.min()) < context.num_intents
+                         or not np.isin(refresh, positions).all()):
+        return "sync answer: a refresh of an entry that is not an answered replica entry"
+    if len(versions) != len(positions) or len(ranks) != len(moved):
+        return "sync answer: versions or ranks do not match their positions"
+    if len(ranks) and (int(ranks.min()) < 0 or int(ranks.max()) >= state.world_size):
+        return "sync answer: a redirect to a rank not in the job"
+    # Rows come back for returned deltas only, not for returned version checks.
+    deltas = back[back < context.num_intents + context.num_deltas]
+    return (_rows_problem(keys[refresh], values, state.store)
+            or _rows_problem(keys[deltas], rows, state.store))

@@ -1,0 +1,248 @@
+"""A dead or frozen rank, under every launcher: every survivor raises NodeFailure naming it,
+well before any request timeout, shuts down at once and exits non-zero.
+
+Real processes on loopback (tests/failure_job.py): started by hand (the ``ADAPM_*`` variables
+a user would set), under ``adapm-run``, and under Open MPI's ``mpirun`` (the PyPI wheel, in the
+dev extra). A rank is killed with SIGKILL or frozen with SIGSTOP once all ranks train.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import adapm
+from adapm.launch import free_port
+from adapm.testing import run_cluster
+
+from app_cli import ENV
+
+JOB = str(Path(__file__).with_name("failure_job.py"))
+FAILURE_TIMEOUT_S = 2.0
+# Survivors must fail by detection, not by a request or barrier timeout: those are far away.
+REQUEST_TIMEOUT_S = 60.0
+JOB_ENV = {**ENV, "ADAPM_FAILURE_TIMEOUT_S": str(FAILURE_TIMEOUT_S),
+           "ADAPM_REQUEST_TIMEOUT_S": str(REQUEST_TIMEOUT_S),
+           "ADAPM_CONNECT_TIMEOUT_S": str(REQUEST_TIMEOUT_S)}
+RUN_TIMEOUT_S = 90
+
+
+class Job:
+    """Processes of one job whose JSON lines are collected as they come."""
+
+    def __init__(self, procs: list) -> None:
+        self.procs = procs
+        self.records: list[dict] = []
+        self.text: list[str] = []
+        self._lock = threading.Lock()
+        self._readers = [threading.Thread(target=self._read, args=(p,), daemon=True)
+                         for p in procs]
+        for reader in self._readers:
+            reader.start()
+
+    def _read(self, proc) -> None:
+        for line in proc.stdout:
+            with self._lock:
+                self.text.append(line)
+                if line.startswith("{"):
+                    self.records.append(json.loads(line))
+
+    def wait_for(self, predicate, what: str) -> list[dict]:
+        deadline = time.monotonic() + RUN_TIMEOUT_S
+        while time.monotonic() < deadline:
+            with self._lock:
+                found = [r for r in self.records if predicate(r)]
+            if found:
+                return found
+            if all(p.poll() is not None for p in self.procs):
+                break
+            time.sleep(0.05)
+        self.kill()
+        raise AssertionError(f"no {what}; output:\n{''.join(self.text)}")
+
+    def ready(self, world_size: int) -> dict:
+        """rank -> pid, once every rank trains."""
+        deadline = time.monotonic() + RUN_TIMEOUT_S
+        while time.monotonic() < deadline:
+            with self._lock:
+                pids = {r["ready"]: r["pid"] for r in self.records if "ready" in r}
+            if len(pids) == world_size:
+                return pids
+            if any(p.poll() is not None for p in self.procs):
+                break
+            time.sleep(0.05)
+        self.kill()
+        raise AssertionError(f"the job did not start; output:\n{''.join(self.text)}")
+
+    def finish(self) -> list[int]:
+        codes = []
+        for proc in self.procs:
+            try:
+                codes.append(proc.wait(timeout=RUN_TIMEOUT_S))
+            except subprocess.TimeoutExpired:
+                self.kill()
+                raise AssertionError(f"a process hung; output:\n{''.join(self.text)}") from None
+        for reader in self._readers:
+            reader.join(timeout=10)
+        return codes
+
+    def kill(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+def start(argv_per_rank: list[list[str]], env_per_rank: list[dict]) -> Job:
+    procs = [subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True, start_new_session=True)
+             for argv, env in zip(argv_per_rank, env_per_rank)]
+    return Job(procs)
+
+
+def by_hand(world_size: int) -> Job:
+    """Ranks started one by one, as a user would without a launcher."""
+    rendezvous = f"127.0.0.1:{free_port()}"
+    envs = [{**JOB_ENV, "ADAPM_RANK": str(r), "ADAPM_WORLD_SIZE": str(world_size),
+             "ADAPM_RENDEZVOUS": rendezvous} for r in range(world_size)]
+    return start([[sys.executable, JOB]] * world_size, envs)
+
+
+def stop_rank(pid: int, how: str) -> float:
+    os.kill(pid, signal.SIGKILL if how == "kill" else signal.SIGSTOP)
+    return time.time()
+
+
+def check_survivors(job: Job, victim: int, world_size: int, since: float) -> None:
+    """Every other rank reported NodeFailure naming ``victim`` (not a timeout, not itself)."""
+    errors = {r["rank"]: r for r in job.wait_for(
+        lambda r: "error" in r and r["rank"] != victim, "error from a survivor")}
+    deadline = time.monotonic() + RUN_TIMEOUT_S
+    while len(errors) < world_size - 1 and time.monotonic() < deadline:
+        time.sleep(0.05)
+        with job._lock:
+            errors = {r["rank"]: r for r in job.records if "error" in r and r["rank"] != victim}
+    assert sorted(errors) == [r for r in range(world_size) if r != victim], job.text
+    for rank, record in errors.items():
+        assert record["error"] == "NodeFailure", record
+        assert record["failed_rank"] == victim, record
+        assert f"rank {victim} failed" in record["message"], record
+        # Noticed by detection: long before the request and barrier timeouts could fire.
+        assert record["at"] - since < REQUEST_TIMEOUT_S / 2, record
+        print(f"rank {rank}: NodeFailure {record['at'] - since:.2f}s after the signal")
+    # And then shut down at once (shutdown() raises the failure again, without waiting).
+    job.wait_for(lambda r: {x["closed"] for x in job.records if "closed" in x} >= set(errors),
+                 "shutdown of every survivor")
+
+
+@pytest.mark.parametrize("how", ["kill", "stop"])
+def test_by_hand_every_survivor_names_the_dead_rank(how):
+    world_size, victim = 3, 2
+    job = by_hand(world_size)
+    try:
+        pids = job.ready(world_size)
+        since = stop_rank(pids[victim], how)
+        check_survivors(job, victim, world_size, since)
+        codes = [p.wait(timeout=RUN_TIMEOUT_S) for r, p in enumerate(job.procs) if r != victim]
+    finally:
+        job.kill()  # the frozen victim never exits by itself
+    assert codes == [3] * (world_size - 1), job.text
+
+
+def test_adapm_run_frozen_rank_fails_the_job():
+    """adapm-run sees a dead rank itself; a frozen one only the survivors can notice."""
+    world_size, victim = 3, 1
+    job = start([[sys.executable, "-m", "adapm.launch", "-n", str(world_size), "--grace", "1",
+                  sys.executable, JOB]], [JOB_ENV])
+    try:
+        pids = job.ready(world_size)
+        since = stop_rank(pids[victim], "stop")
+        check_survivors(job, victim, world_size, since)
+        code = job.finish()[0]
+    finally:
+        job.kill()
+    assert code == 3, job.text  # the first survivor's exit status
+    assert any("exited with status 3" in line for line in job.text), job.text
+
+
+MPIRUN = shutil.which("mpirun", path=os.path.dirname(sys.executable)) or shutil.which("mpirun")
+
+
+@pytest.mark.skipif(MPIRUN is None, reason="Open MPI's mpirun is not installed (dev extra)")
+@pytest.mark.parametrize("how", ["kill", "stop"])
+def test_mpirun_dead_or_frozen_rank(how):
+    world_size, victim = 3, 1
+    env = {**JOB_ENV, "ADAPM_RENDEZVOUS": f"127.0.0.1:{free_port()}",
+           # Open MPI refuses root unless told; CI containers run as root.
+           "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+    job = start([[MPIRUN, "--oversubscribe", "-n", str(world_size), sys.executable, JOB]],
+                [env])
+    try:
+        pids = job.ready(world_size)
+        since = stop_rank(pids[victim], how)
+        if how == "stop":
+            check_survivors(job, victim, world_size, since)
+        code = job.finish()[0]
+    finally:
+        job.kill()
+    assert code != 0, job.text
+
+
+def test_clean_job_by_hand_exits_zero():
+    """Heartbeats and goodbyes cause no false failure: a short job ends cleanly everywhere."""
+    rendezvous = f"127.0.0.1:{free_port()}"
+    envs = [{**JOB_ENV, "ADAPM_RANK": str(r), "ADAPM_WORLD_SIZE": "3",
+             "ADAPM_RENDEZVOUS": rendezvous} for r in range(3)]
+    job = start([[sys.executable, JOB, "300"]] * 3, envs)
+    job.ready(3)
+    codes = job.finish()
+    assert codes == [0, 0, 0] and len([r for r in job.records if "done" in r]) == 3, job.text
+
+
+# --- inside one job: idle is not dead, collectives of different kinds do not pair ---------------
+
+def _idle_job(node, idle_s):
+    w = node.worker()
+    w.push([node.rank], np.ones((1, 1), np.float32))
+    w.wait()
+    time.sleep(idle_s)  # no call at all: only heartbeats show the peers alive
+    node.barrier()
+    return w.pull(np.arange(3))[:, 0].tolist()
+
+
+def test_idle_nodes_are_not_declared_failed():
+    results = run_cluster(_idle_job, 3, args=(3 * 1.0,), timeout_s=RUN_TIMEOUT_S,
+                          config=dict(num_keys=3, failure_timeout_s=1.0))
+    assert results == [[1.0, 1.0, 1.0]] * 3
+
+
+def _mismatched_collectives_job(node):
+    started = time.monotonic()
+    try:
+        if node.rank == 0:
+            node.barrier()
+        else:
+            node.shutdown()
+    except adapm.AdaPMError as exc:
+        node._release()  # leave without meeting anyone, as after any failure
+        return type(exc).__name__, str(exc), time.monotonic() - started
+    return "no error", "", time.monotonic() - started
+
+
+def test_barrier_never_pairs_with_shutdown():
+    results = run_cluster(_mismatched_collectives_job, 2, timeout_s=RUN_TIMEOUT_S,
+                          config=dict(num_keys=4, connect_timeout_s=REQUEST_TIMEOUT_S))
+    for kind, text, seconds in results:
+        assert "does not match across nodes" in text, results
+        assert "rank 0 barrier()" in text and "rank 1 shutdown()" in text, results
+        assert seconds < REQUEST_TIMEOUT_S / 2, results  # told at once, not timed out
