@@ -10,10 +10,12 @@ manager decides per key and at run time whether to relocate or replicate it. See
     node.shutdown()
 """
 
+from .checkpoint import checkpoint_meta
 from .config import Config
 from .errors import (
     AdaPMError,
     AdaPMTimeout,
+    CheckpointError,
     ConfigError,
     InvalidArgument,
     InvalidType,
@@ -30,12 +32,14 @@ __version__ = "0.1.0"
 
 __all__ = [
     "init",
+    "checkpoint_meta",
     "Config",
     "Sampling",
     "Node",
     "Worker",
     "AdaPMError",
     "AdaPMTimeout",
+    "CheckpointError",
     "ConfigError",
     "InvalidArgument",
     "InvalidType",

@@ -46,6 +46,11 @@ class PeerError(AdaPMError):
     """A peer node reported that it failed to serve one of our requests."""
 
 
+class CheckpointError(AdaPMError):
+    """A checkpoint could not be written, or what is at the path is missing, incomplete,
+    corrupt (checksum) or of an unknown format. The message names the path."""
+
+
 class NodeFailure(AdaPMError):
     """A node of the job died or stopped answering; the job cannot go on.
 
@@ -69,4 +74,5 @@ __all__ = [
     "TransportError",
     "PeerError",
     "NodeFailure",
+    "CheckpointError",
 ]

@@ -9,6 +9,7 @@ from typing import Optional
 import numpy as np
 import zmq
 
+from . import checkpoint as _checkpoint
 from ._engine import routing
 from ._engine.events import Op, Request
 from ._engine.loop import EngineLoop
@@ -16,7 +17,6 @@ from ._engine.state import NodeState
 from ._store import OWNER, REPLICA, Store
 from ._wire import auth, rendezvous
 from ._wire.zmq_transport import Transport
-from . import checkpoint as _checkpoint
 from .args import as_timeout
 from .config import Config, under_launcher
 from .errors import AdaPMError, AdaPMTimeout, CheckpointError, InvalidArgument, StateError
@@ -83,7 +83,8 @@ class Node:
     """One process of a job: the store, the engine thread and the worker handles.
 
     Thread safety: ``worker()``, ``stats()`` and ``local_keys()`` may be called from any thread;
-    ``barrier()`` and ``shutdown()`` are collective (every node calls them, one thread each).
+    ``barrier()``, ``checkpoint()`` and ``shutdown()`` are collective (every node calls them,
+    one thread each).
     """
 
     def __init__(self, config: Config, *, transport=None, engine_class=EngineLoop,

@@ -41,10 +41,12 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def run_cluster(fn: Callable, world_size: int, *, args: Sequence = (), timeout_s: float = 60.0,
-                config: Optional[dict] = None, expect_failure: bool = False) -> list:
+                config: Optional[dict] = None, expect_failure: bool = False,
+                restore: Optional[str] = None) -> list:
     """Run ``fn(node, *args)`` on ``world_size`` real processes; return their results by rank.
 
     ``config`` holds extra :class:`adapm.Config` fields (num_keys is required there).
+    ``restore``: a checkpoint directory every node starts from (``adapm.init(restore=...)``).
     With ``expect_failure=True`` a failing rank does not raise; instead the list holds, per
     rank, ``("ok", result)`` or ``("error", traceback text)`` (a hang still raises).
     """
@@ -54,7 +56,8 @@ def run_cluster(fn: Callable, world_size: int, *, args: Sequence = (), timeout_s
     settings = dict(config or {})
     procs = [
         ctx.Process(target=_child, name=f"adapm-test-rank-{rank}",
-                    args=(fn, rank, world_size, rendezvous, settings, tuple(args), results_q))
+                    args=(fn, rank, world_size, rendezvous, settings, tuple(args), results_q,
+                          restore))
         for rank in range(world_size)
     ]
     for proc in procs:
@@ -113,13 +116,13 @@ def _describe(outcome: dict) -> str:
     return "".join(parts)
 
 
-def _child(fn, rank, world_size, rendezvous, settings, args, results_q) -> None:
+def _child(fn, rank, world_size, rendezvous, settings, args, results_q, restore) -> None:
     import adapm
 
     status, payload, code = "ok", None, 0
     try:
         config = adapm.Config(rank=rank, world_size=world_size, rendezvous=rendezvous, **settings)
-        node = adapm.init(config=config)
+        node = adapm.init(config=config, restore=restore)
         try:
             payload = fn(node, *args)
         except BaseException:

