@@ -12,11 +12,11 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from app_cli import ENV, PY
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -25,7 +25,7 @@ from adapm import checkpoint as ckpt
 from adapm._store import OWNER, REPLICA
 from adapm.testing import run_cluster
 
-FAST = dict(connect_timeout_s=20, request_timeout_s=20)
+FAST = {"connect_timeout_s": 20, "request_timeout_s": 20}
 NUM_KEYS = 48
 UNIFORM = 3
 PER_KEY = (np.arange(NUM_KEYS) % 4 + 1).astype(np.int64)  # 1..4 floats per key
@@ -210,3 +210,180 @@ def test_restore_under_full_replication_fills_the_replicas(written):
     for values, held in results:
         assert held == list(range(NUM_KEYS))  # every key local: the replicas hold it too
         np.testing.assert_array_equal(values, expected_after_pushes(value_length))
+
+
+# --- a checkpoint killed at any step leaves one to load ----------------------------------------
+
+# Run as a separate process: a node writes values of 2.0 over the checkpoint at argv[1] and
+# dies (os._exit) at the step named by argv[2].
+_CRASHING = """
+import os, sys
+import numpy as np
+import adapm
+from adapm import checkpoint as ckpt
+
+path, step = sys.argv[1], sys.argv[2]
+node = adapm.init(num_keys=20, value_length=2)
+node.worker().set(np.arange(20), np.full((20, 2), 2.0, np.float32))
+if step == "after_the_shard":
+    write_shard = ckpt.ShardWriter.write_shard
+
+    def crash_after(self, *args):
+        write_shard(self, *args)
+        os._exit(3)
+
+    ckpt.ShardWriter.write_shard = crash_after
+elif step == "between_the_renames":
+    rename = os.rename
+
+    def crash_after(src, dst):
+        rename(src, dst)
+        if dst.endswith(ckpt.PREVIOUS_SUFFIX):
+            os._exit(3)
+
+    ckpt.os.rename = crash_after
+elif step == "before_removing_the_old_one":
+    def crash(*args, **kwargs):
+        os._exit(3)
+
+    ckpt.shutil.rmtree = crash
+node.checkpoint(path)
+os._exit(4)  # the step was never reached
+"""
+
+
+def _checkpoint_of(path, value: float) -> None:
+    with adapm.init(num_keys=20, value_length=2) as node:
+        node.worker().set(np.arange(20), np.full((20, 2), value, np.float32))
+        node.checkpoint(path)
+
+
+def _restored_values(path) -> np.ndarray:
+    with adapm.init(restore=path) as node:
+        return node.worker().pull(np.arange(20))
+
+
+@pytest.mark.parametrize("step, survivor", [("after_the_shard", 1.0),
+                                            ("between_the_renames", 1.0),
+                                            ("before_removing_the_old_one", 2.0)])
+def test_a_killed_checkpoint_leaves_a_complete_one(tmp_path, no_launcher, step, survivor):
+    path = tmp_path / "ckpt"
+    _checkpoint_of(path, 1.0)
+    proc = subprocess.run([PY, "-c", _CRASHING, str(path), step], check=False, env=ENV,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 3, proc.stderr
+    # The old checkpoint until the new one was swapped in, the new one after.
+    np.testing.assert_array_equal(_restored_values(path), np.full((20, 2), survivor))
+    # The next checkpoint to the same path cleans up after the crashed one.
+    _checkpoint_of(path, 5.0)
+    np.testing.assert_array_equal(_restored_values(path), np.full((20, 2), 5.0))
+    assert sorted(os.listdir(tmp_path)) == ["ckpt"]
+
+
+# --- errors ------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def small(tmp_path, no_launcher):
+    """A checkpoint of 20 keys of length 2 (values 1.0)."""
+    path = tmp_path / "ckpt"
+    _checkpoint_of(path, 1.0)
+    return path
+
+
+def test_a_job_of_another_shape_is_refused_naming_the_difference(small):
+    with pytest.raises(adapm.ConfigError, match=r"num_keys=20.*num_keys=21") as info:
+        adapm.init(num_keys=21, value_length=2, restore=small)
+    assert str(small) in str(info.value)
+    with pytest.raises(adapm.ConfigError, match="key 0: 2 floats in the checkpoint, 3 in "):
+        adapm.init(num_keys=20, value_length=3, restore=small)
+    lengths = np.full(20, 2)
+    lengths[7] = 1
+    with pytest.raises(adapm.ConfigError, match="key 7: 2 floats in the checkpoint, 1 in "):
+        adapm.init(num_keys=20, value_length=lengths, restore=small)
+    # Per-key lengths that are all 2 are the same job.
+    with adapm.init(num_keys=20, value_length=np.full(20, 2), restore=small) as node:
+        np.testing.assert_array_equal(node.worker().pull([3]), [1.0, 1.0])
+
+
+def test_a_damaged_checkpoint_is_refused_naming_the_file(small):
+    values = small / ckpt.shard_files(0)[1]
+    data = bytearray(values.read_bytes())
+    data[-1] ^= 1
+    values.write_bytes(bytes(data))
+    with pytest.raises(adapm.CheckpointError, match="shard-00000.values.npy is corrupt") as info:
+        adapm.init(restore=small)
+    assert str(small) in str(info.value)
+    values.unlink()
+    with pytest.raises(adapm.CheckpointError, match="cannot read shard-00000.values.npy"):
+        adapm.init(restore=small)
+    adapm.init(num_keys=1).shutdown()  # no node was left behind by the failures
+
+
+def test_an_unknown_format_version_or_no_checkpoint_is_refused(small, tmp_path):
+    manifest = json.loads((small / "manifest.json").read_text())
+    manifest["format_version"] = 99
+    (small / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(adapm.CheckpointError, match="format version 99"):
+        adapm.init(restore=small)
+    (small / "manifest.json").write_text("{not json")
+    with pytest.raises(adapm.CheckpointError, match="unreadable manifest.json"):
+        adapm.checkpoint_meta(small)
+    with pytest.raises(adapm.CheckpointError, match="no manifest.json"):
+        adapm.init(restore=tmp_path / "nothing-here")
+
+
+def test_checkpoint_refuses_to_replace_what_is_not_a_checkpoint(tmp_path, no_launcher):
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep me")
+    (tmp_path / "file").write_text("keep me too")
+    with adapm.init(num_keys=4) as node:
+        with pytest.raises(adapm.CheckpointError, match="not a checkpoint"):
+            node.checkpoint(mine)
+        with pytest.raises(adapm.CheckpointError, match="not a directory"):
+            node.checkpoint(tmp_path / "file")
+        with pytest.raises(adapm.InvalidArgument, match="meta"):
+            node.checkpoint(tmp_path / "new", meta={"x": object()})
+        node.worker().push([1], [[1.0]])  # the node goes on
+    assert (mine / "notes.txt").read_text() == "keep me"
+    assert sorted(os.listdir(tmp_path)) == ["file", "mine"]
+
+
+# --- any shape, any values, bit for bit ---------------------------------------------------------
+
+layouts = st.one_of(
+    st.integers(1, 5),
+    st.lists(st.integers(1, 5), min_size=1, max_size=40).map(lambda xs: np.array(xs)),
+)
+
+
+# no_launcher only clears environment variables: the same for every example.
+@settings(max_examples=25, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(num_keys=st.integers(1, 40), layout=layouts, seed=st.integers(0, 2**32 - 1),
+       meta=st.dictionaries(st.text(max_size=5), st.integers() | st.text(max_size=5),
+                            max_size=3))
+def test_restore_gives_back_every_bit(tmp_path, no_launcher, num_keys, layout, seed, meta):
+    if not isinstance(layout, int):
+        layout = np.resize(layout, num_keys)
+    lengths = np.broadcast_to(np.asarray(layout), (num_keys,))
+    rng = np.random.default_rng(seed)
+    bits = rng.integers(0, 2**32, int(lengths.sum()), dtype=np.uint32)
+    values = bits.view(np.float32)  # any pattern: NaNs, infinities, -0.0, subnormals
+    path = tmp_path / "ckpt"  # the same path for every example: each overwrites the last
+    with adapm.init(num_keys=num_keys, value_length=layout) as node:
+        w = node.worker()
+        w.set(np.arange(num_keys), values.reshape(num_keys, -1) if isinstance(layout, int)
+              else values)
+        node.checkpoint(path, meta={"first": True})
+        node.checkpoint(path, meta=meta)  # over the first one
+    with adapm.init(restore=path) as node:
+        back = node.worker().pull(np.arange(num_keys)).reshape(-1)
+    np.testing.assert_array_equal(back.view(np.uint32), bits)
+    assert adapm.checkpoint_meta(path) == meta
+    reader = ckpt.load(path)
+    keys = rng.integers(0, num_keys, 7)
+    starts = np.cumsum(lengths) - lengths
+    want = np.concatenate([bits[starts[k]:starts[k] + lengths[k]] for k in keys])
+    np.testing.assert_array_equal(reader.read(keys).view(np.uint32), want)
