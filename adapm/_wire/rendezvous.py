@@ -13,6 +13,7 @@ sides count failed handshakes, so that a timeout can say that a peer's secret di
 
 from __future__ import annotations
 
+import logging
 import socket
 import time
 import zlib
@@ -28,6 +29,8 @@ from .protocol import Kind
 
 # How long the rendezvous host keeps its socket open after answering, so the answers get out.
 _ANSWER_LINGER_MS = 5000
+
+_log = logging.getLogger("adapm.wire")
 
 
 def resolve_host(config: Config) -> str:
@@ -134,10 +137,14 @@ def _host_rendezvous(config: Config, endpoint: str, own: dict, context: zmq.Cont
                 hello = msgpack.unpackb(payload.bytes)
                 rank = hello.get("s")
             except (ValueError, TypeError, AttributeError, msgpack.UnpackException):
-                continue  # not a hello: only a member could have sent it, and it gains nothing
-            if keys is not None and rank != authenticated_rank(payload):
+                continue  # not a hello: ignored (a node never dies of a message)
+            sender = authenticated_rank(payload) if keys is not None else rank
+            if rank != sender:
                 # A member's keys with another rank's number: never let it take that place.
                 impostors += 1
+                if impostors == 1:  # once: whoever sends them could send many
+                    _log.warning("rank 0: rendezvous: ignored a hello that names rank %r from a "
+                                 "connection authenticated as rank %d", rank, sender)
                 continue
             identity = identity.bytes
             if not isinstance(rank, int) or not 0 <= rank < config.world_size or rank in hellos:
