@@ -1,7 +1,8 @@
 """Remote access: pull and push from rank 0 to keys homed on rank 1, two real local nodes.
 
-    python bench/remote.py            # full run (< 2 minutes)
+    python bench/remote.py            # full run, CURVE off and on side by side (< 5 minutes)
     python bench/remote.py --quick    # smaller run
+    python bench/remote.py --auth off # one mode only (off: plain ZeroMQ; on: CURVE)
 
 Two node processes on loopback (``adapm.testing.run_cluster``: spawned, fresh rendezvous port,
 hard timeout, exit codes checked). Rank 0 measures; rank 1 only serves (its communication
@@ -18,6 +19,11 @@ pull, or a push followed by ``wait()``) blocks on the answer.
 Each figure is the best (min) over several repetitions of the same calls. The machine is shared
 and has 2 cores for 3 busy threads here (rank 0's worker and communication threads, rank 1's
 communication thread): treat absolute numbers as a floor, compare ratios measured in one run.
+
+Authentication (docs/security.md): with ``--auth both`` (the default) every size runs twice,
+first with plain ZeroMQ, then with CURVE (``Config(auth=True)``: the same loopback job,
+authenticated and encrypted as it would be across hosts), and the table puts the two side by
+side with the ratio of their mean times per call (on / off: 1.25 means CURVE takes 25% longer).
 """
 
 from __future__ import annotations
@@ -25,10 +31,12 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import secrets
 import sys
 import time
 
 import numpy as np
+import zmq
 
 from adapm.testing import run_cluster
 
@@ -42,8 +50,10 @@ def _odd_keys(rng, num_keys: int, batch: int) -> np.ndarray:
     return rng.integers(0, num_keys // 2, batch, dtype=np.int64) * 2 + 1
 
 
-def _job(node, dim: int, num_keys: int, quick: bool) -> list:
+def _job(node, dim: int, num_keys: int, quick: bool, auth: bool = False) -> list:
     """Runs on every rank: rank 0 measures, rank 1 serves. Module-level for spawn."""
+    assert node.config.authenticated == auth
+    assert bool(node.transport.router.getsockopt(zmq.CURVE_SERVER)) == auth
     rows = []
     if node.rank == 0:
         w = node.worker()
@@ -117,33 +127,58 @@ def _latency(op, batch, dim, reps, keys, fn):
     return (op, batch, dim, mean * 1e6, p99 * 1e6, batch / mean)
 
 
+def _measure(dim: int, num_keys: int, quick: bool, auth: bool) -> list:
+    config = {"num_keys": num_keys, "value_length": dim}
+    if auth:
+        config.update(auth=True, secret=secrets.token_urlsafe(32))
+    result = run_cluster(_job, world_size=2, args=(dim, num_keys, quick, auth), timeout_s=110,
+                         config=config)
+    return result[0]
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer calls and repetitions")
+    parser.add_argument("--auth", choices=("both", "off", "on"), default="both",
+                        help="CURVE off, on, or both side by side (default)")
     opts = parser.parse_args(argv)
     sizes = SIZES if not opts.quick else ((16, 200_000), (128, 50_000))
+    modes = {"both": (False, True), "off": (False,), "on": (True,)}[opts.auth]
 
     t0 = time.perf_counter()
-    rows = []
+    rows: dict[bool, list] = {mode: [] for mode in modes}
     for dim, num_keys in sizes:
-        result = run_cluster(_job, world_size=2, args=(dim, num_keys, opts.quick), timeout_s=110,
-                             config={"num_keys": num_keys, "value_length": dim})
-        rows += result[0]
+        for mode in modes:  # off then on, per size: both see the machine in the same state
+            rows[mode] += _measure(dim, num_keys, opts.quick, mode)
 
-    import numpy
-    import zmq
     print(f"machine: nproc={os.cpu_count()}, {platform.machine()}, python "
-          f"{platform.python_version()}, numpy {numpy.__version__}, pyzmq {zmq.__version__} "
-          f"(libzmq {zmq.zmq_version()}); 2 nodes on loopback, rank 0 -> keys of rank 1")
+          f"{platform.python_version()}, numpy {np.__version__}, pyzmq {zmq.__version__} "
+          f"(libzmq {zmq.zmq_version()}, CURVE {'yes' if zmq.has('curve') else 'no'}); "
+          "2 nodes on loopback, rank 0 -> keys of rank 1")
     print("num_keys = " + ", ".join(f"{n:,} (dim {d})" for d, n in sizes) + "\n")
-    print("| op | batch | dim | mean latency (µs) | p99 latency (µs) | throughput (M keys/s) "
-          "| MB/s (values) |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
-    for op, batch, dim, mean_us, p99_us, keys_per_s in rows:
-        p99 = f"{p99_us:.0f}" if p99_us is not None else "-"
-        print(f"| {op} | {batch:,} | {dim} | {mean_us:,.0f} | {p99} | {keys_per_s / 1e6:.3f} | "
-              f"{keys_per_s * dim * 4 / 1e6:,.1f} |")
+    if len(modes) == 1:
+        print(f"CURVE {'on' if modes[0] else 'off'}\n")
+        print("| op | batch | dim | mean latency (µs) | p99 latency (µs) | throughput (M keys/s) "
+              "| MB/s (values) |")
+        print("|---|---:|---:|---:|---:|---:|---:|")
+        for op, batch, dim, mean_us, p99_us, keys_per_s in rows[modes[0]]:
+            print(f"| {op} | {batch:,} | {dim} | {mean_us:,.0f} | {_p99(p99_us)} | "
+                  f"{keys_per_s / 1e6:.3f} | {keys_per_s * dim * 4 / 1e6:,.1f} |")
+    else:
+        print("| op | batch | dim | mean µs, off | mean µs, CURVE | p99 µs, off | p99 µs, CURVE "
+              "| MB/s (values), off | MB/s (values), CURVE | time CURVE / off |")
+        print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+        for off, on in zip(rows[False], rows[True]):
+            op, batch, dim = off[:3]
+            assert on[:3] == (op, batch, dim)
+            print(f"| {op} | {batch:,} | {dim} | {off[3]:,.0f} | {on[3]:,.0f} | {_p99(off[4])} | "
+                  f"{_p99(on[4])} | {off[5] * dim * 4 / 1e6:,.1f} | "
+                  f"{on[5] * dim * 4 / 1e6:,.1f} | {on[3] / off[3]:.2f} |")
     print(f"\n(total bench time {time.perf_counter() - t0:.0f} s)")
+
+
+def _p99(p99_us) -> str:
+    return f"{p99_us:,.0f}" if p99_us is not None else "-"
 
 
 if __name__ == "__main__":
