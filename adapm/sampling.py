@@ -154,6 +154,14 @@ class WorkerSampler:
             lens = store.lens[sampling.low:sampling.high]
             self._row_length = int(lens[0]) if np.all(lens == lens[0]) else 0
 
+    def rng_state(self) -> dict:
+        """The random stream's state (JSON-serialisable), so that a run resumed from a
+        checkpoint draws what the uninterrupted run would have drawn."""
+        return self._rng.bit_generator.state
+
+    def set_rng_state(self, state: dict) -> None:
+        self._rng.bit_generator.state = state
+
     def prepare(self, n, start, end) -> int:
         s = self._sampling
         n = _as_count(n)

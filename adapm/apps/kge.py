@@ -262,6 +262,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         return kge_data.generate_main(argv[1:])
     p = parser()
     opts = p.parse_args(argv)
+    runner.check_flags(p, opts)
     if opts.baseline and adapm.Config.from_env(num_keys=1).world_size > 1:
         p.error("--baseline runs in one process; start it without a launcher")
     try:

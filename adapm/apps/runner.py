@@ -22,7 +22,13 @@ What every app gets from here:
   ``words_per_s``), ``loss``, the app's quality metrics when evaluated, and ``stats``: every
   node's ``stats()`` counted over the training phase of this epoch only (evaluation's pulls
   are not in it);
-- export of the trained model on rank 0.
+- export of the trained model on rank 0;
+- checkpoints (``--checkpoint-dir D``, every ``--checkpoint-every N`` epochs and after the last:
+  every key's value, optimizer state included, with the completed epoch count and the workers'
+  random streams in the manifest's ``meta``) and ``--resume``, which starts from the checkpoint
+  in D at the next epoch, on any number of nodes. With the same nodes and workers, a resumed run
+  draws what the uninterrupted run would have drawn (one node with one worker computes the same
+  numbers); with others, each worker's stream restarts from the seed.
 
 An app is a *task* object (see :class:`Task`) and a per-thread *trainer*; the runner owns
 threads, clocks, intent, timing, collectives and output.
@@ -43,8 +49,10 @@ import numpy as np
 
 import adapm
 
+from .. import checkpoint as checkpoints
 from .._argtypes import non_negative_int, positive_int, trace_keys
 from ..config import MANAGEMENT_VARIANTS
+from ..errors import CheckpointError
 from .baseline import ArrayNode
 from .exchange import Exchange, LocalExchange
 
@@ -70,6 +78,11 @@ class Trainer(Protocol):
     def step(self, worker, plan: Plan, sample: Optional[int]) -> tuple:
         """Train one batch: pull, one native kernel call, push. Returns (loss sum, steps), or
         (loss sum, steps, units) for a task with a ``unit`` (e.g. words)."""
+
+    # Optional, for a trainer that carries state from epoch to epoch (a random stream, a
+    # learning-rate schedule): ``state() -> dict`` (JSON-serialisable; stored in checkpoints)
+    # and ``resume(epochs_done, state)``: continue after ``epochs_done`` epochs, from ``state``
+    # if the checkpoint has this worker's (same nodes and workers), else from the seed.
 
 
 class Task(Protocol):
@@ -134,11 +147,31 @@ def add_common_flags(parser: argparse.ArgumentParser, *, ahead: int, batch_size:
                              "'adapm trace summary DIR' reads it)")
     common.add_argument("--trace-keys", type=trace_keys, default="all", metavar="KEYS",
                         help="keys the trace records: all, a sample size N, or k1,k2,...")
+    common.add_argument("--checkpoint-dir", metavar="DIR", default=None,
+                        help="write a checkpoint (every key's value and the epoch reached) to "
+                             "DIR, replacing the last one atomically; on a filesystem every "
+                             "node shares")
+    common.add_argument("--checkpoint-every", type=positive_int, default=1, metavar="N",
+                        help="with --checkpoint-dir: every N epochs, and after the last")
+    common.add_argument("--resume", action="store_true",
+                        help="start from the checkpoint in --checkpoint-dir and continue at the "
+                             "epoch after it (any number of nodes; --epochs counts from the "
+                             "start of the first run)")
+
+
+def check_flags(parser: argparse.ArgumentParser, opts: argparse.Namespace) -> None:
+    """argparse errors for combinations of the common flags that cannot work."""
+    if opts.resume and not opts.checkpoint_dir:
+        parser.error("--resume needs --checkpoint-dir (the checkpoint to resume from)")
+    if opts.baseline and opts.checkpoint_dir:
+        parser.error("--checkpoint-dir and --resume need the parameter manager, not --baseline")
 
 
 def run(task: Task, opts: argparse.Namespace, *, out=None) -> list[dict]:
     """Train ``task`` as ``opts`` say; returns rank 0's JSON records (other ranks: [])."""
     out = sys.stdout if out is None else out
+    # Before the node starts: a missing or mismatched checkpoint fails alone, not in a job.
+    resume = _resume_point(task, opts) if getattr(opts, "resume", False) else None
     if opts.baseline:
         node = ArrayNode(task.num_keys, task.value_length, task.sampling, opts.seed)
     else:
@@ -153,7 +186,7 @@ def run(task: Task, opts: argparse.Namespace, *, out=None) -> list[dict]:
             trace_dir=getattr(opts, "trace_dir", None),
             trace_keys=getattr(opts, "trace_keys", "all")))
     try:
-        records = _train(task, opts, node, out)
+        records = _train(task, opts, node, out, resume)
     except BaseException:
         if not opts.baseline:
             node._release()  # do not wait for peers in shutdown after a failure here
@@ -176,20 +209,64 @@ def _exchange_row(task: Task) -> int:
     return int(task.value_length) if _uniform(task) else _REPORT_ROW
 
 
-def _train(task: Task, opts, node, out) -> list[dict]:
+class _Resume:
+    """Where a resumed run starts: the checkpoint, the epochs it completed, and the workers'
+    states by global worker id (only when the job has the same nodes and workers)."""
+
+    def __init__(self, reader: "checkpoints.Checkpoint", epochs_done: int,
+                 states: dict) -> None:
+        self.reader = reader
+        self.epochs_done = epochs_done
+        self.states = states
+
+
+def _resume_point(task: Task, opts) -> _Resume:
+    """The checkpoint in ``--checkpoint-dir``, checked against this run (CheckpointError)."""
+    reader = checkpoints.load(opts.checkpoint_dir)
+    meta = reader.meta
+    where = f"checkpoint {reader.directory}"
+    if meta.get("app") != task.name:
+        raise CheckpointError(f"{where} was written by app {meta.get('app')!r}, not "
+                              f"{task.name!r}")
+    if meta.get("seed") != opts.seed:
+        raise CheckpointError(f"{where} was trained with --seed {meta.get('seed')}, this run "
+                              f"has --seed {opts.seed} (another data split and order)")
+    if reader.num_keys < task.num_keys:
+        raise CheckpointError(f"{where} holds {reader.num_keys} keys, this model has "
+                              f"{task.num_keys}")
+    theirs = (np.full(task.num_keys, reader.uniform) if reader.lengths is None
+              else reader.lengths[:task.num_keys])
+    if not np.array_equal(theirs, np.broadcast_to(task.value_length, (task.num_keys,))):
+        raise CheckpointError(f"{where}: the model's value lengths differ from this run's "
+                              f"(another --model or --dim?)")
+    epochs_done = int(meta["epoch"])
+    if epochs_done >= opts.epochs:
+        raise CheckpointError(f"{where} has {epochs_done} epochs done; to continue, give "
+                              f"--epochs above {epochs_done}")
+    probe = adapm.Config.from_env(num_keys=1)
+    same = [meta.get("world_size"), meta.get("workers")] == [probe.world_size, opts.workers]
+    return _Resume(reader, epochs_done, meta.get("states", {}) if same else {})
+
+
+def _train(task: Task, opts, node, out, resume: Optional[_Resume] = None) -> list[dict]:
     workers = [node.worker() for _ in range(opts.workers)]
     lead = node.worker()  # the main thread's: initial values, exchanges, evaluation, export
     if opts.baseline:
         exchange = LocalExchange()
     else:
         exchange = Exchange(node, lead, task.num_keys, _exchange_row(task), _uniform(task))
-    _initialise(task, node, lead)
+    _initialise(task, node, lead, resume.reader if resume is not None else None)
     parts = node.world_size * opts.workers
     threads = [_Thread(task, opts, w, node.rank * opts.workers + t, parts)
                for t, w in enumerate(workers)]
+    first = 1
+    if resume is not None:
+        first = resume.epochs_done + 1
+        for t in threads:
+            t.resume(resume.epochs_done, resume.states.get(str(t.part)))
     ahead_clocks = math.ceil(opts.ahead / opts.batch_size)
     records = []
-    for epoch in range(1, opts.epochs + 1):
+    for epoch in range(first, opts.epochs + 1):
         node.barrier()
         node.trace_mark(f"epoch {epoch} start")
         before = node.stats()
@@ -224,10 +301,22 @@ def _train(task: Task, opts, node, out) -> list[dict]:
             records.append(record)
             _emit(record, out, opts.json)
             print(_summary(record), file=sys.stderr, flush=True)
+        if getattr(opts, "checkpoint_dir", None) and (last or epoch % opts.checkpoint_every == 0):
+            _checkpoint(task, opts, node, exchange, threads, epoch)
     if opts.export and node.rank == 0:
         task.export(lead, opts.export)
     node.barrier()
     return records
+
+
+def _checkpoint(task: Task, opts, node, exchange, threads, epoch: int) -> None:
+    """Every key's value and what the run needs to continue after ``epoch`` (collective)."""
+    states = {}
+    for document in exchange.allgather({str(t.part): t.state() for t in threads}):
+        states.update(document)
+    node.checkpoint(opts.checkpoint_dir, meta={
+        "app": task.name, "epoch": epoch, "seed": opts.seed, "world_size": node.world_size,
+        "workers": opts.workers, "states": states})
 
 
 class _Thread:
@@ -245,6 +334,22 @@ class _Thread:
         self.started = self.ended = 0.0
         self.loss, self.steps, self.units = 0.0, 0, 0
         self.cpu = 0.0
+
+    def state(self) -> dict:
+        """What a checkpoint keeps of this worker: its trainer's state, its sampling stream."""
+        trainer_state = getattr(self._trainer, "state", None)
+        sampler = getattr(self.worker, "_sampler", None)
+        return {"trainer": trainer_state() if trainer_state is not None else None,
+                "sampler": sampler.rng_state() if sampler is not None else None}
+
+    def resume(self, epochs_done: int, state: Optional[dict]) -> None:
+        """Continue after ``epochs_done`` epochs, from ``state`` (of :meth:`state`) if given."""
+        resume = getattr(self._trainer, "resume", None)
+        if resume is not None:
+            resume(epochs_done, state["trainer"] if state else None)
+        sampler = getattr(self.worker, "_sampler", None)
+        if state and state["sampler"] is not None and sampler is not None:
+            sampler.set_rng_state(state["sampler"])
 
     def run_epoch(self, epoch: int, ahead: int) -> None:
         try:
@@ -299,14 +404,15 @@ class _Thread:
         self.cpu = time.thread_time() - cpu
 
 
-def _initialise(task: Task, node, lead) -> None:
+def _initialise(task: Task, node, lead, restored=None) -> None:
     """Every node sets the initial values of the model keys it owns at the start: its home keys
-    (k % world_size == rank; under full_replication it also holds replicas of the others)."""
+    (k % world_size == rank; under full_replication it also holds replicas of the others), from
+    the task's initial values, or from checkpoint ``restored``."""
     keys = np.arange(node.rank, task.num_keys, node.world_size, dtype=np.int64)
     chunk = 1 << 16
     for i in range(0, len(keys), chunk):
         part = keys[i:i + chunk]
-        rows = task.init_rows(part)
+        rows = task.init_rows(part) if restored is None else restored.read(part)
         lead.set(part, rows.reshape(len(part), -1) if _uniform(task) else rows)
     lead.wait()
     node.barrier()

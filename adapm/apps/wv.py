@@ -154,11 +154,23 @@ class WVTrainer:
         # count (parts are disjoint, so no two threads share a stream).
         self.rng = np.random.default_rng([task.seed, 4, int(points[0]) if len(points) else 0])
         lengths = task.ends[points] - task.starts[points]
-        self.total_words = max(1, int(lengths.sum()) * epochs)  # for the learning-rate decay
+        self.epoch_words = int(lengths.sum())
+        self.total_words = max(1, self.epoch_words * epochs)  # for the learning-rate decay
         self.done_words = 0
         self.values = np.empty(0, dtype=np.float32)
         self.updates = np.empty(0, dtype=np.float32)
         self.row_of = np.full(task.num_keys, -1, dtype=np.int32)  # native scratch, key -> row
+
+    def state(self) -> dict:
+        """For checkpoints: the random stream (words seen follow from the epochs done)."""
+        return {"rng": self.rng.bit_generator.state}
+
+    def resume(self, epochs_done: int, state: Optional[dict]) -> None:
+        """Continue after ``epochs_done`` epochs: the learning rate where it was, and the
+        random stream where it was if ``state`` has it."""
+        self.done_words = epochs_done * self.epoch_words
+        if state is not None:
+            self.rng.bit_generator.state = state["rng"]
 
     def plan(self, points: np.ndarray) -> _Plan:
         """Subsampling, windows and the batch's rows in one native call (wv_plan)."""
@@ -270,6 +282,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         return wv_data.generate_main(argv[1:])
     p = parser()
     opts = p.parse_args(argv)
+    runner.check_flags(p, opts)
     if opts.baseline and adapm.Config.from_env(num_keys=1).world_size > 1:
         p.error("--baseline runs in one process; start it without a launcher")
     try:
