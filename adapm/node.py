@@ -333,32 +333,40 @@ class Node:
         node waits for one that gave up."""
         settle_s = self.config.request_timeout_s if timeout_s is None else timeout_s
         tag = f"{self.config.rendezvous}#{self._barrier_epoch}"  # this job's this checkpoint
+        # A node that cannot take part (rank 0 could not prepare the directory, another node
+        # cannot see it) still meets the others until the verdict, which is then an error.
         failure: Optional[BaseException] = None
         if self.rank == 0:
             try:
                 writer.prepare(tag)
             except (OSError, AdaPMError) as exc:
-                failure = exc
+                failure = CheckpointError(f"rank 0: checkpoint {writer.path}: cannot prepare "
+                                          f"{writer.partial}: {exc}")
+                failure.__cause__ = exc
         self._meet(timeout_s)  # every node is quiet; rank 0 prepared the directory
-        if failure is not None:
-            raise CheckpointError(f"rank 0: checkpoint {writer.path}: cannot prepare "
-                                  f"{writer.partial}: {failure}") from failure
-        writer.check_prepared(tag)
+        if failure is None:
+            try:
+                writer.check_prepared(tag)
+            except CheckpointError as exc:
+                failure = exc
+                writer.report_failure(exc)
         deadline = time.monotonic() + settle_s
         attempt = 0
         while True:
-            failure = None
-            try:
-                writer.write_shard(self.store.owned_keys(), self._checkpoint_values)
-            except _KeysMoved as exc:
-                writer.report_failure(exc, retry=True)
-            except (OSError, AdaPMError) as exc:
-                failure = exc
-                writer.report_failure(exc)
+            if failure is None:
+                try:
+                    writer.write_shard(self.store.owned_keys(), self._checkpoint_values)
+                except _KeysMoved as exc:
+                    writer.report_failure(exc, retry=True)
+                except (OSError, AdaPMError) as exc:
+                    failure = exc
+                    writer.report_failure(exc)
             self._meet(timeout_s)  # every shard written
             if self.rank == 0:
                 try:
-                    writer.post_verdict(attempt, writer.verify(time.monotonic() > deadline))
+                    verdict = (_checkpoint.Verdict("error", str(failure)) if failure is not None
+                               else writer.verify(give_up=time.monotonic() > deadline))
+                    writer.post_verdict(attempt, verdict)
                 except (OSError, ValueError, AdaPMError) as exc:
                     failure = failure or exc
             self._meet(timeout_s)  # rank 0's verdict posted

@@ -213,6 +213,47 @@ def test_restore_under_full_replication_fills_the_replicas(written):
         np.testing.assert_array_equal(values, expected_after_pushes(value_length))
 
 
+def _failing_job(node, path):
+    """A checkpoint, then one whose shard rank 1 cannot write, then one whose directory rank 0
+    cannot prepare, then another that works: every node raises at the failures (none waits
+    for a timeout), and the node goes on each time."""
+    from adapm import checkpoint as files
+
+    w = node.worker()
+    w.push([node.rank], [[1.0]])
+    node.checkpoint(path)
+    errors = []
+    for who, method in ((1, "write_shard"), (0, "prepare")):
+        original = getattr(files.ShardWriter, method)
+        if node.rank == who:
+            def fail(self, *args, method=method):
+                raise OSError(f"{method}: no space left on device")
+
+            setattr(files.ShardWriter, method, fail)
+        w.push([node.rank], [[1.0]])
+        try:
+            node.checkpoint(path)
+        except adapm.CheckpointError as exc:
+            errors.append(str(exc))
+        setattr(files.ShardWriter, method, original)
+        node.barrier()
+    w.push([node.rank], [[1.0]])
+    node.checkpoint(path)
+    return errors
+
+
+def test_a_node_that_cannot_write_fails_the_checkpoint_on_every_node(tmp_path):
+    path = tmp_path / "ckpt"
+    results = cluster(_failing_job, 2, args=(str(path),), num_keys=4, request_timeout_s=60,
+                      connect_timeout_s=60, timeout_s=60)
+    for errors in results:
+        assert len(errors) == 2
+        assert "write_shard: no space left" in errors[0] and "previous one is left" in errors[0]
+        assert "cannot prepare" in errors[1] or "no verdict" in errors[1]
+    np.testing.assert_array_equal(ckpt.load(path).read(np.arange(4)), [4, 4, 0, 0])
+    assert sorted(os.listdir(tmp_path)) == ["ckpt"]
+
+
 # --- a checkpoint killed at any step leaves one to load ----------------------------------------
 
 # Run as a separate process: a node writes values of 2.0 over the checkpoint at argv[1] and
