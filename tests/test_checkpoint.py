@@ -526,3 +526,25 @@ def test_app_resume_errors(kg, tmp_path):
     assert "value lengths differ" in other.stderr and str(ck) in other.stderr
     done = app_run(kge(kg, "--epochs", "1", "--checkpoint-dir", str(ck), "--resume"), expect=1)
     assert "give --epochs above 1" in done.stderr
+
+
+GNN = os.path.join(os.path.dirname(__file__), os.pardir, "examples", "gnn", "train.py")
+
+
+def test_the_gnn_example_resumes_to_the_numbers_of_an_uninterrupted_run(tmp_path):
+    """examples/gnn: rows, dense parameters and Adam's state from the checkpoint; on one rank
+    the resumed epoch is the uninterrupted run's, and two ranks go on from it."""
+    pytest.importorskip("torch")
+    flags = [GNN, "--nodes", "1500", "--communities", "4", "--seed", "2", "--progress", "off",
+             "--loader-workers", "0"]
+    ck = ["--checkpoint-dir", str(tmp_path / "ck")]
+    straight = records(app_run([PY, *flags, "--epochs", "3"]).stdout)
+    first = records(app_run([PY, *flags, "--epochs", "2", *ck]).stdout)
+    resumed = records(app_run([PY, *flags, "--epochs", "3", *ck, "--resume"]).stdout)
+    assert [r["epoch"] for r in first] == [1, 2] and [r["epoch"] for r in resumed] == [3]
+    for name in ("loss", "val_acc", "test_acc"):
+        assert resumed[0][name] == straight[2][name], name
+    two = records(app_run([*LAUNCHER, "-n", "2", PY, *flags, "--epochs", "4", *ck, "--resume"]
+                          ).stdout)
+    assert [(r["epoch"], r["world_size"]) for r in two] == [(4, 2)]
+    assert adapm.checkpoint_meta(tmp_path / "ck")["epoch"] == 4

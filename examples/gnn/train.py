@@ -34,6 +34,15 @@ concurrently), without adapm.
     python -m adapm.launch -n 2 python examples/gnn/train.py         # 2 nodes (adapm-run)
     torchrun --nproc-per-node 2 examples/gnn/train.py                # 2 nodes under torchrun
     python examples/gnn/train.py --baseline --shards 2               # no adapm, same batches
+    python examples/gnn/train.py --epochs 5 --checkpoint-dir ck      # a checkpoint per epoch
+    python examples/gnn/train.py --epochs 10 --checkpoint-dir ck --resume   # epochs 6 to 10
+
+``--checkpoint-dir DIR`` writes a checkpoint (``Node.checkpoint``: the embeddings with their
+AdaGrad sums, the dense parameters, and in its meta the epoch reached, the seed and rank 0's
+Adam state) every ``--checkpoint-every`` epochs and after the last; ``--resume`` continues
+from it at the next epoch, on any number of ranks. Shuffles, neighbour samples and dropout
+masks depend on the epoch only, so on one rank a resumed run computes what the uninterrupted
+run computes; on several, every rank starts from rank 0's Adam state.
 
 Rank 0 prints one JSON line per epoch on stdout (also appended to ``--json FILE``): ``epoch``,
 ``train_seconds`` (first rank's start to last rank's end of the training loop), ``examples_per_s``
@@ -234,6 +243,63 @@ class Gather:
         return every.astype(np.uint16).view(np.float64)
 
 
+# --- checkpoints -------------------------------------------------------------------------------
+
+
+def resume_point(opts, num_keys: int):
+    """The checkpoint of ``--checkpoint-dir`` and its meta, checked against this run."""
+    from adapm import CheckpointError, checkpoint
+
+    reader = checkpoint.load(opts.checkpoint_dir)
+    meta = reader.meta
+    where = f"checkpoint {reader.directory}"
+    if meta.get("example") != "gnn" or meta.get("seed") != opts.seed:
+        raise CheckpointError(f"{where} is not of this example with --seed {opts.seed} "
+                              f"(its meta: example {meta.get('example')!r}, seed "
+                              f"{meta.get('seed')!r})")
+    if reader.num_keys < num_keys or reader.uniform != 2 * opts.dim:
+        raise CheckpointError(f"{where} does not fit this model (another graph, --dim or "
+                              f"--hidden?)")
+    if meta["epoch"] >= opts.epochs:
+        raise CheckpointError(f"{where} has {meta['epoch']} epochs done; to continue, give "
+                              f"--epochs above {meta['epoch']}")
+    return reader, meta
+
+
+def load_flat(params, flat: np.ndarray) -> None:
+    """Parameters from their values back to back (DenseSync's layout)."""
+    at = 0
+    with torch.no_grad():
+        for p in params:
+            p.copy_(torch.from_numpy(flat[at:at + p.numel()].copy()).reshape(p.shape))
+            at += p.numel()
+
+
+def optimizer_state(optimizer) -> dict:
+    """A torch optimizer's state as JSON (tensors as nested lists)."""
+    def plain(value):
+        if isinstance(value, torch.Tensor):
+            return {"tensor": value.tolist(), "dtype": str(value.dtype).split(".")[-1]}
+        return value
+
+    state = optimizer.state_dict()
+    return {"state": {str(k): {name: plain(v) for name, v in entry.items()}
+                      for k, entry in state["state"].items()},
+            "param_groups": state["param_groups"]}
+
+
+def load_optimizer_state(optimizer, document: dict) -> None:
+    def tensor(value):
+        if isinstance(value, dict) and "tensor" in value:
+            return torch.tensor(value["tensor"], dtype=getattr(torch, value["dtype"]))
+        return value
+
+    optimizer.load_state_dict({
+        "state": {int(k): {name: tensor(v) for name, v in entry.items()}
+                  for k, entry in document["state"].items()},
+        "param_groups": document["param_groups"]})
+
+
 def train_adapm(opts, graph: Graph) -> None:
     """Training on this rank's shard, with the rows in adapm (any world size)."""
     import adapm
@@ -244,6 +310,7 @@ def train_adapm(opts, graph: Graph) -> None:
     torch.manual_seed(opts.seed)
     model = Sage(dim, opts.hidden, graph.num_communities, opts.dropout)
     dense_keys = DenseSync.keys_needed(model.parameters(), value_length)
+    reader, meta = resume_point(opts, n + dense_keys) if opts.resume else (None, {"epoch": 0})
     world = adapm.Config.from_env(num_keys=1).world_size
     num_keys = n + dense_keys + Gather.keys_needed(world, value_length)
     with adapm.init(num_keys=num_keys, value_length=value_length, trace_dir=opts.trace_dir,
@@ -251,23 +318,33 @@ def train_adapm(opts, graph: Graph) -> None:
         w = node.worker()
         rank = node.rank
         table = Embedding(n, dim, worker=w, offset=TABLE_OFFSET, init="zeros")
-        # Our own initial rows (those of the baseline), chunk k written by rank k % world.
+        # Our own initial rows (those of the baseline), or the checkpoint's; chunk k written
+        # by rank k % world.
         for chunk in range(rank, -(-n // INIT_CHUNK), world):
-            rows = initial_rows(opts.seed, n, dim, chunk)
-            values = np.zeros((len(rows), value_length), dtype=np.float32)
-            values[:, :dim] = rows
-            w.set(TABLE_OFFSET + chunk * INIT_CHUNK + np.arange(len(rows)), values)
+            keys = TABLE_OFFSET + chunk * INIT_CHUNK + np.arange(min(INIT_CHUNK,
+                                                                     n - chunk * INIT_CHUNK))
+            if reader is not None:
+                values = reader.read(keys).reshape(len(keys), value_length)
+            else:
+                values = np.zeros((len(keys), value_length), dtype=np.float32)
+                values[:, :dim] = initial_rows(opts.seed, n, dim, chunk)
+            w.set(keys, values)
         w.wait()
         node.barrier()
+        dense = TABLE_OFFSET + n + np.arange(dense_keys)
+        if reader is not None:  # DenseSync then hands rank 0's (these) values to every rank
+            load_flat(model.parameters(), reader.read(dense))
         sync = DenseSync(model.parameters(), worker=w, offset=TABLE_OFFSET + n)
         gather = Gather(node, w, TABLE_OFFSET + n + dense_keys, value_length)
-        optimizers = [optim.Adagrad(table, lr=opts.lr),
-                      torch.optim.Adam(model.parameters(), lr=opts.dense_lr), _Synced(sync)]
+        adam = torch.optim.Adam(model.parameters(), lr=opts.dense_lr)
+        if reader is not None:
+            load_optimizer_state(adam, meta["adam"])
+        optimizers = [optim.Adagrad(table, lr=opts.lr), adam, _Synced(sync)]
         collate = NeighbourCollate(graph, opts.fanouts, opts.seed)
         loader = make_loader(shards(graph.train, world, opts.seed)[rank], collate, opts)
         batches = IntentLoader(loader, w, ahead=opts.ahead)
         mean_adj = mean_adjacency(graph) if rank == 0 else None
-        for epoch in range(1, opts.epochs + 1):
+        for epoch in range(meta["epoch"] + 1, opts.epochs + 1):
             collate.epoch = epoch
             reseed(loader, opts.seed, epoch, rank)
             node.barrier()
@@ -298,6 +375,11 @@ def train_adapm(opts, graph: Graph) -> None:
                 record["remote_share"] = float(every[:, 4].sum() / max(every[:, 5].sum(), 1))
                 _emit(record, opts)
             node.barrier()  # the other ranks wait for rank 0's evaluation
+            if opts.checkpoint_dir and (epoch == opts.epochs or
+                                        epoch % opts.checkpoint_every == 0):
+                node.checkpoint(opts.checkpoint_dir, meta={
+                    "example": "gnn", "epoch": epoch, "seed": opts.seed,
+                    "world_size": world, "adam": optimizer_state(adam)})
 
 
 class _Synced:
@@ -487,7 +569,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="record a parameter-placement trace there (adapm trace summary DIR)")
     o.add_argument("--trace-keys", type=keys_argument, default="all", metavar="KEYS",
                    help="keys the trace records: all, a sample size N, or k1,k2,...")
+    c = parser.add_argument_group("checkpoints")
+    c.add_argument("--checkpoint-dir", metavar="DIR", default=None,
+                   help="write a checkpoint there (replacing the last one atomically; on a "
+                        "filesystem every rank shares)")
+    c.add_argument("--checkpoint-every", type=int_at_least(1), default=1, metavar="N",
+                   help="with --checkpoint-dir: every N epochs, and after the last (default 1)")
+    c.add_argument("--resume", action="store_true",
+                   help="continue from the checkpoint in --checkpoint-dir at the epoch after "
+                        "it (any number of ranks; --epochs counts from the first run's start)")
     opts = parser.parse_args(argv)
+    if opts.resume and not opts.checkpoint_dir:
+        parser.error("--resume needs --checkpoint-dir (the checkpoint to resume from)")
+    if opts.baseline and opts.checkpoint_dir:
+        parser.error("--checkpoint-dir and --resume are for adapm runs, not --baseline")
     given = [f"--{name.replace('_', '-')}" for name in ("nodes", "communities",
              "edges_per_node", "p_in", "alpha", "train_frac", "val_frac", "test_frac")
              if getattr(opts, name) is not None]
