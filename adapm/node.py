@@ -302,9 +302,10 @@ class Node:
         together hold every key exactly once; a key still on its way between two nodes shows
         as missing, and the shards are written again once it arrived. ``timeout_s`` bounds each
         wait (default: ``Config.request_timeout_s`` for flushing and for shards to settle,
-        ``connect_timeout_s`` for meeting). Raises CheckpointError (on every node, the previous
-        checkpoint left in place) when a node cannot write or the path is not a checkpoint
-        directory, InvalidArgument for a bad ``path`` or ``meta``.
+        ``connect_timeout_s`` for meeting, where nodes wait for the slowest node's shard: give
+        more for shards that take longer to write). Raises CheckpointError (on every node, the
+        previous checkpoint left in place) when a node cannot write or the path is not a
+        checkpoint directory, InvalidArgument for a bad ``path`` or ``meta``.
         """
         self._check_open("checkpoint")
         timeout_s = as_timeout(timeout_s)
