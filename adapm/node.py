@@ -79,6 +79,16 @@ class _KeysMoved(CheckpointError):
     """Keys left this node while its checkpoint shard was read (the shards are written again)."""
 
 
+def _max_frame_bytes(config: Config) -> int:
+    """The largest frame a peer may send: one that moves every key of the job at once (values,
+    and per key up to eight 8-byte fields of keys, positions, versions, masks and epochs),
+    plus room for the headers. Anything larger cannot be legitimate."""
+    lengths = config.value_length
+    longest = lengths if isinstance(lengths, int) else int(np.max(lengths))
+    per_key = 4 * longest + 8 * (8 + (config.world_size + 63) // 64)
+    return config.num_keys * per_key + (1 << 20)
+
+
 class Node:
     """One process of a job: the store, the engine thread and the worker handles.
 
@@ -173,7 +183,7 @@ class Node:
         try:
             keys = auth.JobKeys.for_config(self.config)  # None: plain ZeroMQ (loopback)
             self.transport = Transport(self.rank, rendezvous.resolve_host(self.config), context,
-                                       keys=keys)
+                                       keys=keys, max_frame_bytes=_max_frame_bytes(self.config))
             addresses = rendezvous.rendezvous(self.config, self.transport.address, context, keys)
             self.transport.connect(addresses)
         except BaseException:
@@ -231,7 +241,11 @@ class Node:
         if self.engine is not None:
             totals.update(self.engine.state.stats())
             totals["late_answers"] += self.engine.counters["late_answers"]
-            totals["dropped_messages"] = self.engine.counters["dropped_messages"]
+            # Every message dropped on the way in: undecodable or forged (transport), or unfit
+            # for the state (engine); the transport's own counters give the breakdown.
+            totals["dropped_messages"] = (self.engine.counters["dropped_messages"]
+                                          + totals.get("dropped_malformed_messages", 0)
+                                          + totals.get("dropped_forged_messages", 0))
             totals["engine_cpu_s"] = self.engine.cpu_seconds()
         totals["mean_staleness_ms"] = self.store.mean_staleness_ms()
         totals["replica_reads"] = int(self.store.access_stats[0])

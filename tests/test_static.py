@@ -429,9 +429,10 @@ def test_timeout_names_both_ranks(what, world_size, pattern):
 
 
 def _comm_failure_job(node, rank0_stopped, done):
-    """A malformed message kills rank 1's communication thread: that must surface in every call,
+    """A failure of rank 1's communication thread (here a receive failure the test injects; a
+    peer's bad message no longer is one, see test_protocol) must surface in every call,
     including a pull already waiting for an answer, as an AdaPMError naming rank 1."""
-    import zmq
+    from adapm.errors import TransportError
 
     node.barrier()
     if node.rank == 0:
@@ -456,12 +457,13 @@ def _comm_failure_job(node, rank0_stopped, done):
     puller = threading.Thread(target=pull_in_flight)
     puller.start()
     time.sleep(0.3)  # let the pull be sent
-    sock = zmq.Context.instance().socket(zmq.DEALER)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.connect(node.transport.address)
-    sock.send_multipart([b"\xc1 not msgpack"])
+
+    def broken_poll(timeout_ms):
+        raise TransportError("rank 1: receive failed: injected by the test")
+
+    node.transport.poll = broken_poll
+    node.transport.wake()
     puller.join(15)
-    sock.close()
     failed_pull = in_flight.get("error")
     later = []
     for call in (lambda: w.pull([1]), lambda: w.push([1], np.ones((1, 1), np.float32)),
@@ -484,7 +486,7 @@ def test_communication_thread_failure_surfaces():
     name, is_adapm, message, waited, later = results[1]
     assert is_adapm and name != "AdaPMTimeout", (name, message)
     assert "rank 1: communication thread failed" in message
-    assert "malformed" in message
+    assert "injected by the test" in message
     assert waited is not None and waited < 10  # completed by the failure, not by a timeout (20 s)
     assert len(later) == 4
     for outcome in later:

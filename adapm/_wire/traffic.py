@@ -15,11 +15,13 @@ _NAMES: dict = {}  # (direction, kind) -> per-kind counter names
 class Traffic:
     def __init__(self) -> None:
         # dropped_forged_messages: wire messages whose headers named another sender than the
-        # rank their connection authenticated as (adapm._wire.zmq_transport); never counted
-        # as received.
+        # rank their connection authenticated as, or (without authentication) connected as;
+        # dropped_malformed_messages: wire messages that could not be decoded
+        # (adapm._wire.zmq_transport); neither is counted as received.
         self.counters = {"messages_sent": 0, "messages_received": 0, "bytes_sent": 0,
                          "bytes_received": 0, "wire_messages_sent": 0,
-                         "wire_messages_received": 0, "dropped_forged_messages": 0}
+                         "wire_messages_received": 0, "dropped_forged_messages": 0,
+                         "dropped_malformed_messages": 0}
         self.by_kind: dict[str, int] = {}
 
     def count(self, direction: str, wire_bytes: int, messages) -> None:

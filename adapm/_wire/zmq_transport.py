@@ -41,6 +41,15 @@ _log = logging.getLogger("adapm.wire")
 _SNDMORE = int(zmq.SNDMORE)
 
 
+# Connections whose bad messages are logged; after that, bad messages are only counted.
+_MAX_WARNED_CONNECTIONS = 8
+
+
+def _rank_of(identity: bytes) -> int:
+    """The rank a DEALER's identity names (see :meth:`Transport.connect`), or -1."""
+    return int(identity) if identity.isdigit() and len(identity) < 10 else -1
+
+
 def _check_host(host: str) -> str:
     return f"[{host}]" if ":" in host else host
 
@@ -49,21 +58,29 @@ class Transport:
     """Sockets of one node. All methods but :meth:`wake` are for the engine thread."""
 
     def __init__(self, rank: int, host: str, context: zmq.Context | None = None,
-                 keys: JobKeys | None = None) -> None:
+                 keys: JobKeys | None = None, max_frame_bytes: int = -1) -> None:
         """``keys``: the job's keys to authenticate with (None: plain ZeroMQ). The transport
-        then runs the ZAP handler of ``context``, which serves the rendezvous too."""
+        then runs the ZAP handler of ``context``, which serves the rendezvous too.
+        ``max_frame_bytes``: a peer that sends a larger frame is disconnected by libzmq before
+        the frame is buffered (ZMQ_MAXMSGSIZE; -1: no limit)."""
         self.rank = rank
         self.context = context or zmq.Context()
         self._own_context = context is None
         self._keys = keys
         self._zap = None
         self._warned: set[int] = set()  # peers already logged for a forged message
+        self._warned_identities: set[bytes] = set()  # connections logged for a bad message
         try:
             if keys is not None:
                 # Before binding: a CURVE server without a ZAP handler refuses everyone.
                 self._zap = ZapHandler(self.context, keys, f"adapm-zap-{rank}")
             self.router = self.context.socket(zmq.ROUTER)
-            self.router.setsockopt(zmq.RCVHWM, 0)  # never drop or block: we bound traffic by design
+            # Never drop or block on the job's own traffic: a dropped message would be a lost
+            # update. What bounds it is the protocol (a worker waits for its requests' answers,
+            # one round per peer at a time), what keeps strangers out is authentication, and
+            # no single frame can be larger than a node could legitimately be sent.
+            self.router.setsockopt(zmq.RCVHWM, 0)
+            self.router.setsockopt(zmq.MAXMSGSIZE, max_frame_bytes)
             self.router.setsockopt(zmq.LINGER, 0)
             if ":" in host:
                 self.router.setsockopt(zmq.IPV6, 1)
@@ -150,14 +167,42 @@ class Transport:
                         frames = self.router.recv_multipart(zmq.NOBLOCK, copy=False)
                     except zmq.Again:
                         break
-                    messages = decode(frames[1:])
-                    if self._keys is not None and not self._from_sender(frames, messages):
+                    try:
+                        messages = decode(frames[1:])
+                    except TransportError as exc:
+                        self._reject(frames[0].bytes, "malformed", str(exc))
+                        continue
+                    if self._keys is not None:
+                        if not self._from_sender(frames, messages):
+                            continue
+                    elif not self._from_identity(frames[0].bytes, messages):
                         continue
                     self.traffic.count("received", frame_bytes(frames[1:]), messages)
                     out.append((messages[0].src if messages else -1, messages))
             return out
         except zmq.ZMQError as exc:
             raise TransportError(f"rank {self.rank}: receive failed: {exc}") from exc
+
+    def _from_identity(self, identity: bytes, messages: list[Message]) -> bool:
+        """Without authentication: whether every header names the rank the sending DEALER
+        connected as (its identity; libzmq refuses a second connection with an identity in
+        use, so a stranger cannot take a connected peer's); if not, drop and count."""
+        claimed = {m.src for m in messages}
+        if claimed <= {_rank_of(identity)}:
+            return True
+        self._reject(identity, "forged", f"headers name rank(s) {sorted(claimed)}")
+        return False
+
+    def _reject(self, identity: bytes, what: str, why: str) -> None:
+        """Count a dropped wire message; log the first one from each sender."""
+        self.traffic.counters[f"dropped_{what}_messages"] += 1
+        # Once per connection, and not for ever more connections (a stranger can open many).
+        if identity not in self._warned_identities and \
+                len(self._warned_identities) < _MAX_WARNED_CONNECTIONS:
+            self._warned_identities.add(identity)
+            _log.warning("rank %d: dropped a %s message from connection %r: %s (further ones "
+                         "are only counted: stats()['dropped_%s_messages'])", self.rank, what,
+                         identity[:32], why[:300], what)
 
     def _from_sender(self, frames: list, messages: list[Message]) -> bool:
         """Whether every header of a received ZeroMQ message names the rank its connection
