@@ -212,7 +212,8 @@ class Config:
             raise ConfigError(f"max_rounds_per_s must be > 0 or None, got {self.max_rounds_per_s}")
         for name in ("request_timeout_s", "connect_timeout_s", "failure_timeout_s"):
             value = getattr(self, name)
-            if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+            if isinstance(value, bool) or not (isinstance(value, (int, float))
+                                               and math.isfinite(value) and value > 0):
                 raise ConfigError(f"{name} must be a finite number > 0, got {value!r}")
         if self.trace_dir is not None and not (isinstance(self.trace_dir, str)
                                                and self.trace_dir):

@@ -432,7 +432,7 @@ class Node:
             with self._workers_lock:
                 workers = list(self._workers)
             for handle in workers:
-                handle.wait_sync(timeout_s)  # replica updates reach their owners too
+                handle._flush_at_shutdown(timeout_s)  # replica updates reach their owners too
             if self.engine is not None:
                 self.engine.quiesce(self.config.request_timeout_s)
             final = self._stats() if self._trace is not None else None
@@ -461,6 +461,8 @@ class Node:
                 _active = None
         if self.engine is not None:
             self.engine.stop(goodbye=self._clean)
+            self.engine.fail_pending(StateError(f"rank {self.rank}: the node was shut down "
+                                                f"while this call waited"))
         if self.transport is not None:
             # A clean shutdown lets queued messages (e.g. a barrier release) go out; errors do not wait.
             self.transport.close(linger_ms=1000 if self._clean else 0)

@@ -8,6 +8,8 @@ native call per batch, GIL released). The rest are handed to the node's engine a
 
 from __future__ import annotations
 
+import functools
+import threading
 import time
 from typing import TYPE_CHECKING, Optional
 
@@ -32,8 +34,29 @@ _UPDATE_NAMES = {
 }
 
 
+def _one_thread_at_a_time(method):
+    """A call on a handle another thread is inside of raises StateError instead of mixing the
+    two calls' scratch buffers and requests. Passing a handle from one thread to another
+    between calls is fine; the same thread may re-enter (RLock)."""
+    name = method.__name__
+
+    @functools.wraps(method)
+    def guarded(self, *args, **kwargs):
+        if not self._in_use.acquire(blocking=False):
+            raise StateError(f"{name}: worker {self.index} of rank {self._node.rank} is in a "
+                             f"call from another thread right now; give each thread its own "
+                             f"handle (node.worker())")
+        try:
+            return method(self, *args, **kwargs)
+        finally:
+            self._in_use.release()
+
+    return guarded
+
+
 class Worker:
-    """One worker thread's handle: pull, push, set, intent, clock. Not thread-safe."""
+    """One worker thread's handle: pull, push, set, intent, clock. Use it from one thread at a
+    time: a call while another thread is inside one raises StateError."""
 
     COUNTERS = ("local_pull_keys", "remote_pull_keys", "waited_pull_keys", "local_push_keys",
                 "remote_push_keys", "local_set_keys", "remote_set_keys", "intents_signalled",
@@ -46,6 +69,7 @@ class Worker:
         self.clock = 0
         self.counters = dict.fromkeys(self.COUNTERS, 0)
         self._missing = np.empty(1024, dtype=np.int64)
+        self._in_use = threading.RLock()  # see _one_thread_at_a_time
         self._outstanding: list[Call] = []
         self._engine = node.engine  # None on a single node: everything is local
         # Intents go to the engine; under static partitioning (or on one node) nobody acts.
@@ -60,6 +84,7 @@ class Worker:
 
     # --- data access -------------------------------------------------------------------------
 
+    @_one_thread_at_a_time
     def pull(self, keys, out: Optional[np.ndarray] = None) -> np.ndarray:
         """Current values of ``keys`` (duplicates allowed, request order). Blocking.
 
@@ -104,6 +129,7 @@ class Worker:
             raise
         return keys, out, nmiss
 
+    @_one_thread_at_a_time
     def push(self, keys, updates) -> None:
         """Add ``updates`` to the values of ``keys`` (duplicates add up). Non-blocking for remote keys.
 
@@ -112,6 +138,7 @@ class Worker:
         """
         self._update(keys, updates, Op.PUSH, "updates")
 
+    @_one_thread_at_a_time
     def set(self, keys, values) -> None:
         """Overwrite the values of ``keys``. Local part applied before return, remote part queued.
 
@@ -124,6 +151,7 @@ class Worker:
 
     # --- intent and clocks -------------------------------------------------------------------
 
+    @_one_thread_at_a_time
     def intent(self, keys, start: int, end: Optional[int] = None) -> None:
         """Signal that this worker will access ``keys`` in clocks [start, end) (end=start+1).
 
@@ -148,6 +176,7 @@ class Worker:
 
     # --- sampling ----------------------------------------------------------------------------
 
+    @_one_thread_at_a_time
     def prepare_sample(self, n: int, start: int, end: Optional[int] = None) -> int:
         """Prepare a sample of ``n`` keys to be pulled in clocks [start, end) (end=start+1).
 
@@ -163,6 +192,7 @@ class Worker:
                              "Config(sampling=adapm.Sampling(low, high, ...))")
         return self._sampler.prepare(n, start, end)
 
+    @_one_thread_at_a_time
     def pull_sample(self, handle: int, out: Optional[np.ndarray] = None
                     ) -> tuple[np.ndarray, np.ndarray]:
         """Draw (``local``) or fetch (``naive``) the prepared sample: ``(keys, values)``.
@@ -190,6 +220,7 @@ class Worker:
 
     # --- completion --------------------------------------------------------------------------
 
+    @_one_thread_at_a_time
     def wait(self, timeout_s: Optional[float] = None) -> None:
         """Block until every queued operation of this worker is acknowledged.
 
@@ -213,6 +244,7 @@ class Worker:
         if first_error is not None:
             raise first_error
 
+    @_one_thread_at_a_time
     def wait_sync(self, timeout_s: Optional[float] = None) -> None:
         """Block until keys with active intent of this worker are local (main copy or replica) and
         every earlier push of this worker is merged into the main copy.
@@ -228,6 +260,16 @@ class Worker:
         call = self._engine.submit(Request(Op.WAIT_SYNC, worker=self.index, clock=self.clock),
                                    f"wait_sync of worker {self.index}")
         self._engine.wait(call, timeout_s)
+
+    def _flush_at_shutdown(self, timeout_s: Optional[float]) -> None:
+        """``wait_sync`` for shutdown; skipped when another thread is inside a call of this
+        handle (shutdown then fails that call with StateError instead of waiting for it)."""
+        if not self._in_use.acquire(blocking=False):
+            return
+        try:
+            self.wait_sync(timeout_s)
+        finally:
+            self._in_use.release()
 
     # --- internals ---------------------------------------------------------------------------
 

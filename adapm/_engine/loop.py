@@ -179,6 +179,18 @@ class EngineLoop:
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
             self._thread.join()
 
+    def fail_pending(self, error: AdaPMError) -> None:
+        """After :meth:`stop`: fail every call still waiting (a worker thread inside a pull
+        while another thread shut the node down) at once, instead of letting it time out."""
+        if self._thread.is_alive():
+            return  # the engine thread still owns the calls
+        while self._submissions:
+            self._live.add(self._submissions.popleft()[0])
+        for call in self._live:
+            if not call.done:
+                call.finish([], error)
+        self._live.clear()
+
     # --- the engine thread -------------------------------------------------------------------
 
     def _run(self) -> None:

@@ -81,6 +81,9 @@ class SimEngine:
     def stop(self, goodbye: bool = False) -> None:
         pass
 
+    def fail_pending(self, error) -> None:
+        pass
+
 
 class Simulation:
     """``world_size`` nodes of ``config`` (a :class:`~adapm.config.Config`, rank ignored)."""
