@@ -13,6 +13,10 @@ The rendezvous address (rank 0 hosts it) comes from ``ADAPM_RENDEZVOUS`` (``host
 torchrun from ``MASTER_ADDR`` and ``MASTER_PORT + 1`` (torchrun's own agent already listens on
 ``MASTER_PORT``).
 
+The job secret that authenticates its nodes (``Config.secret``, see docs/security.md) comes from
+``ADAPM_SECRET`` (set by ``adapm-run``) or ``ADAPM_SECRET_FILE`` (a file only its owner can
+read; checked); ``ADAPM_AUTH`` sets ``Config.auth``.
+
 Nothing falls back silently: an ``ADAPM_*`` variable adapm does not know (a typo) and a rank
 variable without its world-size partner (or the reverse) are ConfigErrors, and a ``Config``
 given to ``adapm.init`` under a launcher takes the launcher's rank, world size and rendezvous
