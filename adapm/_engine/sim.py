@@ -41,7 +41,7 @@ class SimEngine:
         self.request_timeout_s = request_timeout_s
         self.sim = sim
         self.error = None
-        self.counters = {"late_answers": 0}
+        self.counters = {"late_answers": 0, "dropped_messages": 0}
         self.workers: list = []
         sim.engines.append(self)
 
