@@ -1,6 +1,6 @@
 """Remote access: pull and push from rank 0 to keys homed on rank 1, two real local nodes.
 
-    python bench/remote.py            # full run, CURVE off and on side by side (< 5 minutes)
+    python bench/remote.py            # full run, CURVE off and on side by side (~1 minute)
     python bench/remote.py --quick    # smaller run
     python bench/remote.py --auth off # one mode only (off: plain ZeroMQ; on: CURVE)
 
