@@ -18,7 +18,7 @@ from adapm.config import ENV_VARIABLES, Config, under_launcher
 from adapm.errors import ConfigError, InvalidArgument, InvalidType, StateError
 from adapm.testing import run_cluster
 
-from app_cli import LAUNCHER, records, run
+from app_cli import LAUNCHER, PY, records, run
 
 LAUNCHED = {"ADAPM_RANK": "1", "ADAPM_WORLD_SIZE": "2", "ADAPM_RENDEZVOUS": "127.0.0.1:5555"}
 
@@ -63,7 +63,7 @@ def test_init_with_a_config_under_adapm_run_joins_the_job():
     code = ("import adapm, json; node = adapm.init(config=adapm.Config(num_keys=4)); "
             "print(json.dumps({'rank': node.rank, 'world_size': node.world_size})); "
             "node.shutdown()")
-    proc = run(LAUNCHER + ["-n", "2", "python", "-c", code], timeout=120)
+    proc = run(LAUNCHER + ["-n", "2", PY, "-c", code], timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert sorted((r["rank"], r["world_size"]) for r in records(proc.stdout)) == [(0, 2), (1, 2)]
 
