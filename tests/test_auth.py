@@ -440,12 +440,36 @@ def test_control_without_auth_an_outsider_takes_a_rank(tmp_path):
         rank0.kill()
 
 
+def _listening(port: int) -> bool:
+    """Whether a socket of this machine listens on TCP ``port`` (read from /proc, so that the
+    check itself makes no connection, which rank 0 would count as a failed handshake)."""
+    suffix = f":{port:04X}"
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as f:
+                rows = [line.split() for line in f.readlines()[1:]]
+        except OSError:
+            continue
+        if any(row[1].endswith(suffix) and row[3] == "0A" for row in rows):  # 0A: LISTEN
+            return True
+    return False
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/net/tcp"), reason="reads /proc/net/tcp")
 def test_ranks_with_different_secrets_time_out_naming_the_handshake(tmp_path):
+    # Each rank must see the other's attempts: rank 1 starts once rank 0 listens, and rank 0
+    # waits longer than rank 1 (whose start may take seconds on a loaded machine).
     port = free_port()
-    common = {"ADAPM_AUTH": "1", "ADAPM_CONNECT_TIMEOUT_S": "4"}
-    ranks = [_Rank(tmp_path, 0, port, ADAPM_SECRET=SECRET, **common),
-             _Rank(tmp_path, 1, port, ADAPM_SECRET=OTHER_SECRET, **common)]
+    ranks = [_Rank(tmp_path, 0, port, ADAPM_SECRET=SECRET, ADAPM_AUTH="1",
+                   ADAPM_CONNECT_TIMEOUT_S="12")]
     try:
+        deadline = time.monotonic() + WAIT_S
+        while not _listening(port):
+            assert ranks[0].proc.poll() is None and time.monotonic() < deadline, \
+                "rank 0 did not start its rendezvous"
+            time.sleep(0.02)
+        ranks.append(_Rank(tmp_path, 1, port, ADAPM_SECRET=OTHER_SECRET, ADAPM_AUTH="1",
+                           ADAPM_CONNECT_TIMEOUT_S="4"))
         results = [rank.finish() for rank in ranks]
     finally:
         for rank in ranks:
