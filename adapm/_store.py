@@ -169,13 +169,21 @@ class Store:
         return np.sort(np.frombuffer(self.native.held_keys(), dtype=np.int64))
 
     def owned_keys(self) -> np.ndarray:
-        """Keys whose main copy is here, ascending (any thread; a snapshot per chunk of the key
-        space). O(num_keys): a scan of every key's state in chunks of :data:`SCAN_KEYS`, which
-        reads the held map safely while the engine thread changes it (``held_keys`` does not)."""
+        """Keys whose main copy is here, ascending (any thread; see :meth:`_scan`)."""
+        return self._scan(lambda states: states == OWNER)
+
+    def held_keys_snapshot(self) -> np.ndarray:
+        """Keys with a main copy or replica here, ascending (any thread; see :meth:`_scan`)."""
+        return self._scan(lambda states: states != NONE)
+
+    def _scan(self, select) -> np.ndarray:
+        """Keys whose state ``select`` picks, ascending: a snapshot per chunk of the key space.
+        O(num_keys): a scan of every key's state in chunks of :data:`SCAN_KEYS`, which reads
+        the held map safely while the engine thread changes it (``held_keys`` does not)."""
         parts = []
         for first in range(0, self.num_keys, SCAN_KEYS):
             keys = np.arange(first, min(first + SCAN_KEYS, self.num_keys), dtype=np.int64)
-            parts.append(keys[self.states(keys) == OWNER])
+            parts.append(keys[select(self.states(keys))])
         return np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
 
     def memory(self) -> tuple[int, int]:

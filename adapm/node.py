@@ -204,9 +204,14 @@ class Node:
         return handle
 
     def local_keys(self) -> np.ndarray:
-        """Keys with a main copy or a replica on this node now (int64, ascending; a snapshot)."""
+        """Keys with a main copy or a replica on this node now (int64, ascending; a snapshot).
+        Any thread; O(num_keys) (a scan of every key's state), for inspection, not hot paths."""
         self._check_open("local_keys")
-        return self.store.local_keys()
+        # Any thread: the scan reads each key's state safely while the engine thread moves keys
+        # (store.local_keys() reads the held map, which only the engine thread may do then).
+        if self.engine is None:
+            return self.store.local_keys()
+        return self.store.held_keys_snapshot()
 
     def trace_mark(self, label: str) -> None:
         """Record a named point in time, with this node's ``stats()`` then, in its trace
