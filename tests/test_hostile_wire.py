@@ -143,19 +143,23 @@ def test_each_kind_of_bad_message_is_counted():
     forged = message(Kind.PUSH, 0, 1, [np.arange(2), np.arange(2), np.ones(2 * DIM, np.float32)],
                      o=0, h=0)
     out_of_range = message(Kind.PULL, 9, 1, [np.array([NUM_KEYS]), np.arange(1)], o=9, h=0)
-    answer_to_nothing_asked = message(Kind.PULL_RESP, 1, 12345,
+    answer_to_nothing_asked = message(Kind.PULL_RESP, 12, 12345,
                                       [np.arange(1), np.ones(DIM, np.float32)])
+    # A failure notice stops every node that takes it in: from a stranger it must not count.
+    failure_notice = message(Kind.FAILED, 1, 0, r=0, msg="")
     # A fresh identity each: libzmq refuses a connection whose identity is still in use.
     attacks = [
         (b"7", [b"\xc1"]),  # a 1-byte frame: not a message at all
         (b"8", [bytes(memoryview(f)) for f in encode([forged])]),  # names rank 0, comes from 8
         (b"9", [bytes(memoryview(f)) for f in encode([out_of_range])]),  # rank 9 is no peer
-        (b"1", [bytes(memoryview(f)) for f in encode([answer_to_nothing_asked])]),  # from itself
+        (b"12", [bytes(memoryview(f)) for f in encode([answer_to_nothing_asked])]),  # no peer
+        (b"10", [bytes(memoryview(f)) for f in encode([failure_notice])]),  # names rank 1
+        (b"1", [bytes(memoryview(f)) for f in encode([failure_notice])]),  # "from" rank 1 itself
     ]
     stats = _check(attacks)
     assert stats["dropped_malformed_messages"] == 1, stats
-    assert stats["dropped_forged_messages"] == 1, stats
-    assert stats["dropped_messages"] == 4, stats
+    assert stats["dropped_forged_messages"] == 2, stats
+    assert stats["dropped_messages"] == 6, stats
 
 
 def test_oversized_frame_is_refused_before_it_is_buffered():

@@ -204,14 +204,14 @@ class EngineLoop:
                 for src, messages in transport.poll(math.ceil(timeout_s * 1000)):
                     liveness.heard_from(src, clock())
                     for msg in messages:
+                        why = problem(msg, state)
+                        if why is not None:
+                            self._drop(msg, why)
+                            continue
                         if msg.kind in _LIVENESS:
                             failure = self._liveness_message(msg)
                             if failure is not None:
                                 return self._fail(failure)
-                            continue
-                        why = problem(msg, state)
-                        if why is not None:
-                            self._drop(msg, why)
                             continue
                         self._carry_out(state.handle(Received(msg), clock()))
                     # What this message caused goes out now, not after the whole batch: a

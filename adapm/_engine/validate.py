@@ -41,6 +41,10 @@ def problem(msg: Message, state) -> Optional[str]:
         return _keyed_problem(msg, world, store)
     if msg.kind in ANSWERS:
         return _answer_problem(msg, state)
+    if msg.kind == Kind.FAILED:  # "rank r failed": every node stops, so it must name a rank
+        failed = msg.header.get("r")
+        if type(failed) is not int or not 0 <= failed < world:
+            return f"a failure notice naming rank {failed!r}"
     if msg.kind == Kind.BARRIER:
         if state.rank != 0:
             return "a barrier arrival at a rank other than 0"
