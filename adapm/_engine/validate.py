@@ -133,6 +133,8 @@ def _answer_problem(msg: Message, state) -> Optional[str]:
     if msg.kind == Kind.SYNC_RESP:
         return "a SYNC_RESP answers a worker's request"
     asked = req.positions
+    if asked is None:
+        return f"{msg.kind.name} answers request {msg.req_id}, which asked for no keys"
     at = np.searchsorted(asked, positions)
     if len(positions) and (int(at.max()) >= len(asked) or np.any(asked[at] != positions)):
         return f"answer positions that request {msg.req_id} did not ask for"
