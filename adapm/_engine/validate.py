@@ -124,7 +124,11 @@ def _answer_problem(msg: Message, state) -> Optional[str]:
     if msg.kind == Kind.ERROR:
         return None if isinstance(msg.header.get("msg"), str) else "an error without text"
     if msg.kind == Kind.BARRIER_RELEASE:
-        return None if msg.src == 0 else "a barrier release not from rank 0"
+        if msg.src != 0:
+            return "a barrier release not from rank 0"
+        if req.positions is not None or req.round is not None:
+            return f"a barrier release for request {msg.req_id}, which is no barrier"
+        return None
     positions = msg.arrays[0]
     if req.round is not None:
         if msg.kind != Kind.SYNC_RESP:
