@@ -57,14 +57,17 @@ class Job:
                 if line.startswith("{"):
                     self.records.append(json.loads(line))
 
-    def wait_for(self, predicate, what: str) -> list[dict]:
+    def wait_until(self, condition, what: str, give_up_at_first_exit: bool = False):
+        """``condition(records)`` once it is truthy; AssertionError (with the output) when the
+        processes exited (one of them, with ``give_up_at_first_exit``) or time ran out."""
         deadline = time.monotonic() + RUN_TIMEOUT_S
+        gave_up = any if give_up_at_first_exit else all
         while time.monotonic() < deadline:
             with self._lock:
-                found = [r for r in self.records if predicate(r)]
+                found = condition(list(self.records))
             if found:
                 return found
-            if all(p.poll() is not None for p in self.procs):
+            if gave_up(p.poll() is not None for p in self.procs):
                 break
             time.sleep(0.05)
         self.kill()
@@ -72,17 +75,10 @@ class Job:
 
     def ready(self, world_size: int) -> dict:
         """rank -> pid, once every rank trains."""
-        deadline = time.monotonic() + RUN_TIMEOUT_S
-        while time.monotonic() < deadline:
-            with self._lock:
-                pids = {r["ready"]: r["pid"] for r in self.records if "ready" in r}
-            if len(pids) == world_size:
-                return pids
-            if any(p.poll() is not None for p in self.procs):
-                break
-            time.sleep(0.05)
-        self.kill()
-        raise AssertionError(f"the job did not start; output:\n{''.join(self.text)}")
+        def pids(records):
+            found = {r["ready"]: r["pid"] for r in records if "ready" in r}
+            return found if len(found) == world_size else None
+        return self.wait_until(pids, "start of every rank", give_up_at_first_exit=True)
 
     def finish(self) -> list[int]:
         codes = []
@@ -125,14 +121,13 @@ def stop_rank(pid: int, how: str) -> float:
 
 def check_survivors(job: Job, victim: int, world_size: int, since: float) -> None:
     """Every other rank reported NodeFailure naming ``victim`` (not a timeout, not itself)."""
-    errors = {r["rank"]: r for r in job.wait_for(
-        lambda r: "error" in r and r["rank"] != victim, "error from a survivor")}
-    deadline = time.monotonic() + RUN_TIMEOUT_S
-    while len(errors) < world_size - 1 and time.monotonic() < deadline:
-        time.sleep(0.05)
-        with job._lock:
-            errors = {r["rank"]: r for r in job.records if "error" in r and r["rank"] != victim}
-    assert sorted(errors) == [r for r in range(world_size) if r != victim], job.text
+    survivors = [r for r in range(world_size) if r != victim]
+
+    def errors_of_all(records):
+        found = {r["rank"]: r for r in records if "error" in r and r["rank"] != victim}
+        return found if sorted(found) == survivors else None
+
+    errors = job.wait_until(errors_of_all, "error from every survivor")
     for rank, record in errors.items():
         assert record["error"] == "NodeFailure", record
         assert record["failed_rank"] == victim, record
@@ -141,8 +136,8 @@ def check_survivors(job: Job, victim: int, world_size: int, since: float) -> Non
         assert record["at"] - since < REQUEST_TIMEOUT_S / 2, record
         print(f"rank {rank}: NodeFailure {record['at'] - since:.2f}s after the signal")
     # And then shut down at once (shutdown() raises the failure again, without waiting).
-    job.wait_for(lambda r: {x["closed"] for x in job.records if "closed" in x} >= set(errors),
-                 "shutdown of every survivor")
+    job.wait_until(lambda records: {r["closed"] for r in records if "closed" in r} >= set(errors),
+                   "shutdown of every survivor")
 
 
 @pytest.mark.parametrize("how", ["kill", "stop"])
