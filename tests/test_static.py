@@ -428,6 +428,56 @@ def test_timeout_names_both_ranks(what, world_size, pattern):
     assert elapsed < 30
 
 
+def _forwarded_silent_job(node, stopped, done):
+    """Key 1 (homed on rank 1) moves to rank 2, which then stops serving. Rank 0, which never
+    learnt where key 1 went, asks its home; rank 1 passes the pull on to rank 2 and says so.
+    Rank 0's timeout must name rank 2, the rank it actually waits for, not rank 1."""
+    node.barrier()
+    if node.rank == 2:
+        w = node.worker()
+        w.intent([1], 0, 1_000_000)
+        w.wait_sync()
+        assert 1 in node.local_keys()
+    node.barrier()
+    if node.rank == 2:
+        node.engine.stop()
+        stopped.set()
+        finished = done.wait(30)
+        node._release()
+        return finished
+    if node.rank == 1:
+        finished = done.wait(30)
+        node._release()
+        return finished
+    stopped.wait(30)
+    start = time.monotonic()
+    try:
+        node.worker().pull([1])
+    except adapm.AdaPMTimeout as exc:
+        result = (str(exc), time.monotonic() - start)
+    except BaseException as exc:
+        result = (repr(exc), time.monotonic() - start)
+    else:
+        result = ("no error", time.monotonic() - start)
+    done.set()
+    node._release()
+    return result
+
+
+def test_timeout_names_the_rank_a_request_was_passed_on_to():
+    ctx = mp.get_context("spawn")
+    stopped, done = ctx.Event(), ctx.Event()
+    results = run_cluster(_forwarded_silent_job, 3, args=(stopped, done), timeout_s=60,
+                          config=dict(num_keys=6, value_length=2, request_timeout_s=1,
+                                      connect_timeout_s=10, failure_timeout_s=30,
+                                      management="relocation_only"))
+    message, waited = results[0]
+    assert re.search(r"rank 0: no answer from rank 2 \(passed on there by another node\) to "
+                     r"PULL of 1 keys within 1s", message), message
+    assert 0.9 <= waited < 2.5, waited
+    assert results[1:] == [True, True]
+
+
 def _comm_failure_job(node, rank0_stopped, done):
     """A failure of rank 1's communication thread (here a receive failure the test injects; a
     peer's bad message no longer is one, see test_protocol) must surface in every call,

@@ -31,22 +31,32 @@ class Call:
     """One request of a worker thread to its engine, completed once by the engine thread.
 
     The worker blocks on ``event``. ``parts`` are the answer messages (their arrays are views
-    that stay valid while the call is referenced). ``ranks``: the nodes asked (for error
-    messages); ``waiting_for``: keys the engine holds the request for because they are on their
-    way here (for error messages). ``abandoned``: the worker gave up (timeout); a late answer is
-    then only counted.
+    that stay valid while the call is referenced). ``waiting_on``: rank -> how many entries of
+    the request that rank holds unanswered, as far as this node knows (sent there, or passed on
+    there by another node, which says so in a FORWARDED notice); for error messages, so that a
+    timeout names the rank actually waited for, not the first hop. ``forwarded``: some entry
+    was passed on. ``waiting_for``: keys the engine holds the request for because they are on
+    their way here (for error messages). ``abandoned``: the worker gave up (timeout); a late
+    answer is then only counted.
     """
 
-    __slots__ = ("what", "ranks", "event", "parts", "error", "abandoned", "waiting_for")
+    __slots__ = ("what", "waiting_on", "forwarded", "event", "parts", "error", "abandoned",
+                 "waiting_for")
 
     def __init__(self, what: str) -> None:
         self.what = what
-        self.ranks: list[int] = []
+        self.waiting_on: dict[int, int] = {}  # written by the engine thread only
+        self.forwarded = False
         self.event = threading.Event()
         self.parts: list = []
         self.error: Optional[BaseException] = None
         self.abandoned = False
         self.waiting_for: Optional[np.ndarray] = None
+
+    def ranks_waited_for(self) -> list[int]:
+        """Ranks holding unanswered entries of this call (a snapshot; any thread: the dict is
+        copied in one step under the GIL)."""
+        return sorted(rank for rank, n in dict(self.waiting_on).items() if n > 0)
 
     @property
     def done(self) -> bool:

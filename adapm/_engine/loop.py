@@ -123,10 +123,12 @@ class EngineLoop:
         return call.parts
 
     def _timeout_text(self, call: Call, timeout_s: float) -> str:
-        if call.ranks:
-            ranks = (f"rank {call.ranks[0]}" if len(call.ranks) == 1
-                     else f"ranks {sorted(call.ranks)}")
-            return f"rank {self.rank}: no answer from {ranks} to {call.what} within {timeout_s:g}s"
+        waited = call.ranks_waited_for()
+        if waited:
+            ranks = f"rank {waited[0]}" if len(waited) == 1 else f"ranks {waited}"
+            via = " (passed on there by another node)" if call.forwarded else ""
+            return (f"rank {self.rank}: no answer from {ranks}{via} to {call.what} within "
+                    f"{timeout_s:g}s")
         if call.waiting_for is not None:
             return (f"rank {self.rank}: {call.what} waited {timeout_s:g}s for keys "
                     f"{call.waiting_for[:5].tolist()} whose intent this node reported; the sync "

@@ -134,12 +134,14 @@ class Rounds:
         return min(wait, CLOCK_POLL_S) if wait > 0 else CLOCK_POLL_S
 
     def round_waiting_on(self) -> list[int]:
-        """Ranks the running round still waits for (a snapshot, for error messages)."""
+        """Ranks the running round still waits for: those holding unanswered entries of its
+        requests, where the requests were passed on too (a snapshot, for error messages; any
+        thread)."""
         ranks = set()
         for req_id in list(self._open):
             req = self.requests.get(req_id)
             if req is not None and req.round is not None:
-                ranks.add(req.round.dst)
+                ranks.update(rank for rank, n in dict(req.at).items() if n > 0)
         return sorted(ranks)
 
     # --- the round ---------------------------------------------------------------------------
@@ -181,6 +183,7 @@ class Rounds:
         for dst, arrays, count, context in requests:
             req_id = self._new_round_request(count, context)
             context.dst = dst
+            self.requests[req_id].at[dst] = count
             self._open.add(req_id)
             self._post(dst, Kind.SYNC, req_id, [*arrays, *NO_MOVES], o=self.rank)  # + moves
 
@@ -319,6 +322,7 @@ class Rounds:
         context = _Round(keys, 0, n, np.empty(0, dtype=bool))
         req_id = self._new_round_request(n, context)
         context.dst = self.rank
+        self.requests[req_id].at[self.rank] = n
         self._open.add(req_id)
         self._post(self.rank, Kind.SYNC, req_id,
                    [none, none, np.empty(0, dtype=np.int8), keys, np.arange(n, dtype=np.int64),

@@ -92,12 +92,18 @@ class Serving:
                        msg=f"routing loop: keys {keys[onward[:5]].tolist()} "
                            f"passed {hops} nodes (last rank {self.rank})")
             return
+        ranks, counts = [], []
         for dst, positions in group_by_node(nxt[onward]):
             part = subset(rest, onward[positions], self.store)
             part.header["h"] = hops
             part.header["s"] = part.src = self.rank
             self.counters["forwarded_keys"] += len(positions)
             self._post_message(dst, part)
+            ranks.append(dst)
+            counts.append(len(positions))
+        # The origin learns whom it waits for now (a timeout names that rank, not this one).
+        self._post(rest.header["o"], Kind.FORWARDED, rest.req_id,
+                   [np.array(ranks, dtype=np.int64), np.array(counts, dtype=np.int64)])
 
     def _retry_queued(self) -> None:
         """Keys arrived: serve (or pass on) what waited for them."""

@@ -47,10 +47,11 @@ class Outstanding:
     """A request this node sent and waits on. ``call`` is None for a sync round's requests.
 
     ``keys``/``positions``: what a worker's request asked for, by position in the worker's call
-    (positions ascend), so an answer's positions name the keys it answers for.
+    (positions ascend), so an answer's positions name the keys it answers for. ``at``: rank ->
+    entries unanswered there (the call's ``waiting_on``; for error messages only).
     """
 
-    __slots__ = ("call", "remaining", "keys", "positions", "parts", "round", "clock")
+    __slots__ = ("call", "remaining", "keys", "positions", "parts", "round", "clock", "at")
 
     def __init__(self, call, remaining: int, keys=None, positions=None, round=None,
                  clock: int = 0) -> None:
@@ -61,6 +62,7 @@ class Outstanding:
         self.positions = positions
         self.parts: list[Message] = []
         self.round = round
+        self.at: dict[int, int] = call.waiting_on if call is not None else {}
 
 
 # Counters kept by the state (stats() reads a copy); every name exists from the start so that a
@@ -249,6 +251,8 @@ class NodeState(Serving, Rounds):
                 return
         if kind in ANSWERS:
             self._answer(msg)
+        elif kind == Kind.FORWARDED:
+            self._forwarded(msg)
         elif kind in KEYED:
             self._keyed(msg)
         elif kind == Kind.BARRIER:
@@ -284,7 +288,7 @@ class NodeState(Serving, Rounds):
             if self.rank == 0:
                 self._serve_barrier(0, req_id, request.epoch, request.tag)
             else:
-                call.ranks = [0]
+                call.waiting_on[0] = 1
                 self._post(0, Kind.BARRIER, req_id, e=request.epoch, t=request.tag)
         elif op in (Op.WAIT_SYNC, Op.ROUND):
             if not self.policy.runs_rounds:
@@ -335,12 +339,11 @@ class NodeState(Serving, Rounds):
         onward = np.flatnonzero(dst >= 0)
         if not len(onward):
             return
-        call = self.requests[msg.req_id].call
+        at = self.requests[msg.req_id].at
         for peer, positions in group_by_node(dst[onward]):
             part = (msg if len(positions) == len(keys)
                     else subset(msg, onward[positions], self.store))
-            if peer not in call.ranks:
-                call.ranks.append(peer)
+            at[peer] = at.get(peer, 0) + len(positions)
             self._post_message(peer, part)
 
     def _retry_awaiting(self) -> None:
@@ -382,9 +385,11 @@ class NodeState(Serving, Rounds):
             req.remaining = 0
         else:
             positions = msg.arrays[0]
-            req.remaining -= len(positions)
+            answered = len(positions)
             if msg.kind == Kind.SYNC_RESP:  # redirected reports, returned deltas and checks
-                req.remaining -= len(msg.arrays[4]) + len(msg.arrays[6])
+                answered += len(msg.arrays[4]) + len(msg.arrays[6])
+            req.remaining -= answered
+            req.at[msg.src] = req.at.get(msg.src, 0) - answered
             if req.remaining < 0:
                 raise StateError(f"rank {self.rank}: request {msg.req_id} answered twice "
                                  f"(last part from rank {msg.src})")
@@ -403,6 +408,21 @@ class NodeState(Serving, Rounds):
                 self._round_request_done(msg.req_id)
             else:
                 self._out.append(Finish(req.call, req.parts))
+
+    def _forwarded(self, msg: Message) -> None:
+        """Entries of a request of ours were passed on by ``msg.src``: note where they are now
+        (an answer may have come first, on another connection: counts can dip below zero for a
+        while, and only positive ones name a rank)."""
+        req = self.requests.get(msg.req_id)
+        if req is None:
+            return  # answered already, or given up on
+        at = req.at
+        ranks, counts = msg.arrays
+        at[msg.src] = at.get(msg.src, 0) - int(counts.sum())
+        for rank, count in zip(ranks.tolist(), counts.tolist()):  # one per next hop: a few
+            at[rank] = at.get(rank, 0) + count
+        if req.call is not None:
+            req.call.forwarded = True
 
     # --- barrier (rank 0 counts arrivals) ----------------------------------------------------
 

@@ -41,6 +41,11 @@ def problem(msg: Message, state) -> Optional[str]:
         return _keyed_problem(msg, world, store)
     if msg.kind in ANSWERS:
         return _answer_problem(msg, state)
+    if msg.kind == Kind.FORWARDED:
+        ranks, counts = msg.arrays
+        if len(ranks) != len(counts) or (len(ranks) and (
+                int(ranks.min()) < 0 or int(ranks.max()) >= world or int(counts.min()) <= 0)):
+            return "a forward notice with ranks not in the job or counts that are not positive"
     if msg.kind == Kind.FAILED:  # "rank r failed": every node stops, so it must name a rank
         failed = msg.header.get("r")
         if type(failed) is not int or not 0 <= failed < world:

@@ -59,6 +59,8 @@ class Kind(enum.IntEnum):
     #                 intent reports for keys not owned here: where to report them instead;
     #                 deltas and checks for keys that went to the origin: returned to it
     ERROR = 13  # header "msg": why a request could not be served
+    FORWARDED = 14  # from a node that passed entries of the origin's request on: to which
+    #                 ranks, how many entries each (so the origin knows whom it waits for)
     # owner -> node, unsolicited: relocations, replicas, home updates (MOVE_SECTIONS)
     MOVES = 20
     # control
@@ -77,9 +79,10 @@ _KINDS = {int(kind): kind for kind in Kind}
 # Array roles. Per-key roles have one entry per key of their section; ROWS holds the keys'
 # values packed back to back (a key's row length is its value length).
 KEYS, POS, ROWS, FLAGS, VERSIONS, MASKS, RANKS = "keys", "pos", "rows", "flags", "ver", "mask", "rank"
+COUNTS = "count"
 DTYPES = {KEYS: np.dtype("<i8"), POS: np.dtype("<i8"), ROWS: np.dtype("<f4"),
           FLAGS: np.dtype("i1"), VERSIONS: np.dtype("<i8"), MASKS: np.dtype("<u8"),
-          RANKS: np.dtype("<i8")}
+          RANKS: np.dtype("<i8"), COUNTS: np.dtype("<i8")}
 
 # SYNC sections, in order. Intents: "this node has intent: yes/no" per key. Deltas: a replica's
 # accumulated updates and the version they are based on. Checks: a replica's version only.
@@ -103,6 +106,7 @@ SCHEMA: dict[Kind, tuple[tuple[str, ...], ...]] = {
     Kind.ACK: ((POS,),),
     Kind.SYNC_RESP: ((POS, VERSIONS, POS, ROWS, POS, RANKS, POS, ROWS), *MOVE_SECTIONS),
     Kind.MOVES: MOVE_SECTIONS,
+    Kind.FORWARDED: ((RANKS, COUNTS),),
 }
 ROLES = {kind: tuple(role for section in sections for role in section)
          for kind, sections in SCHEMA.items()}
