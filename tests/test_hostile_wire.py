@@ -167,3 +167,91 @@ def test_oversized_frame_is_refused_before_it_is_buffered():
     huge = [b"\x80" + bytes(64 << 20)]
     stats = _check([(b"7", huge)])
     assert stats["bytes_received"] < (64 << 20), stats
+
+
+# A flood of ~FLOOD_BYTES in FLOOD_FRAME-sized messages: many times what a bounded receive
+# buffer (Transport.RECEIVE_HWM messages per connection) may hold.
+FLOOD_FRAME, FLOOD_BYTES = 64 << 10, 768 << 20
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmRSS in /proc/self/status")
+
+
+def _flooded_job(node, ready, flooded, sent_count):
+    """Rank 1's engine stops reading for a while; a stranger in rank 0's process floods it
+    meanwhile. Returns (rank 0) the messages libzmq accepted from the stranger, or (rank 1) the
+    growth of its resident memory while blind, its statistics and a sum computed afterwards."""
+    import time
+
+    import zmq
+
+    node.barrier()
+    if node.rank == 0:
+        ready.wait(30)
+        sock = zmq.Context.instance().socket(zmq.DEALER)
+        sock.setsockopt(zmq.IDENTITY, b"7")
+        sock.connect(node.transport.peers[1].getsockopt(zmq.LAST_ENDPOINT).decode())
+        frame = b"\xc1" + bytes(FLOOD_FRAME - 1)  # not a message: dropped when read
+        sent, deadline = 0, time.monotonic() + 3
+        while sent * FLOOD_FRAME < FLOOD_BYTES and time.monotonic() < deadline:
+            try:
+                sock.send(frame, zmq.NOBLOCK, copy=False)
+                sent += 1
+            except zmq.Again:  # held back: the receiver reads no more until its engine does
+                time.sleep(0.001)
+        sent_count.value = sent
+        flooded.set()
+        sock.close(linger=60_000)  # everything accepted is delivered, none thrown away
+        node.barrier()
+        return sent
+    poll = node.transport.poll
+    blind = threading.Event()
+    blind.set()
+
+    def blind_poll(timeout_ms):
+        while blind.is_set():
+            time.sleep(0.01)
+        return poll(timeout_ms)
+
+    node.transport.poll = blind_poll
+    node.transport.wake()
+    baseline = peak = _rss_bytes()
+    ready.set()
+    while not flooded.wait(0.02):
+        peak = max(peak, _rss_bytes())
+    time.sleep(0.3)  # what is still on its way in
+    peak = max(peak, _rss_bytes())
+    blind.clear()
+    node.transport.poll = poll
+    node.barrier()
+    deadline = time.monotonic() + 60
+    while node.stats()["dropped_malformed_messages"] < sent_count.value and \
+            time.monotonic() < deadline:
+        time.sleep(0.05)
+    w = node.worker()
+    w.push([0, 1], np.ones((2, DIM), np.float32))
+    w.wait()
+    return peak - baseline, node.stats(), w.pull([0, 1])
+
+
+def test_a_flood_waits_in_the_sender_not_in_the_node():
+    """While a node's engine does not read, its socket takes at most a bounded number of
+    messages per connection (ZMQ_RCVHWM; the sender's libzmq then holds them back, so nothing
+    is lost); then the node reads them all, counts every one as dropped, and goes on working."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    ready, flooded, sent_count = ctx.Event(), ctx.Event(), ctx.Value("q", 0)
+    sent, (growth, stats, values) = run_cluster(
+        _flooded_job, 2, args=(ready, flooded, sent_count), timeout_s=180,
+        config=dict(num_keys=NUM_KEYS, value_length=DIM, failure_timeout_s=30, **FAST))
+    assert sent > 0
+    assert stats["dropped_malformed_messages"] == sent, (sent, stats)
+    # Unbounded, the node would have buffered the whole flood (FLOOD_BYTES).
+    assert growth < FLOOD_BYTES / 4, (growth, sent)
+    np.testing.assert_array_equal(values, np.ones((2, DIM), np.float32))

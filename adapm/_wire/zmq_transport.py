@@ -22,6 +22,11 @@ every DEALER a CURVE client, and the transport runs the context's ZAP handler, s
 members connect and all traffic is encrypted. A received ZeroMQ message whose headers name
 another sender than the rank its connection authenticated as is dropped before the engine sees
 it, and counted (``dropped_forged_messages``).
+
+Bounded receive buffers: at most :data:`RECEIVE_HWM` unread messages per connection, and no
+frame over ``max_frame_bytes`` (a larger one disconnects its sender). Sends never block and are
+never dropped (no send high-water mark): the engine must not stall on a slow peer, and a peer
+that reads slowly holds the sender's messages back in the sender.
 """
 
 from __future__ import annotations
@@ -40,6 +45,10 @@ _log = logging.getLogger("adapm.wire")
 
 _SNDMORE = int(zmq.SNDMORE)
 
+
+# Messages a node's socket buffers per connection before it stops reading from it (libzmq's
+# own default high-water mark; unread messages then wait in the sender, see Transport).
+RECEIVE_HWM = 1000
 
 # Connections whose bad messages are logged; after that, bad messages are only counted.
 _MAX_WARNED_CONNECTIONS = 8
@@ -75,11 +84,12 @@ class Transport:
                 # Before binding: a CURVE server without a ZAP handler refuses everyone.
                 self._zap = ZapHandler(self.context, keys, f"adapm-zap-{rank}")
             self.router = self.context.socket(zmq.ROUTER)
-            # Never drop or block on the job's own traffic: a dropped message would be a lost
-            # update. What bounds it is the protocol (a worker waits for its requests' answers,
-            # one round per peer at a time), what keeps strangers out is authentication, and
-            # no single frame can be larger than a node could legitimately be sent.
-            self.router.setsockopt(zmq.RCVHWM, 0)
+            # What a node buffers for a connection is bounded: once RECEIVE_HWM messages wait
+            # unread, libzmq stops reading that connection (TCP holds the rest back, then the
+            # sender's libzmq queues them: the sender pays for its own flood, and nothing is
+            # dropped, which would lose an update); no single frame may be larger than a node
+            # could legitimately be sent; and authentication keeps strangers out.
+            self.router.setsockopt(zmq.RCVHWM, RECEIVE_HWM)
             self.router.setsockopt(zmq.MAXMSGSIZE, max_frame_bytes)
             self.router.setsockopt(zmq.LINGER, 0)
             if ":" in host:
