@@ -288,9 +288,12 @@ def _intrusion_job(node, auth: bool) -> dict:
         # plain socket's message reached the transport, which drops it only because its
         # connection did not name itself rank 1 (Transport._from_identity).
         _await(node, "dropped_forged_messages", 1)
+        if auth:  # the server side's handshake events may come after the client's
+            _await(node, "refused_handshakes", 3)
         stats = node.stats()
         outcomes["received_pushes"] = stats.get("messages_received_push", 0)
         outcomes["dropped_forged"] = stats["dropped_forged_messages"]
+        outcomes["refused"] = stats["refused_handshakes"]
         outcomes["key0_before"] = float(w.pull(np.zeros(1, np.int64))[0, 0])
     node.barrier(WAIT_S)
     keys = np.arange(N, dtype=np.int64)
@@ -310,11 +313,13 @@ def test_intruders_cannot_deliver_messages(auth):
         assert rank1 == {"plain": "failed", "unknown key": "failed", "other secret": "failed",
                          "member, forged rank": "succeeded", "values": rank1["values"]}
         assert rank0["received_pushes"] == 0 and rank0["dropped_forged"] == 1, rank0
+        # The plain socket, the unknown key and the other job's key: refused, and counted.
+        assert rank0["refused"] == 3, rank0
         assert rank0["key0_before"] == 0.0
         assert rank0["values"] == rank1["values"] == [2.0] * N
     else:  # the same plain socket gets through to the node when authentication is off
         assert rank1["plain"] == "succeeded"
-        assert rank0["dropped_forged"] == 1, rank0
+        assert rank0["dropped_forged"] == 1 and rank0["refused"] == 0, rank0
         assert rank0["values"] == rank1["values"] == [2.0] * N
 
 

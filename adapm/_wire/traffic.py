@@ -17,11 +17,12 @@ class Traffic:
         # dropped_forged_messages: wire messages whose headers named another sender than the
         # rank their connection authenticated as, or (without authentication) connected as;
         # dropped_malformed_messages: wire messages that could not be decoded
-        # (adapm._wire.zmq_transport); neither is counted as received.
+        # (adapm._wire.zmq_transport); neither is counted as received. refused_handshakes:
+        # connections refused at the security handshake (with authentication only).
         self.counters = {"messages_sent": 0, "messages_received": 0, "bytes_sent": 0,
                          "bytes_received": 0, "wire_messages_sent": 0,
                          "wire_messages_received": 0, "dropped_forged_messages": 0,
-                         "dropped_malformed_messages": 0}
+                         "dropped_malformed_messages": 0, "refused_handshakes": 0}
         self.by_kind: dict[str, int] = {}
 
     def count(self, direction: str, wire_bytes: int, messages) -> None:

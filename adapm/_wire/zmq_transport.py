@@ -21,7 +21,8 @@ Authentication (``keys`` given, see :mod:`adapm._wire.auth`): the ROUTER is a CU
 every DEALER a CURVE client, and the transport runs the context's ZAP handler, so only the job's
 members connect and all traffic is encrypted. A received ZeroMQ message whose headers name
 another sender than the rank its connection authenticated as is dropped before the engine sees
-it, and counted (``dropped_forged_messages``).
+it, and counted (``dropped_forged_messages``); a connection refused at the handshake (no
+member's key, or no CURVE) is counted too (``refused_handshakes``).
 
 Bounded receive buffers: at most :data:`RECEIVE_HWM` unread messages per connection, and no
 frame over ``max_frame_bytes`` (a larger one disconnects its sender). Sends never block and are
@@ -37,7 +38,7 @@ import os
 import zmq
 
 from ..errors import TransportError
-from .auth import JobKeys, ZapHandler, authenticated_rank
+from .auth import HandshakeWatch, JobKeys, ZapHandler, authenticated_rank
 from .protocol import Kind, Message, decode, encode, frame_bytes
 from .traffic import Traffic
 
@@ -107,6 +108,11 @@ class Transport:
         self.peers: dict[int, zmq.Socket] = {}
         self.poller = zmq.Poller()
         self.poller.register(self.router, zmq.POLLIN)
+        # With authentication: connections refused at the handshake (no member's key, or no
+        # CURVE at all), counted as they happen (refused_handshakes).
+        self._watch = HandshakeWatch(self.router) if keys is not None else None
+        if self._watch is not None:
+            self.poller.register(self._watch.socket, zmq.POLLIN)
         # Other threads wake a blocked poll through this counter (one syscall, no socket).
         self._wake_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         self.poller.register(self._wake_fd, zmq.POLLIN)
@@ -170,6 +176,9 @@ class Transport:
                     os.eventfd_read(self._wake_fd)
                 except BlockingIOError:  # another read took it first
                     pass
+            if self._watch is not None and self._watch.socket in ready:
+                self._watch.drain()
+                self.traffic.counters["refused_handshakes"] = self._watch.failures
             out = []
             if self.router in ready:
                 for _ in range(256):
@@ -230,6 +239,9 @@ class Transport:
         return False
 
     def close(self, linger_ms: int = 0) -> None:
+        if self._watch is not None:
+            self._watch.close()
+            self._watch = None
         self.router.close(linger=0)
         os.close(self._wake_fd)
         for sock in self.peers.values():
