@@ -204,6 +204,40 @@ def test_embedding_trains_as_torch_does(node, opt, padding_idx):
         assert not table.weight()[padding_idx].any()
 
 
+def test_a_table_restored_from_a_checkpoint_trains_on_as_torch_does(no_launcher, tmp_path):
+    """Three AdaGrad steps (with lr_decay, which depends on the step count), a checkpoint, a
+    new process's worth of objects from it (``init="keep"``, the optimizer's state_dict), three
+    more steps: the rows equal torch's after six uninterrupted steps."""
+    rng = np.random.default_rng(4)
+    batches = [torch.from_numpy(rng.integers(0, 50, (7, 3))) for _ in range(6)]
+    make_ours, make_theirs = OPTIMIZERS["adagrad"]
+
+    def train(table, optimizer, steps):
+        for idx in steps:
+            optimizer.zero_grad()
+            (table(idx) ** 2).sum().backward()
+            optimizer.step()
+
+    with adapm.init(num_keys=400, value_length=8) as node:
+        table = Embedding(50, 4, worker=node.worker(), offset=100, seed=5)
+        twin = _torch_twin(table, "emb")
+        ours = make_ours(table)
+        train(table, ours, batches[:3])
+        node.checkpoint(str(tmp_path / "ck"), meta={"optimizer": ours.state_dict()})
+    theirs = make_theirs(twin.parameters())
+    train(twin, theirs, batches)
+    path = str(tmp_path / "ck")
+    with adapm.init(num_keys=400, value_length=8, restore=path) as node:
+        table = Embedding(50, 4, worker=node.worker(), offset=100, init="keep")
+        ours = make_ours(table)
+        ours.load_state_dict(adapm.checkpoint_meta(path)["optimizer"])
+        train(table, ours, batches[3:])
+        np.testing.assert_allclose(table.weight().numpy(), twin.weight.detach().numpy(),
+                                   rtol=1e-5, atol=1e-6)
+        with pytest.raises(adapm.InvalidArgument, match="load_state_dict"):
+            ours.load_state_dict({"steps": [1, 2]})
+
+
 @pytest.mark.parametrize("opt", sorted(OPTIMIZERS))
 @pytest.mark.parametrize("mode,weighted,layout", [
     ("sum", False, "offsets"), ("sum", True, "offsets"), ("mean", False, "offsets"),

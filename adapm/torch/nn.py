@@ -34,7 +34,7 @@ from .data import distinct
 # Rows of a table are initialised in chunks of this many keys, each from its own generator
 # seeded by (seed, chunk): the values do not depend on the world size or on who writes them.
 _INIT_CHUNK = 4096
-_INITS = ("normal", "uniform", "zeros")
+_INITS = ("normal", "uniform", "zeros", "keep")
 
 
 class _Table(nn.Module):
@@ -94,10 +94,13 @@ class _Table(nn.Module):
 
     def _init_rows(self, init: str, scale: float, seed: int) -> None:
         """Writes every row once over the cluster (chunk c by rank c % world_size): weights from
-        ``init``, optimizer state zero, the padding row zero; then a barrier."""
+        ``init``, optimizer state zero, the padding row zero; then a barrier. ``"keep"`` writes
+        nothing: the rows are what the node holds (restored from a checkpoint)."""
         node = self.worker.node
         n, dim, length = self.num_embeddings, self.embedding_dim, self.row_length
-        for chunk in range(node.rank, -(-n // _INIT_CHUNK), node.world_size):
+        chunks = range(0) if init == "keep" else range(node.rank, -(-n // _INIT_CHUNK),
+                                                         node.world_size)
+        for chunk in chunks:
             first = chunk * _INIT_CHUNK
             count = min(_INIT_CHUNK, n - first)
             rows = np.zeros((count, length), dtype=np.float32)
@@ -167,7 +170,8 @@ class Embedding(_Table):
     starts at zero and gets no update). adapm's own, keyword-only: ``worker`` (the handle that
     pulls; the one the IntentLoader signals on), ``offset`` (the table's first key), ``init``
     ("normal": N(0, scale^2), torch's default with scale 1; "uniform": U(-scale, scale);
-    "zeros") and ``seed``. ``max_norm`` and ``scale_grad_by_freq`` are not supported; updates are
+    "zeros"; "keep": write nothing, the rows and their optimizer state are what the node holds,
+    as after ``adapm.init(..., restore=checkpoint)``) and ``seed``. ``max_norm`` and ``scale_grad_by_freq`` are not supported; updates are
     always sparse (``sparse`` is accepted for compatibility).
     """
 

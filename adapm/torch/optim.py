@@ -73,6 +73,22 @@ class _RowOptimizer:
                                                                    self.steps[i])))
         return loss
 
+    def state_dict(self) -> dict:
+        """What this process keeps of the optimizer's state (torch's name): the steps taken per
+        table (AdaGrad's ``lr_decay`` depends on them). The per-row state lives in the rows, so
+        a node checkpoint (``Node.checkpoint``) holds it. JSON-serialisable."""
+        return {"steps": list(self.steps)}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue from :meth:`state_dict` of an optimizer over the same tables."""
+        steps = state.get("steps") if isinstance(state, dict) else None
+        if not isinstance(steps, list) or len(steps) != len(self.tables) or not all(
+                type(n) is int and n >= 0 for n in steps):
+            raise InvalidArgument(f"{self.name}.load_state_dict: expected {{'steps': [one "
+                                  f"count >= 0 per table, {len(self.tables)} in all]}}, got "
+                                  f"{state!r:.200}")
+        self.steps = list(steps)
+
     def _update(self, table: _Table, rows: np.ndarray, grads: np.ndarray,
                 step: int) -> np.ndarray:
         raise NotImplementedError
