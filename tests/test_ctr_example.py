@@ -142,3 +142,56 @@ def test_a_missing_data_directory_is_a_clear_error(tmp_path):
     proc = run(TRAIN + ["--data", str(tmp_path / "nowhere")], expect=2)
     assert "nowhere/train.tsv: no such file" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+# --- checkpoints ---------------------------------------------------------------------------------
+
+# What differs between two runs of the same training: the clock.
+_TIMING = ("train_seconds", "examples_per_s", "adapm_seconds", "resumed_at_batch")
+
+
+@pytest.fixture(scope="module")
+def small_data(tmp_path_factory):
+    directory = str(tmp_path_factory.mktemp("ctr-small"))
+    criteo.generate(directory, rows=30_000, vocab=1_000, test_share=0.2, seed=5)
+    return directory
+
+
+def _epochs_without_timing(epochs):
+    return [{k: v for k, v in r.items() if k not in _TIMING} for r in epochs]
+
+
+def test_a_run_resumed_mid_epoch_gives_exactly_the_uninterrupted_numbers(small_data, tmp_path):
+    """One process: stopped after 30 batches (checkpoints every 7 and at the stop), then
+    resumed: both epochs' lines equal the uninterrupted run's, train loss included."""
+    whole, _ = _train(TRAIN, small_data)
+    ck = str(tmp_path / "ck")
+    stopped, finals = _train(TRAIN, small_data, "--max-batches", "30", "--checkpoint-dir", ck,
+                             "--checkpoint-every", "7")
+    assert stopped == [] and finals[0]["stopped_at"] == {"epoch": 1, "batch": 30}
+    resumed, _ = _train(TRAIN, small_data, "--checkpoint-dir", ck, "--resume")
+    assert resumed[0]["resumed_at_batch"] == 30 and "resumed_at_batch" not in resumed[1]
+    assert _epochs_without_timing(resumed) == _epochs_without_timing(whole)
+
+
+def test_a_two_node_run_resumes_where_it_stopped(small_data, tmp_path):
+    ck = str(tmp_path / "ck")
+    two = LAUNCHER + ["-n", "2"] + TRAIN
+    _, finals = _train(two, small_data, "--max-batches", "12", "--checkpoint-dir", ck,
+                       "--checkpoint-every", "5")
+    assert [r["stopped_at"] for r in finals] == [{"epoch": 1, "batch": 12}] * 2
+    import adapm
+
+    assert adapm.checkpoint_meta(ck)["steps"] == 12
+    resumed, finals = _train(two, small_data, "--checkpoint-dir", ck, "--resume")
+    assert [r["epoch"] for r in resumed] == [1, 2] and resumed[0]["resumed_at_batch"] == 12
+    assert resumed[-1]["test_auc"] > 0.7
+    # each rank trained the rest of its share: 24,000 rows in 2 shares, 2 epochs, 12 batches done
+    assert [r["examples"] for r in finals] == [2 * 12_000 - 12 * 512] * 2
+    meta = adapm.checkpoint_meta(ck)
+    assert (meta["epoch"], meta["batch"], meta["steps"]) == (2, 24, 48)
+    # on another number of ranks: a clear error, no traceback
+    proc = run(TRAIN + ["--data", small_data, "--epochs", "3", "--dim", "8", "--hidden", "64,32",
+                        "--checkpoint-dir", ck, "--resume"], expect=2)
+    assert "written by 2 ranks; resume it with as many (here 1)" in proc.stderr
+    assert "Traceback" not in proc.stderr

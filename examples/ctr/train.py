@@ -26,6 +26,21 @@ the last rank's end), ``examples_per_s``, ``train_logloss`` (rank 0's batches),
 (rank 0's time inside adapm calls: pulls, pushes, intent, clock, dense sync) and
 ``remote_share`` (rank 0's remote pulled and pushed keys over all its keys, training loop only).
 At the end every rank prints one line with its own training totals (``"rank"``, ``"final"``).
+
+Checkpoints (adapm runs)::
+
+    python examples/ctr/train.py --data data/ctr --checkpoint-dir ck --checkpoint-every 200
+    python examples/ctr/train.py --data data/ctr --checkpoint-dir ck --resume
+
+``--checkpoint-dir DIR`` writes a checkpoint (``Node.checkpoint``, atomic) every
+``--checkpoint-every`` batches and when training ends: the tables with their AdaGrad state, the
+dense parameters, every rank's own AdaGrad state of them (each rank its own key range), and in
+the meta where training stands (epoch, batches done in it, rank 0's partial loss). ``--resume``
+continues from there: the same batches follow (each epoch's order is a function of the seed,
+the rank and the epoch), so on one process a resumed run gives exactly the numbers of an
+uninterrupted one. It needs the same number of ranks as the run that wrote the checkpoint
+(each rank's data share and dense optimizer state are its own). ``--max-batches N`` stops after
+N batches in all (a time-boxed run, to be resumed).
 """
 
 from __future__ import annotations
@@ -46,6 +61,7 @@ import torch.nn.functional as F
 from model import WideAndDeep
 from torch.utils.data import DataLoader, Dataset
 
+from adapm import CheckpointError
 from adapm.trace import keys_argument
 
 # Each dense key holds this many floats of the MLP's parameters (fewer keys to sync per round).
@@ -83,10 +99,26 @@ def batch_keys(batch, table_size: int) -> torch.Tensor:
     return torch.cat([categorical.reshape(-1), categorical.reshape(-1) + table_size])
 
 
-def loader(examples: criteo.Examples, opts, rank: int, collate) -> DataLoader:
-    order = torch.Generator().manual_seed(opts.seed * 1000 + rank)
-    return DataLoader(ExampleSet(examples), batch_size=opts.batch_size, shuffle=True,
-                      generator=order, num_workers=opts.loader_workers, collate_fn=collate)
+class EpochOrder(torch.utils.data.Sampler):
+    """A rank's examples in a random order per epoch that depends on (seed, rank, epoch) only,
+    from position ``start`` on: a resumed epoch goes on with the batches it had not trained."""
+
+    def __init__(self, size: int, seed: int, rank: int) -> None:
+        self.size, self.seed, self.rank = size, seed, rank
+        self.epoch, self.start = 1, 0
+
+    def __iter__(self):
+        order = np.random.default_rng([self.seed, self.rank, self.epoch]).permutation(self.size)
+        return iter(order[self.start:].tolist())
+
+    def __len__(self) -> int:
+        return self.size - self.start
+
+
+def loader(examples: criteo.Examples, opts, rank: int, collate) -> tuple[DataLoader, EpochOrder]:
+    order = EpochOrder(len(examples), opts.seed, rank)
+    return DataLoader(ExampleSet(examples), batch_size=opts.batch_size, sampler=order,
+                      num_workers=opts.loader_workers, collate_fn=collate), order
 
 
 # --- the two runs -------------------------------------------------------------------------------
@@ -117,7 +149,11 @@ class TimedWorker:
 
 class AdapmRun:
     """Rows in adapm; the dense parameters kept equal over the ranks by DenseSync (``--dense
-    adapm``) or by torch's DistributedDataParallel over gloo (``--dense ddp``, under torchrun)."""
+    adapm``) or by torch's DistributedDataParallel over gloo (``--dense ddp``, under torchrun).
+
+    Keys: the deep table, the wide table, the dense parameters (DenseSync's, or under DDP only
+    written for checkpoints), then per rank a copy of that size for the rank's own AdaGrad
+    state of them (written for checkpoints)."""
 
     def __init__(self, opts, table_size: int) -> None:
         import adapm
@@ -126,35 +162,66 @@ class AdapmRun:
         torch.manual_seed(opts.seed)
         skeleton = WideAndDeep(torch.nn.Identity(), torch.nn.Identity(), opts.dim,
                                opts.hidden)
-        dense_keys = DenseSync.keys_needed(skeleton.dense_parameters(), DENSE_KEY_FLOATS) \
-            if opts.dense == "adapm" else 0
+        dense_keys = DenseSync.keys_needed(skeleton.dense_parameters(), DENSE_KEY_FLOATS)
+        world = adapm.Config.from_env(num_keys=1).world_size
+        self.resumed = resume_point(opts, world) if opts.resume else None
         lengths = np.concatenate([np.full(table_size, 2 * opts.dim),  # weights, AdaGrad's sums
                                   np.full(table_size, 2),
-                                  np.full(dense_keys, DENSE_KEY_FLOATS)])
+                                  np.full((1 + world) * dense_keys, DENSE_KEY_FLOATS)])
         self.node = adapm.init(num_keys=len(lengths), value_length=lengths,
-                               trace_dir=opts.trace_dir, trace_keys=opts.trace_keys)
+                               trace_dir=opts.trace_dir, trace_keys=opts.trace_keys,
+                               restore=opts.checkpoint_dir if opts.resume else None)
         self.rank, self.world = self.node.rank, self.node.world_size
         self.worker = TimedWorker(self.node.worker())
+        init = "keep" if self.resumed else None
         deep = Embedding(table_size, opts.dim, worker=self.worker, scale=opts.init_scale,
-                         seed=opts.seed)
+                         seed=opts.seed, init=init or "normal")
         wide = EmbeddingBag(table_size, 1, mode="sum", worker=self.worker, offset=table_size,
-                            init="zeros")
+                            init=init or "zeros")
         self.model = WideAndDeep(deep, wide, opts.dim, opts.hidden)
         self.model.load_state_dict(skeleton.state_dict(), strict=False)
+        self.dense_params = self.model.dense_parameters()
+        self.dense_keys = 2 * table_size + np.arange(dense_keys, dtype=np.int64)
+        # This rank's AdaGrad state of the dense parameters, in checkpoints.
+        self.state_keys = self.dense_keys + (1 + self.rank) * dense_keys
+        if self.resumed:  # before DenseSync and DDP hand rank 0's parameters to every rank
+            _load_flat(self.dense_params, self.worker.pull(self.dense_keys))
         self.forward = self.model
         self.sync = None
         if opts.dense == "adapm":
-            self.sync = DenseSync(self.model.dense_parameters(), worker=self.worker,
-                                  offset=2 * table_size)
+            self.sync = DenseSync(self.dense_params, worker=self.worker,
+                                  offset=int(self.dense_keys[0]))
         else:
             # torch.distributed from torchrun's variables (MASTER_PORT; adapm took the next port).
             torch.distributed.init_process_group("gloo")
             self.forward = torch.nn.parallel.DistributedDataParallel(self.model)
         self.row_opt = optim.Adagrad([deep, wide], lr=opts.lr)
-        self.dense_opt = torch.optim.Adagrad(self.model.dense_parameters(), lr=opts.dense_lr)
+        self.dense_opt = torch.optim.Adagrad(self.dense_params, lr=opts.dense_lr)
+        if self.resumed:
+            self.row_opt.load_state_dict(self.resumed["row_optimizer"])
+            sums = self.worker.pull(self.state_keys)
+            at = 0
+            for p in self.dense_params:
+                state = self.dense_opt.state[p]
+                state["sum"].copy_(torch.from_numpy(sums[at:at + p.numel()].copy())
+                                   .reshape(p.shape))
+                state["step"].fill_(self.resumed["dense_steps"])
+                at += p.numel()
         self.collate = IntentCollate(as_batch, functools.partial(batch_keys,
                                                                  table_size=table_size))
         self.ahead = opts.ahead
+
+    def checkpoint(self, directory: str, meta: dict) -> None:
+        """Collective: this rank's dense AdaGrad state (and under DDP rank 0's parameters)
+        into its keys, then ``Node.checkpoint`` with ``meta`` (rank 0's is kept)."""
+        state = self.dense_opt.state
+        self.worker.set(self.state_keys, _flat(
+            [state[p]["sum"] for p in self.dense_params], len(self.state_keys)))
+        if self.sync is None and self.rank == 0:
+            self.worker.set(self.dense_keys, _flat(self.dense_params, len(self.dense_keys)))
+        steps = {float(state[p]["step"]) for p in self.dense_params}
+        self.node.checkpoint(directory, meta={**meta, "row_optimizer": self.row_opt.state_dict(),
+                                              "dense_steps": steps.pop()})
 
     def batches(self, data: DataLoader):
         from adapm.torch import IntentLoader
@@ -199,6 +266,7 @@ class BaselineRun:
     """torch's own sparse tables and AdaGrad in one process: what adapm is compared with."""
 
     rank, world = 0, 1
+    resumed = None  # no checkpoints (refused by main)
 
     def __init__(self, opts, table_size: int) -> None:
         # torch's sparse AdaGrad warns on every run that it skips its invariant checks.
@@ -269,53 +337,143 @@ def progress(opts, rank: int, total: int, epoch: int):
 
 def train(run, opts, train_rows: criteo.Examples, test_rows: criteo.Examples) -> None:
     # Equal shares (the last world - 1 rows may go untrained): DDP needs every rank to take
-    # the same number of steps.
+    # the same number of steps, and checkpoints are collective at the same step on every rank.
     share = len(train_rows) // run.world
     mine = train_rows.rows(slice(run.rank, share * run.world, run.world))
-    data = loader(mine, opts, run.rank, run.collate)
+    data, order = loader(mine, opts, run.rank, run.collate)
+    per_epoch = -(-share // opts.batch_size)
+    if run.resumed is not None and run.resumed["share"] != share:
+        raise CheckpointError(f"checkpoint {opts.checkpoint_dir} was written training "
+                              f"{run.resumed['share']} rows per rank, this run has {share}: "
+                              f"other data?")
+    at = run.resumed or {"epoch": 1, "batch": 0, "steps": 0, "loss_sum": 0.0, "seen": 0}
+    if at["batch"] == per_epoch:  # the checkpoint closed its epoch
+        at = {**at, "epoch": at["epoch"] + 1, "batch": 0, "loss_sum": 0.0, "seen": 0}
+    steps, saved_at = at["steps"], at["steps"]
+    stopped = None
     examples, accessed = 0, np.zeros(3, dtype=np.int64)
     with contextlib.ExitStack() as stack:
         out = stack.enter_context(open(opts.json, "a")) if opts.json and run.rank == 0 else None
-        for epoch in range(1, opts.epochs + 1):
+        for epoch in range(at["epoch"], opts.epochs + 1):
+            first = at["batch"] if epoch == at["epoch"] else 0
+            order.epoch, order.start = epoch, first * opts.batch_size
+            loss_sum, seen = (at["loss_sum"], at["seen"]) if first else (0.0, 0)
             run.barrier()
             run.mark(f"epoch {epoch} start")
             start, adapm_before = time.perf_counter(), _adapm_seconds(run)
             accessed_before = run.accesses()
             bar = progress(opts, run.rank, len(data), epoch)
-            loss_sum, seen = 0.0, 0
+            batch = first
             for dense, categorical, labels in run.batches(data):
                 run.zero_grad()
                 loss = F.binary_cross_entropy_with_logits(run.forward(dense, categorical), labels)
                 run.step(loss)
                 loss_sum += loss.item() * len(labels)
                 seen += len(labels)
+                examples += len(labels)
+                batch += 1
+                steps += 1
                 bar.update()
+                if opts.checkpoint_dir and steps % opts.checkpoint_every == 0:
+                    run.checkpoint(opts.checkpoint_dir, _where(opts, run, share, epoch, batch,
+                                                               steps, loss_sum, seen))
+                    saved_at = steps
+                if opts.max_batches is not None and steps >= opts.max_batches:
+                    stopped = {"epoch": epoch, "batch": batch, "loss_sum": loss_sum, "seen": seen}
+                    break
             bar.close()
             remote_pulls, remote_pushes, accesses = run.accesses() - accessed_before
-            examples += seen
             accessed += (remote_pulls, remote_pushes, accesses)
             mine_seconds = _adapm_seconds(run) - adapm_before
+            if stopped is not None and batch < per_epoch:
+                break  # mid-epoch: no epoch line (a resumed run gives it)
             run.barrier()  # every rank's training of this epoch is done
             run.mark(f"epoch {epoch} end")
             seconds = time.perf_counter() - start
             if run.rank == 0:
+                trained = (batch - first) * opts.batch_size if batch < per_epoch else \
+                    share - first * opts.batch_size
                 record = {"epoch": epoch, "examples": share * run.world,
                           "train_seconds": round(seconds, 3),
-                          "examples_per_s": round(share * run.world / seconds, 1),
+                          "examples_per_s": round(trained * run.world / seconds, 1),
                           "train_logloss": round(loss_sum / max(seen, 1), 5),
                           **evaluate(run.model, test_rows),
                           "adapm_seconds": round(mine_seconds, 3),
                           "remote_share": _share(remote_pulls + remote_pushes, accesses),
                           "world": run.world, "baseline": isinstance(run, BaselineRun)}
+                if first:
+                    record["resumed_at_batch"] = first
                 line = json.dumps(record)
                 emit(line)
                 if out is not None:
                     print(line, file=out, flush=True)
             run.barrier()  # rank 0's evaluation is done
-    emit(json.dumps({"rank": run.rank, "final": True, "examples": examples,
-                     "training_accesses": int(accessed[2]),
-                     "remote_pulls": int(accessed[0]), "remote_pushes": int(accessed[1]),
-                     "remote_share": _share(accessed[0] + accessed[1], accessed[2])}))
+            if stopped is not None:
+                break
+        if opts.checkpoint_dir and steps != saved_at:  # where training ended
+            where = stopped or {"epoch": min(epoch, opts.epochs), "batch": per_epoch,
+                                "loss_sum": loss_sum, "seen": seen}
+            run.checkpoint(opts.checkpoint_dir, _where(opts, run, share, where["epoch"],
+                                                       where["batch"], steps,
+                                                       where["loss_sum"], where["seen"]))
+    final = {"rank": run.rank, "final": True, "examples": examples,
+             "training_accesses": int(accessed[2]), "remote_pulls": int(accessed[0]),
+             "remote_pushes": int(accessed[1]),
+             "remote_share": _share(accessed[0] + accessed[1], accessed[2])}
+    if stopped is not None:
+        final["stopped_at"] = {"epoch": stopped["epoch"], "batch": stopped["batch"]}
+    emit(json.dumps(final))
+
+
+def _where(opts, run, share: int, epoch: int, batch: int, steps: int, loss_sum: float,
+           seen: int) -> dict:
+    """A checkpoint's meta: where training stands (``batch``: batches done in ``epoch``) and
+    what a resumed run must match."""
+    return {"example": "ctr", "seed": opts.seed, "world_size": run.world,
+            "batch_size": opts.batch_size, "share": share, "epoch": epoch, "batch": batch,
+            "steps": steps, "loss_sum": loss_sum, "seen": seen}
+
+
+def resume_point(opts, world: int) -> dict:
+    """The meta of the checkpoint in ``--checkpoint-dir``, checked against this run."""
+    from adapm import checkpoint_meta
+
+    meta = checkpoint_meta(opts.checkpoint_dir)
+    where = f"checkpoint {opts.checkpoint_dir}"
+    if meta.get("example") != "ctr" or meta.get("seed") != opts.seed or \
+            meta.get("batch_size") != opts.batch_size:
+        raise CheckpointError(f"{where} is not of this example with --seed {opts.seed} and "
+                              f"--batch-size {opts.batch_size} (its meta: example "
+                              f"{meta.get('example')!r}, seed {meta.get('seed')!r}, batch size "
+                              f"{meta.get('batch_size')!r})")
+    if meta.get("world_size") != world:
+        raise CheckpointError(f"{where} was written by {meta.get('world_size')} ranks; resume "
+                              f"it with as many (here {world}): each rank's data share and "
+                              f"dense optimizer state are its own")
+    per_epoch = -(-meta["share"] // opts.batch_size)
+    if meta["epoch"] > opts.epochs or (meta["epoch"] == opts.epochs and
+                                       meta["batch"] >= per_epoch):
+        raise CheckpointError(f"{where} has {meta['epoch']} epochs done; to continue, give "
+                              f"--epochs above {meta['epoch']}")
+    return meta
+
+
+def _flat(tensors, keys: int) -> np.ndarray:
+    """Tensors' values back to back, zero-padded to ``keys`` dense keys (their packed layout)."""
+    flat = np.zeros(keys * DENSE_KEY_FLOATS, dtype=np.float32)
+    at = 0
+    for t in tensors:
+        flat[at:at + t.numel()] = t.detach().reshape(-1).numpy()
+        at += t.numel()
+    return flat
+
+
+def _load_flat(params, flat: np.ndarray) -> None:
+    at = 0
+    with torch.no_grad():
+        for p in params:
+            p.copy_(torch.from_numpy(flat[at:at + p.numel()].copy()).reshape(p.shape))
+            at += p.numel()
 
 
 def emit(line: str) -> None:
@@ -379,6 +537,17 @@ def parser() -> argparse.ArgumentParser:
                    help="record a parameter-placement trace there (adapm trace summary DIR)")
     p.add_argument("--trace-keys", type=keys_argument, default="all", metavar="KEYS",
                    help="keys the trace records: all, a sample size N, or k1,k2,...")
+    p.add_argument("--max-batches", type=int, default=None, metavar="N",
+                   help="stop after N batches in all, counted from the first epoch (a "
+                        "time-boxed run; resume it with --resume)")
+    c = p.add_argument_group("checkpoints")
+    c.add_argument("--checkpoint-dir", metavar="DIR", default=None,
+                   help="write a checkpoint there (replacing the last one atomically) every "
+                        "--checkpoint-every batches and when training ends")
+    c.add_argument("--checkpoint-every", type=int, default=1000, metavar="N",
+                   help="with --checkpoint-dir: every N batches (and at the end)")
+    c.add_argument("--resume", action="store_true",
+                   help="continue from the checkpoint in --checkpoint-dir where it stopped")
     return p
 
 
@@ -389,6 +558,12 @@ def main(argv=None) -> int:
             parser().error(f"--{name.replace('_', '-')} must be >= 1")
     if opts.loader_workers < 0 or not opts.lr > 0 or not opts.dense_lr > 0:
         parser().error("--loader-workers must be >= 0, --lr and --dense-lr > 0")
+    if opts.checkpoint_every < 1 or (opts.max_batches is not None and opts.max_batches < 1):
+        parser().error("--checkpoint-every and --max-batches must be >= 1")
+    if opts.resume and not opts.checkpoint_dir:
+        parser().error("--resume needs --checkpoint-dir (the checkpoint to resume from)")
+    if opts.baseline and opts.checkpoint_dir:
+        parser().error("--checkpoint-dir and --resume are for adapm runs, not --baseline")
     if opts.dense == "ddp" and ("MASTER_ADDR" not in os.environ or opts.baseline):
         parser().error("--dense ddp needs torchrun (torch.distributed's MASTER_ADDR and "
                        "MASTER_PORT) and is not for --baseline")
@@ -400,11 +575,18 @@ def main(argv=None) -> int:
     except criteo.DataError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    run = (BaselineRun if opts.baseline else AdapmRun)(opts, vocabulary.size)
+    try:
+        run = (BaselineRun if opts.baseline else AdapmRun)(opts, vocabulary.size)
+    except CheckpointError as exc:  # the checkpoint does not fit this run: say so, no traceback
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     failed = True
     try:
         train(run, opts, train_rows, test_rows)
         failed = False
+    except CheckpointError as exc:  # every rank finds the same: no peer waits for this one
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     finally:
         run.close(failed)
     return 0
