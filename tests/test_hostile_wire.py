@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import threading
 
+import msgpack
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
@@ -255,3 +257,131 @@ def test_a_flood_waits_in_the_sender_not_in_the_node():
     # Unbounded, the node would have buffered the whole flood (FLOOD_BYTES).
     assert growth < FLOOD_BYTES / 4, (growth, sent)
     np.testing.assert_array_equal(values, np.ones((2, DIM), np.float32))
+
+
+# --- the rendezvous ------------------------------------------------------------------------------
+
+
+def _rendezvous_rank(rank: int, port: int, results):
+    """A rank of a 2-node job that meets at ``port``; reports its sum or its error."""
+    import os
+
+    for var in [v for v in os.environ if v.startswith(("ADAPM_", "OMPI_", "PMI_"))]:
+        del os.environ[var]
+    import adapm
+
+    try:
+        config = adapm.Config(num_keys=4, rank=rank, world_size=2, rendezvous=f"127.0.0.1:{port}",
+                              connect_timeout_s=30, request_timeout_s=30)
+        with adapm.init(config=config) as node:
+            w = node.worker()
+            w.push(np.arange(4), np.ones((4, 1), np.float32))
+            w.wait()
+            node.barrier()
+            results.put((rank, float(w.pull(np.arange(4)).sum())))
+    except BaseException as exc:
+        results.put((rank, f"{type(exc).__name__}: {exc}"))
+
+
+def _listening(port: int) -> bool:
+    """Whether a socket of this machine listens on TCP ``port`` (read from /proc: no probe)."""
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as f:
+                rows = [line.split() for line in f.readlines()[1:]]
+        except OSError:
+            continue
+        if any(row[1].endswith(f":{port:04X}") and row[3] == "0A" for row in rows):
+            return True
+    return False
+
+
+def test_the_rendezvous_ignores_what_is_not_a_hello():
+    """Garbage, maps that are no hello (no address, a bad one, a rank that is no integer) and
+    an oversized frame sent to rank 0's rendezvous before rank 1 checks in: ignored, and the
+    job forms."""
+    import multiprocessing as mp
+    import time
+
+    import msgpack
+    import zmq
+
+    from adapm.testing import free_port
+
+    port = free_port()
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    rank0 = ctx.Process(target=_rendezvous_rank, args=(0, port, results))
+    rank0.start()
+    context = zmq.Context()
+    junk = [[b"\xc1"], [msgpack.packb(7)], [msgpack.packb({"s": 1})],
+            [msgpack.packb({"s": 1, "addr": "tcp://nowhere", "fp": []})],
+            [msgpack.packb({"s": "1", "addr": "tcp://127.0.0.1:9", "fp": []})],
+            [msgpack.packb({"s": 1, "addr": "tcp://127.0.0.1:9", "fp": []}), b"extra"],
+            [b"\x80" + bytes(1 << 20)]]
+    try:
+        deadline = time.monotonic() + 60
+        while not _listening(port):  # then every junk message reaches rank 0 at once
+            assert time.monotonic() < deadline and rank0.is_alive(), "rank 0 never listened"
+            time.sleep(0.05)
+        for frames in junk:
+            sock = context.socket(zmq.DEALER)
+            sock.connect(f"tcp://127.0.0.1:{port}")
+            sock.send_multipart(frames)
+            sock.close(linger=2000)
+        rank1 = ctx.Process(target=_rendezvous_rank, args=(1, port, results))
+        rank1.start()
+        got = dict(results.get(timeout=60) for _ in range(2))
+    finally:
+        context.term()
+        for proc in (rank0, locals().get("rank1")):
+            if proc is not None:
+                proc.join(30)
+                if proc.is_alive():
+                    proc.kill()
+    assert got == {0: 8.0, 1: 8.0}, got
+    assert rank0.exitcode == 0
+
+
+@pytest.mark.parametrize("answer", [
+    b"\xc1",
+    msgpack.packb(5),
+    msgpack.packb({"k": int(Kind.TABLE), "addrs": "tcp://127.0.0.1:9"}),
+    msgpack.packb({"k": int(Kind.TABLE), "addrs": ["tcp://127.0.0.1:9"]}),  # one of 2
+    msgpack.packb({"k": int(Kind.TABLE), "addrs": ["tcp://127.0.0.1:9", 5]}),
+    msgpack.packb({"k": int(Kind.TABLE), "addrs": ["tcp://127.0.0.1:9", "tcp://127.0.0.1:10"]}),
+    msgpack.packb({"k": int(Kind.ERROR)}),
+], ids=["garbage", "no map", "no list", "too short", "no address", "not ours", "error no text"])
+def test_a_malformed_rendezvous_answer_is_a_clear_error(no_launcher, answer):
+    """Whoever answers on the rendezvous port (without authentication, any local process can):
+    a member that gets no well-formed table raises TransportError naming the rendezvous."""
+    import threading
+
+    import zmq
+
+    import adapm
+    from adapm.testing import free_port
+
+    port = free_port()
+    context = zmq.Context()
+    host = context.socket(zmq.ROUTER)
+    host.bind(f"tcp://127.0.0.1:{port}")
+
+    def answer_the_hello():
+        if host.poll(30_000):
+            identity, _ = host.recv_multipart()
+            host.send_multipart([identity, answer])
+
+    fake = threading.Thread(target=answer_the_hello)
+    fake.start()
+    try:
+        config = adapm.Config(num_keys=4, rank=1, world_size=2, rendezvous=f"127.0.0.1:{port}",
+                              connect_timeout_s=30)
+        with pytest.raises(adapm.errors.TransportError,
+                           match=r"rank 1: the rendezvous at tcp://127.0.0.1:\d+ answered with "
+                                 r"something that is not this job's address table"):
+            adapm.init(config=config)
+    finally:
+        fake.join(30)
+        host.close(linger=0)
+        context.term()

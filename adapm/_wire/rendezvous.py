@@ -9,6 +9,11 @@ With authentication on (``Config.authenticated``) the rendezvous is a CURVE serv
 keys and only the job's members get through (:mod:`adapm._wire.auth`); a hello whose rank is
 not the rank its sender authenticated as is ignored, so nobody takes another rank's place. Both
 sides count failed handshakes, so that a timeout can say that a peer's secret differs.
+
+Hardened like the data path: frames are size-limited (ZMQ_MAXMSGSIZE), a hello that is not a
+well-formed one (a map with an integer rank, a tcp address and a fingerprint) is ignored and
+counted, and a member that gets a malformed answer raises TransportError naming the rendezvous
+instead of failing somewhere later.
 """
 
 from __future__ import annotations
@@ -29,6 +34,10 @@ from .protocol import Kind
 
 # How long the rendezvous host keeps its socket open after answering, so the answers get out.
 _ANSWER_LINGER_MS = 5000
+# Largest rendezvous message: a hello is an address and a short fingerprint, an answer an
+# address per rank; a larger frame disconnects its sender before it is buffered.
+_MAX_HELLO_BYTES = 4096
+_MAX_ADDRESS_CHARS = 300
 
 _log = logging.getLogger("adapm.wire")
 
@@ -74,6 +83,7 @@ def rendezvous(config: Config, my_address: str, context: zmq.Context,
         return _host_rendezvous(config, endpoint, hello, context, deadline, keys)
     sock = context.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.MAXMSGSIZE, _MAX_HELLO_BYTES + _MAX_ADDRESS_CHARS * config.world_size)
     watch = None
     try:
         if ":" in host:
@@ -88,16 +98,43 @@ def rendezvous(config: Config, my_address: str, context: zmq.Context,
                 f"rank {config.rank}: no address table from the rendezvous (rank 0) at {endpoint} "
                 f"within {config.connect_timeout_s:g}s; is rank 0 running?" + watch.describe()
             )
-        answer = msgpack.unpackb(sock.recv())
+        raw = sock.recv()
     except zmq.ZMQError as exc:
         raise TransportError(f"rank {config.rank}: rendezvous at {endpoint}: {exc}") from exc
     finally:
         if watch is not None:
             watch.close()
         sock.close()
-    if answer["k"] == Kind.ERROR:
-        raise ConfigError(f"rank {config.rank}: rendezvous refused: {answer['msg']}")
-    return list(answer["addrs"])
+    return _table(raw, config, my_address, endpoint)
+
+
+def _table(raw: bytes, config: Config, my_address: str, endpoint: str) -> list[str]:
+    """The address table in rank 0's answer, checked; ConfigError for a refusal,
+    TransportError for anything that is not a well-formed answer."""
+    try:
+        answer = msgpack.unpackb(raw)
+    except (ValueError, TypeError, msgpack.UnpackException) as exc:
+        answer = exc
+    if isinstance(answer, dict) and answer.get("k") == Kind.ERROR and \
+            isinstance(answer.get("msg"), str):
+        raise ConfigError(f"rank {config.rank}: rendezvous refused: {answer['msg'][:2000]}")
+    addrs = answer.get("addrs") if isinstance(answer, dict) and \
+        answer.get("k") == Kind.TABLE else None
+    if not (isinstance(addrs, list) and len(addrs) == config.world_size
+            and all(_is_address(a) for a in addrs) and addrs[config.rank] == my_address):
+        raise TransportError(f"rank {config.rank}: the rendezvous at {endpoint} answered with "
+                             f"something that is not this job's address table: "
+                             f"{raw[:120]!r}")
+    return list(addrs)
+
+
+def _is_address(value) -> bool:
+    """A node address as nodes advertise it: ``tcp://host:port``."""
+    if not isinstance(value, str) or len(value) > _MAX_ADDRESS_CHARS or \
+            not value.startswith("tcp://"):
+        return False
+    host, _, port = value[6:].rpartition(":")
+    return bool(host) and port.isdigit() and 0 < int(port) < 65536
 
 
 def _host_rendezvous(config: Config, endpoint: str, own: dict, context: zmq.Context,
@@ -107,6 +144,7 @@ def _host_rendezvous(config: Config, endpoint: str, own: dict, context: zmq.Cont
     try:
         if endpoint.startswith("tcp://["):
             sock.setsockopt(zmq.IPV6, 1)
+        sock.setsockopt(zmq.MAXMSGSIZE, _MAX_HELLO_BYTES)
         if keys is not None:
             keys.make_server(sock)
         watch = HandshakeWatch(sock)
@@ -121,23 +159,28 @@ def _host_rendezvous(config: Config, endpoint: str, own: dict, context: zmq.Cont
         hellos = {0: own}
         identities = {}
         problems = []
-        impostors = 0
+        impostors = malformed = 0
         while len(hellos) < config.world_size:
             if not _wait(sock, watch, deadline):
                 missing = sorted(set(range(config.world_size)) - set(hellos))
                 ignored = (f"; ignored {impostors} hello(s) that named another rank than the "
                            "sender's keys" if impostors else "")
+                if malformed:
+                    ignored += f"; ignored {malformed} message(s) that were not a valid hello"
                 raise AdaPMTimeout(
                     f"rank 0: rendezvous at {endpoint}: ranks {missing} did not check in within "
                     f"{config.connect_timeout_s:g}s" + watch.describe() + ignored
                 )
             frames = sock.recv_multipart(copy=False)
-            try:
-                identity, payload = frames
-                hello = msgpack.unpackb(payload.bytes)
-                rank = hello.get("s")
-            except (ValueError, TypeError, AttributeError, msgpack.UnpackException):
-                continue  # not a hello: ignored (a node never dies of a message)
+            hello = _hello(frames)
+            if hello is None:  # not a hello: ignored (a node never dies of a message)
+                malformed += 1
+                if malformed == 1:
+                    _log.warning("rank 0: rendezvous: ignored a message that is not a valid "
+                                 "hello (further ones are only counted)")
+                continue
+            identity, payload = frames
+            rank = hello["s"]
             sender = authenticated_rank(payload) if keys is not None else rank
             if rank != sender:
                 # A member's keys with another rank's number: never let it take that place.
@@ -147,7 +190,7 @@ def _host_rendezvous(config: Config, endpoint: str, own: dict, context: zmq.Cont
                                  "connection authenticated as rank %d", rank, sender)
                 continue
             identity = identity.bytes
-            if not isinstance(rank, int) or not 0 <= rank < config.world_size or rank in hellos:
+            if not 0 <= rank < config.world_size or rank in hellos:
                 problems.append(f"a node checked in with rank {rank!r} (duplicate or out of range)")
                 _answer(sock, identity, Kind.ERROR, msg=problems[-1])
                 continue
@@ -168,6 +211,22 @@ def _host_rendezvous(config: Config, endpoint: str, own: dict, context: zmq.Cont
     finally:
         watch.close()
         sock.close(linger=_ANSWER_LINGER_MS)
+
+
+def _hello(frames: list):
+    """The hello in a message received by the rendezvous host, or None when it is none: an
+    identity frame and one map with an integer rank "s", a node address "addr" and a
+    fingerprint list "fp"."""
+    if len(frames) != 2:
+        return None
+    try:
+        hello = msgpack.unpackb(frames[1].bytes)
+    except (ValueError, TypeError, msgpack.UnpackException):
+        return None
+    if not isinstance(hello, dict) or type(hello.get("s")) is not int or \
+            not _is_address(hello.get("addr")) or not isinstance(hello.get("fp"), list):
+        return None
+    return hello
 
 
 def _wait(sock: zmq.Socket, watch: HandshakeWatch, deadline: float) -> bool:
