@@ -196,7 +196,9 @@ JOB = textwrap.dedent(
     stats = node.stats()
     assert stats["messages_received"] > 0 and stats["dropped_forged_messages"] == 0, stats
     node.shutdown(30)
-    print(f"AUTH-OK rank={rank} secret_length={len(secret)}", flush=True)
+    # One write: the ranks share adapm-run's stdout, and print() writes text and newline
+    # separately when Python runs unbuffered (PYTHONUNBUFFERED), so lines could interleave.
+    os.write(1, f"AUTH-OK rank={rank} secret_length={len(secret)}\\n".encode())
     """
 )
 

@@ -75,7 +75,7 @@ CHILD = textwrap.dedent(
     assert stats["remote_push_keys"] == REPS * len(keys), stats
     assert stats["messages_sent"] > 0 and stats["messages_received"] > 0, stats
     node.shutdown(30)
-    print(f"NETNS-OK rank={rank} address={address}", flush=True)
+    os.write(1, f"NETNS-OK rank={rank} address={address}\\n".encode())  # one write: shared stdout
     """
 )
 
