@@ -40,6 +40,22 @@ def free_port(host: str = "127.0.0.1") -> int:
         return sock.getsockname()[1]
 
 
+def listening(port: int) -> bool:
+    """Whether a socket of this machine listens on TCP ``port``. Read from /proc, so that the
+    check itself makes no connection (a node would count a probe as a failed handshake, or a
+    rendezvous as a bad hello)."""
+    suffix = f":{port:04X}"
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as f:
+                rows = [line.split() for line in f.readlines()[1:]]
+        except OSError:
+            continue
+        if any(row[1].endswith(suffix) and row[3] == "0A" for row in rows):  # 0A: LISTEN
+            return True
+    return False
+
+
 def run_cluster(fn: Callable, world_size: int, *, args: Sequence = (), timeout_s: float = 60.0,
                 config: Optional[dict] = None, expect_failure: bool = False,
                 restore: Optional[str] = None) -> list:

@@ -35,7 +35,7 @@ from adapm._wire.protocol import Kind, encode, message
 from adapm.config import Config, under_launcher
 from adapm.errors import ConfigError
 from adapm.launch import _parser, _plan, main, remote_command
-from adapm.testing import free_port, run_cluster
+from adapm.testing import free_port, listening, run_cluster
 
 REPO = Path(__file__).resolve().parents[1]
 SECRET = "the-test-job-secret-" + "k" * 12
@@ -447,21 +447,6 @@ def test_control_without_auth_an_outsider_takes_a_rank(tmp_path):
         rank0.kill()
 
 
-def _listening(port: int) -> bool:
-    """Whether a socket of this machine listens on TCP ``port`` (read from /proc, so that the
-    check itself makes no connection, which rank 0 would count as a failed handshake)."""
-    suffix = f":{port:04X}"
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            with open(table) as f:
-                rows = [line.split() for line in f.readlines()[1:]]
-        except OSError:
-            continue
-        if any(row[1].endswith(suffix) and row[3] == "0A" for row in rows):  # 0A: LISTEN
-            return True
-    return False
-
-
 @pytest.mark.skipif(not os.path.exists("/proc/net/tcp"), reason="reads /proc/net/tcp")
 def test_ranks_with_different_secrets_time_out_naming_the_handshake(tmp_path):
     # Each rank must see the other's attempts: rank 1 starts once rank 0 listens, and rank 0
@@ -471,7 +456,7 @@ def test_ranks_with_different_secrets_time_out_naming_the_handshake(tmp_path):
                    ADAPM_CONNECT_TIMEOUT_S="12")]
     try:
         deadline = time.monotonic() + WAIT_S
-        while not _listening(port):
+        while not listening(port):
             assert ranks[0].proc.poll() is None and time.monotonic() < deadline, \
                 "rank 0 did not start its rendezvous"
             time.sleep(0.02)

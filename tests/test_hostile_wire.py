@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from adapm._wire.protocol import DTYPES, ROLES, Kind, encode, message
-from adapm.testing import run_cluster
+from adapm.testing import free_port, listening, run_cluster
 
 NUM_KEYS, DIM, STEPS = 48, 2, 40
 FAST = dict(connect_timeout_s=30, request_timeout_s=30)
@@ -283,19 +283,6 @@ def _rendezvous_rank(rank: int, port: int, results):
         results.put((rank, f"{type(exc).__name__}: {exc}"))
 
 
-def _listening(port: int) -> bool:
-    """Whether a socket of this machine listens on TCP ``port`` (read from /proc: no probe)."""
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            with open(table) as f:
-                rows = [line.split() for line in f.readlines()[1:]]
-        except OSError:
-            continue
-        if any(row[1].endswith(f":{port:04X}") and row[3] == "0A" for row in rows):
-            return True
-    return False
-
-
 def test_the_rendezvous_ignores_what_is_not_a_hello():
     """Garbage, maps that are no hello (no address, a bad one, a rank that is no integer) and
     an oversized frame sent to rank 0's rendezvous before rank 1 checks in: ignored, and the
@@ -305,8 +292,6 @@ def test_the_rendezvous_ignores_what_is_not_a_hello():
 
     import msgpack
     import zmq
-
-    from adapm.testing import free_port
 
     port = free_port()
     ctx = mp.get_context("spawn")
@@ -321,7 +306,7 @@ def test_the_rendezvous_ignores_what_is_not_a_hello():
             [b"\x80" + bytes(1 << 20)]]
     try:
         deadline = time.monotonic() + 60
-        while not _listening(port):  # then every junk message reaches rank 0 at once
+        while not listening(port):  # then every junk message reaches rank 0 at once
             assert time.monotonic() < deadline and rank0.is_alive(), "rank 0 never listened"
             time.sleep(0.05)
         for frames in junk:
@@ -360,7 +345,6 @@ def test_a_malformed_rendezvous_answer_is_a_clear_error(no_launcher, answer):
     import zmq
 
     import adapm
-    from adapm.testing import free_port
 
     port = free_port()
     context = zmq.Context()
