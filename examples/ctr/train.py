@@ -219,9 +219,9 @@ class AdapmRun:
             [state[p]["sum"] for p in self.dense_params], len(self.state_keys)))
         if self.sync is None and self.rank == 0:
             self.worker.set(self.dense_keys, _flat(self.dense_params, len(self.dense_keys)))
-        steps = {float(state[p]["step"]) for p in self.dense_params}
+        steps = float(state[self.dense_params[0]]["step"])  # one step count for all of them
         self.node.checkpoint(directory, meta={**meta, "row_optimizer": self.row_opt.state_dict(),
-                                              "dense_steps": steps.pop()})
+                                              "dense_steps": steps})
 
     def batches(self, data: DataLoader):
         from adapm.torch import IntentLoader
