@@ -88,8 +88,8 @@ def main() -> None:
     expected = np.zeros(NUM_IDS)
     for r in range(world):
         np.add.at(expected, shard(r).ravel(), 1.0)
-    exact = bool(np.array_equal(emb.weight().numpy(), -np.repeat(expected[:, None], DIM, 1)) and
-                 np.array_equal(bag.weight().numpy(), -np.repeat(expected[:, None], DIM, 1)))
+    exact = bool(np.array_equal(emb.weight.numpy(), -np.repeat(expected[:, None], DIM, 1)) and
+                 np.array_equal(bag.weight.numpy(), -np.repeat(expected[:, None], DIM, 1)))
 
     # --- 2. logistic regression: planted weights per id, Adagrad rows, a DenseSync'd layer ---
     planted = np.random.default_rng(7).standard_normal(NUM_IDS).astype(np.float32)

@@ -3,7 +3,9 @@
 - :class:`IntentCollate` and :class:`IntentLoader`: intent from the data loader (``data``);
 - :class:`Embedding` and :class:`EmbeddingBag`: tables whose rows live in adapm (``nn``);
 - ``adapm.torch.optim.SGD`` and ``adapm.torch.optim.Adagrad``: their sparse row updates;
-- :class:`DenseSync`: dense parameters kept consistent across nodes through adapm (``dense``).
+- :class:`DenseSync`: dense parameters kept consistent across nodes through adapm (``dense``);
+- :func:`sharded_state_dict`: tables sharded by rows for ``torch.distributed.checkpoint``
+  (``state``).
 
 ``import adapm`` does not import torch; ``import adapm.torch`` does.
 """
@@ -19,6 +21,7 @@ from . import optim
 from .data import IntentCollate, IntentLoader, KeyedBatch
 from .dense import DenseSync
 from .nn import Embedding, EmbeddingBag
+from .state import sharded_state_dict
 
 __all__ = [
     "DenseSync",
@@ -28,4 +31,5 @@ __all__ = [
     "IntentLoader",
     "KeyedBatch",
     "optim",
+    "sharded_state_dict",
 ]

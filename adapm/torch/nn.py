@@ -17,6 +17,25 @@ and the rest of the model to a torch one.
 Construction is collective when the node has several ranks: every rank constructs the same
 tables in the same order, and the initial rows (written once, by the ranks in turn) are in
 place on return (a barrier).
+
+torch's habits hold:
+
+- ``weight`` is a property: a pulled copy of the whole table (num_embeddings, embedding_dim) on
+  the table's device; writing to it changes nothing in adapm (assigning it raises).
+- ``state_dict()`` holds the table under ``"weight"``: the whole table, pulled (not collective,
+  so ``torch.save(model.state_dict())`` on rank 0 works), up to ``full_state_limit`` bytes; a
+  bigger table raises :class:`~adapm.CheckpointError` naming ``node.checkpoint`` and
+  :func:`sharded_state_dict` rather than silently saving nothing. ``sharded_state_dict(model)``
+  gives each rank's share of rows as a ``DTensor`` sharded by rows (``Shard(0)``), which
+  ``torch.distributed.checkpoint`` (``dcp.save`` / ``dcp.load``) reshards at any world size.
+- ``load_state_dict()`` takes either (a full tensor, or a DTensor) and is **collective** when
+  the node has several ranks: every rank calls it with the same state (each writes its share
+  of rows, then the ranks meet), at any world size. Optimizer state lives in the row after the
+  weights and is loaded by the optimizer's ``load_state_dict``; loading the weights keeps it.
+- The table has a device (``device=``, ``.to(device)``, ``.cuda()``, ``model.to(device)``): a
+  forward pulls the rows into host memory (pinned when the device is CUDA) and copies them to
+  the device asynchronously; the optimizer copies gradients back the same way. The rows stay
+  float32 in adapm: ``to("meta")``, ``half()`` and other dtypes are refused with an error.
 """
 
 from __future__ import annotations
@@ -28,13 +47,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..errors import InvalidArgument, InvalidType
+from ..errors import CheckpointError, InvalidArgument, InvalidType, StateError
 from .data import distinct
 
 # Rows of a table are initialised in chunks of this many keys, each from its own generator
 # seeded by (seed, chunk): the values do not depend on the world size or on who writes them.
 _INIT_CHUNK = 4096
 _INITS = ("normal", "uniform", "zeros", "keep")
+# Whole-table pulls (weight, state_dict, loads) go this many keys at a time, so that a big
+# table needs no second full-size buffer of whole rows beside the result.
+_GATHER_CHUNK = 65536
 
 
 class _Table(nn.Module):
@@ -62,9 +84,7 @@ class _Table(nn.Module):
                 f"{store.num_keys} keys (offset + num_embeddings <= num_keys)")
         if dtype not in (None, torch.float32):
             raise InvalidType(f"{kind}: adapm rows are float32, got dtype={dtype}")
-        if device is not None and torch.device(device).type != "cpu":
-            raise InvalidArgument(f"{kind}: adapm rows are pulled into CPU tensors; move the "
-                                  f"output to {device} (device={device!r} is not supported)")
+        device = _device(kind, "device", torch.device("cpu") if device is None else device)
         if padding_idx is not None:
             padding_idx = _int(padding_idx, f"{kind}: padding_idx", low=-num_embeddings)
             if padding_idx >= num_embeddings:
@@ -87,7 +107,9 @@ class _Table(nn.Module):
         # A node whose keys differ in length takes and gives values packed back to back.
         self._packed = not store.uniform_length
         self.worker = worker
+        self.device = device
         self.pending: list[tuple[np.ndarray, np.ndarray, torch.Tensor]] = []
+        self._mesh = None  # a DeviceMesh while sharded_state_dict() runs
         self._init_rows(init, float(scale), _int(seed, f"{kind}: seed", low=0))
 
     # --- rows --------------------------------------------------------------------------------
@@ -121,7 +143,12 @@ class _Table(nn.Module):
             self.worker.wait_sync()
 
     def _pull_rows(self, indices: torch.Tensor, what: str):
-        """Distinct rows of ``indices``: (inverse indices into them, leaf weights tensor)."""
+        """Distinct rows of ``indices``: (inverse indices into them, leaf weights tensor on the
+        table's device, position of the padding row among them or None).
+
+        The rows are pulled into host memory (pinned for a CUDA device, so that the copy to the
+        device is asynchronous) and copied once to the device: the same code on every device,
+        the copy a plain strided copy on the CPU."""
         if not isinstance(indices, torch.Tensor):
             raise InvalidType(f"{self._kind}: {what} must be a tensor of indices, got "
                               f"{type(indices).__name__}")
@@ -134,23 +161,157 @@ class _Table(nn.Module):
             raise InvalidArgument(f"{self._kind}: {what} holds index {bad}, outside "
                                   f"[0, {self.num_embeddings})")
         keys = unique + self.offset
-        rows = self.worker.pull(keys).reshape(len(keys), self.row_length)
-        weights = torch.from_numpy(np.ascontiguousarray(rows[:, :self.embedding_dim]))
+        host = self._pull_host(keys)
+        weights = torch.empty((len(keys), self.embedding_dim), device=self.device)
+        weights.copy_(host[:, :self.embedding_dim], non_blocking=True)
         weights.requires_grad_(self.training and torch.is_grad_enabled())
         if weights.requires_grad:
-            self.pending.append((keys, rows, weights))
+            # The host rows stay referenced until the step (the optimizer's "rows as pulled").
+            self.pending.append((keys, host.numpy(), weights))
         pad = None
         if self.padding_idx is not None:
             at = np.flatnonzero(unique == self.padding_idx)
             pad = int(at[0]) if len(at) else None
-        return torch.from_numpy(inverse).reshape(indices.shape), weights, pad
+        inverse = torch.from_numpy(inverse).reshape(indices.shape).to(self.device,
+                                                                      non_blocking=True)
+        return inverse, weights, pad
 
+    def _pull_host(self, keys: np.ndarray) -> torch.Tensor:
+        """Whole rows of ``keys`` (len(keys), row_length), pulled straight into host memory that
+        is pinned when the table's device is CUDA (torch's caching host allocator reuses it and
+        keeps it until copies from it are done)."""
+        size = len(keys) * self.row_length
+        buf = torch.empty(size if self._packed else (len(keys), self.row_length),
+                          dtype=torch.float32, pin_memory=self.device.type == "cuda")
+        self.worker.pull(keys, out=buf.numpy())
+        return buf.reshape(len(keys), self.row_length)
+
+    # --- the whole table: weight, state_dict, load_state_dict ----------------------------------
+
+    #: Largest table (bytes of the part pulled, float32) that ``weight`` and a full
+    #: ``state_dict()`` pull into one process; a bigger one raises CheckpointError naming
+    #: ``node.checkpoint`` and ``sharded_state_dict``. Set it on the class or on one table.
+    full_state_limit = 1 << 30
+
+    @property
     def weight(self) -> torch.Tensor:
-        """The whole table's current weights (num_embeddings, embedding_dim), pulled: for
-        evaluation and export (a copy; writing to it changes nothing)."""
-        keys = np.arange(self.offset, self.offset + self.num_embeddings, dtype=np.int64)
-        rows = self.worker.pull(keys).reshape(len(keys), self.row_length)
-        return torch.from_numpy(np.ascontiguousarray(rows[:, :self.embedding_dim]))
+        """The whole table's current weights (num_embeddings, embedding_dim), pulled, on the
+        table's device: a copy for evaluation and export (writing to it changes nothing in
+        adapm; use ``load_state_dict({"weight": ...})`` to write rows). Blocking; pulls every
+        row (remote ones from their nodes): up to ``full_state_limit`` bytes."""
+        return self._gather(0, self.embedding_dim, "weight").to(self.device)
+
+    @weight.setter
+    def weight(self, value) -> None:
+        raise StateError(f"{self._kind}: weight is a pulled copy of rows that live in adapm; "
+                         "write rows with load_state_dict({'weight': tensor}) (collective)")
+
+    def _gather(self, first: int, stop: int, what: str, shift: float = 0.0) -> torch.Tensor:
+        """Columns [first, stop) of every row, pulled into one CPU tensor (plus ``shift``)."""
+        n = self.num_embeddings
+        size = n * (stop - first) * 4
+        if size > self.full_state_limit:
+            raise CheckpointError(
+                f"{self._kind} at keys from {self.offset}: its {what} ({size / 2**30:.2f} GiB) is "
+                f"more than full_state_limit ({self.full_state_limit / 2**30:.2f} GiB) allows "
+                "to pull into one process; save the table with node.checkpoint(path) (collective, "
+                "restores on any world size), or with dcp.save(adapm.torch.sharded_state_dict("
+                "model), ...) (each rank its share), or raise full_state_limit")
+        out = torch.empty((n, stop - first), dtype=torch.float32)
+        for at in range(0, n, _GATHER_CHUNK):
+            keys = np.arange(at, min(n, at + _GATHER_CHUNK), dtype=np.int64) + self.offset
+            out[at:at + len(keys)] = self._pull_host(keys)[:, first:stop]
+        if shift:
+            out += shift
+        return out
+
+    def _share(self, rank: int, world: int) -> tuple[int, int]:
+        """Rows [start, stop) of ``rank`` in torch's ``Shard(0)`` layout (``torch.chunk``: pieces
+        of ceil(n / world) rows, the last ones shorter or empty)."""
+        piece = -(-self.num_embeddings // world)
+        return (min(self.num_embeddings, rank * piece),
+                min(self.num_embeddings, (rank + 1) * piece))
+
+    def _export(self, first: int, stop: int, what: str, shift: float = 0.0):
+        """Columns [first, stop) of the table for a state dict: the whole table (a CPU tensor),
+        or, inside :func:`sharded_state_dict`, this rank's share as a DTensor."""
+        if self._mesh is None:
+            return self._gather(first, stop, what, shift)
+        from torch.distributed.tensor import DTensor, Shard
+
+        node = self.worker.node
+        start, end = self._share(node.rank, node.world_size)
+        local = torch.empty((end - start, stop - first), dtype=torch.float32)
+        for at in range(start, end, _GATHER_CHUNK):
+            keys = np.arange(at, min(end, at + _GATHER_CHUNK), dtype=np.int64) + self.offset
+            local[at - start:at - start + len(keys)] = self._pull_host(keys)[:, first:stop]
+        if shift:
+            local += shift
+        return DTensor.from_local(local, self._mesh, [Shard(0)], run_check=False,
+                                  shape=torch.Size((self.num_embeddings, stop - first)),
+                                  stride=(stop - first, 1))
+
+    def _import(self, value, first: int, stop: int, what: str, shift: float = 0.0) -> None:
+        """Writes ``value`` (the whole table, or a DTensor of :meth:`_export`'s layout) into
+        columns [first, stop) of every row, less ``shift``; the rest of each row is kept.
+        Collective: each rank writes its share of the rows, then the ranks meet."""
+        node = self.worker.node
+        start, end = self._share(node.rank, node.world_size)
+        shape = (self.num_embeddings, stop - first)
+        if not isinstance(value, torch.Tensor):
+            raise InvalidType(f"{self._kind}: {what} must be a tensor of shape {shape}, got "
+                              f"{type(value).__name__}")
+        if tuple(value.shape) != shape:
+            raise InvalidArgument(f"{self._kind} at keys from {self.offset}: {what} has shape "
+                                  f"{tuple(value.shape)}, the table needs {shape}")
+        if not value.dtype.is_floating_point:
+            raise InvalidType(f"{self._kind}: {what} must be floating point, got {value.dtype}")
+        if value.device.type == "meta":
+            raise InvalidArgument(f"{self._kind}: {what} is on the meta device (it holds no "
+                                  "values); load real tensors (torch.load, dcp.load) first")
+        local = _local_rows(value, self._share, node.rank, node.world_size, f"{self._kind}: {what}")
+        if local is None:
+            local = value[start:end]
+        local = local.detach().to("cpu", torch.float32)
+        for at in range(start, end, _GATHER_CHUNK):
+            keys = np.arange(at, min(end, at + _GATHER_CHUNK), dtype=np.int64) + self.offset
+            rows = self._pull_host(keys)
+            rows[:, first:stop] = local[at - start:at - start + len(keys)]
+            if shift:
+                rows[:, first:stop] -= shift
+            self.worker.set(keys, self.as_values(rows.numpy()))
+        self.worker.wait()
+        if node.world_size > 1:
+            node.barrier()
+            self.worker.wait_sync()  # replicas held here take the new rows
+
+    def _save_to_state_dict(self, destination, prefix, keep_vars) -> None:
+        destination[prefix + "weight"] = self._export(0, self.embedding_dim, "weight")
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
+                              unexpected_keys, error_msgs) -> None:
+        key = prefix + "weight"
+        if key not in state_dict:
+            missing_keys.append(key)
+            return
+        self._import(state_dict[key], 0, self.embedding_dim, f"state_dict[{key!r}]")
+
+    # --- devices -------------------------------------------------------------------------------
+
+    def _apply(self, fn, *args, **kwargs):
+        # model.to(...), .cuda(), .cpu(), .half(), .to_empty(...) all come here with a function
+        # of a tensor; a probe tensor tells where and as what it would put the rows.
+        try:
+            probe = fn(torch.empty(0))
+        except (RuntimeError, AssertionError) as exc:
+            raise InvalidArgument(f"{self._kind}: cannot move to that device: {exc}") from exc
+        if isinstance(probe, torch.Tensor):
+            if probe.dtype != torch.float32:
+                raise InvalidType(f"{self._kind}: adapm rows are float32 (asked for "
+                                  f"{probe.dtype}); cast the outputs instead, e.g. "
+                                  "table(idx).to(dtype)")
+            self.device = _device(self._kind, "to()", probe.device)
+        return super()._apply(fn, *args, **kwargs)
 
     def as_values(self, rows: np.ndarray) -> np.ndarray:
         """``rows`` (n, row_length) in the layout the node's set and push take."""
@@ -268,3 +429,41 @@ def _unsupported(kind: str, **given) -> None:
     for name, value in given.items():
         if value not in (None, False):
             raise InvalidArgument(f"{kind}: {name} is not supported for rows in adapm")
+
+
+def _device(kind: str, what: str, device) -> torch.device:
+    """A device rows can be copied to: the CPU or an accelerator, not ``meta``."""
+    try:
+        device = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise InvalidArgument(f"{kind}: {what} must be a torch device, got {device!r}") from exc
+    if device.type == "meta":
+        raise InvalidArgument(
+            f"{kind}: the rows live in adapm and are pulled to a real device; 'meta' holds no "
+            "values (use device='cpu' or 'cuda', or build the model without adapm tables on "
+            "meta)")
+    return device
+
+
+def _local_rows(value, share, rank: int, world: int, what: str):
+    """This rank's rows of a DTensor sharded by rows as :func:`sharded_state_dict` makes it
+    (None for a plain tensor)."""
+    try:
+        from torch.distributed.tensor import DTensor, Shard
+    except ImportError:  # pragma: no cover - torch without DTensor
+        return None
+    if not isinstance(value, DTensor):
+        return None
+    mesh = value.device_mesh
+    if mesh.ndim != 1 or mesh.size() != world or tuple(value.placements) != (Shard(0),):
+        raise InvalidArgument(f"{what}: a DTensor must be sharded by rows (Shard(0)) over one "
+                              f"mesh dimension of the node's {world} ranks, as "
+                              "adapm.torch.sharded_state_dict makes it; got "
+                              f"{value.placements} over {mesh}")
+    start, end = share(rank, world)
+    local = value.to_local()
+    if local.shape[0] != end - start:
+        raise InvalidArgument(f"{what}: this rank holds {local.shape[0]} rows of the DTensor, "
+                              f"rows [{start}, {end}) expected (torch.chunk's layout)")
+    return local
+

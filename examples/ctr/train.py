@@ -220,7 +220,9 @@ class AdapmRun:
         if self.sync is None and self.rank == 0:
             self.worker.set(self.dense_keys, _flat(self.dense_params, len(self.dense_keys)))
         steps = float(state[self.dense_params[0]]["step"])  # one step count for all of them
-        self.node.checkpoint(directory, meta={**meta, "row_optimizer": self.row_opt.state_dict(),
+        # The rows' AdaGrad sums are in the checkpoint's keys: the meta takes the step counts.
+        row_state = self.row_opt.state_dict(with_rows=False)
+        self.node.checkpoint(directory, meta={**meta, "row_optimizer": row_state,
                                               "dense_steps": steps})
 
     def batches(self, data: DataLoader):

@@ -370,7 +370,7 @@ def train_adapm(opts, graph: Graph) -> None:
             w.wait_sync()
             sync.step()  # the merged dense parameters (nothing of this rank's is pending)
             if rank == 0:
-                val_acc, test_acc = evaluate(model, table.weight(), mean_adj, graph)
+                val_acc, test_acc = evaluate(model, table.weight, mean_adj, graph)
                 record = _record(epoch, every, val_acc, test_acc, world)
                 record["remote_share"] = float(every[:, 4].sum() / max(every[:, 5].sum(), 1))
                 _emit(record, opts)
