@@ -351,7 +351,8 @@ def _tables(items, name: str, hint: str) -> list:
         if not isinstance(item, torch.nn.Module):
             raise InvalidType(f"{name}: cannot take {type(item).__name__}; {hint}")
         tables += [m for m in item.modules() if isinstance(m, _Table)]
-    return tables
+    # A module and its own submodules (model.modules()) name a table twice: once is meant.
+    return list({id(t): t for t in tables}.values())
 
 
 def _nonnegative(value, what: str) -> float:
