@@ -23,7 +23,14 @@ _FOREVER = 2 ** 62
 
 
 class DenseSync:
-    """Keeps ``params`` (float32 CPU tensors, e.g. ``mlp.parameters()``) equal on every node.
+    """Keeps ``params`` (float32 tensors on the CPU or an accelerator, e.g.
+    ``mlp.parameters()``) equal on every node.
+
+    Parameters on a CUDA device travel through pinned host buffers of this object: their
+    values are copied to the host asynchronously (one wait for all), and the merged values
+    back to the device asynchronously (ordered on the current stream before the next
+    kernels that read them). The same code runs for CPU parameters, where the copies are
+    plain ones.
 
     ``worker``: this thread's adapm worker; ``offset``: the first of the keys used (they must
     fit the node, have one value length and be used for nothing else:
@@ -37,9 +44,13 @@ class DenseSync:
         if not self.params:
             raise InvalidArgument("DenseSync: no parameters given")
         for p in self.params:
-            if not isinstance(p, torch.Tensor) or p.dtype != torch.float32 or \
-                    p.device.type != "cpu":
-                raise InvalidType("DenseSync: parameters must be float32 CPU tensors")
+            if not isinstance(p, torch.Tensor) or p.dtype != torch.float32:
+                raise InvalidType("DenseSync: parameters must be float32 tensors, got "
+                                  f"{getattr(p, 'dtype', type(p).__name__)}")
+            if p.device.type == "meta":
+                raise InvalidArgument("DenseSync: parameters on the meta device hold no values; "
+                                      "move the model to a real device (model.to_empty(...) "
+                                      "and initialise it) first")
         if worker is None or not hasattr(worker, "node"):
             raise InvalidArgument("DenseSync: worker= must be an adapm worker handle")
         node = worker.node
@@ -59,7 +70,12 @@ class DenseSync:
         self._packed = not store.uniform_length
         self.worker = worker
         self.keys = np.arange(offset, offset + rows, dtype=np.int64)
-        self._flat = np.zeros(rows * length, dtype=np.float32)
+        # Host buffers, pinned when a parameter is on CUDA (asynchronous copies): the
+        # parameters gathered, and the merged values pulled (the snapshot of the last step).
+        pin = any(p.device.type == "cuda" for p in self.params)
+        self._gathered = torch.zeros(rows * length, dtype=torch.float32, pin_memory=pin)
+        self._pulled = torch.zeros(rows * length, dtype=torch.float32, pin_memory=pin)
+        self._flat = self._gathered.numpy()
         worker.intent(self.keys, worker.clock, _FOREVER)
         if node.rank == 0:
             self._gather_params()
@@ -90,18 +106,27 @@ class DenseSync:
         return flat if self._packed else flat.reshape(len(self.keys), -1)
 
     def _gather_params(self) -> None:
+        """The parameters into ``self._flat``: every copy issued, then one wait for those on
+        CUDA."""
         at = 0
         for p in self.params:
             n = p.numel()
-            self._flat[at:at + n] = p.detach().reshape(-1).numpy()
+            self._gathered[at:at + n].copy_(p.detach().reshape(-1), non_blocking=True)
             at += n
+        if self._gathered.is_pinned():
+            torch.cuda.synchronize()
 
     def _pull_into_params(self) -> np.ndarray:
-        values = self.worker.pull(self.keys).reshape(-1)
+        """Pulls the merged values into the pinned buffer and copies them to the parameters
+        (asynchronously on CUDA: the next gather's wait orders the buffer's reuse after them).
+        Returns the values (a view of the buffer, valid until the next pull)."""
+        values = self._pulled.numpy()
+        self.worker.pull(self.keys, out=values if self._packed
+                         else values.reshape(len(self.keys), -1))
         at = 0
         with torch.no_grad():
             for p in self.params:
                 n = p.numel()
-                p.copy_(torch.from_numpy(values[at:at + n]).reshape(p.shape))
+                p.copy_(self._pulled[at:at + n].reshape(p.shape), non_blocking=True)
                 at += n
         return values

@@ -1,0 +1,90 @@
+"""adapm tables and DenseSync for a model on a device: the batch's rows pulled into host memory
+(pinned for CUDA) and copied to the device asynchronously, gradients back the same way.
+
+The device is a parameter: every test runs on the CPU here and on CUDA where a GPU is present,
+through the same code (on the CPU the copies are plain ones and nothing is pinned).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import adapm
+from adapm.torch import DenseSync, Embedding, EmbeddingBag, optim
+
+torch.set_num_threads(1)
+
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+@pytest.fixture
+def node(no_launcher):
+    n = adapm.init(num_keys=200, value_length=8)
+    yield n
+    n.shutdown()
+
+
+class Model(torch.nn.Module):
+    def __init__(self, emb, bag) -> None:
+        super().__init__()
+        self.emb, self.bag = emb, bag
+        torch.manual_seed(3)
+        self.head = torch.nn.Linear(4, 1)
+
+    def forward(self, idx):
+        return self.head(self.emb(idx).sum(1) * self.bag(idx)).squeeze(1)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_model_on_a_device_trains_as_torch_does_there(node, device):
+    w = node.worker()
+    ours = Model(Embedding(50, 4, worker=w, seed=1),
+                 EmbeddingBag(40, 4, mode="sum", worker=w, offset=50, seed=2)).to(device)
+    assert ours.emb.device == ours.bag.device == torch.device(device)
+    twin = Model(torch.nn.Embedding(50, 4, sparse=True),
+                 torch.nn.EmbeddingBag(40, 4, mode="sum", sparse=True))
+    with torch.no_grad():
+        twin.emb.weight.copy_(ours.emb.weight)
+        twin.bag.weight.copy_(ours.bag.weight)
+    twin = twin.to(device)
+    row_opt = optim.Adagrad(ours, lr=0.2)
+    dense_opt = torch.optim.SGD(ours.head.parameters(), lr=0.1)
+    twin_opt = torch.optim.Adagrad([twin.emb.weight, twin.bag.weight], lr=0.2)
+    twin_dense = torch.optim.SGD(twin.head.parameters(), lr=0.1)
+    sync = DenseSync(ours.head.parameters(), worker=w, offset=100)
+    rng = np.random.default_rng(0)
+    for step in range(4):
+        idx = torch.from_numpy(rng.integers(0, 40, (6, 3))).to(device)
+        target = torch.from_numpy(rng.random(6).astype(np.float32)).to(device)
+        for model, opts in ((ours, (row_opt, dense_opt)), (twin, (twin_opt, twin_dense))):
+            for o in opts:
+                o.zero_grad()
+            out = model(idx)
+            assert out.device.type == torch.device(device).type
+            ((out - target) ** 2).sum().backward()
+            for o in opts:
+                o.step()
+        sync.step()  # one node: the parameters keep the optimizer's change
+        for name in ("emb", "bag"):
+            got = getattr(ours, name).weight
+            assert got.device.type == torch.device(device).type
+            torch.testing.assert_close(got, getattr(twin, name).weight.detach(), rtol=1e-5,
+                                       atol=1e-6, msg=f"{name} at step {step}")
+        for p, q in zip(ours.head.parameters(), twin.head.parameters()):
+            torch.testing.assert_close(p.detach(), q.detach(), rtol=1e-5, atol=1e-6)
+    # the model's state, back to the host
+    state = ours.state_dict()
+    assert state["emb.weight"].device.type == "cpu"
+    assert state["head.weight"].device.type == torch.device(device).type
+
+
+def test_dense_sync_refuses_what_it_cannot_hold(node):
+    w = node.worker()
+    for params, error, text in (
+            ([torch.zeros(3, dtype=torch.float64)], adapm.InvalidType, "float32"),
+            ([torch.zeros(3, device="meta")], adapm.InvalidArgument, "meta"),
+            ([], adapm.InvalidArgument, "no parameters")):
+        with pytest.raises(error, match=text):
+            DenseSync(params, worker=w, offset=0)
