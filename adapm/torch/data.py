@@ -62,6 +62,26 @@ def as_key_array(keys, what: str) -> np.ndarray:
     return distinct(arr.astype(np.int64, copy=False).reshape(-1))[0]
 
 
+def jagged_keys(features, offsets) -> np.ndarray:
+    """The distinct adapm keys of a TorchRec ``KeyedJaggedTensor`` (duck-typed: ``keys()`` and
+    ``features[name].values()``): each feature's indices plus its table's first key,
+    ``offsets[name]`` (``EmbeddingBagCollection.offsets``). Features without an offset are
+    left out. Pure (no node): for a ``keys_fn`` of :class:`IntentCollate`, e.g.
+    ``functools.partial(keys_of, offsets=collection.offsets)`` with ``keys_of(batch, offsets)``
+    returning ``jagged_keys(batch["sparse"], offsets)``."""
+    if not (callable(getattr(features, "keys", None)) and hasattr(features, "__getitem__")):
+        raise InvalidType(f"jagged_keys: features must be a KeyedJaggedTensor, got "
+                          f"{type(features).__name__}")
+    parts = []
+    for name in features.keys():
+        if name in offsets:
+            values = features[name].values()
+            parts.append(as_key_array(values, f"jagged_keys: feature {name!r}") + offsets[name])
+    if not parts:
+        return np.empty(0, dtype=np.int64)
+    return distinct(np.concatenate(parts))[0]
+
+
 class IntentCollate:
     """``collate_fn`` wrapper: ``IntentCollate(collate_fn, keys_fn)(samples)`` returns
     ``KeyedBatch(collate_fn(samples), keys)`` with ``keys`` the distinct keys of

@@ -415,6 +415,59 @@ class EmbeddingBag(_Table):
                                       f"input's shape {tuple(input.shape)}")
 
 
+class EmbeddingBagCollection(nn.Module):
+    """Several :class:`EmbeddingBag` tables fed by one TorchRec ``KeyedJaggedTensor``, as
+    ``torchrec.EmbeddingBagCollection``: ``tables`` maps each feature name to its table (every
+    table its own key range, ``offset``). ``forward(features)`` takes a ``KeyedJaggedTensor``
+    (duck-typed: anything with ``keys()`` and ``features[name]`` giving ``values()``,
+    ``offsets()`` (batch + 1 entries) and ``weights_or_none()``; torchrec is not needed) and
+    returns ``{feature: (batch, embedding_dim) tensor}`` (torchrec's ``KeyedTensor.to_dict()``),
+    one pull per table. Features of the input without a table are ignored, as torchrec does; a
+    table's feature missing from the input is an error. ``offsets`` gives each feature's first
+    key, for :func:`adapm.torch.jagged_keys` in an ``IntentCollate``."""
+
+    def __init__(self, tables) -> None:
+        super().__init__()
+        try:
+            items = dict(tables).items()
+        except (TypeError, ValueError):
+            raise InvalidType("EmbeddingBagCollection: tables must map feature names to "
+                              f"adapm.torch.EmbeddingBag tables, got {type(tables).__name__}") \
+                from None
+        if not items:
+            raise InvalidArgument("EmbeddingBagCollection: no tables given")
+        for name, table in items:
+            if not isinstance(name, str) or not isinstance(table, EmbeddingBag):
+                raise InvalidType("EmbeddingBagCollection: tables must map feature names (str) "
+                                  f"to adapm.torch.EmbeddingBag tables, got {name!r}: "
+                                  f"{type(table).__name__}")
+        self.tables = nn.ModuleDict(dict(items))
+
+    @property
+    def offsets(self) -> dict[str, int]:
+        """Each feature's first adapm key (its table's ``offset``)."""
+        return {name: table.offset for name, table in self.tables.items()}
+
+    def forward(self, features) -> dict[str, torch.Tensor]:
+        if not (callable(getattr(features, "keys", None)) and hasattr(features, "__getitem__")):
+            raise InvalidType("EmbeddingBagCollection: features must be a KeyedJaggedTensor "
+                              f"(keys(), features[name]), got {type(features).__name__}")
+        present = set(features.keys())
+        missing = [name for name in self.tables if name not in present]
+        if missing:
+            raise InvalidArgument(f"EmbeddingBagCollection: the input has no feature(s) "
+                                  f"{missing} (it has {sorted(present)})")
+        out = {}
+        for name, table in self.tables.items():
+            jagged = features[name]
+            offsets = jagged.offsets()
+            weights = getattr(jagged, "weights_or_none", lambda: None)()
+            if not table.include_last_offset:
+                offsets = offsets[:-1]  # torchrec's offsets end with the total length
+            out[name] = table(jagged.values(), offsets, per_sample_weights=weights)
+        return out
+
+
 def _int(value, what: str, low: int) -> int:
     try:
         value = operator.index(value)
