@@ -13,6 +13,7 @@ $(PY):
 $(STAMP): $(PY) pyproject.toml $(wildcard native/*.c native/*.h) \
           $(wildcard native/kernels/*.c native/kernels/*.h)
 	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet torch==2.13.0  # the CPU build on disk, before the extra's range
 	$(PY) -m pip install --quiet -e '.[dev,torch]'
 	touch $(STAMP)
 
