@@ -431,26 +431,72 @@ def test_a_torch_job_trains_exactly_on_real_nodes_with_loader_workers(nodes):
 
 
 README = os.path.join(os.path.dirname(__file__), os.pardir, "README.md")
-SNIPPET_DATA = """
-import numpy as np, torch
-from torch.utils.data import TensorDataset
-num_ids, dim, epochs = 3000, 8, 6
-rng = np.random.default_rng(0)
-ids = torch.from_numpy(rng.integers(0, num_ids, (3000, 5)))
-planted = rng.standard_normal(num_ids).astype(np.float32)
-labels = torch.from_numpy((planted[ids.numpy()].sum(1) > 0).astype(np.float32))
-dataset = TensorDataset(ids, labels)
+
+# Runs the README's script exactly as written (runpy) and records, per epoch, the examples the
+# sampler handed this rank (with their ids, read from the sampler's dataset) and the batches
+# the training loop received from IntentLoader and stepped on.
+README_RECORDER = """
+import json, runpy, sys
+import torch.utils.data as tud
+import adapm.torch, adapm.torch.optim
+epochs, steps = [], [0]
+sampled = tud.DistributedSampler.__iter__
+def sampler_iter(self):
+    indices = list(sampled(self))
+    epochs.append({"epoch": self.epoch, "indices": indices, "trained": [],
+                   "ids": self.dataset.tensors[0][indices].tolist()})
+    return iter(indices)
+tud.DistributedSampler.__iter__ = sampler_iter
+class RecordingLoader(adapm.torch.IntentLoader):
+    def __iter__(self):
+        for batch in super().__iter__():
+            epochs[-1]["trained"] += batch[0].tolist()
+            yield batch
+adapm.torch.IntentLoader = RecordingLoader
+stepped = adapm.torch.optim.Adagrad.step
+def step(self, closure=None):
+    steps[0] += 1
+    return stepped(self, closure)
+adapm.torch.optim.Adagrad.step = step
+runpy.run_path(sys.argv[1], run_name="__main__")
+sys.stdout.write(json.dumps({"epochs": epochs, "steps": steps[0]}) + "\\n")
 """
 
 
-@pytest.mark.timeout(300)
-def test_the_readme_snippet_trains(tmp_path):
-    """The PyTorch snippet of the README, as written, on a planted dataset: the loss falls."""
+@pytest.mark.timeout(400)
+def test_the_readme_script_trains_each_example_once_per_epoch_on_2_ranks(tmp_path):
+    """The PyTorch script of the README, as written, under the launcher on 2 ranks: per epoch
+    the ranks train disjoint shares that together are the dataset, each example once, in
+    another order each epoch; the loss falls; rank 0 saves the whole table."""
     text = open(README).read()
-    start = text.index("```python\nimport adapm, torch\n") + len("```python\n")
-    code = text[start:text.index("```", start)]
-    code = code.replace("node.shutdown()", "print('loss', loss.item())\nnode.shutdown()")
-    script = tmp_path / "snippet.py"
-    script.write_text(SNIPPET_DATA + code)
-    out = run([PY, str(script)], timeout=240).stdout
-    assert float(out.split("loss")[-1]) < 0.4, out  # 0.69 at the start
+    start = text.index("```python\n# train.py") + len("```python\n")
+    (tmp_path / "train.py").write_text(text[start:text.index("```", start)])
+    (tmp_path / "recorder.py").write_text(README_RECORDER)
+    proc = subprocess.run([*LAUNCHER, "-n", "2", PY, "recorder.py", "train.py"], env=ENV,
+                          cwd=tmp_path, capture_output=True, text=True, timeout=360)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = records(proc.stdout)
+    assert len(out) == 2, proc.stdout[-2000:]
+    size, batch = 4000, 256
+    for epoch in range(4):
+        shares = [r["epochs"][epoch] for r in out]
+        assert all(s["epoch"] == epoch for s in shares)  # set_epoch reached the sampler
+        indices = [i for s in shares for i in s["indices"]]
+        assert sorted(indices) == list(range(size))  # disjoint, and together the dataset
+        for s in shares:
+            assert s["trained"] == s["ids"], "the loop trained other examples than sampled"
+    for r in out:
+        orders = [e["indices"] for e in r["epochs"]]
+        assert len(orders) == 4 and orders[0] != orders[1]  # another order each epoch
+        assert r["steps"] == 4 * -(-size // 2 // batch)  # one step per batch
+    losses = {}
+    for line in proc.stdout.splitlines():
+        if line.startswith("rank "):
+            words = line.split()
+            losses[(int(words[1]), int(words[3]))] = float(words[5])
+    assert len(losses) == 8, proc.stdout[-2000:]
+    assert all(losses[(r, 3)] < 0.45 for r in (0, 1)), losses  # 0.69 at the start
+    state = torch.load(tmp_path / "model.pt")
+    assert state["model"]["emb.weight"].shape == (3000, 8)
+    assert state["optim"]["state"][0]["sum"].shape == (3000, 8)
+    assert state["optim"]["state"][0]["sum"].sum() > 0
