@@ -7,6 +7,7 @@ job on 2 nodes (tests/torch_job.py) with loader worker processes forked after th
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -436,7 +437,7 @@ README = os.path.join(os.path.dirname(__file__), os.pardir, "README.md")
 # sampler handed this rank (with their ids, read from the sampler's dataset) and the batches
 # the training loop received from IntentLoader and stepped on.
 README_RECORDER = """
-import json, runpy, sys
+import json, os, runpy, sys
 import torch.utils.data as tud
 import adapm.torch, adapm.torch.optim
 epochs, steps = [], [0]
@@ -459,7 +460,9 @@ def step(self, closure=None):
     return stepped(self, closure)
 adapm.torch.optim.Adagrad.step = step
 runpy.run_path(sys.argv[1], run_name="__main__")
-sys.stdout.write(json.dumps({"epochs": epochs, "steps": steps[0]}) + "\\n")
+# A file per process: lines this long from two ranks would interleave on the shared pipe.
+with open(f"record-{os.getpid()}.json", "w") as f:
+    json.dump({"epochs": epochs, "steps": steps[0]}, f)
 """
 
 
@@ -475,7 +478,7 @@ def test_the_readme_script_trains_each_example_once_per_epoch_on_2_ranks(tmp_pat
     proc = subprocess.run([*LAUNCHER, "-n", "2", PY, "recorder.py", "train.py"], env=ENV,
                           cwd=tmp_path, capture_output=True, text=True, timeout=360)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    out = records(proc.stdout)
+    out = [json.loads(path.read_text()) for path in tmp_path.glob("record-*.json")]
     assert len(out) == 2, proc.stdout[-2000:]
     size, batch = 4000, 256
     for epoch in range(4):
