@@ -88,3 +88,24 @@ def test_dense_sync_refuses_what_it_cannot_hold(node):
             ([], adapm.InvalidArgument, "no parameters")):
         with pytest.raises(error, match=text):
             DenseSync(params, worker=w, offset=0)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_rows_of_weights_only_take_the_contiguous_path(no_launcher, device):
+    """Rows without optimizer room (SGD, value_length == embedding_dim) go to the device
+    without the contiguous staging copy; torch's SGD gives the same rows."""
+    with adapm.init(num_keys=30, value_length=3) as node:
+        w = node.worker()
+        table = Embedding(30, 3, worker=w, seed=4, device=device)
+        twin = torch.nn.Embedding(30, 3, sparse=True)
+        with torch.no_grad():
+            twin.weight.copy_(table.weight)
+        twin = twin.to(device)
+        ours, theirs = optim.SGD(table, lr=0.5), torch.optim.SGD(twin.parameters(), lr=0.5)
+        for step in range(3):
+            idx = torch.tensor([[1, 2, 2], [7, 1, 29]], device=device) + step
+            for model, o in ((table, ours), (twin, theirs)):
+                o.zero_grad()
+                model(idx).pow(2).sum().backward()
+                o.step()
+        torch.testing.assert_close(table.weight, twin.weight.detach())

@@ -147,8 +147,8 @@ class _Table(nn.Module):
         table's device, position of the padding row among them or None).
 
         The rows are pulled into host memory (pinned for a CUDA device, so that the copy to the
-        device is asynchronous) and copied once to the device: the same code on every device,
-        the copy a plain strided copy on the CPU."""
+        device is asynchronous) and their weights copied once to the device: the same code on
+        every device, where on the CPU the "copy" is the host tensor itself."""
         if not isinstance(indices, torch.Tensor):
             raise InvalidType(f"{self._kind}: {what} must be a tensor of indices, got "
                               f"{type(indices).__name__}")
@@ -162,8 +162,13 @@ class _Table(nn.Module):
                                   f"[0, {self.num_embeddings})")
         keys = unique + self.offset
         host = self._pull_host(keys)
-        weights = torch.empty((len(keys), self.embedding_dim), device=self.device)
-        weights.copy_(host[:, :self.embedding_dim], non_blocking=True)
+        weights = host[:, :self.embedding_dim]
+        if self.row_length != self.embedding_dim:
+            # The weights alone, contiguous (and pinned for CUDA): a strided source would make
+            # torch stage the copy to the device through pageable memory, synchronously.
+            weights = torch.empty(weights.shape, dtype=torch.float32,
+                                  pin_memory=host.is_pinned()).copy_(weights)
+        weights = weights.to(self.device, non_blocking=True)  # the CPU: the tensor itself
         weights.requires_grad_(self.training and torch.is_grad_enabled())
         if weights.requires_grad:
             # The host rows stay referenced until the step (the optimizer's "rows as pulled").
@@ -376,8 +381,10 @@ class EmbeddingBag(_Table):
         if isinstance(input, torch.Tensor):
             self._check_bags(input, offsets, per_sample_weights)
         inverse, weights, pad = self._pull_rows(input, "input")
-        if offsets is not None:
-            offsets = offsets.to(inverse.dtype)  # torch wants both of one dtype
+        if offsets is not None:  # torch wants both of one dtype, on one device
+            offsets = offsets.to(device=inverse.device, dtype=inverse.dtype)
+        if per_sample_weights is not None:
+            per_sample_weights = per_sample_weights.to(inverse.device)
         return F.embedding_bag(inverse, weights, offsets, mode=self.mode,
                                per_sample_weights=per_sample_weights,
                                include_last_offset=self.include_last_offset, padding_idx=pad)
