@@ -17,7 +17,9 @@ and the wide layer on the integer features are trained by torch's AdaGrad on eve
 kept equal by ``DenseSync`` (asynchronously, through adapm) or, with ``--dense ddp`` under
 torchrun, by torch's ``DistributedDataParallel`` (synchronously, over gloo; adapm then uses
 ``MASTER_PORT + 1``). The baseline is the same model, data order (of one rank) and
-optimizers with torch's tables in one process.
+optimizers with torch's tables in one process. ``--device cuda`` puts the model on a GPU: the
+adapm tables stay in adapm's host memory (each batch's rows pulled into pinned memory and copied
+over, gradients back the same way), the baseline's tables go to the GPU with the rest.
 
 Output: a progress bar on rank 0 (on a terminal), and per epoch one JSON line on rank 0 with
 ``epoch``, ``examples`` (trained over all ranks), ``train_seconds`` (from the epoch's start to
@@ -180,6 +182,10 @@ class AdapmRun:
                             init=init or "zeros")
         self.model = WideAndDeep(deep, wide, opts.dim, opts.hidden)
         self.model.load_state_dict(skeleton.state_dict(), strict=False)
+        # On a GPU the tables stay in adapm's host memory: each batch's rows are pulled into
+        # pinned memory and copied over; their indices stay on the host, where pulls need them.
+        self.model.to(opts.device)
+        self.index_device = torch.device("cpu")
         self.dense_params = self.model.dense_parameters()
         self.dense_keys = 2 * table_size + np.arange(dense_keys, dtype=np.int64)
         # This rank's AdaGrad state of the dense parameters, in checkpoints.
@@ -282,6 +288,8 @@ class BaselineRun:
         torch.nn.init.zeros_(wide.weight)
         self.model = WideAndDeep(deep, wide, opts.dim, opts.hidden)
         self.model.load_state_dict(skeleton.state_dict(), strict=False)
+        self.model.to(opts.device)  # the whole model, tables included
+        self.index_device = torch.device(opts.device)
         self.forward = self.model
         self.row_opt = torch.optim.Adagrad([deep.weight, wide.weight], lr=opts.lr)
         self.dense_opt = torch.optim.Adagrad(self.model.dense_parameters(), lr=opts.dense_lr)
@@ -315,15 +323,17 @@ class BaselineRun:
 # --- training -----------------------------------------------------------------------------------
 
 
-def evaluate(model: WideAndDeep, examples: criteo.Examples, batch: int = 8192) -> dict:
-    """Test logloss and AUC of the whole of ``examples``."""
+def evaluate(run, examples: criteo.Examples, device, batch: int = 8192) -> dict:
+    """Test logloss and AUC of the whole of ``examples`` (``run.model`` on ``device``)."""
+    model = run.model
     model.eval()
     scores = np.empty(len(examples), dtype=np.float32)
     with torch.no_grad():
         for at in range(0, len(examples), batch):
             part = examples.rows(slice(at, at + batch))
-            logits = model(torch.from_numpy(part.dense), torch.from_numpy(part.categorical))
-            scores[at:at + batch] = torch.sigmoid(logits).numpy()
+            logits = model(torch.from_numpy(part.dense).to(device),
+                           torch.from_numpy(part.categorical).to(run.index_device))
+            scores[at:at + batch] = torch.sigmoid(logits).cpu().numpy()
     model.train()
     return {"test_logloss": round(criteo.logloss(scores, examples.labels), 5),
             "test_auc": round(criteo.auc(scores, examples.labels), 5)}
@@ -367,6 +377,8 @@ def train(run, opts, train_rows: criteo.Examples, test_rows: criteo.Examples) ->
             bar = progress(opts, run.rank, len(data), epoch)
             batch = first
             for dense, categorical, labels in run.batches(data):
+                dense, labels = dense.to(opts.device), labels.to(opts.device)
+                categorical = categorical.to(run.index_device)
                 run.zero_grad()
                 loss = F.binary_cross_entropy_with_logits(run.forward(dense, categorical), labels)
                 run.step(loss)
@@ -399,7 +411,7 @@ def train(run, opts, train_rows: criteo.Examples, test_rows: criteo.Examples) ->
                           "train_seconds": round(seconds, 3),
                           "examples_per_s": round(trained * run.world / seconds, 1),
                           "train_logloss": round(loss_sum / max(seen, 1), 5),
-                          **evaluate(run.model, test_rows),
+                          **evaluate(run, test_rows, opts.device),
                           "adapm_seconds": round(mine_seconds, 3),
                           "remote_share": _share(remote_pulls + remote_pushes, accesses),
                           "world": run.world, "baseline": isinstance(run, BaselineRun)}
@@ -465,7 +477,7 @@ def _flat(tensors, keys: int) -> np.ndarray:
     flat = np.zeros(keys * DENSE_KEY_FLOATS, dtype=np.float32)
     at = 0
     for t in tensors:
-        flat[at:at + t.numel()] = t.detach().reshape(-1).numpy()
+        flat[at:at + t.numel()] = t.detach().reshape(-1).cpu().numpy()
         at += t.numel()
     return flat
 
@@ -526,6 +538,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--loader-workers", type=int, default=0, help="DataLoader worker processes")
     p.add_argument("--threads", type=int, default=1, help="torch threads (torch.set_num_threads)")
     p.add_argument("--seed", type=int, default=0, help="seed of the model and data order")
+    p.add_argument("--device", default="cpu",
+                   help="device of the model: cuda keeps the adapm tables in host memory and "
+                        "copies each batch's rows to the GPU (the baseline's tables go there)")
     p.add_argument("--dense", choices=("adapm", "ddp"), default="adapm",
                    help="keep the MLP equal over the ranks with adapm's DenseSync (asynchronous)"
                         " or torch's DistributedDataParallel (synchronous; needs torchrun)")
@@ -569,6 +584,13 @@ def main(argv=None) -> int:
     if opts.dense == "ddp" and ("MASTER_ADDR" not in os.environ or opts.baseline):
         parser().error("--dense ddp needs torchrun (torch.distributed's MASTER_ADDR and "
                        "MASTER_PORT) and is not for --baseline")
+    try:
+        if torch.device(opts.device).type not in ("cpu", "cuda"):
+            raise RuntimeError("not cpu or cuda")
+    except RuntimeError:
+        parser().error(f"--device must be cpu or cuda[:n], got {opts.device!r}")
+    if torch.device(opts.device).type == "cuda" and not torch.cuda.is_available():
+        parser().error(f"--device {opts.device}: torch sees no CUDA device here")
     torch.set_num_threads(opts.threads)
     try:
         vocabulary = criteo.build_vocabulary(os.path.join(opts.data, "train.tsv"), opts.min_count)
