@@ -235,3 +235,21 @@ def test_weight_is_a_pulled_copy_and_devices_are_checked(node):
             call()
     assert table.device == torch.device("cpu")
     assert table(torch.tensor([1, 2])).device == torch.device("cpu")
+
+
+def test_a_distributed_sampler_for_other_ranks_is_refused_by_the_loader(node):
+    from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+    from adapm.torch import IntentCollate, IntentLoader
+
+    dataset = TensorDataset(torch.arange(10))
+    collate = IntentCollate(None, lambda batch: batch[0])
+    wrong = DataLoader(dataset, sampler=DistributedSampler(dataset, num_replicas=2, rank=1),
+                       collate_fn=collate)
+    with pytest.raises(adapm.InvalidArgument, match="num_replicas=node.world_size"):
+        IntentLoader(wrong, node.worker())
+    right = DataLoader(dataset, batch_size=4, collate_fn=collate,
+                       sampler=DistributedSampler(dataset, num_replicas=node.world_size,
+                                                  rank=node.rank, shuffle=False))
+    assert [b[0].tolist() for b in IntentLoader(right, node.worker())] == [
+        [0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]

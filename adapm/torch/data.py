@@ -143,6 +143,7 @@ class IntentLoader:
             raise InvalidType(f"IntentLoader: ahead must be an int, got {ahead!r}") from None
         if ahead < 1:
             raise InvalidArgument(f"IntentLoader: ahead must be >= 1 batch, got {ahead}")
+        _check_sampler(loader, getattr(worker, "node", None))
         self.loader = loader
         self.worker = worker
         self.ahead = ahead
@@ -188,3 +189,17 @@ class IntentLoader:
             while worker.clock < next_clock:
                 worker.advance_clock()
             del source  # a multi-process loader iterator shuts its workers down
+
+
+def _check_sampler(loader, node) -> None:
+    """A DistributedSampler must shard by the node's ranks: one built for another world (a torch
+    process group of other ranks, say) would train some examples twice and others never."""
+    sampler = getattr(loader, "sampler", None)
+    if node is None or not isinstance(sampler, torch.utils.data.DistributedSampler):
+        return
+    if (sampler.num_replicas, sampler.rank) != (node.world_size, node.rank):
+        raise InvalidArgument(
+            f"IntentLoader: the loader's DistributedSampler shards for rank {sampler.rank} of "
+            f"{sampler.num_replicas}, the adapm node is rank {node.rank} of {node.world_size}; "
+            "build it with DistributedSampler(dataset, num_replicas=node.world_size, "
+            "rank=node.rank)")

@@ -30,7 +30,9 @@ import torch
 from ..errors import InvalidType, StateError
 from .nn import _Table
 
-_meshes: dict = {}  # one DeviceMesh per (process group, world size): creating one is collective
+# One DeviceMesh per default process group (creating one is collective): id -> (group, mesh),
+# the group held so that its id is not reused by another while the entry lives.
+_meshes: dict = {}
 
 
 def sharded_state_dict(obj) -> dict:
@@ -73,10 +75,11 @@ def _mesh(node):
             "initialise it with rank=node.rank, world_size=node.world_size")
     from torch.distributed.device_mesh import init_device_mesh
 
-    key = (id(dist.group.WORLD), node.world_size)
-    if key not in _meshes:
-        _meshes[key] = init_device_mesh("cpu", (node.world_size,))
-    return _meshes[key]
+    group = dist.group.WORLD
+    entry = _meshes.get(id(group))
+    if entry is None or entry[0] is not group:
+        entry = _meshes[id(group)] = (group, init_device_mesh("cpu", (node.world_size,)))
+    return entry[1]
 
 
 @contextlib.contextmanager
