@@ -230,6 +230,8 @@ def test_weight_is_a_pulled_copy_and_devices_are_checked(node):
     ]
     if not torch.cuda.is_available():
         cases.append((lambda: table.cuda(), adapm.InvalidArgument, "cannot move"))
+        cases.append((lambda: Embedding(10, 2, worker=w, device="cuda"), adapm.InvalidArgument,
+                      "no CUDA device"))
     for call, error, text in cases:
         with pytest.raises(error, match=text):
             call()

@@ -337,8 +337,10 @@ class Embedding(_Table):
     pulls; the one the IntentLoader signals on), ``offset`` (the table's first key), ``init``
     ("normal": N(0, scale^2), torch's default with scale 1; "uniform": U(-scale, scale);
     "zeros"; "keep": write nothing, the rows and their optimizer state are what the node holds,
-    as after ``adapm.init(..., restore=checkpoint)``) and ``seed``. ``max_norm`` and ``scale_grad_by_freq`` are not supported; updates are
-    always sparse (``sparse`` is accepted for compatibility).
+    as after ``adapm.init(..., restore=checkpoint)``) and ``seed``. ``device``: where a forward
+    copies the rows and computes (the rows themselves stay in adapm; see the module docstring).
+    ``max_norm`` and ``scale_grad_by_freq`` are not supported; updates are always sparse
+    (``sparse`` is accepted for compatibility).
     """
 
     def __init__(self, num_embeddings: int, embedding_dim: int, padding_idx: int | None = None,
@@ -502,6 +504,8 @@ def _device(kind: str, what: str, device) -> torch.device:
             f"{kind}: the rows live in adapm and are pulled to a real device; 'meta' holds no "
             "values (use device='cpu' or 'cuda', or build the model without adapm tables on "
             "meta)")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise InvalidArgument(f"{kind}: {what} {device} but torch sees no CUDA device here")
     return device
 
 
