@@ -255,3 +255,26 @@ def test_a_distributed_sampler_for_other_ranks_is_refused_by_the_loader(node):
                                                   rank=node.rank, shuffle=False))
     assert [b[0].tolist() for b in IntentLoader(right, node.worker())] == [
         [0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+
+
+def _load_on_rank_0_alone(node):
+    """Rank 0 loads a table as torch users often do (on rank 0 alone); rank 1 does not."""
+    import time
+
+    table = Embedding(20, 2, worker=node.worker())
+    if node.rank == 0:
+        table.load_state_dict({"weight": torch.ones(20, 2)})
+    else:
+        time.sleep(8)  # past rank 0's timeout, without a collective call
+    return "loaded"
+
+
+@pytest.mark.timeout(120)
+def test_loading_on_one_rank_alone_says_that_loading_is_collective():
+    from adapm.testing import run_cluster
+
+    out = run_cluster(_load_on_rank_0_alone, world_size=2, timeout_s=90, expect_failure=True,
+                      config={"num_keys": 40, "value_length": 2, "connect_timeout_s": 3})
+    status, text = out[0]
+    assert status == "error", out
+    assert "AdaPMTimeout" in text and "collective: every rank calls load_state_dict" in text, text

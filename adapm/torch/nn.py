@@ -47,7 +47,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..errors import CheckpointError, InvalidArgument, InvalidType, StateError
+from ..errors import AdaPMTimeout, CheckpointError, InvalidArgument, InvalidType, StateError
 from .data import distinct
 
 # Rows of a table are initialised in chunks of this many keys, each from its own generator
@@ -287,7 +287,13 @@ class _Table(nn.Module):
             self.worker.set(keys, self.as_values(rows.numpy()))
         self.worker.wait()
         if node.world_size > 1:
-            node.barrier()
+            try:
+                node.barrier()
+            except AdaPMTimeout as exc:
+                # torch users often load on rank 0 alone: say what this load needs.
+                raise AdaPMTimeout(f"{self._kind} at keys from {self.offset}: loading {what} "
+                                   "is collective: every rank calls load_state_dict with the "
+                                   f"same state ({exc})") from exc
             self.worker.wait_sync()  # replicas held here take the new rows
 
     def _save_to_state_dict(self, destination, prefix, keep_vars) -> None:
