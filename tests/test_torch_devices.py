@@ -109,3 +109,21 @@ def test_rows_of_weights_only_take_the_contiguous_path(no_launcher, device):
                 model(idx).pow(2).sum().backward()
                 o.step()
         torch.testing.assert_close(table.weight, twin.weight.detach())
+
+
+def test_a_frozen_table_keeps_no_rows_and_does_not_change(node):
+    w = node.worker()
+    frozen = Embedding(10, 2, worker=w, seed=1)
+    trained = Embedding(10, 2, worker=w, offset=10, seed=2)
+    assert frozen.requires_grad_(False) is frozen
+    opt = optim.SGD([frozen, trained], lr=1.0)
+    before = frozen.weight.clone()
+    idx = torch.tensor([1, 2, 3])
+    opt.zero_grad()
+    (frozen(idx).sum() + trained(idx).sum()).backward()
+    assert not frozen.pending and len(trained.pending) == 1
+    opt.step()
+    torch.testing.assert_close(frozen.weight, before)
+    frozen.requires_grad_()
+    frozen(idx).sum().backward()
+    assert len(frozen.pending) == 1

@@ -1,4 +1,5 @@
-"""A model with adapm tables saved at one world size and loaded at another (tests/test_torch_state.py).
+"""A model with adapm tables saved at one world size and loaded at another
+(tests/test_torch_state.py).
 
     torch_state_job.py save DIR     # under the launcher with 2 ranks
     torch_state_job.py load DIR     # alone (1 rank) or under the launcher (3 ranks)

@@ -110,6 +110,7 @@ class _Table(nn.Module):
         self.device = device
         self.pending: list[tuple[np.ndarray, np.ndarray, torch.Tensor]] = []
         self._mesh = None  # a DeviceMesh while sharded_state_dict() runs
+        self._requires_grad = True  # requires_grad_(False) freezes the table
         self._init_rows(init, float(scale), _int(seed, f"{kind}: seed", low=0))
 
     # --- rows --------------------------------------------------------------------------------
@@ -169,7 +170,8 @@ class _Table(nn.Module):
             weights = torch.empty(weights.shape, dtype=torch.float32,
                                   pin_memory=host.is_pinned()).copy_(weights)
         weights = weights.to(self.device, non_blocking=True)  # the CPU: the tensor itself
-        weights.requires_grad_(self.training and torch.is_grad_enabled())
+        weights.requires_grad_(self._requires_grad and self.training and
+                               torch.is_grad_enabled())
         if weights.requires_grad:
             # The host rows stay referenced until the step (the optimizer's "rows as pulled").
             self.pending.append((keys, host.numpy(), weights))
@@ -306,6 +308,13 @@ class _Table(nn.Module):
             missing_keys.append(key)
             return
         self._import(state_dict[key], 0, self.embedding_dim, f"state_dict[{key!r}]")
+
+    def requires_grad_(self, requires_grad: bool = True) -> "_Table":
+        """torch's way to freeze a module: a frozen table's forward output has no gradient
+        for its rows, keeps no rows for an optimizer, and its rows do not change. Call it on
+        the table: a parent module's ``requires_grad_`` reaches only its parameters."""
+        self._requires_grad = bool(requires_grad)
+        return super().requires_grad_(requires_grad)
 
     # --- devices -------------------------------------------------------------------------------
 
