@@ -5,27 +5,43 @@
     adapm-run -n 2 python -m adapm.apps.mf --train data/mf/train.mmc --test data/mf/test.mmc
 
 Latent factors of rank ``--rank``: the prediction of cell (i, j) is <W[i], H[j]>. Loss: squared
-error over the training entries plus ``--reg`` * (|W|^2 + |H|^2), the L2 term spread over the
-entries of each row and column (an entry of row i weighs it by 1 / its row's entries), as the
-original AdaPM MF app; AdaGrad with its accumulator in each key's value, after the factor.
-Keys: row i is key i, column j key rows + j.
+error plus ``--reg`` * (|W[i]|^2 + |H[j]|^2) per training entry (i, j), the L2 term of LIBMF,
+Spark's ALS-WR and the usual PyTorch MF; AdaGrad with its accumulator in each key's value,
+after the factor. Initial factors: N(0, 0.1) around a constant that makes every initial
+prediction the training mean (ratings do not start at 0). Keys: row i is key i, column j key
+rows + j. The defaults (``--lr`` 0.2, ``--reg`` 0.05) match a PyTorch AdaGrad MF on MovieLens-100k
+(``bench/quality.py``).
 
-Schedules (the reference's): the rows are split randomly across nodes and threads. With
-``--schedule columnwise`` (default) each worker trains the entries of its rows column by column,
-the columns in an order shuffled per epoch and rotated per worker, so that workers visit
-different columns at a time; with ``dsgd`` the columns form one block per worker and each worker
-trains the blocks in a rotated order, a block's entries shuffled (see ``MFTask.epoch_order``). Row factors
-are only ever wanted by their one worker (they move to it once and stay); a column factor is
-wanted by one worker after another, each signalling intent ``--ahead`` entries before it gets
-there (100,000 entries by default, see ``parser``). One native call per mini-batch of entries (``native/kernels/mf.c``).
+Schedules: the rows are split randomly across nodes and threads (a row is trained by one worker
+only). With ``--schedule rows`` (default) each worker trains its rows one after the other, the
+rows in an order shuffled per epoch, all entries of a row together: the order of every row's
+updates is the same whatever the number of workers, and so is the RMSE per epoch (1, 2 and 4
+workers within 1-2% after 3 epochs, where ``columnwise`` lost 15-30%; ``bench/quality.py``).
+Each batch touches columns all over the matrix, so under the PM the popular columns are
+replicated on every node. With ``columnwise`` (the original AdaPM app's) each worker trains the
+entries of its rows column by column, the columns in an order shuffled per epoch and rotated per
+worker, so that workers visit different columns at a time: a column factor is wanted by one
+worker after another, each signalling intent ``--ahead`` entries before it gets there (100,000
+entries by default, see ``parser``), so columns relocate instead of being replicated (a sixteenth
+of the bytes of ``rows`` on 2 nodes). Its price is quality per epoch: each column then sees one
+worker's rows at a time, for a long stretch, and is pulled toward fitting them (measured in a
+deterministic, race-free replay of the schedule, see docs/quality.md). With ``dsgd`` the columns
+form one block per worker and each worker trains the blocks in a rotated order, a block's
+entries shuffled (see ``MFTask.epoch_order``). A worker's row keys are signalled once per epoch.
+One native call per mini-batch of entries (``native/kernels/mf.c``).
+
+With ``--valid FILE``: the validation RMSE after each epoch, early stopping after ``--patience``
+epochs without a better one, and the best epoch's model exported.
 
 After each evaluated epoch: test RMSE. Export (``--export DIR``): ``W.npy`` (rows x rank) and
-``H.npy`` (cols x rank), float32, prediction W[i] . H[j].
+``H.npy`` (cols x rank), float32, prediction W[i] . H[j]; for a table with a header, also
+``rows.tsv`` and ``cols.tsv`` (``index<TAB>label``: row i of W is label ...).
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 from dataclasses import dataclass
@@ -65,17 +81,26 @@ class MFTask:
     sampling = None
 
     def __init__(self, train: mf_data.Matrix, test: mf_data.Matrix,
-                 opts: argparse.Namespace) -> None:
-        self.train, self.test = train, test
+                 opts: argparse.Namespace, valid: Optional[mf_data.Matrix] = None) -> None:
+        self.train, self.test, self.valid = train, test, valid
+        self.patience = getattr(opts, "patience", 0)
+        self.best_epoch, self.best_valid = 0, math.inf
+        self._best: Optional[tuple] = None     # rank 0: (W, H) of the best epoch so far
+        self._latest: Optional[tuple] = None   # (W, H) pulled by the last evaluation
         self.rank, self.lr, self.seed = opts.rank, opts.lr, opts.seed
         self.schedule = opts.schedule
         self.num_rows, self.num_cols = train.num_rows, train.num_cols
         self.num_keys = self.num_rows + self.num_cols
         self.value_length = 2 * self.rank
-        # The L2 weight of each key per entry: 2 reg / (entries of its row or column).
-        counts = np.concatenate([np.bincount(train.rows, minlength=self.num_rows),
-                                 np.bincount(train.cols, minlength=self.num_cols)])
-        self.reg = (2.0 * opts.reg / np.maximum(counts, 1)).astype(np.float32)
+        # The kernel's L2 weight of each key per entry: 2 reg (the gradient of reg |w|^2).
+        self.reg = np.full(self.num_keys, 2.0 * opts.reg, dtype=np.float32)
+        # Initial factors centred so that every initial prediction is the training mean: a
+        # factor of row i is offset + noise, of column j sign * offset + noise, where
+        # rank * offset^2 = |mean| (see init_rows). Measured on MovieLens-100k: test RMSE 0.943
+        # against 0.950 from N(0, 0.1) alone (lr 0.1, the L2 then spread over entries).
+        mean = float(np.mean(train.vals, dtype=np.float64)) if len(train) else 0.0
+        self.init_offset = math.sqrt(abs(mean) / self.rank)
+        self.init_sign = 1.0 if mean >= 0 else -1.0
         self._parts = 1  # workers over all nodes (worker_points learns it)
 
     def worker_points(self, part: int, parts: int) -> np.ndarray:
@@ -87,12 +112,19 @@ class MFTask:
         return points[np.argsort(self.train.cols[points], kind="stable")]
 
     def epoch_order(self, points: np.ndarray, part: int, epoch: int, rng) -> np.ndarray:
-        """columnwise: column by column, the columns in an order shuffled per epoch (the same
+        """rows: row by row, the rows in an order shuffled per epoch (one order for all workers:
+        each trains its rows in it), the entries of a row shuffled.
+        columnwise: column by column, the columns in an order shuffled per epoch (the same
         for every worker) and rotated by the worker's part, the entries of a column shuffled.
         dsgd: the shuffled columns cut into one block per worker; worker p trains block
         (p + s) mod P in its s-th sub-epoch, the entries of a block shuffled together (DSGD's
         stratum schedule, without a barrier between sub-epochs: intent moves each block's
         columns to its next worker)."""
+        if self.schedule == "rows":
+            rows = np.random.default_rng([self.seed, 6, epoch]).permutation(self.num_rows)
+            key = (rows[self.train.rows[points]].astype(np.int64) << 32) | rng.integers(
+                0, 1 << 32, len(points))
+            return points[np.argsort(key)]
         columns = np.random.default_rng([self.seed, 5, epoch]).permutation(self.num_cols)
         position = np.empty(self.num_cols, dtype=np.int64)
         position[columns] = np.arange(self.num_cols)
@@ -112,7 +144,8 @@ class MFTask:
         return np.unique(self.train.rows[points])
 
     def init_rows(self, keys: np.ndarray) -> np.ndarray:
-        """N(0, INIT_STD) factors, zero accumulators; a function of the seed and key only."""
+        """N(0, INIT_STD) factors around the centring offset, zero accumulators; a function of
+        the seed, the training mean and the key only."""
         k = self.rank
         rows = np.zeros((len(keys), 2 * k), dtype=np.float32)
         blocks = keys // _INIT_BLOCK
@@ -121,6 +154,9 @@ class MFTask:
             rng = np.random.default_rng([self.seed, 3, int(block)])
             values = rng.normal(0.0, INIT_STD, (_INIT_BLOCK, k)).astype(np.float32)
             rows[mine, :k] = values[keys[mine] % _INIT_BLOCK]
+        if self.init_offset:
+            rows[:, :k] += np.where(keys < self.num_rows, 1.0, self.init_sign)[:, None].astype(
+                np.float32) * np.float32(self.init_offset)
         return rows.reshape(-1)
 
     def trainer(self, batch_size: int, points: np.ndarray, epochs: int) -> "MFTrainer":
@@ -138,23 +174,53 @@ class MFTask:
         return out[:self.num_rows], out[self.num_rows:]
 
     def evaluate(self, worker, part: int, parts: int) -> list:
-        """[squared test errors, test entries] of this node's share of the test entries."""
-        w, h = self.factors(worker)
-        t = self.test
-        mine = slice(part, None, parts)
-        predicted = np.einsum("ij,ij->i", w[t.rows[mine]], h[t.cols[mine]])
-        errors = t.vals[mine].astype(np.float64) - predicted
-        return [float(np.dot(errors, errors)), float(len(errors))]
+        """[squared errors, entries] of this node's share of the test entries, then of the
+        validation entries (with ``--valid``)."""
+        w, h = self._latest = self.factors(worker)
+        sums = []
+        for t in (self.test, self.valid):
+            if t is None:
+                continue
+            mine = slice(part, None, parts)
+            predicted = np.einsum("ij,ij->i", w[t.rows[mine]], h[t.cols[mine]])
+            errors = t.vals[mine].astype(np.float64) - predicted
+            sums += [float(np.dot(errors, errors)), float(len(errors))]
+        return sums
 
     def metrics(self, sums: np.ndarray) -> dict:
-        return {"rmse": float(np.sqrt(sums[0] / sums[1])) if sums[1] else float("nan")}
+        out = {"rmse": float(np.sqrt(sums[0] / sums[1])) if sums[1] else float("nan")}
+        if self.valid is not None:
+            out["valid_rmse"] = float(np.sqrt(sums[2] / sums[3])) if sums[3] else float("nan")
+        return out
+
+    def after_evaluation(self, epoch: int, metrics: dict, keep: bool) -> tuple[dict, bool]:
+        """Early stopping on the validation RMSE (``--valid``): remembers the best epoch (its
+        factors when ``keep``: rank 0, which exports them) and stops after ``--patience``
+        evaluated epochs without a better one. Returns (fields for the JSON line, stop)."""
+        if self.valid is None:
+            return {}, False
+        if metrics["valid_rmse"] < self.best_valid:
+            self.best_valid, self.best_epoch = metrics["valid_rmse"], epoch
+            if keep:
+                self._best = self._latest
+        self._latest = None
+        stop = bool(self.patience) and epoch - self.best_epoch >= self.patience
+        return {"best_epoch": self.best_epoch}, stop
 
     def export(self, worker, directory: str) -> None:
-        w, h = self.factors(worker)
+        """W.npy and H.npy: of the best epoch under ``--valid``, else the last; with labelled
+        input (a table with a header) also rows.tsv and cols.tsv (index<TAB>label)."""
+        w, h = self._best if self._best is not None else self.factors(worker)
         os.makedirs(directory, exist_ok=True)
         for name, array in (("W.npy", w), ("H.npy", h)):
             write_atomically(os.path.join(directory, name),
                              lambda f, a=array: np.save(f, a.astype(np.float32)))
+        for name, labels in (("rows.tsv", self.train.row_labels),
+                             ("cols.tsv", self.train.col_labels)):
+            if labels is not None:
+                text = "".join(f"{i}\t{label}\n" for i, label in enumerate(labels.tolist()))
+                write_atomically(os.path.join(directory, name),
+                                 lambda f, t=text: f.write(t.encode()))
 
 
 class MFTrainer:
@@ -196,12 +262,20 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--train", required=True, metavar="FILE",
                    help="training entries: MatrixMarket coordinate, or row<TAB>col<TAB>value")
     p.add_argument("--test", required=True, metavar="FILE", help="test entries, same formats")
+    p.add_argument("--valid", metavar="FILE", default=None,
+                   help="validation entries, same formats: early stopping on their RMSE, the "
+                        "best epoch's model exported")
+    p.add_argument("--patience", type=_argtypes.non_negative_int, default=5,
+                   help="with --valid: stop after this many evaluated epochs without a better "
+                        "validation RMSE (0: train every epoch)")
     p.add_argument("--rank", type=_argtypes.positive_int, default=10, help="factor rank")
-    p.add_argument("--lr", type=_argtypes.positive_float, default=0.1,
+    # Defaults measured in bench/quality.py (MovieLens-100k against a PyTorch AdaGrad MF, and
+    # 1, 2 and 4 baseline workers on generated data).
+    p.add_argument("--lr", type=_argtypes.positive_float, default=0.2,
                    help="AdaGrad learning rate")
     p.add_argument("--reg", type=_argtypes.non_negative_float, default=0.05,
-                   help="L2 weight lambda on |W|^2 + |H|^2")
-    p.add_argument("--schedule", choices=("columnwise", "dsgd"), default="columnwise",
+                   help="L2 weight lambda on |W[i]|^2 + |H[j]|^2 per training entry (i, j)")
+    p.add_argument("--schedule", choices=("rows", "columnwise", "dsgd"), default="rows",
                    help="the order each worker trains its entries in (see the module doc)")
     # The reference signals a column's intent 1000 columns before its worker gets there: on the
     # benchmark's matrix (~200 entries per column) ~200,000 entries. 100,000 entries (100
@@ -221,11 +295,12 @@ def main(argv: Optional[list[str]] = None) -> int:
     if opts.baseline and adapm.Config.from_env(num_keys=1).world_size > 1:
         p.error("--baseline runs in one process; start it without a launcher")
     try:
-        train, test = mf_data.read_pair(opts.train, opts.test)
+        train, test, *valid = mf_data.read_files(opts.train, opts.test,
+                                                 *([opts.valid] if opts.valid else []))
     except DataError as exc:
         print(f"{p.prog}: error: {exc}", file=sys.stderr)
         return 2
-    runner.run(MFTask(train, test, opts), opts)
+    runner.run(MFTask(train, test, opts, valid[0] if valid else None), opts)
     return 0
 
 

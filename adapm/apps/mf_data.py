@@ -7,6 +7,12 @@ Two formats, told apart by the first line:
   entry, 1-based. The entries must match the size line in number and range.
 - Text: ``row<TAB>col<TAB>value`` lines (blanks work too), 0-based; the shape is the largest ids
   plus one (over the train and the test file, see :func:`read_pair`).
+- A table with a header line, as ratings are shipped (``userId,movieId,rating,timestamp``):
+  fields separated by commas, or by tabs, told by the header; the first three fields are the
+  row label, the column label (integers, any values) and the value, further fields are
+  ignored. Labels become rows and columns in sorted order over all files of a run (the
+  matrix's ``row_labels`` and ``col_labels`` keep them: row i of the model is label
+  ``row_labels[i]``).
 
 Parsing runs in native code over blocks of the file (``native/kernels/mf.c``). Bad files raise
 :class:`~.datafiles.DataError` naming the file and the line.
@@ -21,6 +27,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 
@@ -44,6 +51,8 @@ class Matrix:
     vals: np.ndarray
     num_rows: int
     num_cols: int
+    row_labels: Optional[np.ndarray] = None  # a table's labels of rows 0, 1, ... (else None)
+    col_labels: Optional[np.ndarray] = None
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -89,6 +98,9 @@ def read_matrix(path, shape: tuple[int, int] | None = None) -> Matrix:
         market = f.read(len(MM_HEADER)).lower() == MM_HEADER.encode()
         f.seek(0)
         declared, line_base, carry = None, 0, b""
+        sep = _table_header(path, f) if not market else 0
+        if sep:
+            line_base = 1
         if market:
             *declared, line_base = _mm_header(path, f)
         parts = []
@@ -105,10 +117,13 @@ def read_matrix(path, shape: tuple[int, int] | None = None) -> Matrix:
             room = text.count(b"\n") + 1
             rows, cols = np.empty(room, np.int64), np.empty(room, np.int64)
             vals, lines = np.empty(room, np.float32), np.empty(room, np.int64)
-            got = _kernels.mf_parse(text, market, 1 if market else 0, rows, cols, vals, lines)
+            got = _kernels.mf_parse(text, market, 1 if market else 0, rows, cols, vals, lines,
+                                    sep=chr(sep) if sep else "\0")
             if got < 0:
-                raise DataError(f"{path}, line {line_base - got}: expected 'row col value' "
-                                f"(two integers and a finite number), got "
+                expected = ("'row col value' (two integers and a finite number)" if not sep
+                            else f"'row{chr(sep)}column{chr(sep)}value' as the header says "
+                                 f"(two integer labels and a finite number)")
+                raise DataError(f"{path}, line {line_base - got}: expected {expected}, got "
                                 f"{_line(text, -got)!r}")
             parts.append((rows[:got].copy(), cols[:got].copy(), vals[:got].copy(),
                           lines[:got] + line_base))
@@ -116,6 +131,8 @@ def read_matrix(path, shape: tuple[int, int] | None = None) -> Matrix:
     if not parts or not sum(len(p[0]) for p in parts):
         raise DataError(f"{path}: no entries")
     rows, cols, vals, lines = (np.concatenate(column) for column in zip(*parts))
+    if sep:  # labels: read_files maps them to rows and columns over all files of a run
+        return Matrix(rows, cols, vals, 0, 0, np.unique(rows), np.unique(cols))
     if market:
         num_rows, num_cols, entries = declared
         if entries != len(rows):
@@ -135,23 +152,57 @@ def read_matrix(path, shape: tuple[int, int] | None = None) -> Matrix:
     return Matrix(rows, cols, vals, num_rows, num_cols)
 
 
+def _table_header(path, f) -> int:
+    """The separator (ord of ',' or tab) of a file whose first line is a header (starts with a
+    letter or a quote), read past that line; 0, with f rewound, for a file without one."""
+    first = f.readline()
+    text = first.decode("utf-8", "replace").strip()
+    if not text or not (text[0].isalpha() or text[0] in "\"'_"):
+        f.seek(0)
+        return 0
+    for sep in (",", "\t"):
+        if sep in text:
+            if len(text.split(sep)) < 3:
+                break
+            return ord(sep)
+    raise DataError(f"{path}, line 1: a header line needs three fields (row, column, value) "
+                    f"separated by commas or tabs, got {text[:80]!r}")
+
+
 def _line(text: bytes, number: int) -> str:
     line = text.split(b"\n")[number - 1]
     return line[:80].decode("utf-8", "replace")
 
 
 def read_pair(train_path, test_path) -> tuple[Matrix, Matrix]:
-    """The train and the test matrix, of one shape: a MatrixMarket file's declared one (both
-    must agree), else the largest ids of both files plus one."""
-    train = read_matrix(train_path)
-    test = read_matrix(test_path)
-    shape = (max(train.num_rows, test.num_rows), max(train.num_cols, test.num_cols))
-    for m, path in ((train, train_path), (test, test_path)):
+    """The train and the test matrix (see :func:`read_files`)."""
+    train, test = read_files(train_path, test_path)
+    return train, test
+
+
+def read_files(train_path, *others) -> list[Matrix]:
+    """The train matrix and the others (test, validation), of one shape: a MatrixMarket file's
+    declared one (all must agree), the largest ids of all files plus one, or for tables with a
+    header the labels of all files, sorted."""
+    matrices = [read_matrix(p) for p in (train_path, *others)]
+    paths = [train_path, *others]
+    labelled = [m.row_labels is not None for m in matrices]
+    if any(labelled):
+        if not all(labelled):
+            bad = paths[labelled.index(False)]
+            raise DataError(f"{bad}: no header line, while {paths[labelled.index(True)]} has "
+                            f"one (give every file in one format)")
+        row_labels = np.unique(np.concatenate([m.row_labels for m in matrices]))
+        col_labels = np.unique(np.concatenate([m.col_labels for m in matrices]))
+        return [Matrix(np.searchsorted(row_labels, m.rows), np.searchsorted(col_labels, m.cols),
+                       m.vals, len(row_labels), len(col_labels), row_labels, col_labels)
+                for m in matrices]
+    shape = (max(m.num_rows for m in matrices), max(m.num_cols for m in matrices))
+    for m, path in zip(matrices, paths):
         if (m.num_rows, m.num_cols) != shape and _is_market(path):
             raise DataError(f"{path}: its shape {m.num_rows} x {m.num_cols} differs from the "
                             f"other file's")
-    return (Matrix(train.rows, train.cols, train.vals, *shape),
-            Matrix(test.rows, test.cols, test.vals, *shape))
+    return [Matrix(m.rows, m.cols, m.vals, *shape) for m in matrices]
 
 
 def _is_market(path) -> bool:

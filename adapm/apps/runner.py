@@ -111,7 +111,9 @@ class Task(Protocol):
     # Optional: ``epoch_order(points, part, epoch, rng) -> points`` orders a worker's points for
     # an epoch (default: a random permutation), e.g. by column for matrix factorisation; and
     # ``standing_keys(points) -> keys``: keys a worker wants for every batch of an epoch,
-    # signalled once per epoch for all its clocks rather than with each batch.
+    # signalled once per epoch for all its clocks rather than with each batch; and
+    # ``after_evaluation(epoch, metrics, keep) -> (fields, stop)`` after each evaluation (extra
+    # fields for the JSON line, and whether to stop training: early stopping).
 
     def export(self, worker, directory: str) -> None: ...
 
@@ -296,17 +298,33 @@ def _train(task: Task, opts, node, out, resume: Optional[_Resume] = None) -> lis
         if evaluate:
             mine["eval"] = [float(x) for x in task.evaluate(lead, node.rank, node.world_size)]
         every = exchange.allgather(mine)
+        extra, stop = _after_evaluation(task, epoch, every, node.rank == 0) if evaluate else \
+            ({}, False)
         if node.rank == 0:
             record = _record(task, epoch, every, evaluate)
+            record.update(extra)
             records.append(record)
             _emit(record, out, opts.json)
             print(_summary(record), file=sys.stderr, flush=True)
+        last = last or stop
         if getattr(opts, "checkpoint_dir", None) and (last or epoch % opts.checkpoint_every == 0):
             _checkpoint(task, opts, node, exchange, threads, epoch)
+        if stop:
+            break
     if opts.export and node.rank == 0:
         task.export(lead, opts.export)
     node.barrier()
     return records
+
+
+def _after_evaluation(task: Task, epoch: int, every: list, rank0: bool) -> tuple[dict, bool]:
+    """The task's optional ``after_evaluation(epoch, metrics, keep) -> (fields, stop)`` (e.g.
+    early stopping on a validation split): every node calls it with the same gathered sums, so
+    all stop at the same epoch; ``keep`` is true on rank 0, which exports."""
+    hook = getattr(task, "after_evaluation", None)
+    if hook is None:
+        return {}, False
+    return hook(epoch, task.metrics(np.sum([e["eval"] for e in every], axis=0)), rank0)
 
 
 def _checkpoint(task: Task, opts, node, exchange, threads, epoch: int) -> None:
@@ -476,7 +494,7 @@ def _summary(record: dict) -> str:
 
 
 # Quality metrics shown in the summary line, when an app reports them.
-QUALITY = ("mrr", "hits@10", "analogy", "similarity", "rmse")
+QUALITY = ("mrr", "hits@10", "analogy", "similarity", "rmse", "valid_rmse")
 
 
 def _emit(record: dict, out, json_path: Optional[str]) -> None:

@@ -89,8 +89,54 @@ static int parse_line(const char *s, int64_t base, int64_t *row, int64_t *col, f
     return 0;
 }
 
+/* One field of a separated line: blanks around it skipped; *s left after the separator (or at
+ * the end). Returns the field's start, its length in *len; NULL when the line has no field left. */
+static const char *field(const char **s, char sep, int64_t *len) {
+    const char *p = *s;
+    if (!p) return NULL;
+    while (blank(*p) && *p != sep) p++;
+    const char *start = p;
+    while (*p && *p != sep) p++;
+    const char *end = p;
+    while (end > start && blank(end[-1])) end--;
+    *len = end - start;
+    *s = *p == sep ? p + 1 : NULL;
+    return start;
+}
+
+/* Parses one line of fields separated by `sep` (',' or a tab): an integer row label, an integer
+ * column label and a number; any further fields (a timestamp) are ignored. 0 on success. */
+static int parse_separated(const char *s, char sep, int64_t *row, int64_t *col, float *val) {
+    char buf[64], *end;
+    int64_t len;
+    for (int f = 0; f < 3; f++) {
+        const char *start = field(&s, sep, &len);
+        if (!start || len == 0 || len >= (int64_t)sizeof buf) return -1;
+        memcpy(buf, start, (size_t)len);
+        buf[len] = '\0';
+        errno = 0;
+        if (f < 2) {
+            if (!(buf[0] >= '0' && buf[0] <= '9') && buf[0] != '-' && buf[0] != '+') return -1;
+            const long long v = strtoll(buf, &end, 10);
+            if (*end || errno == ERANGE) return -1;
+            *(f == 0 ? row : col) = (int64_t)v;
+        } else {
+            const double v = strtod(buf, &end);
+            const float x = (float)v;
+            if (*end || !isfinite(x)) return -1;
+            *val = x;
+        }
+    }
+    return 0;
+}
+
 int64_t mf_parse(const char *text, int64_t n, int skip_percent, int64_t base, int64_t *rows,
                  int64_t *cols, float *vals, int64_t *lines) {
+    return mf_parse_sep(text, n, skip_percent, base, 0, rows, cols, vals, lines);
+}
+
+int64_t mf_parse_sep(const char *text, int64_t n, int skip_percent, int64_t base, char sep,
+                     int64_t *rows, int64_t *cols, float *vals, int64_t *lines) {
     char line[256];
     int64_t count = 0, number = 0, i = 0;
     while (i < n) {
@@ -106,7 +152,9 @@ int64_t mf_parse(const char *text, int64_t n, int skip_percent, int64_t base, in
         if (len >= (int64_t)sizeof line || memchr(s, '\0', (size_t)len)) return -number;
         memcpy(line, s, (size_t)len);
         line[len] = '\0';
-        if (parse_line(line, base, rows + count, cols + count, vals + count) < 0) return -number;
+        if ((sep ? parse_separated(line, sep, rows + count, cols + count, vals + count)
+                 : parse_line(line, base, rows + count, cols + count, vals + count)) < 0)
+            return -number;
         lines[count++] = number;
     }
     return count;

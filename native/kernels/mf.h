@@ -45,6 +45,13 @@ int64_t mf_train_batch(const mf_batch_t *b, double *loss);
 int64_t mf_parse(const char *text, int64_t n, int skip_percent, int64_t base, int64_t *rows,
                  int64_t *cols, float *vals, int64_t *lines);
 
+/* As mf_parse, for lines of fields separated by `sep` (',' or '\t'; 0: mf_parse's blanks):
+ * "<int>,<int>,<number>[,anything...]" (a CSV or TSV of ratings, as userId,movieId,rating,
+ * timestamp), blanks around fields allowed; the ints are labels, written as they are (base is
+ * not subtracted). */
+int64_t mf_parse_sep(const char *text, int64_t n, int skip_percent, int64_t base, char sep,
+                     int64_t *rows, int64_t *cols, float *vals, int64_t *lines);
+
 /* Writes "<row + base> <col + base> <value>\n" per entry (value with 9 significant digits,
  * enough to read back the same float) to out; returns the bytes written, or -1 if out (cap
  * bytes) is too small (MF_FORMAT_MAX_LINE per entry always suffices). */

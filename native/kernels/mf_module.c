@@ -74,13 +74,17 @@ fail:
 static PyObject *py_mf_parse(PyObject *module, PyObject *args, PyObject *kwargs) {
     static const char *fn = "mf_parse";
     static char *kwlist[] = {"text", "skip_percent", "base", "rows", "cols", "vals", "lines",
-                             NULL};
+                             "sep", NULL};
     PyObject *otext, *orows, *ocols, *ovals, *olines;
-    int skip_percent;
+    int skip_percent, sep = 0;
     long long base;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OpLOOOO", kwlist, &otext, &skip_percent,
-                                     &base, &orows, &ocols, &ovals, &olines))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OpLOOOO|C", kwlist, &otext, &skip_percent,
+                                     &base, &orows, &ocols, &ovals, &olines, &sep))
         return NULL;
+    if (sep != 0 && sep != ',' && sep != '\t') {
+        PyErr_Format(PyExc_ValueError, "%s: sep must be ',' or a tab", fn);
+        return NULL;
+    }
     Py_buffer text;
     if (PyObject_GetBuffer(otext, &text, PyBUF_SIMPLE) < 0) return NULL;
     views_t vs = {.n = 0};
@@ -109,8 +113,8 @@ static PyObject *py_mf_parse(PyObject *module, PyObject *args, PyObject *kwargs)
     }
     int64_t got;
     Py_BEGIN_ALLOW_THREADS
-    got = mf_parse(t, text.len, skip_percent, base, rows->buf, cols->buf, vals->buf,
-                   lines->buf);
+    got = mf_parse_sep(t, text.len, skip_percent, base, (char)sep, rows->buf, cols->buf,
+                       vals->buf, lines->buf);
     Py_END_ALLOW_THREADS
     release_views(&vs);
     PyBuffer_Release(&text);
