@@ -58,6 +58,7 @@ ENV_VARIABLES = {
     "ADAPM_RANK": "this process's rank (set by adapm-run)",
     "ADAPM_WORLD_SIZE": "number of processes in the job (set by adapm-run)",
     "ADAPM_RENDEZVOUS": "host:port of rank 0's rendezvous (set by adapm-run)",
+    "ADAPM_JOB": "Config.job: an id the job's ranks share (set by adapm-run)",
     "ADAPM_HOST": "address this node binds and advertises (Config.host)",
     "ADAPM_MANAGEMENT": "Config.management",
     "ADAPM_REQUEST_TIMEOUT_S": "Config.request_timeout_s",
@@ -152,6 +153,12 @@ class Config:
         "host is not loopback; True: on, also on loopback; False: off, allowed only when the "
         "rendezvous and host are loopback.", default=None
     )
+    job: Optional[str] = _help(
+        "An id that every rank of this job shares and no other job on the same rendezvous "
+        "does: the rendezvous refuses a rank whose id differs, so two jobs started on one port "
+        "cannot pair up. adapm-run sets one per job (ADAPM_JOB); under srun, mpirun (Open MPI) "
+        "and torchrun their own job ids are taken; None: no check.", default=None
+    )
     secret: Optional[str] = _help(
         "The job's shared secret (the same on every rank, at least 16 characters) from which "
         "every rank's CURVE keys derive; needed when auth is on. adapm-run makes one per job; "
@@ -161,6 +168,10 @@ class Config:
 
     def __post_init__(self) -> None:
         _check_int("num_keys", self.num_keys, low=1)
+        if self.job is not None and (not isinstance(self.job, str) or not self.job
+                                     or len(self.job) > 200 or not self.job.isprintable()):
+            raise ConfigError(f"job must be a printable string of 1 to 200 characters, got "
+                              f"{self.job!r:.80}")
         vl = self.value_length
         if isinstance(vl, (int, np.integer)) and not isinstance(vl, bool):
             _check_int("value_length", int(vl), low=1)
@@ -373,16 +384,55 @@ def detect_cluster(env: Mapping[str, str]) -> dict:
             have, missing = (rank_var, size_var) if rank_var in env else (size_var, rank_var)
             raise ConfigError(f"environment variable {have} is set but {missing} is not; a "
                               f"launcher sets both (unset {have} to run a single node)")
-    for rank_var, size_var, _ in LAUNCHER_PAIRS:
-        if rank_var in env and size_var in env:
-            out["rank"] = _env_int(env, rank_var)
-            out["world_size"] = _env_int(env, size_var)
-            break
+    found = [(rank_var, size_var, _env_int(env, rank_var), _env_int(env, size_var))
+             for rank_var, size_var, _ in LAUNCHER_PAIRS if rank_var in env and size_var in env]
+    if found:
+        first = found[0]
+        out["rank"], out["world_size"] = first[2], first[3]
+        for other in found[1:]:
+            # A stale ADAPM_RANK=0 ADAPM_WORLD_SIZE=1 under mpirun would make N unrelated
+            # single nodes that all "succeed": two launchers that disagree are an error.
+            if other[2:] != first[2:]:
+                raise ConfigError(
+                    f"environment variables {first[0]}/{first[1]} say rank {first[2]} of "
+                    f"{first[3]}, but {other[0]}/{other[1]} say rank {other[2]} of {other[3]}; "
+                    f"a stale setting from another launch? unset the one that is wrong")
+    job = _launcher_job(env)
+    if job is not None:
+        out["job"] = job
     if "ADAPM_RENDEZVOUS" in env:
         out["rendezvous"] = env["ADAPM_RENDEZVOUS"]
     elif "MASTER_ADDR" in env and "MASTER_PORT" in env:
         out["rendezvous"] = f"{env['MASTER_ADDR']}:{_env_int(env, 'MASTER_PORT') + 1}"
     return out
+
+
+# Job ids of launchers, in order of precedence (ADAPM_JOB first): every rank of a job sees the
+# same value, another job another one.
+_JOB_VARIABLES = (("ADAPM_JOB",), ("SLURM_JOB_ID", "SLURM_STEP_ID"), ("PMIX_NAMESPACE",),
+                  ("OMPI_MCA_ess_base_jobid",), ("TORCHELASTIC_RUN_ID",))
+
+
+def _launcher_job(env: Mapping[str, str]) -> Optional[str]:
+    for names in _JOB_VARIABLES:
+        if names[0] in env:
+            return ".".join(env.get(name, "") for name in names)[:200] or None
+    return None
+
+
+# The job secret taken out of this process's environment by remove_secret_from_env(), with the
+# rendezvous it was for: later reads in this process, for the same job, still find it, while
+# the processes a rank starts do not inherit it.
+_secret_taken: Optional[tuple[str, Optional[str]]] = None
+
+
+def remove_secret_from_env() -> None:
+    """Take ``ADAPM_SECRET`` out of ``os.environ`` (adapm.init calls this once the node's Config
+    is built): a rank's children (data loader workers, a shell, a tool) do not inherit it."""
+    global _secret_taken
+    secret = os.environ.pop("ADAPM_SECRET", None)
+    if secret is not None:
+        _secret_taken = (secret, os.environ.get("ADAPM_RENDEZVOUS"))
 
 
 def env_auth(env: Mapping[str, str]) -> dict:
@@ -406,6 +456,9 @@ def env_auth(env: Mapping[str, str]) -> dict:
         out["secret"] = env["ADAPM_SECRET"]
     elif "ADAPM_SECRET_FILE" in env:
         out["secret"] = read_secret_file(env["ADAPM_SECRET_FILE"])
+    elif env is os.environ and _secret_taken is not None and \
+            _secret_taken[1] == env.get("ADAPM_RENDEZVOUS"):
+        out["secret"] = _secret_taken[0]  # this job's, removed from the environment at init
     return out
 
 
@@ -418,7 +471,9 @@ def read_secret_file(path: str) -> str:
     """
     where = f"ADAPM_SECRET_FILE {path!r}"
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        # O_NONBLOCK: a FIFO (or a device) would block the open until a writer comes; it is
+        # refused below as not a regular file. Reads from a regular file ignore the flag.
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
     except OSError as exc:
         raise ConfigError(f"{where}: cannot open it: {exc.strerror or exc}") from None
     try:
@@ -468,8 +523,11 @@ def under_launcher(config: Config, env: Optional[Mapping[str, str]] = None) -> C
     found = detect_cluster(env)
     if found.get("world_size", 1) <= 1:
         return config
-    # The launcher's job secret and auth setting apply where the Config leaves them out.
+    # The launcher's job secret, auth setting and job id apply where the Config leaves them out.
     auth = {k: v for k, v in env_auth(env).items() if getattr(config, k) is None}
+    job = found.pop("job", None)
+    if config.job is None and job is not None:
+        auth["job"] = job
     if config.world_size == 1 and config.rank == 0:
         return config.replace(**{k: v for k, v in found.items()
                                  if config.rendezvous is None or k != "rendezvous"}, **auth)

@@ -77,16 +77,26 @@ def plan_ranks(n: int, hosts: Optional[Sequence[str]] = None) -> list[str]:
     return [hosts[r * len(hosts) // n] for r in range(n)]
 
 
-def build_env(rank: int, n: int, rendezvous: str, host_addr: Optional[str] = None) -> dict:
+# Rank and world-size variables of the other launchers adapm reads (adapm.config.LAUNCHER_PAIRS;
+# written out here so that adapm-run starts without importing numpy).
+OTHER_LAUNCHER_VARIABLES = frozenset({
+    "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "PMI_RANK", "PMI_SIZE", "SLURM_PROCID",
+    "SLURM_NTASKS", "RANK", "WORLD_SIZE"})
+
+
+def build_env(rank: int, n: int, rendezvous: str, host_addr: Optional[str] = None,
+              job: Optional[str] = None) -> dict:
     """The ``ADAPM_*`` variables for one rank (only those; the caller merges them into its env).
 
-    ``ADAPM_HOST`` is present only when ``host_addr`` is given.
+    ``ADAPM_HOST`` is present only when ``host_addr`` is given, ``ADAPM_JOB`` when ``job`` is.
     """
     env = {
         "ADAPM_RANK": str(rank),
         "ADAPM_WORLD_SIZE": str(n),
         "ADAPM_RENDEZVOUS": rendezvous,
     }
+    if job is not None:
+        env["ADAPM_JOB"] = job
     if host_addr is not None:
         env["ADAPM_HOST"] = host_addr
     return env
@@ -314,17 +324,23 @@ def _plan(args, parser: argparse.ArgumentParser) -> list[_Rank]:
         k: v for k, v in os.environ.items()
         if k.startswith("ADAPM_") and k not in ("ADAPM_HOST", "ADAPM_SECRET")
     }
+    # One id per job: the rendezvous refuses a rank of another job on the same port.
+    job = os.environ.get("ADAPM_JOB") or secrets.token_hex(8)
+    # adapm-run is these processes' launcher: another launcher's rank variables (an sbatch
+    # script's SLURM_PROCID, a shell's stale RANK) would contradict ours (adapm.Config refuses
+    # that), so the ranks do not inherit them.
+    inherited = {k: v for k, v in os.environ.items() if k not in OTHER_LAUNCHER_VARIABLES}
     cwd = os.getcwd()
     ranks = []
     for r, host in enumerate(placement):
         if local[r]:
-            env = {**os.environ, **build_env(r, n, rendezvous, local_addr)}
+            env = {**inherited, **build_env(r, n, rendezvous, local_addr, job)}
             if made:
                 env["ADAPM_SECRET"] = secret
             ranks.append(_Rank(r, host, cmd, env, remote=False))
         else:
             addr = args.iface if (args.iface is not None and remote_iface is None) else None
-            env = {**forwarded, **build_env(r, n, rendezvous, addr)}
+            env = {**forwarded, **build_env(r, n, rendezvous, addr, job)}
             command = remote_command(cmd, env, cwd, args.grace, iface=remote_iface,
                                      secret_on_stdin=secret is not None)
             stdin_data = None if secret is None else (secret + "\n").encode()

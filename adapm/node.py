@@ -18,7 +18,7 @@ from ._store import OWNER, REPLICA, Store
 from ._wire import auth, rendezvous
 from ._wire.zmq_transport import Transport
 from .args import as_timeout
-from .config import Config, under_launcher
+from .config import Config, remove_secret_from_env, under_launcher
 from .errors import AdaPMError, AdaPMTimeout, CheckpointError, InvalidArgument, StateError
 from .worker import Worker
 
@@ -64,6 +64,7 @@ def init(num_keys: Optional[int] = None, value_length=None, *, config: Optional[
         config = Config.from_env(num_keys=num_keys, **settings)
     else:
         config = under_launcher(config)
+    remove_secret_from_env()  # the node has it now; the processes it starts need not
     global _active
     with _active_lock:
         if _active is not None:
@@ -184,8 +185,9 @@ class Node:
             keys = auth.JobKeys.for_config(self.config)  # None: plain ZeroMQ (loopback)
             self.transport = Transport(self.rank, rendezvous.resolve_host(self.config), context,
                                        keys=keys, max_frame_bytes=_max_frame_bytes(self.config))
-            addresses = rendezvous.rendezvous(self.config, self.transport.address, context, keys)
-            self.transport.connect(addresses)
+            addresses, token = rendezvous.rendezvous(self.config, self.transport.address,
+                                                     context, keys)
+            self.transport.connect(addresses, token)
         except BaseException:
             if self.transport is not None:
                 self.transport.close()
@@ -249,6 +251,7 @@ class Node:
             # Every message dropped on the way in: undecodable or forged (transport), or unfit
             # for the state (engine); the transport's own counters give the breakdown.
             totals["dropped_messages"] = (self.engine.counters["dropped_messages"]
+                                          + totals["dropped_local_messages"]
                                           + totals.get("dropped_malformed_messages", 0)
                                           + totals.get("dropped_forged_messages", 0))
             totals["engine_cpu_s"] = self.engine.cpu_seconds()

@@ -17,6 +17,7 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
+import adapm
 from adapm._wire.protocol import DTYPES, ROLES, Kind, encode, message
 from adapm.testing import free_port, listening, run_cluster
 
@@ -78,9 +79,11 @@ def mangled(draw) -> list:
 
 garbage = st.lists(st.binary(max_size=40), min_size=1, max_size=4)
 wire_message = st.one_of(garbage, well_formed(), mangled())
-# The stranger's connection identity: none, a rank not in the job, rank 1's own name (free on
-# rank 1's socket, which only rank 0 connects to), rank 0's (taken: libzmq refuses it).
-identity = st.sampled_from([None, b"7", b"1", b"0"])
+# The stranger's connection identity: none, a rank not in the job, the ranks' bare numbers and
+# other spellings of them (b"01" was once read as rank 1), and a rank with a wrong job token.
+# The ranks' own identities (b"<rank>:<token>") are not known to a stranger.
+identity = st.sampled_from([None, b"7", b"1", b"0", b"01", b"00", b" 1", b"+1", b"1\x00",
+                            b"0:" + b"0" * 32, b"1:"])
 
 
 def _attacked_job(node, attacks):
@@ -135,9 +138,10 @@ def _check(attacks) -> dict:
           database=None, phases=[Phase.explicit, Phase.generate])
 def test_node_survives_hostile_messages_and_sums_stay_exact(attacks):
     stats = _check(attacks)
-    # Every message that reached the node was dropped: none of them is fit to take in.
-    reachable = [frames for ident, frames in attacks if ident != b"0"]
-    assert stats["dropped_messages"] <= len(reachable)
+    # Every message that reached the node was dropped: none of them is fit to take in. (Not
+    # every one reaches it: libzmq refuses a connection whose identity is still in use by the
+    # stranger's previous one, and a message of no headers is no message.)
+    assert stats["dropped_messages"] <= len(attacks), stats
 
 
 def test_each_kind_of_bad_message_is_counted():
@@ -149,6 +153,10 @@ def test_each_kind_of_bad_message_is_counted():
                                       [np.arange(1), np.ones(DIM, np.float32)])
     # A failure notice stops every node that takes it in: from a stranger it must not count.
     failure_notice = message(Kind.FAILED, 1, 0, r=0, msg="")
+    rank0_notice = message(Kind.FAILED, 0, 0, r=1, msg="")
+    # A write as rank 0 would make, to keys rank 1 owns: from b"00" it was once taken as one.
+    write = message(Kind.PUSH, 0, 1, [np.array([1, 3]), np.arange(2), np.ones(2 * DIM, np.float32)],
+                    o=0, h=0)
     # A fresh identity each: libzmq refuses a connection whose identity is still in use.
     attacks = [
         (b"7", [b"\xc1"]),  # a 1-byte frame: not a message at all
@@ -157,11 +165,58 @@ def test_each_kind_of_bad_message_is_counted():
         (b"12", [bytes(memoryview(f)) for f in encode([answer_to_nothing_asked])]),  # no peer
         (b"10", [bytes(memoryview(f)) for f in encode([failure_notice])]),  # names rank 1
         (b"1", [bytes(memoryview(f)) for f in encode([failure_notice])]),  # "from" rank 1 itself
+        (b"00", [bytes(memoryview(f)) for f in encode([rank0_notice])]),  # rank 0, spelt "00"
+        (b"000", [bytes(memoryview(f)) for f in encode([write])]),  # and so on
     ]
-    stats = _check(attacks)
+    stats = _check(attacks)  # the sums are exact: the write was not taken
     assert stats["dropped_malformed_messages"] == 1, stats
-    assert stats["dropped_forged_messages"] == 2, stats
-    assert stats["dropped_messages"] == 6, stats
+    assert stats["dropped_forged_messages"] == 7, stats
+    assert stats["dropped_messages"] == 8, stats
+
+
+def _goodbye_then_death(node):
+    """A stranger tells rank 0 "goodbye" in rank 1's name; then rank 1 dies without one. Rank
+    0's next call must raise NodeFailure within failure_timeout_s, not wait for a timeout."""
+    import os
+    import time
+
+    import zmq
+
+    node.barrier()
+    if node.rank == 1:
+        time.sleep(1.0)  # the forged goodbye is in
+        os._exit(0)
+    context = zmq.Context()
+    for ident in (b"01", b"1", b"1:" + b"f" * 32):
+        sock = context.socket(zmq.DEALER)
+        sock.setsockopt(zmq.IDENTITY, ident)
+        sock.connect(node.transport.address)
+        sock.send_multipart(encode([message(Kind.GOODBYE, 1, 0)]))
+        sock.close(linger=2000)
+    context.term()
+    time.sleep(2.0)  # rank 1 is dead by now
+    start = time.monotonic()
+    try:
+        node.worker().pull([1])  # homed on rank 1
+    except adapm.NodeFailure as exc:
+        waited, stats = time.monotonic() - start, node.stats()
+        node._release()  # rank 1 is gone: no shutdown collective
+        return "NodeFailure", exc.rank, waited, stats
+    except adapm.AdaPMError as exc:
+        return type(exc).__name__, str(exc), time.monotonic() - start, None
+    return "no error", None, time.monotonic() - start, None
+
+
+def test_a_forged_goodbye_does_not_switch_off_failure_detection():
+    results = run_cluster(_goodbye_then_death, 2, timeout_s=120, expect_failure=True,
+                          config=dict(num_keys=NUM_KEYS, value_length=DIM, failure_timeout_s=3,
+                                      connect_timeout_s=30, request_timeout_s=60))
+    status, result = results[0]
+    assert status == "ok", result
+    kind, rank, waited, stats = result
+    assert (kind, rank) == ("NodeFailure", 1), (kind, rank)
+    assert waited < 20, waited  # failure_timeout_s, not the 60 s request timeout
+    assert stats["dropped_forged_messages"] == 3, stats
 
 
 def test_oversized_frame_is_refused_before_it_is_buffered():

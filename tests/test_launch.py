@@ -22,6 +22,8 @@ from hypothesis import strategies as st
 from adapm.config import Config, detect_cluster
 from adapm.errors import ConfigError
 from adapm.launch import (
+    _parser,
+    _plan,
     build_env,
     describe_status,
     iface_address,
@@ -405,27 +407,61 @@ def test_each_launcher_is_detected(rank_var, size_var, rank_size):
 
 
 @given(st.data())
-def test_precedence_follows_the_documented_order(data):
-    # Give several launchers different ranks; the earliest in LAUNCHER_PAIRS must win.
+def test_launchers_that_agree_are_one_launch(data):
+    # Several launchers' variables naming the same rank and size: that rank.
     chosen = data.draw(st.lists(st.sampled_from(range(len(LAUNCHER_PAIRS))), min_size=1,
                                 unique=True))
     env = dict(RV)
     for i in chosen:
-        env[LAUNCHER_PAIRS[i][0]] = str(i)
+        env[LAUNCHER_PAIRS[i][0]] = "3"
         env[LAUNCHER_PAIRS[i][1]] = "8"
     cfg = Config.from_env(env=env, num_keys=10)
-    assert cfg.rank == min(chosen) and cfg.world_size == 8
+    assert cfg.rank == 3 and cfg.world_size == 8
 
 
-def test_adapm_variables_win_over_mpi_and_torchrun():
-    env = {
-        "ADAPM_RANK": "1", "ADAPM_WORLD_SIZE": "2", "ADAPM_RENDEZVOUS": "10.0.0.1:9000",
-        "OMPI_COMM_WORLD_RANK": "3", "OMPI_COMM_WORLD_SIZE": "4",
-        "RANK": "5", "WORLD_SIZE": "6", "MASTER_ADDR": "10.9.9.9", "MASTER_PORT": "29500",
-        **SECRET,  # across hosts authentication is on (tests/test_auth.py)
-    }
-    cfg = Config.from_env(env=env, num_keys=10)
-    assert (cfg.rank, cfg.world_size, cfg.rendezvous) == (1, 2, "10.0.0.1:9000")
+@given(st.data())
+def test_launchers_that_disagree_are_an_error(data):
+    # Give two launchers different ranks: an error naming the first in LAUNCHER_PAIRS and the
+    # other, never one of them silently.
+    first, other = sorted(data.draw(st.lists(st.sampled_from(range(len(LAUNCHER_PAIRS))),
+                                             min_size=2, max_size=2, unique=True)))
+    env = dict(RV, **SECRET)
+    for i, rank in ((first, 1), (other, 2)):
+        env[LAUNCHER_PAIRS[i][0]] = str(rank)
+        env[LAUNCHER_PAIRS[i][1]] = "8"
+    with pytest.raises(ConfigError, match=f"{LAUNCHER_PAIRS[first][0]}.* say rank 1 of 8, but "
+                                          f"{LAUNCHER_PAIRS[other][0]}.* say rank 2 of 8"):
+        Config.from_env(env=env, num_keys=10)
+
+
+def test_a_stale_single_node_setting_under_mpirun_is_an_error():
+    # ADAPM_RANK=0 ADAPM_WORLD_SIZE=1 left in a shell, then mpirun -n 4: not 4 single nodes.
+    env = {"ADAPM_RANK": "0", "ADAPM_WORLD_SIZE": "1", "ADAPM_RENDEZVOUS": "10.0.0.1:9000",
+           "OMPI_COMM_WORLD_RANK": "3", "OMPI_COMM_WORLD_SIZE": "4", **SECRET}
+    with pytest.raises(ConfigError, match="ADAPM_RANK/ADAPM_WORLD_SIZE say rank 0 of 1, but "
+                                          "OMPI_COMM_WORLD_RANK/OMPI_COMM_WORLD_SIZE say rank 3 "
+                                          "of 4; a stale setting"):
+        Config.from_env(env=env, num_keys=10)
+    # The same under torchrun.
+    env = {"ADAPM_RANK": "0", "ADAPM_WORLD_SIZE": "1", "RANK": "1", "WORLD_SIZE": "2",
+           "MASTER_ADDR": "10.0.0.5", "MASTER_PORT": "29500", **SECRET}
+    with pytest.raises(ConfigError, match="RANK/WORLD_SIZE say rank 1 of 2"):
+        Config.from_env(env=env, num_keys=10)
+
+
+def test_adapm_run_ranks_do_not_inherit_other_launchers_variables(monkeypatch):
+    # An sbatch script's SLURM_PROCID=0/SLURM_NTASKS=4 around adapm-run -n 4 would contradict
+    # each rank's ADAPM_RANK: adapm-run is the launcher of its ranks.
+    for name in ("SLURM_PROCID", "RANK", "OMPI_COMM_WORLD_RANK"):
+        monkeypatch.setenv(name, "0")
+    for name in ("SLURM_NTASKS", "WORLD_SIZE", "OMPI_COMM_WORLD_SIZE"):
+        monkeypatch.setenv(name, "4")
+    ranks = _plan(_parser().parse_args(["-n", "2", "python", "x.py"]), _parser())
+    for rank in ranks:
+        assert not {"SLURM_PROCID", "SLURM_NTASKS", "RANK", "WORLD_SIZE"} & set(rank.env)
+        assert rank.env["ADAPM_RANK"] == str(rank.rank)
+    jobs = {rank.env["ADAPM_JOB"] for rank in ranks}
+    assert len(jobs) == 1 and len(jobs.pop()) >= 16  # one id, shared, not guessable
 
 
 def test_torchrun_rendezvous_is_master_port_plus_one():

@@ -279,8 +279,10 @@ class EngineLoop:
             what = self._in_progress()
             text = (f"rank {self.rank}: rank {rank} failed: nothing came from it for "
                     f"{seconds:.1f}s (failure_timeout_s={liveness.timeout_s:g}); {what}")
-            self._broadcast(message(Kind.FAILED, self.rank, 0, r=rank, msg=text),
-                            but=(rank,))
+            # The failed rank too: if it was only frozen (SIGSTOP, a long swap), it learns on
+            # waking that the job stopped because of it, rather than blame a healthy peer
+            # whose engine has stopped meanwhile.
+            self._broadcast(message(Kind.FAILED, self.rank, 0, r=rank, msg=text))
             return NodeFailure(text, rank, what)
         state = self.state
         if state._open and now - state._round_start > self.request_timeout_s:
@@ -298,6 +300,10 @@ class EngineLoop:
             rank = msg.header.get("r")
             rank = rank if type(rank) is int else -1
             what = self._in_progress()
+            if rank == self.rank:
+                return NodeFailure(f"rank {self.rank}: rank {msg.src} declared this node failed "
+                                   f"(was this process stopped, starved or cut off?): "
+                                   f"{str(msg.header.get('msg'))[:500]}; here, {what}", rank, what)
             return NodeFailure(f"rank {self.rank}: rank {rank} failed, as rank {msg.src} "
                                f"found: {str(msg.header.get('msg'))[:500]}; here, {what}",
                                rank, what)

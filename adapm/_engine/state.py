@@ -20,6 +20,7 @@ Split over three modules by role: this one (dispatch, requests, answers, barrier
 from __future__ import annotations
 
 import collections
+import logging
 
 import numpy as np
 
@@ -37,7 +38,9 @@ from .rounds import Rounds
 from .stream import Event
 from .routing import group_by_node
 from .serve import Serving
+from .validate import problem
 
+_log = logging.getLogger("adapm")
 
 _native = _load_native()
 _EMPTY = {role: np.empty(0, dtype=dtype) for role, dtype in DTYPES.items()}
@@ -70,7 +73,7 @@ class Outstanding:
 COUNTERS = ("late_answers", "relocations_in", "relocations_out", "replica_setups",
             "replica_setups_discarded", "replica_drops", "replica_drops_at_owner",
             "forwarded_keys", "redirected_keys", "returned_deltas", "queued_keys", "awaited_keys",
-            "intents_acted")
+            "intents_acted", "dropped_local_messages")
 
 
 _MOVE_ROLES = [role for section in MOVE_SECTIONS for role in section]
@@ -115,6 +118,7 @@ class NodeState(Serving, Rounds):
         self.awaiting: list[Message] = []  # own requests for keys whose intent was reported
         self.barrier_waiting: dict[int, list[tuple[int, int]]] = {}  # rank 0: epoch -> waiters
         self.barrier_tags: dict[int, dict[int, str]] = {}  # rank 0: epoch -> rank -> kind
+        self.barrier_next = 0  # rank 0: the collective being gathered (validate.py bounds on it)
         self.counters = dict.fromkeys(COUNTERS, 0)
         self.max_hops = 4 * world_size
         self.now = 0.0
@@ -172,12 +176,25 @@ class NodeState(Serving, Rounds):
             raise TypeError(f"not an engine event: {event!r}")
         while self._local or self._arrived:
             while self._local:
-                self._dispatch(self._local.popleft())
+                msg = self._local.popleft()
+                # An answer to itself carries what the peer that passed the request back put
+                # in it: checked as any received message.
+                why = problem(msg, self, local=True)
+                if why is None:
+                    self._dispatch(msg)
+                else:
+                    self._drop_local(msg, why)
             if self._arrived:
                 self._arrived = False
                 self._retry_awaiting()
         self._out = []
         return out
+
+    def _drop_local(self, msg: Message, why: str) -> None:
+        self.counters["dropped_local_messages"] += 1
+        if self.counters["dropped_local_messages"] == 1:  # once: a peer could cause many
+            _log.warning("rank %d: dropped a %s it posted to itself: %s (further ones are only "
+                         "counted: stats()['dropped_messages'])", self.rank, msg.kind.name, why)
 
     # --- posting -----------------------------------------------------------------------------
 
@@ -373,12 +390,9 @@ class NodeState(Serving, Rounds):
             self.counters["late_answers"] += 1
             return
         if msg.kind == Kind.ERROR:
-            del self.requests[msg.req_id]
-            what = req.call.what if req.call is not None else "a sync round"
-            error = PeerError(f"rank {self.rank}: rank {msg.src} could not serve {what}: "
-                              f"{msg.header.get('msg')}")
-            if req.call is None:
-                raise error
+            del self.requests[msg.req_id]  # validate.py: never a sync round's request
+            error = PeerError(f"rank {self.rank}: rank {msg.src} could not serve "
+                              f"{req.call.what}: {msg.header.get('msg')}")
             self._out.append(Finish(req.call, [], error))
             return
         if msg.kind == Kind.BARRIER_RELEASE:
@@ -444,6 +458,7 @@ class NodeState(Serving, Rounds):
             return
         if len(tags) == self.world_size:
             del self.barrier_waiting[epoch], self.barrier_tags[epoch]
+            self.barrier_next = epoch + 1
             for src, req_id in waiters:
                 self._post(src, Kind.BARRIER_RELEASE, req_id, e=epoch)
 

@@ -71,7 +71,8 @@ class Kind(enum.IntEnum):
     GOODBYE = 33  # a clean shutdown: this node's silence from now on is not a failure
     FAILED = 34  # "r": a rank this node found dead, "msg": how (every survivor stops)
     HELLO = 40  # rendezvous: "addr", "fp" (config fingerprint)
-    TABLE = 41  # rendezvous answer: "addrs"
+    TABLE = 41  # rendezvous answer: "addrs", "tok" (the job token)
+    WAITING = 42  # rendezvous answer to a hello while ranks are missing: "missing"
 
 
 _KINDS = {int(kind): kind for kind in Kind}

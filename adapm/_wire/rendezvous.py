@@ -10,6 +10,18 @@ keys and only the job's members get through (:mod:`adapm._wire.auth`); a hello w
 not the rank its sender authenticated as is ignored, so nobody takes another rank's place. Both
 sides count failed handshakes, so that a timeout can say that a peer's secret differs.
 
+Nothing waits longer than it must. A member that checked in says so again every quarter of
+``failure_timeout_s``, and rank 0 answers each hello at once with the ranks it still waits
+for: so a member learns within ``failure_timeout_s`` that rank 0 died (NodeFailure naming
+rank 0), and rank 0 that a member died after checking in (every member is told, NodeFailure
+naming it). Rank 0 refuses the job at once, telling every member, when a hello disagrees:
+another world size (named as such), another configuration, or a second process as a rank
+already checked in. A hello for a rank outside the job is ignored (a stranger cannot stop the
+job), and so is one of another job (``Config.job``: adapm-run's id, or the launcher's), which
+is told so: two jobs started on one port do not pair up. The table carries a fresh random job
+token, which the nodes put in their connections' identities
+(:mod:`adapm._wire.zmq_transport`).
+
 Hardened like the data path: frames are size-limited (ZMQ_MAXMSGSIZE), a hello that is not a
 well-formed one (a map with an integer rank, a tcp address and a fingerprint) is ignored and
 counted, and a member that gets a malformed answer raises TransportError naming the rendezvous
@@ -19,6 +31,7 @@ instead of failing somewhere later.
 from __future__ import annotations
 
 import logging
+import secrets
 import socket
 import time
 import zlib
@@ -28,7 +41,7 @@ import numpy as np
 import zmq
 
 from ..config import Config, is_loopback, parse_address
-from ..errors import AdaPMTimeout, ConfigError, TransportError
+from ..errors import AdaPMTimeout, ConfigError, NodeFailure, TransportError
 from .auth import HandshakeWatch, JobKeys, authenticated_rank
 from .protocol import Kind
 
@@ -38,6 +51,9 @@ _ANSWER_LINGER_MS = 5000
 # address per rank; a larger frame disconnects its sender before it is buffered.
 _MAX_HELLO_BYTES = 4096
 _MAX_ADDRESS_CHARS = 300
+# Hellos (a member) and answers (rank 0) per failure_timeout_s while the job forms.
+_HELLOS_PER_TIMEOUT = 4
+_TOKEN_BYTES = 16
 
 _log = logging.getLogger("adapm.wire")
 
@@ -67,18 +83,21 @@ def fingerprint(config: Config) -> list:
 
 
 def rendezvous(config: Config, my_address: str, context: zmq.Context,
-               keys: JobKeys | None = None) -> list[str]:
-    """Block until every node has checked in; returns all nodes' addresses indexed by rank.
+               keys: JobKeys | None = None) -> tuple[list[str], str]:
+    """Block until every node has checked in; returns all nodes' addresses indexed by rank and
+    the job token (see the module docstring).
 
     ``keys``: the job's keys when authentication is on (the context must then have a running
     :class:`~adapm._wire.auth.ZapHandler`). Raises AdaPMTimeout after
     ``config.connect_timeout_s`` naming the ranks still missing (and failed handshakes, if
-    any), ConfigError when nodes disagree on the job's configuration.
+    any), NodeFailure within ``failure_timeout_s`` of rank 0, or a member that checked in,
+    going silent, ConfigError when nodes disagree on the job's configuration.
     """
     host, port = parse_address(config.rendezvous, "rendezvous")
     endpoint = f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"
     deadline = time.monotonic() + config.connect_timeout_s
-    hello = {"k": int(Kind.HELLO), "s": config.rank, "addr": my_address, "fp": fingerprint(config)}
+    hello = {"k": int(Kind.HELLO), "s": config.rank, "addr": my_address,
+             "fp": fingerprint(config), "job": config.job}
     if config.rank == 0:
         return _host_rendezvous(config, endpoint, hello, context, deadline, keys)
     sock = context.socket(zmq.DEALER)
@@ -92,40 +111,82 @@ def rendezvous(config: Config, my_address: str, context: zmq.Context,
             keys.make_client(sock, 0)
         watch = HandshakeWatch(sock)
         sock.connect(endpoint)
-        sock.send(msgpack.packb(hello))
-        if not _wait(sock, watch, deadline):
-            raise AdaPMTimeout(
-                f"rank {config.rank}: no address table from the rendezvous (rank 0) at {endpoint} "
-                f"within {config.connect_timeout_s:g}s; is rank 0 running?" + watch.describe()
-            )
-        raw = sock.recv()
+        packed = msgpack.packb(hello)
+        sock.send(packed)
+        return _await_table(sock, watch, packed, config, my_address, endpoint, deadline)
     except zmq.ZMQError as exc:
         raise TransportError(f"rank {config.rank}: rendezvous at {endpoint}: {exc}") from exc
     finally:
         if watch is not None:
             watch.close()
         sock.close()
-    return _table(raw, config, my_address, endpoint)
 
 
-def _table(raw: bytes, config: Config, my_address: str, endpoint: str) -> list[str]:
-    """The address table in rank 0's answer, checked; ConfigError for a refusal,
-    TransportError for anything that is not a well-formed answer."""
+def _await_table(sock, watch, packed: bytes, config: Config, my_address: str, endpoint: str,
+                 deadline: float) -> tuple[list[str], str]:
+    """A member's wait for the table: until rank 0 first answers, up to the deadline; from then
+    on a hello every interval, and rank 0 must answer within ``failure_timeout_s``."""
+    interval = config.failure_timeout_s / _HELLOS_PER_TIMEOUT
+    heard = None  # when rank 0 last answered
+    missing: list = []
+    next_hello = float("inf")
+    while True:
+        now = time.monotonic()
+        if heard is not None and now - heard > config.failure_timeout_s:
+            raise NodeFailure(
+                f"rank {config.rank}: the rendezvous host, rank 0, at {endpoint} stopped "
+                f"answering: nothing from it for {now - heard:.1f}s (failure_timeout_s="
+                f"{config.failure_timeout_s:g}) while it waited for ranks {missing}; did rank "
+                "0 die?", 0, "the rendezvous")
+        if now >= deadline:
+            waited = (f"; rank 0 answered, still waiting for ranks {missing}" if heard is not None
+                      else "; is rank 0 running?")
+            raise AdaPMTimeout(
+                f"rank {config.rank}: no address table from the rendezvous (rank 0) at {endpoint} "
+                f"within {config.connect_timeout_s:g}s{waited}" + watch.describe())
+        limit = deadline if heard is None else \
+            min(deadline, next_hello, heard + config.failure_timeout_s + 0.001)
+        if _wait(sock, watch, limit):
+            answer = _answer_of(sock.recv(), config, my_address, endpoint)
+            if answer[0] == "waiting":
+                if heard is None:
+                    next_hello = time.monotonic() + interval
+                heard, missing = time.monotonic(), answer[1]
+                continue
+            return answer[1], answer[2]
+        if heard is not None and time.monotonic() >= next_hello:
+            sock.send(packed)  # still here (rank 0 fails the job if a member goes silent)
+            next_hello = time.monotonic() + interval
+
+
+def _answer_of(raw: bytes, config: Config, my_address: str, endpoint: str) -> tuple:
+    """Rank 0's answer, checked: ("waiting", missing ranks) or ("table", addresses, token);
+    ConfigError or NodeFailure for a refusal, TransportError for anything that is not a
+    well-formed answer."""
     try:
         answer = msgpack.unpackb(raw)
     except (ValueError, TypeError, msgpack.UnpackException) as exc:
         answer = exc
-    if isinstance(answer, dict) and answer.get("k") == Kind.ERROR and \
-            isinstance(answer.get("msg"), str):
-        raise ConfigError(f"rank {config.rank}: rendezvous refused: {answer['msg'][:2000]}")
-    addrs = answer.get("addrs") if isinstance(answer, dict) and \
-        answer.get("k") == Kind.TABLE else None
+    kind = answer.get("k") if isinstance(answer, dict) else None
+    if kind == Kind.ERROR and isinstance(answer.get("msg"), str):
+        text = f"rank {config.rank}: rendezvous refused: {answer['msg'][:2000]}"
+        failed = answer.get("r")
+        if type(failed) is int and 0 <= failed < config.world_size:
+            raise NodeFailure(text, failed, "the rendezvous")
+        raise ConfigError(text)
+    missing = answer.get("missing") if kind == Kind.WAITING else None
+    if isinstance(missing, list) and len(missing) < config.world_size and \
+            all(type(r) is int for r in missing):
+        return "waiting", missing
+    addrs = answer.get("addrs") if kind == Kind.TABLE else None
+    token = answer.get("tok") if kind == Kind.TABLE else None
     if not (isinstance(addrs, list) and len(addrs) == config.world_size
-            and all(_is_address(a) for a in addrs) and addrs[config.rank] == my_address):
+            and all(_is_address(a) for a in addrs) and addrs[config.rank] == my_address
+            and isinstance(token, str) and len(token) == 2 * _TOKEN_BYTES):
         raise TransportError(f"rank {config.rank}: the rendezvous at {endpoint} answered with "
                              f"something that is not this job's address table: "
                              f"{raw[:120]!r}")
-    return list(addrs)
+    return "table", list(addrs), token
 
 
 def _is_address(value) -> bool:
@@ -137,8 +198,16 @@ def _is_address(value) -> bool:
     return bool(host) and port.isdigit() and 0 < int(port) < 65536
 
 
+class _Refused(Exception):
+    """The rendezvous cannot form the job: every member checked in so far is told ``text``."""
+
+    def __init__(self, text: str, failed: int = -1) -> None:
+        super().__init__(text)
+        self.text, self.failed = text, failed
+
+
 def _host_rendezvous(config: Config, endpoint: str, own: dict, context: zmq.Context,
-                     deadline: float, keys: JobKeys | None) -> list[str]:
+                     deadline: float, keys: JobKeys | None) -> tuple[list[str], str]:
     sock = context.socket(zmq.ROUTER)
     watch = None
     try:
@@ -155,62 +224,116 @@ def _host_rendezvous(config: Config, endpoint: str, own: dict, context: zmq.Cont
         sock.close(linger=0)
         raise TransportError(f"rank 0: cannot host the rendezvous at {endpoint}: {exc} "
                              "(port taken? pick another ADAPM_RENDEZVOUS port)") from exc
+    gather = _Gathering(config, own, keys)
     try:
-        hellos = {0: own}
-        identities = {}
-        problems = []
-        impostors = malformed = 0
-        while len(hellos) < config.world_size:
-            if not _wait(sock, watch, deadline):
-                missing = sorted(set(range(config.world_size)) - set(hellos))
-                ignored = (f"; ignored {impostors} hello(s) that named another rank than the "
-                           "sender's keys" if impostors else "")
-                if malformed:
-                    ignored += f"; ignored {malformed} message(s) that were not a valid hello"
-                raise AdaPMTimeout(
-                    f"rank 0: rendezvous at {endpoint}: ranks {missing} did not check in within "
-                    f"{config.connect_timeout_s:g}s" + watch.describe() + ignored
-                )
-            frames = sock.recv_multipart(copy=False)
-            hello = _hello(frames)
-            if hello is None:  # not a hello: ignored (a node never dies of a message)
-                malformed += 1
-                if malformed == 1:
-                    _log.warning("rank 0: rendezvous: ignored a message that is not a valid "
-                                 "hello (further ones are only counted)")
-                continue
-            identity, payload = frames
-            rank = hello["s"]
-            sender = authenticated_rank(payload) if keys is not None else rank
-            if rank != sender:
-                # A member's keys with another rank's number: never let it take that place.
-                impostors += 1
-                if impostors == 1:  # once: whoever sends them could send many
-                    _log.warning("rank 0: rendezvous: ignored a hello that names rank %r from a "
-                                 "connection authenticated as rank %d", rank, sender)
-                continue
-            identity = identity.bytes
-            if not 0 <= rank < config.world_size or rank in hellos:
-                problems.append(f"a node checked in with rank {rank!r} (duplicate or out of range)")
-                _answer(sock, identity, Kind.ERROR, msg=problems[-1])
-                continue
-            if hello.get("fp") != own["fp"]:
-                problems.append(f"rank {rank} has configuration {hello.get('fp')} but rank 0 has "
-                                f"{own['fp']} (world_size, num_keys, value lengths, management)")
-            hellos[rank] = hello
-            identities[rank] = identity
-        addrs = [hellos[r]["addr"] for r in range(config.world_size)]
-        for rank, identity in identities.items():
-            if problems:
-                _answer(sock, identity, Kind.ERROR, msg="; ".join(problems))
-            else:
-                _answer(sock, identity, Kind.TABLE, addrs=addrs)
-        if problems:
-            raise ConfigError("rank 0: rendezvous refused: " + "; ".join(problems))
-        return addrs
+        try:
+            gather.run(sock, watch, endpoint, deadline)
+        except _Refused as refused:
+            for identity in gather.identities.values():
+                _answer(sock, identity, Kind.ERROR, msg=refused.text, r=refused.failed)
+            text = f"rank 0: rendezvous refused: {refused.text}"
+            if refused.failed >= 0:
+                raise NodeFailure(text, refused.failed, "the rendezvous") from None
+            raise ConfigError(text) from None
+        addrs = [gather.hellos[r]["addr"] for r in range(config.world_size)]
+        token = secrets.token_hex(_TOKEN_BYTES)
+        for identity in gather.identities.values():
+            _answer(sock, identity, Kind.TABLE, addrs=addrs, tok=token)
+        return addrs, token
     finally:
         watch.close()
         sock.close(linger=_ANSWER_LINGER_MS)
+
+
+class _Gathering:
+    """Rank 0's side of the rendezvous: the hellos so far, and what was ignored."""
+
+    def __init__(self, config: Config, own: dict, keys: JobKeys | None) -> None:
+        self.config, self.own, self.keys = config, own, keys
+        self.hellos = {0: own}
+        self.identities: dict[int, bytes] = {}  # rank -> connection, for the answers
+        self.heard: dict[int, float] = {}  # rank -> last hello
+        self.ignored = {"impostor": 0, "malformed": 0, "outside": 0, "other job": 0}
+
+    def missing(self) -> list[int]:
+        return sorted(set(range(self.config.world_size)) - set(self.hellos))
+
+    def run(self, sock, watch, endpoint: str, deadline: float) -> None:
+        config = self.config
+        while len(self.hellos) < config.world_size:
+            now = time.monotonic()
+            if self.heard:
+                rank = min(self.heard, key=self.heard.get)
+                silent = now - self.heard[rank]
+                if silent > config.failure_timeout_s:
+                    raise _Refused(f"rank {rank} checked in and then went silent for "
+                                   f"{silent:.1f}s (failure_timeout_s={config.failure_timeout_s:g})"
+                                   f"; did it die?", rank)
+            if now >= deadline:
+                raise AdaPMTimeout(
+                    f"rank 0: rendezvous at {endpoint}: ranks {self.missing()} did not check in "
+                    f"within {config.connect_timeout_s:g}s" + watch.describe() + self._ignored())
+            limit = deadline if not self.heard else \
+                min(deadline, min(self.heard.values()) + config.failure_timeout_s + 0.001)
+            if _wait(sock, watch, limit):
+                self._take(sock, sock.recv_multipart(copy=False))
+
+    def _ignored(self) -> str:
+        return "".join(f"; ignored {n} {what} hello(s)" if what != "malformed" else
+                       f"; ignored {n} message(s) that were not a valid hello"
+                       for what, n in self.ignored.items() if n)
+
+    def _ignore(self, what: str, text: str) -> None:
+        self.ignored[what] += 1
+        if self.ignored[what] == 1:  # once: whoever sends them could send many
+            _log.warning("rank 0: rendezvous: ignored %s (further ones are only counted)", text)
+
+    def _take(self, sock, frames: list) -> None:
+        """One message to the rendezvous: a hello taken in and answered, or ignored."""
+        config, own = self.config, self.own
+        hello = _hello(frames)
+        if hello is None:  # not a hello: ignored (a node never dies of a message)
+            return self._ignore("malformed", "a message that is not a valid hello")
+        identity, payload = frames[0].bytes, frames[1]
+        rank = hello["s"]
+        sender = authenticated_rank(payload) if self.keys is not None else rank
+        if rank != sender:
+            # A member's keys with another rank's number: never let it take that place.
+            return self._ignore("impostor", f"a hello that names rank {rank!r} from a connection "
+                                            f"authenticated as rank {sender}")
+        if hello.get("job") != own["job"]:
+            _answer(sock, identity, Kind.ERROR,
+                    msg=f"the rendezvous at {config.rendezvous} is job {own['job']!r}'s; this "
+                        f"process belongs to job {hello.get('job')!r} (two jobs on one port?)")
+            return self._ignore("other job", f"a hello of job {hello.get('job')!r}")
+        theirs = hello["fp"]
+        if theirs and theirs[0] != own["fp"][0]:
+            self.identities[-1] = identity  # told too
+            raise _Refused(f"rank {rank} was started for a job of {theirs[0]!r} nodes, rank 0 "
+                           f"for {own['fp'][0]}: every rank needs the same world size")
+        if not 0 <= rank < config.world_size:
+            _answer(sock, identity, Kind.ERROR,
+                    msg=f"rank {rank} is not in this job of {config.world_size} nodes")
+            return self._ignore("outside", f"a hello for rank {rank!r}, outside the job")
+        if rank in self.hellos:
+            if rank != 0 and self.hellos[rank]["addr"] == hello["addr"]:
+                self.identities[rank] = identity  # the same member, still waiting
+                self.heard[rank] = time.monotonic()
+                _answer(sock, identity, Kind.WAITING, missing=self.missing())
+                return None
+            self.identities[-1] = identity
+            raise _Refused(f"two processes checked in as rank {rank} (at "
+                           f"{self.hellos[rank]['addr']} and {hello['addr']}); every rank "
+                           "needs its own number")
+        if theirs != own["fp"]:
+            self.identities[-1] = identity
+            raise _Refused(f"rank {rank} has configuration {theirs} but rank 0 has {own['fp']} "
+                           "(world_size, num_keys, value lengths, management)")
+        self.hellos[rank] = hello
+        self.identities[rank] = identity
+        self.heard[rank] = time.monotonic()
+        _answer(sock, identity, Kind.WAITING, missing=self.missing())
+        return None
 
 
 def _hello(frames: list):
@@ -224,7 +347,8 @@ def _hello(frames: list):
     except (ValueError, TypeError, msgpack.UnpackException):
         return None
     if not isinstance(hello, dict) or type(hello.get("s")) is not int or \
-            not _is_address(hello.get("addr")) or not isinstance(hello.get("fp"), list):
+            not _is_address(hello.get("addr")) or not isinstance(hello.get("fp"), list) or \
+            not (hello.get("job") is None or isinstance(hello.get("job"), str)):
         return None
     return hello
 

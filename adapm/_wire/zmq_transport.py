@@ -17,6 +17,14 @@ Counters: ``messages_*`` and ``bytes_*`` count logical messages (and per kind); 
 may carry several (``wire_messages_*``). Per-kind bytes are each message's header and arrays;
 the totals also include the alignment padding.
 
+Who sent a message. Every DEALER connects with the identity ``b"<rank>:<job token>"``, the
+token being the random one rank 0 handed out at the rendezvous. Without authentication, a
+received ZeroMQ message counts as coming from rank r only if its connection's identity is
+exactly rank r's (``b"1"`` or ``b"01:<token>"`` name nobody), and every header in it must name
+r; anything else is dropped and counted (``dropped_forged_messages``). libzmq refuses a second
+connection with an identity in use, and a stranger does not know the token, so no stranger can
+speak for a rank: not a parameter write, not a goodbye, a failure notice or a barrier arrival.
+
 Authentication (``keys`` given, see :mod:`adapm._wire.auth`): the ROUTER is a CURVE server and
 every DEALER a CURVE client, and the transport runs the context's ZAP handler, so only the job's
 members connect and all traffic is encrypted. A received ZeroMQ message whose headers name
@@ -55,9 +63,9 @@ RECEIVE_HWM = 1000
 _MAX_WARNED_CONNECTIONS = 8
 
 
-def _rank_of(identity: bytes) -> int:
-    """The rank a DEALER's identity names (see :meth:`Transport.connect`), or -1."""
-    return int(identity) if identity.isdigit() and len(identity) < 10 else -1
+def identity_of(rank: int, token: str) -> bytes:
+    """The identity rank ``rank``'s DEALERs connect with in the job of ``token``."""
+    return f"{rank}:{token}".encode()
 
 
 def _check_host(host: str) -> str:
@@ -106,6 +114,7 @@ class Transport:
                 self._zap.close()
             raise TransportError(f"rank {rank}: cannot bind on host {host!r}: {exc}") from exc
         self.peers: dict[int, zmq.Socket] = {}
+        self._ranks: dict[bytes, int] = {}  # connection identity -> rank (see connect)
         self.poller = zmq.Poller()
         self.poller.register(self.router, zmq.POLLIN)
         # With authentication: connections refused at the handshake (no member's key, or no
@@ -118,15 +127,18 @@ class Transport:
         self.poller.register(self._wake_fd, zmq.POLLIN)
         self.traffic = Traffic()
 
-    def connect(self, addresses: list[str]) -> None:
-        """Connect a DEALER to every other node's ROUTER (addresses indexed by rank)."""
+    def connect(self, addresses: list[str], token: str) -> None:
+        """Connect a DEALER to every other node's ROUTER (addresses indexed by rank), as this
+        rank of the job whose rendezvous handed out ``token``; from now on only the job's ranks'
+        identities are taken for them."""
+        self._ranks = {identity_of(r, token): r for r in range(len(addresses))}
         for peer, address in enumerate(addresses):
             if peer == self.rank:
                 continue
             sock = self.context.socket(zmq.DEALER)
             sock.setsockopt(zmq.SNDHWM, 0)
             sock.setsockopt(zmq.LINGER, 0)
-            sock.setsockopt(zmq.IDENTITY, str(self.rank).encode())
+            sock.setsockopt(zmq.IDENTITY, identity_of(self.rank, token))
             if address.startswith("tcp://["):
                 sock.setsockopt(zmq.IPV6, 1)
             if self._keys is not None:
@@ -203,11 +215,10 @@ class Transport:
             raise TransportError(f"rank {self.rank}: receive failed: {exc}") from exc
 
     def _from_identity(self, identity: bytes, messages: list[Message]) -> bool:
-        """Without authentication: whether every header names the rank the sending DEALER
-        connected as (its identity; libzmq refuses a second connection with an identity in
-        use, so a stranger cannot take a connected peer's); if not, drop and count."""
+        """Without authentication: whether every header names the rank whose identity the
+        sending DEALER connected with (see the module docstring); if not, drop and count."""
         claimed = {m.src for m in messages}
-        if claimed <= {_rank_of(identity)}:
+        if claimed <= {self._ranks.get(identity, -1)}:
             return True
         self._reject(identity, "forged", f"headers name rank(s) {sorted(claimed)}")
         return False
