@@ -37,8 +37,10 @@ threads, clocks, intent, timing, collectives and output.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
+import os
 import sys
 import threading
 import time
@@ -54,6 +56,7 @@ from .._argtypes import non_negative_int, positive_int, trace_keys
 from ..config import MANAGEMENT_VARIANTS
 from ..errors import CheckpointError
 from .baseline import ArrayNode
+from .datafiles import DataError
 from .exchange import Exchange, LocalExchange
 
 # Counters whose per-epoch value is not a difference: means, recomputed from their weights.
@@ -189,9 +192,12 @@ def run(task: Task, opts: argparse.Namespace, *, out=None) -> list[dict]:
             trace_keys=getattr(opts, "trace_keys", "all")))
     try:
         records = _train(task, opts, node, out, resume)
-    except BaseException:
+    except BaseException as exc:
         if not opts.baseline:
             node._release()  # do not wait for peers in shutdown after a failure here
+        if isinstance(exc, DataError):  # as the apps' own data errors: one line, exit 2
+            print(f"error: {exc}", file=sys.stderr)
+            raise SystemExit(2) from None
         raise
     node.shutdown()
     return records
@@ -257,6 +263,7 @@ def _train(task: Task, opts, node, out, resume: Optional[_Resume] = None) -> lis
         exchange = LocalExchange()
     else:
         exchange = Exchange(node, lead, task.num_keys, _exchange_row(task), _uniform(task))
+        _same_data(node, exchange, opts)
     _initialise(task, node, lead, resume.reader if resume is not None else None)
     parts = node.world_size * opts.workers
     threads = [_Thread(task, opts, w, node.rank * opts.workers + t, parts)
@@ -325,6 +332,49 @@ def _after_evaluation(task: Task, epoch: int, every: list, rank0: bool) -> tuple
     if hook is None:
         return {}, False
     return hook(epoch, task.metrics(np.sum([e["eval"] for e in every], axis=0)), rank0)
+
+
+# The flags that name an app's data files (kge --data DIR; wv --corpus; mf --train/--test/--valid)
+# and the files of a --data directory.
+_DATA_FLAGS = ("data", "corpus", "train", "test", "valid")
+_DATA_DIR_FILES = ("train.txt", "valid.txt", "test.txt")
+
+
+def data_fingerprint(opts) -> list:
+    """[flag, file name, size, BLAKE2b digest] of every data file the flags name (the name is
+    for messages: the same data may lie at other paths on other hosts)."""
+    out = []
+    for flag in _DATA_FLAGS:
+        path = getattr(opts, flag, None)
+        if not isinstance(path, str):
+            continue
+        files = [os.path.join(path, name) for name in _DATA_DIR_FILES] \
+            if os.path.isdir(path) else [path]
+        for name in files:
+            if not os.path.isfile(name):
+                continue
+            digest = hashlib.blake2b(digest_size=16)
+            with open(name, "rb") as f:
+                for chunk in iter(lambda: f.read(1 << 20), b""):
+                    digest.update(chunk)
+            out.append([flag, os.path.basename(name), os.path.getsize(name), digest.hexdigest()])
+    return out
+
+
+def _same_data(node, exchange, opts) -> None:
+    """Collective: every rank compares its data files' fingerprints with rank 0's, and all
+    raise DataError naming the ranks and files that differ (a job whose ranks read different
+    files would train on a silent mix of them)."""
+    every = exchange.allgather(data_fingerprint(opts))
+    contents = [[(flag, size, digest) for flag, _, size, digest in fp] for fp in every]
+    differ = [(rank, every[rank]) for rank, mine in enumerate(contents) if mine != contents[0]]
+    if differ:
+        rank, theirs = differ[0]
+        show = lambda fp: "; ".join(f"--{f} {n}: {size} bytes, {h[:12]}" for f, n, size, h in fp)
+        raise DataError(f"rank {rank} reads other data than rank 0 (ranks "
+                        f"{[r for r, _ in differ]} differ): rank 0 has {show(every[0]) or 'none'}"
+                        f", rank {rank} has {show(theirs) or 'none'}; every rank must read the "
+                        f"same files")
 
 
 def _checkpoint(task: Task, opts, node, exchange, threads, epoch: int) -> None:
