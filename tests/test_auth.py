@@ -539,3 +539,58 @@ def test_remote_command_takes_the_secret_from_stdin(tmp_path):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+# --- the secret: out of the environment once read, never from a FIFO -----------------------------
+
+CHILD_ENV_JOB = textwrap.dedent(
+    """
+    import os, subprocess, sys
+    import adapm
+
+    had = "ADAPM_SECRET" in os.environ
+    node = adapm.init(num_keys=4)
+    child = subprocess.run([sys.executable, "-c",
+                            "import os; print('ADAPM_SECRET' in os.environ)"],
+                           capture_output=True, text=True, check=True)
+    node.barrier()
+    node.shutdown()
+    os.write(1, f"SECRET-ENV rank={node.rank} before={had} after={'ADAPM_SECRET' in os.environ}"
+                f" child={child.stdout.strip()}\\n".encode())
+    """
+)
+
+
+def test_the_secret_is_not_inherited_by_a_ranks_children(tmp_path):
+    script = tmp_path / "job.py"
+    script.write_text(CHILD_ENV_JOB)
+    env = _clean_env(ADAPM_AUTH="1", ADAPM_CONNECT_TIMEOUT_S="60")
+    proc = subprocess.run([sys.executable, "-m", "adapm.launch", "-n", "2", sys.executable,
+                           str(script)], env=env, capture_output=True, text=True, timeout=120,
+                          check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = sorted(line for line in proc.stdout.splitlines() if line.startswith("SECRET-ENV"))
+    assert lines == [f"SECRET-ENV rank={r} before=True after=False child=False"
+                     for r in range(2)], proc.stdout
+
+
+def test_a_fifo_as_secret_file_is_refused_without_waiting(tmp_path):
+    import threading
+
+    fifo = tmp_path / "secret"
+    os.mkfifo(fifo, 0o600)
+    outcome = []
+
+    def read():
+        try:
+            Config.from_env(env={"ADAPM_SECRET_FILE": str(fifo)}, num_keys=4)
+        except ConfigError as exc:
+            outcome.append(str(exc))
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    reader.join(10)
+    if reader.is_alive():  # unblock the open before failing, so the thread can end
+        with open(fifo, "w"):
+            pass
+    assert outcome and "is not a regular file" in outcome[0], outcome

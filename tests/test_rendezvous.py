@@ -1,0 +1,152 @@
+"""The rendezvous never waits longer than it must, and never pairs two jobs: real processes on
+loopback, each a rank started by hand (ADAPM_RANK, ADAPM_WORLD_SIZE, ADAPM_RENDEZVOUS)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import msgpack
+import zmq
+
+from adapm.testing import free_port, listening
+
+# A rank: joins, pushes ones, sums, prints "SUM <rank> <sum>"; or prints the error's class and
+# text on one line and exits 1.
+RANK = """
+import sys, numpy as np, adapm
+try:
+    with adapm.init(num_keys=4) as node:
+        w = node.worker()
+        w.push(np.arange(4), np.ones((4, 1), np.float32))
+        w.wait()
+        node.barrier()
+        print("SUM", node.rank, float(w.pull(np.arange(4)).sum()), flush=True)
+except adapm.AdaPMError as exc:
+    print("ERROR", type(exc).__name__, str(exc).replace("\\n", " "), flush=True)
+    sys.exit(1)
+"""
+FAILURE_S = 2.0
+
+
+def _start(rank: int, size: int, port: int, **env) -> subprocess.Popen:
+    clean = {k: v for k, v in os.environ.items()
+             if not k.startswith(("ADAPM_", "OMPI_", "PMI_", "SLURM_"))
+             and k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+    clean.update(ADAPM_RANK=str(rank), ADAPM_WORLD_SIZE=str(size),
+                 ADAPM_RENDEZVOUS=f"127.0.0.1:{port}", ADAPM_CONNECT_TIMEOUT_S="120",
+                 ADAPM_FAILURE_TIMEOUT_S=str(FAILURE_S), **env)
+    return subprocess.Popen([sys.executable, "-c", RANK], env=clean, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def _finish(proc: subprocess.Popen, timeout: float = 60) -> tuple[int, str]:
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    finally:
+        proc.kill()
+    return proc.returncode, out + err
+
+
+def _await_listening(port: int, proc: subprocess.Popen) -> None:
+    deadline = time.monotonic() + 60
+    while not listening(port):
+        assert proc.poll() is None and time.monotonic() < deadline, "rank 0 never listened"
+        time.sleep(0.05)
+
+
+def test_a_member_learns_within_the_failure_timeout_that_rank_0_died():
+    port = free_port()
+    rank0 = _start(0, 3, port)  # waits for rank 2, which never comes
+    try:
+        _await_listening(port, rank0)
+        rank1 = _start(1, 3, port)
+        time.sleep(3)  # rank 1 checked in and was told to wait
+        rank0.send_signal(signal.SIGKILL)
+        start = time.monotonic()
+        code, out = _finish(rank1)
+        waited = time.monotonic() - start
+    finally:
+        rank0.kill()
+    assert code == 1, out
+    assert "ERROR NodeFailure" in out and "the rendezvous host, rank 0" in out, out
+    assert "did rank 0 die?" in out, out
+    assert waited < 4 * FAILURE_S + 5, waited  # not connect_timeout_s (120 s)
+
+
+def test_rank_0_learns_within_the_failure_timeout_that_a_member_died():
+    port = free_port()
+    rank0 = _start(0, 3, port)
+    try:
+        _await_listening(port, rank0)
+        rank1 = _start(1, 3, port)
+        time.sleep(3)
+        rank1.send_signal(signal.SIGKILL)
+        start = time.monotonic()
+        code, out = _finish(rank0)
+        waited = time.monotonic() - start
+    finally:
+        rank1.kill()
+    assert code == 1, out
+    assert "ERROR NodeFailure" in out and "rank 1 checked in and then went silent" in out, out
+    assert waited < 4 * FAILURE_S + 5, waited
+
+
+def test_a_world_size_mismatch_is_named_at_once():
+    port = free_port()
+    rank0 = _start(0, 3, port)
+    rank1 = _start(1, 2, port)
+    start = time.monotonic()
+    results = [_finish(rank0), _finish(rank1)]
+    assert time.monotonic() - start < 60
+    for code, out in results:
+        assert code == 1, out
+        assert "rank 1 was started for a job of 2 nodes, rank 0 for 3" in out, out
+
+
+def test_two_jobs_on_one_port_do_not_pair():
+    """Job b's rank 1 comes first to job a's rendezvous: refused at once, naming both jobs;
+    job a forms with its own rank 1."""
+    port = free_port()
+    a0 = _start(0, 2, port, ADAPM_JOB="job-a")
+    try:
+        _await_listening(port, a0)
+        b1 = _start(1, 2, port, ADAPM_JOB="job-b")
+        code_b, out_b = _finish(b1)
+        a1 = _start(1, 2, port, ADAPM_JOB="job-a")
+        results = [_finish(a0), _finish(a1)]
+    finally:
+        a0.kill()
+    assert code_b == 1 and "ERROR ConfigError" in out_b, out_b
+    assert "is job 'job-a''s; this process belongs to job 'job-b'" in out_b, out_b
+    for code, out in results:
+        assert code == 0 and "SUM" in out and " 8.0" in out, out
+
+
+def test_a_hello_for_a_rank_outside_the_job_is_ignored():
+    """Without authentication any local process can send rank 0 a hello: one for rank 99 of
+    this job's size is answered with a refusal, and the job still forms."""
+    port = free_port()
+    rank0 = _start(0, 2, port)
+    context = zmq.Context()
+    try:
+        _await_listening(port, rank0)
+        sock = context.socket(zmq.DEALER)
+        sock.connect(f"tcp://127.0.0.1:{port}")
+        # A fingerprint as rank 0's: world size 2, 4 keys, 1 float, adaptive.
+        sock.send(msgpack.packb({"k": 40, "s": 99, "addr": "tcp://127.0.0.1:9",
+                                 "fp": [2, 4, 1, "adaptive"], "job": None}))
+        assert sock.poll(30_000), "no answer to the stranger"
+        answer = msgpack.unpackb(sock.recv())
+        assert answer["k"] == 13 and "rank 99 is not in this job of 2 nodes" in answer["msg"]
+        sock.close(linger=0)
+        rank1 = _start(1, 2, port)
+        results = [_finish(rank0), _finish(rank1)]
+    finally:
+        context.term()
+        rank0.kill()
+    for code, out in results:
+        assert code == 0 and " 8.0" in out, out
