@@ -14,7 +14,7 @@ $(STAMP): $(PY) pyproject.toml $(wildcard native/*.c native/*.h) \
           $(wildcard native/kernels/*.c native/kernels/*.h)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet torch==2.13.0  # the CPU build on disk, before the extra's range
-	$(PY) -m pip install --quiet -e '.[dev,torch]'
+	$(PY) -m pip install --quiet -e '.[dev,torch,plot]'
 	touch $(STAMP)
 
 install: $(STAMP)

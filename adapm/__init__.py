@@ -28,6 +28,7 @@ from .node import Node, init
 from .sampling import Sampling
 from .worker import Worker
 
+# The one version source: pyproject.toml reads this line (statically, without importing adapm).
 __version__ = "0.1.0"
 
 __all__ = [

@@ -9,6 +9,7 @@ import json
 import sys
 from typing import Optional
 
+from . import __version__
 from ._argtypes import non_negative_int, positive_int
 
 # summary's table: column title, field, format
@@ -23,6 +24,7 @@ _COLUMNS = (("node", "node", "{}"), ("MB sent", "bytes_sent", "{:.2f}"),
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="adapm", description="adapm's command line tools")
+    p.add_argument("--version", action="version", version=f"adapm {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
     trace = sub.add_parser("trace", help="read parameter-placement traces (adapm.trace)")
     what = trace.add_subparsers(dest="action", required=True)
@@ -45,6 +47,7 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[list] = None) -> int:
     opts = parser().parse_args(argv)
+    from .errors import AdaPMError
     from .trace import TraceError, load
 
     try:
@@ -59,10 +62,7 @@ def main(argv: Optional[list] = None) -> int:
                 raise TraceError(f"{opts.directory}: the trace has no events to draw")
             plot_keys(trace, keys, opts.output)
             print(f"wrote {opts.output}: keys {', '.join(map(str, keys))}")
-    except TraceError as exc:
-        print(f"adapm trace: error: {exc}", file=sys.stderr)
-        return 2
-    except OSError as exc:
+    except (AdaPMError, OSError) as exc:  # an unreadable trace, matplotlib missing
         print(f"adapm trace: error: {exc}", file=sys.stderr)
         return 2
     return 0

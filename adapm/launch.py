@@ -44,6 +44,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
+from . import __version__
 from ._argtypes import non_negative_float, positive_int
 
 PROG = "adapm-run"
@@ -226,6 +227,7 @@ def _parser() -> argparse.ArgumentParser:
         prog=PROG,
         description="Start N processes of an adapm job and stop them all if one fails.",
     )
+    parser.add_argument("--version", action="version", version=f"{PROG} (adapm) {__version__}")
     parser.add_argument("-n", type=positive_int, required=True, metavar="N",
                         help="number of processes (ranks), >= 1")
     parser.add_argument("--hosts", metavar="H1,H2,...",

@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import math
 
-from scipy import special
-
 
 def poisson_quantile(p: float, mu: float) -> int:
     """Smallest k with P[Poisson(mu) <= k] >= p (equals scipy.stats.poisson.ppf(p, mu)).
@@ -27,6 +25,10 @@ def poisson_quantile(p: float, mu: float) -> int:
     """
     if mu <= 0:
         return 0
+    # Imported here, not at the top: `import adapm` stays free of scipy (a quarter second); this
+    # runs only when λ changes, and a repeated import is a dictionary look-up.
+    from scipy import special
+
     k = math.ceil(special.pdtrik(p, mu))
     below = max(k - 1, 0)
     return below if special.pdtr(below, mu) >= p else k

@@ -26,6 +26,7 @@ does) or matplotlib (the plots do).
 from __future__ import annotations
 
 from .._argtypes import trace_keys as keys_argument
+from .plot import PlotUnavailable
 from .query import Trace, TraceError, load
 
-__all__ = ["Trace", "TraceError", "keys_argument", "load"]
+__all__ = ["PlotUnavailable", "Trace", "TraceError", "keys_argument", "load"]

@@ -9,7 +9,25 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..errors import AdaPMError
 from .query import Trace
+
+
+class PlotUnavailable(AdaPMError, ImportError):
+    """matplotlib, which the plots need, is not installed (it comes with ``adapm[plot]``)."""
+
+
+def _pyplot():
+    """matplotlib's pyplot on the Agg backend (files only, no display), or PlotUnavailable."""
+    try:
+        import matplotlib
+    except ImportError:
+        raise PlotUnavailable("the trace plots need matplotlib, which this installation of "
+                              "adapm lacks: pip install 'adapm[plot]'") from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
 
 MAIN_COLOUR = "#1f4e79"     # main copy
 REPLICA_COLOUR = "#9dc3e6"  # replica
@@ -33,10 +51,7 @@ def spans(trace: Trace, key: int) -> dict:
 
 def plot_keys(trace: Trace, keys, path: str) -> None:
     """Write the timelines of ``keys`` (one panel each, one row per node) to ``path`` (PNG)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = _pyplot()
     from matplotlib.patches import Patch
 
     keys = [int(k) for k in keys]
