@@ -131,8 +131,44 @@ def sync_answer_inconsistent(node, rng):
     return out
 
 
+# Kinds whose random contents cannot be a consistent lie that changes the sums (a random PUSH,
+# SET or MOVES can be a well-formed write; GOODBYE and FAILED are a member's to send).
+_RANDOM_KINDS = (Kind.PULL, Kind.PULL_RESP, Kind.ACK, Kind.ERROR, Kind.FORWARDED,
+                 Kind.BARRIER_RELEASE, Kind.HEARTBEAT, Kind.HELLO, Kind.TABLE, Kind.WAITING,
+                 Kind.SYNC_RESP)
+
+
+def any_kind(node, rng):
+    """A message of any of _RANDOM_KINDS with arrays of random lengths and contents, to a
+    request id that is open now (for the answers) or unknown, with random header fields."""
+    from adapm._wire.protocol import DTYPES, ROLES
+
+    kind = _RANDOM_KINDS[rng.integers(len(_RANDOM_KINDS))]
+    n = int(rng.integers(0, 5))
+    arrays = []
+    for role in ROLES.get(kind, ()):
+        size = int(rng.choice([n, n * DIM, rng.integers(0, 9)]))
+        dtype = DTYPES[role]
+        if dtype.kind == "f":
+            arrays.append(rng.choice([0.0, 1.0, np.nan], size).astype(dtype))
+        else:
+            arrays.append(rng.integers(-2, NUM_KEYS + 2, size).astype(dtype))
+    ids = [int(rng.integers(1 << 40, 1 << 50))]
+    if kind == Kind.SYNC_RESP:
+        # Random but consistent answers to an open round would be a lie (a refresh with a
+        # made-up value): to unknown requests only, and no moves (writes).
+        arrays[-len(NO_MOVES):] = NO_MOVES
+    else:
+        ids += _round_ids(node)
+    rid = ids[int(rng.integers(len(ids)))]
+    fields = {"o": int(rng.integers(-1, 3)), "h": int(rng.integers(-1, 9)),
+              "e": int(rng.integers(-1, 9)), "msg": "x", "r": int(rng.integers(-1, 3))}
+    return [message(kind, ATTACKER, rid, arrays, **fields)]
+
+
 FUZZ_SHAPES = {**SHAPES, **{f.__name__: f for f in (answer_unknown, future_collective,
-                                                     replica_twice, sync_answer_inconsistent)}}
+                                                     replica_twice, sync_answer_inconsistent,
+                                                     any_kind)}}
 
 
 def _rss_bytes() -> int:
