@@ -241,3 +241,19 @@ def test_barrier_never_pairs_with_shutdown():
         assert "does not match across nodes" in text, results
         assert "rank 0 barrier()" in text and "rank 1 shutdown()" in text, results
         assert seconds < REQUEST_TIMEOUT_S / 2, results  # told at once, not timed out
+
+
+@pytest.mark.skipif(MPIRUN is None, reason="Open MPI's mpirun is not installed (dev extra)")
+def test_a_stale_single_node_setting_under_mpirun_fails_every_rank():
+    """ADAPM_RANK=0 ADAPM_WORLD_SIZE=1 left in the environment, then mpirun -n 2: not two
+    unrelated single nodes that both exit 0, but an error on each naming both settings."""
+    code = "import adapm; adapm.init(num_keys=4)"
+    env = {**os.environ, "ADAPM_RANK": "0", "ADAPM_WORLD_SIZE": "1",
+           "ADAPM_RENDEZVOUS": f"127.0.0.1:{free_port()}",
+           "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+    proc = subprocess.run([MPIRUN, "--oversubscribe", "-n", "2", sys.executable, "-c", code],
+                          env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+    assert proc.returncode != 0, proc.stdout + proc.stderr
+    text = proc.stdout + proc.stderr
+    assert "ADAPM_RANK/ADAPM_WORLD_SIZE say rank 0 of 1, but OMPI_COMM_WORLD_RANK/" \
+           "OMPI_COMM_WORLD_SIZE say rank" in text, text
