@@ -90,8 +90,15 @@ def adagrad_row(values, row, g, lr, dim):
     vec += lr * g / (np.sqrt(a) + (a == 0).astype(F32))
 
 
-def ref_train(dim, values, in_rows, out_rows, windows, ends, pool, negatives, lr, seed):
-    """Returns (values after, loss, pairs); values is not changed."""
+def sgd_row(values, row, g, lr, dim):
+    values[row, :dim] += lr * g
+
+
+def ref_train(dim, values, in_rows, out_rows, windows, ends, pool, negatives, lr, seed,
+              sgd=False):
+    """Returns (values after, loss, pairs); values is not changed. sgd: word2vec's update in
+    place of AdaGrad's."""
+    update = sgd_row if sgd else adagrad_row
     vals = np.array(values, F32).reshape(-1, 2 * dim)
     lr = F32(lr)
     rng = seed & MASK64
@@ -116,8 +123,8 @@ def ref_train(dim, values, in_rows, out_rows, windows, ends, pool, negatives, lr
                     g, term = score_gradient(dot8(vin, vout), d == 0)
                     loss -= term
                     neu1e += g * vout
-                    adagrad_row(vals, target, g * vin, lr, dim)
-                adagrad_row(vals, inr, neu1e, lr, dim)
+                    update(vals, target, g * vin, lr, dim)
+                update(vals, inr, neu1e, lr, dim)
         start = end
     return vals.reshape(np.shape(values)), loss, pairs
 
@@ -135,23 +142,25 @@ def make_values(rng, dim, rows, scale=0.5, acc_low=0.0):
     return v.ravel()
 
 
-def run_kernel(dim, values, in_rows, out_rows, windows, ends, pool, negatives, lr, seed):
+def run_kernel(dim, values, in_rows, out_rows, windows, ends, pool, negatives, lr, seed,
+               sgd=False):
     """Runs the kernel on a copy of values; returns (values after, updates, loss, pairs)."""
     after = values.copy()
     updates = np.full(values.shape, np.nan, F32)  # garbage the kernel must overwrite
     loss, pairs = K.wv_train_batch(dim, after, updates, i64(in_rows), i64(out_rows),
-                                   i64(windows), i64(ends), i64(pool), negatives, lr, seed)
+                                   i64(windows), i64(ends), i64(pool), negatives, lr, seed,
+                                   sgd=sgd)
     assert isinstance(loss, float) and isinstance(pairs, int)
     return after, updates, loss, pairs
 
 
 def check_against_reference(dim, values, in_rows, out_rows, windows, ends, pool, negatives,
-                            lr=0.1, seed=1):
+                            lr=0.1, seed=1, sgd=False):
     after, updates, loss, pairs = run_kernel(dim, values, in_rows, out_rows, windows, ends,
-                                             pool, negatives, lr, seed)
+                                             pool, negatives, lr, seed, sgd)
     want, want_loss, want_pairs = ref_train(dim, values, list(in_rows), list(out_rows),
                                             list(windows), list(ends), list(pool), negatives,
-                                            lr, seed)
+                                            lr, seed, sgd)
     assert pairs == want_pairs
     np.testing.assert_allclose(after, want, rtol=1e-5, atol=1e-6)
     assert loss == pytest.approx(want_loss, rel=1e-6, abs=1e-6)
@@ -191,7 +200,8 @@ def batches(draw):
     lr = draw(st.sampled_from([0.025, 0.1, 0.5]))
     seed = draw(st.integers(0, 2**64 - 1))
     values_seed = draw(st.integers(0, 2**32 - 1))
-    return {"dim": dim, "rows": rows, "lengths": lengths, "in_rows": in_rows,
+    sgd = draw(st.booleans())
+    return {"sgd": sgd, "dim": dim, "rows": rows, "lengths": lengths, "in_rows": in_rows,
             "out_rows": out_rows, "windows": windows, "ends": ends, "pool": pool,
             "negatives": negatives, "scale": scale, "acc_low": acc_low, "lr": lr, "seed": seed,
             "values_seed": values_seed}
@@ -204,8 +214,12 @@ def test_matches_reference(b):
     values = make_values(rng, b["dim"], b["rows"], b["scale"], b["acc_low"])
     after, _, loss, pairs = check_against_reference(
         b["dim"], values, b["in_rows"], b["out_rows"], b["windows"], b["ends"], b["pool"],
-        b["negatives"], b["lr"], b["seed"])
+        b["negatives"], b["lr"], b["seed"], b["sgd"])
     assert pairs == pairs_of(b["lengths"], b["windows"])
+    if b["sgd"]:  # SGD leaves the accumulators alone
+        width = 2 * b["dim"]
+        acc = np.arange(len(values)) % width >= b["dim"]
+        assert np.array_equal(after[acc], values[acc])
     assert np.all(np.isfinite(after)) and math.isfinite(loss)
     used = set(b["in_rows"]) | set(b["out_rows"]) | set(b["pool"])
     untouched = np.setdiff1d(np.arange(b["rows"]), list(used))
@@ -214,13 +228,14 @@ def test_matches_reference(b):
         assert np.array_equal(after[r * width:(r + 1) * width], values[r * width:(r + 1) * width])
 
 
+@pytest.mark.parametrize("sgd", [False, True])
 @pytest.mark.parametrize("dim", [1, 7, 8, 9, 17, 64, 4096])
-def test_dims_against_reference(dim):
+def test_dims_against_reference(dim, sgd):
     """Lengths around the eight-lane blocks of the dot product, and the largest dim."""
     rng = np.random.default_rng(dim)
     values = make_values(rng, dim, 5, scale=1.0 / math.sqrt(dim))
     check_against_reference(dim, values, [0, 1, 2, 3, 0], [4, 3, 2, 1, 4], [2, 1, 3, 2, 1],
-                            [2, 5], [0, 1, 2, 3, 4], 2, lr=0.1, seed=dim)
+                            [2, 5], [0, 1, 2, 3, 4], 2, lr=0.1, seed=dim, sgd=sgd)
 
 
 def test_aliased_rows():

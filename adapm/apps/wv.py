@@ -5,9 +5,11 @@
         --analogies data/wv/questions-words.txt --similarity data/wv/similarity.txt
     adapm-run -n 2 python -m adapm.apps.wv --corpus data/wv/corpus.txt   # two nodes
 
-Skip-gram with negative sampling as word2vec trains it (dynamic window, subsampling of frequent
-words, ``--min-count``), with AdaGrad as the original AdaPM word2vec app (the accumulator lives in
-each key's value, after the vector) and word2vec's linear decay of the learning rate. Keys: word
+Skip-gram with negative sampling as word2vec and gensim train it (dynamic window, subsampling of
+frequent words, ``--min-count``), by default with their plain SGD, the learning rate falling
+linearly from ``--lr`` (0.025) to 1e-4 over the run (gensim's alpha and min_alpha); with
+``--optimizer adagrad`` AdaGrad as the original AdaPM word2vec app (the accumulator lives in each
+key's value, after the vector; measured on real text it learns less: ``bench/quality.py``). Keys: word
 w's input vector is key w, its output vector key V + w (V words), so the output vectors form the
 sampling domain [V, 2V), drawn by the PM's ``local`` sampling with unigram^0.75 weights. A data
 point is a sentence (a line, cut every 10,000 tokens); sentences are split randomly across nodes
@@ -45,10 +47,12 @@ from .datafiles import DataError, write_atomically
 _kernels = _load("adapm._kernels")
 
 # Initial values as word2vec: input vectors uniform in [-0.5, 0.5) / dim, output vectors zero;
-# AdaGrad accumulators at the original AdaPM app's 1e-6.
+# AdaGrad accumulators at the original AdaPM app's 1e-6 (SGD leaves them alone).
 INIT_ACCUMULATOR = 1e-6
-# word2vec's floor of the decayed learning rate, as a fraction of the starting one.
+# word2vec's floor of the decayed learning rate, as a fraction of the starting one (AdaGrad).
 MIN_LR_FRACTION = 1e-4
+# gensim's min_alpha: SGD's learning rate falls linearly from --lr to this over all epochs.
+MIN_SGD_LR = 1e-4
 _INIT_BLOCK = 4096  # keys per deterministic block of initial values
 
 
@@ -73,6 +77,7 @@ class WVTask:
         self.corpus = corpus
         self.dim, self.window, self.neg = opts.dim, opts.window, opts.neg
         self.lr, self.seed = opts.lr, opts.seed
+        self.sgd = getattr(opts, "optimizer", "sgd") == "sgd"
         V = self.vocab_size = len(corpus.words)
         self.num_keys = 2 * V
         self.value_length = 2 * self.dim
@@ -211,11 +216,14 @@ class WVTrainer:
         if len(extra_keys):
             values[nk:] = drawn_values.reshape(len(drawn), -1)[extra[1, :ne]]
         progress = self.done_words / self.total_words
-        lr = task.lr * max(MIN_LR_FRACTION, 1.0 - progress)
+        if task.sgd:  # gensim's alpha: linear from lr to min_alpha
+            lr = max(MIN_SGD_LR, task.lr - (task.lr - MIN_SGD_LR) * progress)
+        else:
+            lr = task.lr * max(MIN_LR_FRACTION, 1.0 - progress)
         seed = int(self.rng.integers(0, 1 << 63))
         loss, pairs = _kernels.wv_train_batch(task.dim, values, updates, plan.in_rows,
                                               plan.out_rows, plan.windows, plan.ends, pool,
-                                              task.neg, lr, seed)
+                                              task.neg, lr, seed, task.sgd)
         keys = np.concatenate([plan.keys, extra_keys]) if len(extra_keys) else plan.keys
         worker.push(keys, updates)
         self.done_words += plan.words
@@ -264,8 +272,12 @@ def parser() -> argparse.ArgumentParser:
                    help="ignore words seen fewer times")
     p.add_argument("--sample", type=_argtypes.non_negative_float, default=1e-3,
                    help="subsampling threshold of frequent words (0: off)")
+    p.add_argument("--optimizer", choices=("sgd", "adagrad"), default="sgd",
+                   help="sgd: word2vec's and gensim's (the learning rate falls linearly to "
+                        "1e-4); adagrad: the original AdaPM app's (the rate falls linearly to "
+                        "1e-4 of itself, the accumulator after each vector)")
     p.add_argument("--lr", type=_argtypes.positive_float, default=0.025,
-                   help="starting AdaGrad learning rate, decayed linearly as word2vec does")
+                   help="starting learning rate (gensim's alpha)")
     p.add_argument("--max-sentence", type=_argtypes.positive_int, default=wv_data.MAX_SENTENCE,
                    help="cut longer lines into sentences of this many tokens")
     p.add_argument("--analogies", metavar="FILE", default=None,

@@ -66,6 +66,11 @@ static inline void adagrad_row(float *restrict row, const float *restrict g, flo
     }
 }
 
+/* word2vec's SGD on one row: vec += lr * g (the accumulator is not touched). */
+static inline void sgd_row(float *restrict row, const float *restrict g, float lr, int64_t dim) {
+    for (int64_t j = 0; j < dim; j++) row[j] += lr * g[j];
+}
+
 int wv_check_batch(const wv_batch_t *b, wv_fault_t *f) {
     for (int64_t i = 0; i < b->num_positions; i++) {
         if (b->in_rows[i] < 0 || b->in_rows[i] >= b->num_rows) {
@@ -160,9 +165,15 @@ static void train(const wv_batch_t *b, float *neu1e, float *grad, double *loss_o
                         neu1e[j] += g * out[j];
                         grad[j] = g * in[j];
                     }
-                    adagrad_row(out, grad, b->lr, dim);
+                    if (b->sgd)
+                        sgd_row(out, grad, b->lr, dim);
+                    else
+                        adagrad_row(out, grad, b->lr, dim);
                 }
-                adagrad_row(in, neu1e, b->lr, dim);
+                if (b->sgd)
+                    sgd_row(in, neu1e, b->lr, dim);
+                else
+                    adagrad_row(in, neu1e, b->lr, dim);
             }
         }
     }

@@ -28,6 +28,8 @@ typedef struct {
     int64_t negatives;            /* per (word, context) pair */
     float lr;
     uint64_t seed;                /* of the draws from the pool */
+    int sgd;                      /* 1: plain SGD (word2vec's, gensim's): vector += lr * g, the
+                                     accumulator untouched; 0: AdaGrad */
 } wv_batch_t;
 
 enum { WV_OK = 0, WV_BAD_INPUT = -1 };
@@ -57,7 +59,7 @@ int wv_check_batch(const wv_batch_t *b, wv_fault_t *fault);
  * output row is skipped, as word2vec skips a negative equal to the word). Each output vector is
  * updated right after its score; the input vector after all of them, with the sum of its
  * gradients. AdaGrad on each update g (the gradient of the log-likelihood): acc += g * g;
- * vector += lr * g / sqrt(acc). updates gets values after minus values before (float
+ * vector += lr * g / sqrt(acc); or with sgd, as word2vec: vector += lr * g. updates gets values after minus values before (float
  * subtraction: exact where a value at most doubled or halved, so before + update == after). *loss gets the sum of
  * -log sigmoid(+-score) over all scores, *pairs the number of (word, context) pairs. Runs
  * wv_check_batch first: WV_BAD_INPUT with *fault set and nothing written when it fails. */

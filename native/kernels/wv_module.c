@@ -8,13 +8,14 @@
 static PyObject *py_wv_train_batch(PyObject *module, PyObject *args, PyObject *kwargs) {
     static const char *fn = "wv_train_batch";
     static char *kwlist[] = {"dim", "values", "updates", "in_rows", "out_rows", "windows",
-                             "sentence_ends", "pool", "negatives", "lr", "seed", NULL};
+                             "sentence_ends", "pool", "negatives", "lr", "seed", "sgd", NULL};
     long long dim, negatives;
     double lr;
+    int sgd = 0;
     PyObject *ovalues, *oupdates, *oin, *oout, *owin, *oends, *opool, *oseed;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "LOOOOOOOLdO", kwlist, &dim, &ovalues,
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "LOOOOOOOLdO|p", kwlist, &dim, &ovalues,
                                      &oupdates, &oin, &oout, &owin, &oends, &opool, &negatives,
-                                     &lr, &oseed))
+                                     &lr, &oseed, &sgd))
         return NULL;
     if (!PyLong_Check(oseed))
         return PyErr_Format(PyExc_TypeError, "%s: seed must be an int", fn);
@@ -75,6 +76,7 @@ static PyObject *py_wv_train_batch(PyObject *module, PyObject *args, PyObject *k
         .negatives = negatives,
         .lr = (float)lr,
         .seed = seed,
+        .sgd = sgd,
     };
     double loss;
     int64_t pairs;
@@ -380,17 +382,18 @@ fail:
 
 PyDoc_STRVAR(wv_train_batch_doc,
 "wv_train_batch(dim, values, updates, in_rows, out_rows, windows, sentence_ends, pool,\n"
-"               negatives, lr, seed) -> (loss_sum, pairs)\n"
+"               negatives, lr, seed, sgd=False) -> (loss_sum, pairs)\n"
 "\n"
 "Trains one batch of skip-gram with negative sampling in place, as word2vec does it, with\n"
-"AdaGrad (see native/kernels/wv.h for the exact order of updates).\n"
+"AdaGrad, or with word2vec's plain SGD when sgd (see native/kernels/wv.h for the exact order\n"
+"of updates).\n"
 "\n"
 "values: float32, writable, rows of 2*dim floats ([vector | AdaGrad accumulator]). updates:\n"
 "float32, the size of values, not overlapping it: receives values after minus values before\n"
 "(exact where a value at most doubled or halved). in_rows, out_rows, windows: int64, one per position of the batch's words (the rows of\n"
 "its input and output vectors, its reduced window >= 1). sentence_ends: int64, exclusive ends of\n"
 "the sentences, ascending, the last one the number of positions. pool: int64 rows of output\n"
-"vectors; each pair's negatives are drawn uniformly from it (seeded by seed). lr: the AdaGrad\n"
+"vectors; each pair's negatives are drawn uniformly from it (seeded by seed). lr: the\n"
 "learning rate (as float32). Returns the summed -log sigmoid(+-score) of every score and the\n"
 "number of (word, context) pairs.\n"
 "\n"
