@@ -120,7 +120,8 @@ def check_out(out, store: Store, keys: np.ndarray) -> np.ndarray:
     return out
 
 
-# Largest clock + 1: far beyond any run (a clock per microsecond for 146,000 years).
+# The largest clock: far beyond any run (a clock per microsecond for 146,000 years), and room
+# in an int64 for what is computed from it (end = start + 1). An intent "for ever" ends here.
 MAX_CLOCK = 1 << 62
 
 
@@ -129,8 +130,8 @@ def as_clock(value, name: str) -> int:
         raise InvalidType(f"{name} must be an int clock, got {type(value).__name__}")
     if value < 0:
         raise InvalidArgument(f"{name} must be >= 0, got {value}")
-    if value >= MAX_CLOCK:  # stored as int64, end = start + 1 included: never a raw OverflowError
-        raise InvalidArgument(f"{name} must be < 2**62, got {value}")
+    if value > MAX_CLOCK:  # never a raw OverflowError
+        raise InvalidArgument(f"{name} must be <= 2**62, got {value}")
     return int(value)
 
 

@@ -174,7 +174,7 @@ BAD_CALLS = {
     "intent negative start": (lambda w: w.intent([1], -1), InvalidArgument, "start"),
     "intent negative end": (lambda w: w.intent([1], 0, -1), InvalidArgument, "end"),
     "intent huge end": (lambda w: w.intent([1], 1, 2**70), InvalidArgument, "end"),
-    "intent huge start": (lambda w: w.intent([1], 2**63 - 1), InvalidArgument, "start"),
+    "intent huge start": (lambda w: w.intent([1], 2**62 + 1), InvalidArgument, "start"),
     "intent float start": (lambda w: w.intent([1], 1.5), InvalidType, "start"),
     "intent whole float start": (lambda w: w.intent([1], 1.0), InvalidType, "start"),
     "intent string start": (lambda w: w.intent([1], "1"), InvalidType, "start"),
