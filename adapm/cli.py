@@ -42,6 +42,10 @@ def parser() -> argparse.ArgumentParser:
     keys.add_argument("--hot", type=positive_int, metavar="N",
                       help="the N keys with the most events")
     plot.add_argument("-o", "--output", required=True, metavar="PNG", help="the picture to write")
+    plot.add_argument("--no-intents", action="store_true",
+                      help="leave out the intent windows (orange strips)")
+    plot.add_argument("--no-remote", action="store_true",
+                      help="leave out the remote accesses (red ticks)")
     return p
 
 
@@ -60,7 +64,8 @@ def main(argv: Optional[list] = None) -> int:
             keys = opts.key if opts.key else trace.hot_keys(opts.hot).tolist()
             if not keys:
                 raise TraceError(f"{opts.directory}: the trace has no events to draw")
-            plot_keys(trace, keys, opts.output)
+            plot_keys(trace, keys, opts.output, intents=not opts.no_intents,
+                      remote=not opts.no_remote)
             print(f"wrote {opts.output}: keys {', '.join(map(str, keys))}")
     except (AdaPMError, OSError) as exc:  # an unreadable trace, matplotlib missing
         print(f"adapm trace: error: {exc}", file=sys.stderr)
@@ -75,7 +80,7 @@ def _summary(trace, as_json: bool, per_epoch: bool) -> None:
             print(json.dumps(row))
         return
     print(f"{trace.directory}: {trace.world_size} nodes, {trace.num_keys:,} keys, "
-          f"{len(trace.events):,} events over {trace.end - trace.start:.2f} s")
+          f"{len(trace.events):,} events over {trace.duration_s:.2f} s")
     groups = [(None, rows)] if not per_epoch else [
         (epoch, [r for r in rows if r["epoch"] == epoch])
         for epoch in dict.fromkeys(r["epoch"] for r in rows)]

@@ -71,7 +71,7 @@ def main() -> None:
 def _size(directory: Path) -> tuple[int, int]:
     from adapm.trace import load
 
-    size = sum(f.stat().st_size for f in directory.iterdir())
+    size = sum(f.stat().st_size for f in directory.rglob("*") if f.is_file())
     return size, len(load(str(directory)).events)
 
 

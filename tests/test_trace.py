@@ -4,6 +4,7 @@ reader meets (a cut-off part file, a missing or foreign directory)."""
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
 import subprocess
@@ -57,6 +58,7 @@ def test_the_scenario_records_exactly_the_expected_events(scenario):
     frame = trace.to_pandas()
     assert list(frame.columns) == ["time", "clock", "rank", "key", "event", "peer"]
     assert len(frame) == len(trace.events) and frame["time"].is_monotonic_increasing
+    assert str(frame["time"].dtype) == "datetime64[us, UTC]"  # an Arrow timestamp, not floats
     assert all(node["complete"] and node["dropped_rows"] == 0 for node in trace.nodes)
     # keys only one node wanted: relocated from their home, and they stay
     moves = {(1, 1, "dealloc", 2), (2, 1, "alloc", 1),   # key 1: home 1 -> rank 2
@@ -98,8 +100,11 @@ def test_location_and_replicas_answer_at_chosen_times(scenario):
         assert trace.location(key) == where
         alloc = [r["time"] for r in trace.timeline(key).to_pylist() if r["event"] == "alloc"]
         if alloc:
-            assert trace.location(key, at=alloc[0] - 1e-6) == home
+            assert trace.location(key, at=alloc[0] - dt.timedelta(microseconds=1)) == home
             assert trace.location(key, at=alloc[0]) == where
+            # the same instants as numpy datetimes and as Unix seconds
+            assert trace.location(key, at=np.datetime64(alloc[0].replace(tzinfo=None))) == where
+            assert trace.location(key, at=alloc[0].timestamp() - 1e-6) == home
     held = {rank for rank, (after, _) in enumerate(scenario[1]) if 3 in after}
     assert {trace.location(3)} == held
     replicas = trace.replicas(3)
@@ -182,13 +187,13 @@ def test_a_cut_off_part_is_skipped_and_the_rest_loads(scenario, tmp_path):
 
     copy = tmp_path / "copy"
     shutil.copytree(scenario[0], copy)
-    parts = sorted(p for p in os.listdir(copy) if p.startswith("events-r1-"))
-    data = (copy / parts[0]).read_bytes()
-    (copy / parts[0]).write_bytes(data[:len(data) // 2])  # a writer killed mid-file
-    (copy / "events-r0-000099.parquet.tmp").write_bytes(b"PAR1")  # never renamed: not read
+    parts = sorted(p for p in os.listdir(copy / "events") if p.startswith("r1-"))
+    data = (copy / "events" / parts[0]).read_bytes()
+    (copy / "events" / parts[0]).write_bytes(data[:len(data) // 2])  # a writer killed mid-file
+    (copy / "events" / ".r0-000099.parquet.tmp").write_bytes(b"PAR1")  # never renamed: not read
     with pytest.warns(UserWarning, match="skipping"):
         trace = load(str(copy))
-    assert trace.skipped == [str(copy / parts[0])]
+    assert trace.skipped == [str(copy / "events" / parts[0])]
     assert set(trace.events["rank"].to_pylist()) == {0, 2}
     assert len(trace.events) == len(load(scenario[0]).events.filter(
         load(scenario[0]).events["rank"].to_numpy() != 1))

@@ -127,9 +127,14 @@ class IntentLoader:
     clock of ``worker`` while it iterates: do not advance it yourself meanwhile, and do not
     iterate two loaders over one worker at the same time (give each its own ``node.worker()``).
     Not thread-safe, like the worker.
+
+    ``mark_epochs`` (default True): each iteration is marked in the node's trace (when it
+    records one) as ``"epoch N start"`` / ``"epoch N end"``, N = 1, 2, ... per iteration of this
+    loader, so that ``adapm trace summary --per-epoch`` and the plots split by epoch. A script
+    that marks its epochs itself, numbered otherwise (e.g. after a resume), passes False.
     """
 
-    def __init__(self, loader, worker, ahead: int = 4) -> None:
+    def __init__(self, loader, worker, ahead: int = 4, mark_epochs: bool = True) -> None:
         if worker is None:
             raise InvalidArgument("IntentLoader needs a worker: IntentLoader(loader, "
                                   "node.worker(), ahead=...) with a node from adapm.init()")
@@ -147,6 +152,8 @@ class IntentLoader:
         self.loader = loader
         self.worker = worker
         self.ahead = ahead
+        self.mark_epochs = bool(mark_epochs)
+        self.epochs = 0  # iterations begun: the number of the last epoch marked
 
     def __len__(self) -> int:
         return len(self.loader)
@@ -158,6 +165,11 @@ class IntentLoader:
         next_clock = worker.clock  # the clock of the next batch fetched
         exhausted = False
         first = True
+        node = getattr(worker, "node", None) if self.mark_epochs else None
+        if node is not None:
+            self.epochs += 1
+            epoch = self.epochs
+            node.trace_mark(f"epoch {epoch} start")
         try:
             while True:
                 while not exhausted and len(ready) <= ahead:
@@ -189,6 +201,8 @@ class IntentLoader:
             while worker.clock < next_clock:
                 worker.advance_clock()
             del source  # a multi-process loader iterator shuts its workers down
+            if node is not None:
+                node.trace_mark(f"epoch {epoch} end")
 
 
 def _check_sampler(loader, node) -> None:

@@ -1,6 +1,8 @@
 """Reading a trace directory and answering placement questions about it (``adapm.trace.load``).
 
-Times are wall-clock Unix seconds, as recorded. A key starts at its home node
+The tables' times are Arrow timestamps (UTC, microseconds); the query methods return
+timezone-aware ``datetime`` objects and take a ``datetime`` (naive ones are read as UTC), a
+``numpy.datetime64`` or pandas ``Timestamp``, or Unix seconds (int or float). A key starts at its home node
 (``key % world_size``) as the main copy; ``alloc`` events move the main copy, ``replica_setup``
 and ``replica_drop`` open and close replica intervals (a replica that becomes the main copy ends
 its interval with the ``alloc``).
@@ -8,13 +10,16 @@ its interval with the ``alloc``).
 
 from __future__ import annotations
 
+import datetime as dt
 import glob
 import json
+import numbers
 import os
 import warnings
 
 import numpy as np
 
+from .. import __version__
 from ..errors import AdaPMError
 from . import schema
 
@@ -31,8 +36,9 @@ class TraceError(AdaPMError):
 
 def load(directory: str) -> Trace:
     """The trace recorded under ``directory`` (every node's files). Raises TraceError for a
-    missing directory or one without an adapm trace. A part file that cannot be read (cut off
-    by a crash, say) is skipped with a warning; the rest loads (``Trace.skipped``)."""
+    missing directory, one without an adapm trace, or one recorded by an adapm with another
+    trace format (record it again). A part file that cannot be read (cut off by a crash, say)
+    is skipped with a warning; the rest loads (``Trace.skipped``)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -49,7 +55,8 @@ def load(directory: str) -> Trace:
             raise TraceError(f"{path}: not adapm trace metadata (no format {schema.FORMAT!r})")
         if meta.get("version") != schema.VERSION:
             raise TraceError(f"{path}: trace format version {meta.get('version')}, this adapm "
-                             f"reads version {schema.VERSION}")
+                             f"{__version__} reads version {schema.VERSION} only (one Parquet "
+                             "directory per table, timestamps): record the trace again")
         metas.append(meta)
     if not metas:
         raise TraceError(f"{directory}: not an adapm trace (no node-r*.json: record one with "
@@ -61,25 +68,29 @@ def load(directory: str) -> Trace:
                          "directory?)")
     skipped = []
     tables = {}
-    for kind in ("events", "rounds", "marks"):
+    for kind in schema.KINDS:
         parts = []
-        for path in sorted(glob.glob(os.path.join(directory, f"{kind}-r*-*.parquet"))):
+        for path in sorted(glob.glob(os.path.join(directory, kind, "r*-*.parquet"))):
             try:
                 parts.append(pq.read_table(path))
             except (OSError, pa.ArrowException) as exc:
                 warnings.warn(f"adapm.trace: skipping {path}: {exc}", stacklevel=2)
                 skipped.append(path)
         tables[kind] = pa.concat_tables(parts, promote_options="default") if parts else None
-    return Trace(directory, metas, tables["events"], tables["rounds"], skipped, tables["marks"])
+    return Trace(directory, metas, tables["events"], tables["rounds"], skipped, tables["marks"],
+                 tables["traffic"])
 
 
 class Trace:
-    """A loaded trace: ``events``, ``rounds`` and ``marks`` (Arrow tables, every node's rows;
-    ``events`` and ``marks`` sorted by time; ``marks`` None when nothing was marked), ``nodes`` (each node's metadata), ``world_size``, ``num_keys``,
-    ``skipped`` (part files that could not be read)."""
+    """A loaded trace: ``events``, ``rounds``, ``traffic`` and ``marks`` (Arrow tables, every
+    node's rows, columns as in adapm.trace.schema and docs/traces.md; ``events`` and ``marks``
+    sorted by time; ``traffic`` and ``marks`` None when there were none), ``nodes`` (each
+    node's metadata), ``world_size``, ``num_keys``, ``start`` and ``end`` (UTC datetimes: the
+    first node's start, the last node's end or last event), ``skipped`` (part files that could
+    not be read)."""
 
     def __init__(self, directory: str, nodes: list, events, rounds, skipped: list,
-                 marks=None) -> None:
+                 marks=None, traffic=None) -> None:
         import pyarrow as pa
 
         self.directory = directory
@@ -88,7 +99,7 @@ class Trace:
         self.num_keys = int(nodes[0]["num_keys"])
         self.skipped = skipped
         if events is None:
-            events = pa.table({"time": pa.array([], pa.float64()),
+            events = pa.table({"time": pa.array([], schema.time_type()),
                                "clock": pa.array([], pa.int64()),
                                "rank": pa.array([], pa.int32()), "key": pa.array([], pa.int64()),
                                "event": pa.array([], pa.string()),
@@ -98,12 +109,13 @@ class Trace:
                                        events["event"].cast(pa.string()))
         self.events = events.sort_by([("time", "ascending")])
         self.rounds = rounds
+        self.traffic = traffic
         self.marks = marks.sort_by([("time", "ascending")]) if marks is not None else None
-        self.start = min(m["started"] for m in nodes)
-        ends = [m.get("finished") for m in nodes] + \
-            ([float(np.max(self.events["time"].to_numpy()))] if len(self.events) else [])
-        self.end = max(e for e in ends if e is not None) if any(
-            e is not None for e in ends) else self.start
+        self._times = _micros(self.events["time"])  # int64 µs since the epoch, for queries
+        self._start = int(round(min(m["started"] for m in nodes) * 1e6))
+        ends = [int(round(m["finished"] * 1e6)) for m in nodes if m.get("finished")] + \
+            ([int(self._times.max())] if len(self._times) else [])
+        self._end = max(ends) if ends else self._start
         self._keys = self.events["key"].to_numpy()
         self._names = np.asarray(self.events["event"].to_numpy(zero_copy_only=False))
 
@@ -111,9 +123,26 @@ class Trace:
         return (f"<adapm.trace.Trace {self.directory!r}: {self.world_size} nodes, "
                 f"{len(self.events)} events>")
 
+    @property
+    def start(self) -> dt.datetime:
+        return _datetime(self._start)
+
+    @property
+    def end(self) -> dt.datetime:
+        return _datetime(self._end)
+
+    @property
+    def duration_s(self) -> float:
+        """Seconds from ``start`` to ``end``."""
+        return (self._end - self._start) / 1e6
+
     def to_pandas(self):
         """The events as a pandas DataFrame (needs pandas)."""
         return self.events.to_pandas()
+
+    def seconds(self, when) -> float:
+        """``when`` (see the module docstring for what it may be) in seconds since ``start``."""
+        return (_to_micros(when) - self._start) / 1e6
 
     # --- one key ----------------------------------------------------------------------------
 
@@ -136,16 +165,22 @@ class Trace:
 
         return pa.array(self._keys == key)
 
-    def location(self, key, at: float | None = None) -> int:
-        """The rank holding ``key``'s main copy at wall time ``at`` (default: the trace's end):
-        its home, or the node of the last ``alloc`` of it up to then."""
+    def location(self, key, at=None) -> int:
+        """The rank holding ``key``'s main copy at time ``at`` (default: the trace's end; a
+        datetime, numpy.datetime64 or Unix seconds): its home, or the node of the last
+        ``alloc`` of it up to then."""
         key = self._check_key(key)
-        rows = self._rows(key, ("alloc",), at)
+        rows = self._rows(key, ("alloc",), None if at is None else _to_micros(at))
         return int(rows[-1][1]) if rows else key % self.world_size
 
     def replicas(self, key) -> dict:
-        """``{rank: [(start, end), ...]}``: when each node held a replica of ``key`` (an
-        interval still open at the trace's end ends there)."""
+        """``{rank: [(start, end), ...]}``: when each node held a replica of ``key`` (UTC
+        datetimes; an interval still open at the trace's end ends there)."""
+        return {rank: [(_datetime(a), _datetime(b)) for a, b in spans]
+                for rank, spans in self._replica_spans(key).items()}
+
+    def _replica_spans(self, key) -> dict:
+        """replicas() in µs since the epoch."""
         key = self._check_key(key)
         out: dict = {}
         open_at: dict = {}
@@ -155,18 +190,20 @@ class Trace:
             elif rank in open_at:  # replica_drop, or the replica became the main copy
                 out.setdefault(rank, []).append((open_at.pop(rank), time))
         for rank, time in open_at.items():
-            out.setdefault(rank, []).append((time, self.end))
+            out.setdefault(rank, []).append((time, self._end))
         return {rank: sorted(spans) for rank, spans in sorted(out.items())}
 
-    def _rows(self, key: int, names: tuple, at: float | None) -> list:
+    def _rows(self, key: int, names: tuple, at: int | None) -> list:
+        """(time in µs since the epoch, rank, event) of ``key``'s events named ``names``, up
+        to ``at`` (µs; None: all)."""
         mask = (self._keys == key) & np.isin(self._names, names)
-        times = self.events["time"].to_numpy()[mask]
+        times = self._times[mask]
         ranks = self.events["rank"].to_numpy()[mask]
         kinds = self._names[mask]
         if at is not None:
             keep = times <= at
             times, ranks, kinds = times[keep], ranks[keep], kinds[keep]
-        return [(float(t), int(r), str(k)) for t, r, k in zip(times, ranks, kinds)]
+        return [(int(t), int(r), str(k)) for t, r, k in zip(times, ranks, kinds)]
 
     def hot_keys(self, n: int) -> np.ndarray:
         """The ``n`` keys with the most events (placement activity and remote accesses; local
@@ -187,8 +224,8 @@ class Trace:
         last round's, for a node that did not shut down cleanly: ``complete`` False).
 
         ``per_epoch``: the same per epoch (an ``epoch`` column), between each node's
-        ``"epoch N start"`` and ``"epoch N end"`` marks (the apps set them around training),
-        from the statistics of the last round before each mark."""
+        ``"epoch N start"`` and ``"epoch N end"`` marks (the apps and IntentLoader set them
+        around training), from the statistics each mark recorded."""
         import pyarrow as pa
 
         if self.rounds is None or not len(self.rounds):
@@ -204,8 +241,9 @@ class Trace:
             return pa.Table.from_pylist(table + [_total("total", table)])
         table = []
         for epoch, windows in self._epochs().items():
-            entries = [_entry(str(rank), _at(by_rank.get(rank, []), end),
-                              _at(by_rank.get(rank, []), start), True)
+            # each node's statistics as its marks recorded them (a node that runs no rounds,
+            # a single one, has only those)
+            entries = [_entry(str(rank), end, start, True)
                        for rank, (start, end) in sorted(windows.items())]
             table += [{"epoch": epoch, **e} for e in entries + [_total("total", entries)]]
         if not table:
@@ -214,27 +252,65 @@ class Trace:
         return pa.Table.from_pylist(table)
 
     def _epochs(self) -> dict:
-        """{epoch: {rank: (start time, end time)}} from the marks."""
+        """{epoch: {rank: (start mark row, end mark row)}} from the marks."""
+        return {int(name.split()[1]): ranks for name, ranks in self._span_marks().items()
+                if name.startswith("epoch ") and name.split()[1].isdigit()
+                and len(name.split()) == 2}
+
+    def spans(self) -> dict:
+        """``{name: {rank: (start, end)}}`` from the ``"NAME start"`` / ``"NAME end"`` marks
+        (e.g. ``"epoch 3"``), in the order they started, as UTC datetimes. Marks of the same
+        span repeated on a node (a script's own around IntentLoader's) give the widest span:
+        the first start, the last end. A span without its end is left out."""
+        return {name: {rank: (a["time"], b["time"]) for rank, (a, b) in ranks.items()}
+                for name, ranks in self._span_marks().items()}
+
+    def _span_marks(self) -> dict:
+        """spans(), with the mark rows (time, label, statistics) instead of times."""
         out: dict = {}
         if self.marks is None:
             return out
-        for row in self.marks.to_pylist():
-            parts = row["label"].split()
-            if len(parts) == 3 and parts[0] == "epoch" and parts[2] in ("start", "end") \
-                    and parts[1].isdigit():
-                span = out.setdefault(int(parts[1]), {}).setdefault(row["rank"], [None, None])
-                span[parts[2] == "end"] = row["time"]
-        return {epoch: {rank: tuple(span) for rank, span in ranks.items() if None not in span}
-                for epoch, ranks in sorted(out.items())}
+        for row in self.marks.to_pylist():  # in time order
+            name, _, edge = row["label"].rpartition(" ")
+            if not name or edge not in ("start", "end"):
+                continue
+            span = out.setdefault(name, {}).setdefault(row["rank"], [None, None])
+            if edge == "start":
+                span[0] = span[0] or row
+            else:
+                span[1] = row
+        done = {name: {rank: tuple(span) for rank, span in sorted(ranks.items())
+                       if None not in span} for name, ranks in out.items()}
+        done = {name: ranks for name, ranks in done.items() if ranks}
+        return dict(sorted(done.items(), key=lambda item: min(s["time"] for s, _ in
+                                                              item[1].values())))
 
 
-def _at(rows: list, time: float) -> dict | None:
-    """The last of a node's round rows that ended by ``time`` (None: none yet)."""
-    best = None
-    for row in rows:
-        if not row["final"] and row["end"] <= time:
-            best = row
-    return best
+def _micros(column) -> np.ndarray:
+    """An Arrow timestamp column as int64 µs since the epoch."""
+    import pyarrow as pa
+
+    column = column.cast(schema.time_type())
+    return np.asarray(column.cast(pa.int64()).to_numpy(zero_copy_only=False), dtype=np.int64)
+
+
+def _datetime(micros: int) -> dt.datetime:
+    return dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc) + dt.timedelta(microseconds=micros)
+
+
+def _to_micros(when) -> int:
+    """A time given as a datetime (naive: UTC), numpy.datetime64 or Unix seconds, in µs."""
+    if isinstance(when, dt.datetime):
+        if when.tzinfo is None:
+            when = when.replace(tzinfo=dt.timezone.utc)
+        delta = when - dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
+        return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
+    if isinstance(when, np.datetime64):
+        return int(when.astype("datetime64[us]").astype(np.int64))
+    if isinstance(when, numbers.Real) and not isinstance(when, bool):
+        return int(round(float(when) * 1e6))
+    raise TraceError(f"a time must be a datetime, numpy.datetime64 or Unix seconds, got "
+                     f"{when!r}")
 
 
 def _entry(node: str, row: dict | None, since: dict | None, complete: bool) -> dict:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import queue
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -29,6 +30,9 @@ FLUSH_S = 1.0           # at most this long between parts: a crash loses about t
 FLUSH_ROWS = 1 << 18    # or this many buffered event rows (about 8 MB of columns)
 MAX_PENDING = 16        # parts queued for the writer before rows are dropped
 SAMPLE_SEED = 0         # of trace_keys=N
+# node.stats()'s per-kind traffic counters: they go to the traffic table, one row per kind.
+_PER_KIND = re.compile(r"(messages|bytes)_(sent|received)_(\w+)")
+_FLOAT_STATS = ("remote_access_share", "mean_staleness_ms", "mean_round_ms", "engine_cpu_s")
 
 
 def selection(config) -> np.ndarray | None:
@@ -69,14 +73,16 @@ class TraceRecorder:
         self._marks_lock = threading.Lock()
         self.round_columns: dict | None = None  # at the first round (the engine is up)
         self._last_flush = time.monotonic()
-        self._parts = {"events": 0, "rounds": 0, "marks": 0}
+        self._parts = {kind: 0 for kind in schema.KINDS}
+        self._traffic_last: dict = {}  # kind -> its last written counters (the writer's)
         self.dropped_rows = 0
         self.error: BaseException | None = None
         self._closed = False
         self.meta = {"format": schema.FORMAT, "version": schema.VERSION, **meta,
                      "started": time.time()}
         try:
-            os.makedirs(directory, exist_ok=True)
+            for kind in schema.KINDS:
+                os.makedirs(os.path.join(directory, kind), exist_ok=True)
             self._write_meta()
         except OSError as exc:
             raise ConfigError(f"trace_dir {directory!r}: cannot write a trace there ({exc})") \
@@ -145,9 +151,15 @@ class TraceRecorder:
             if self.error is not None:
                 continue
             try:
-                table = (self._events_table if kind == "events" else self._rounds_table
-                         if kind == "rounds" else self._marks_table)(rows)
-                self._write_part(kind, table)
+                if kind == "events":
+                    self._write_part(kind, self._events_table(rows))
+                elif kind == "rounds":
+                    self._write_part(kind, self._rounds_table(rows))
+                    traffic = self._traffic_table(rows)
+                    if traffic is not None:
+                        self._write_part("traffic", traffic)
+                else:
+                    self._write_part(kind, self._marks_table(rows))
             except BaseException as exc:  # surfaces in the caller's thread via check()
                 self.error = exc
 
@@ -166,7 +178,8 @@ class TraceRecorder:
         codes = np.repeat(np.array([r[1] for r in rows], dtype=np.int8) - 1, lengths)[keep]
         keys = keys[keep]
         return pa.table({
-            "time": np.repeat(np.array([r[2] for r in rows]) + self.wall_offset, lengths)[keep],
+            "time": _times(np.repeat(np.array([r[2] for r in rows]) + self.wall_offset,
+                                     lengths)[keep]),
             "clock": np.repeat(np.array([r[3] for r in rows], dtype=np.int64), lengths)[keep],
             "rank": np.full(len(keys), self.rank, dtype=np.int32),
             "key": keys,
@@ -177,17 +190,53 @@ class TraceRecorder:
     def _rounds_table(self, rows: list[dict]):
         import pyarrow as pa
 
-        columns = {"rank": np.full(len(rows), self.rank, dtype=np.int32)}
-        for name in schema.ROUND_COLUMNS[1:]:
-            columns[name] = [r[name] for r in rows]
+        columns = {"rank": np.full(len(rows), self.rank, dtype=np.int32),
+                   "round": np.array([r["round"] for r in rows], dtype=np.int64),
+                   "start": _times(np.array([r["start"] for r in rows])),
+                   "end": _times(np.array([r["end"] for r in rows])),
+                   "empty": np.array([r["empty"] for r in rows], dtype=bool),
+                   "final": np.array([r["final"] for r in rows], dtype=bool)}
         for name, kind in self.round_columns.items():
             columns[name] = np.array([r.get(name, 0) for r in rows], dtype=kind)
         return pa.table(columns)
 
+    def _traffic_table(self, rows: list[dict]):
+        """Per message kind, its counters at each round where they changed (every kind at the
+        final row); None when none changed."""
+        import pyarrow as pa
+
+        out = {name: [] for name in schema.TRAFFIC_COLUMNS}
+        for row in rows:
+            kinds: dict = {}
+            for name, value in row.items():
+                match = _PER_KIND.fullmatch(name)
+                if match:
+                    what, direction, kind = match.groups()
+                    kinds.setdefault(kind, {})[f"{what}_{direction}"] = int(value)
+            for kind in sorted(kinds):
+                counts = tuple(kinds[kind].get(c, 0) for c in list(schema.TRAFFIC_COLUMNS)[4:])
+                if counts == self._traffic_last.get(kind) and not row["final"]:
+                    continue
+                self._traffic_last[kind] = counts
+                for name, value in zip(("time", "rank", "round", "kind"),
+                                       (row["end"], self.rank, row["round"], kind)):
+                    out[name].append(value)
+                for name, value in zip(list(schema.TRAFFIC_COLUMNS)[4:], counts):
+                    out[name].append(value)
+        if not out["kind"]:
+            return None
+        return pa.table({
+            "time": _times(np.array(out["time"])),
+            "rank": np.array(out["rank"], dtype=np.int32),
+            "round": np.array(out["round"], dtype=np.int64),
+            "kind": pa.array(out["kind"], pa.string()),
+            **{name: np.array(out[name], dtype=np.int64)
+               for name in list(schema.TRAFFIC_COLUMNS)[4:]}})
+
     def _marks_table(self, rows: list[tuple]):
         import pyarrow as pa
 
-        columns = {"time": [t for t, _, _ in rows],
+        columns = {"time": _times(np.array([t for t, _, _ in rows])),
                    "rank": np.full(len(rows), self.rank, dtype=np.int32),
                    "label": pa.array([label for _, label, _ in rows], pa.string())}
         for name, kind in (self.round_columns or _round_columns(rows[0][2])).items():
@@ -197,12 +246,14 @@ class TraceRecorder:
     def _write_part(self, kind: str, table) -> None:
         import pyarrow.parquet as pq
 
-        name = schema.part_name(kind, self.rank, self._parts[kind])
+        name = schema.part_name(self.rank, self._parts[kind])
         self._parts[kind] += 1
-        path = os.path.join(self.directory, name)
+        path = os.path.join(self.directory, kind, name)
+        # hidden while written: dataset readers skip names that start with "."
+        temporary = os.path.join(self.directory, kind, f".{name}.tmp")
         try:
-            pq.write_table(table, path + ".tmp")
-            os.replace(path + ".tmp", path)
+            pq.write_table(table, temporary)
+            os.replace(temporary, path)
         except OSError as exc:
             raise AdaPMError(f"rank {self.rank}: cannot write trace file {path}: {exc}") from exc
 
@@ -247,18 +298,25 @@ class TraceRecorder:
 
 
 def _round_columns(stats: dict) -> dict:
-    """The statistics columns of the rounds table, with their dtypes: the same in every part
-    (a counter that has not counted yet is 0), so that any reader takes the parts as one table.
-    Per-kind traffic counters appear when a kind is first sent: all kinds are listed upfront."""
-    from .._wire.protocol import Kind
-
-    columns = {name: np.float64 if isinstance(v, (float, np.floating)) else np.int64
-               for name, v in _numeric(stats).items()}
-    for direction in ("sent", "received"):
-        for kind in Kind:
-            for what in ("messages", "bytes"):
-                columns.setdefault(f"{what}_{direction}_{kind.name.lower()}", np.int64)
+    """The statistics columns of the rounds and marks tables, with their dtypes: the same in
+    every part (a counter that has not counted yet is 0), so that any reader takes the parts
+    as one table. The documented ones (schema.ROUND_STATS) first, always; then any other
+    counter the node has (not per-kind traffic: that is the traffic table's)."""
+    numeric = _numeric(stats)
+    columns = {name: np.float64 if name in _FLOAT_STATS else np.int64
+               for name in schema.ROUND_STATS}
+    for name, value in numeric.items():
+        if name not in columns and not _PER_KIND.fullmatch(name):
+            columns[name] = np.float64 if isinstance(value, (float, np.floating)) else np.int64
     return columns
+
+
+def _times(seconds: np.ndarray):
+    """Unix seconds (float64) as an Arrow timestamp array (schema.time_type())."""
+    import pyarrow as pa
+
+    micros = np.round(np.asarray(seconds, dtype=np.float64) * 1e6).astype(np.int64)
+    return pa.array(micros, type=schema.time_type())
 
 
 def _numeric(stats: dict) -> dict:

@@ -1,48 +1,138 @@
-"""What a trace directory holds: file names and columns, shared by the recorder and the reader.
+"""What a trace directory holds: layout, file names and columns, shared by the recorder and the
+reader. docs/traces.md is the user's description of the same (a test checks they agree).
 
-Per node ``r`` (written by that node's recorder):
+One Parquet dataset per kind of row, each a directory with one file per node and part, so that
+``pd.read_parquet(DIR / "events")``, ``pl.read_parquet(DIR / "events")`` and duckdb's
+``read_parquet('DIR/events')`` read every node's rows as one table, without globs::
 
-- ``node-r{r}.json``: the node's metadata (``format``, ``version``, ``rank``, ``world_size``,
-  ``num_keys``, ``management``, ``trace_keys``, ``started`` and, after a clean shutdown,
-  ``finished`` and ``dropped_rows``);
-- ``events-r{r}-{part}.parquet``: the events, one row per key and event: ``time`` (wall clock,
-  Unix seconds, float64), ``clock`` (int64: the node's smallest worker clock; for
-  ``remote_access`` the clock of the worker whose access it was), ``rank`` (int32), ``key``
-  (int64), ``event`` (string: one of :data:`EVENTS`) and ``peer`` (int32: for ``alloc`` the node
-  the main copy came from, ``dealloc`` where it went, ``replica_setup`` the owner that sent it,
-  ``remote_access`` the node that served it; -1 otherwise);
-- ``rounds-r{r}-{part}.parquet``: one row per sync round: ``rank``, ``round``, ``start`` and
-  ``end`` (wall clock), ``empty``, ``final`` (False; True for the row a clean shutdown adds with
-  the node's final statistics), then every numeric field of ``node.stats()`` at the round's end
-  (counts since ``init``: bytes and messages by kind, relocations, replica set-ups and drops,
-  pulls and pushes local and remote, mean replica staleness, ...).
+    DIR/node-r{r}.json             node r's metadata (format, version, rank, world_size,
+                                   num_keys, management, trace_keys, started; after a clean
+                                   shutdown finished, dropped_rows, complete)
+    DIR/events/r{r}-{part}.parquet one row per key and event  (EVENT_COLUMNS)
+    DIR/rounds/r{r}-{part}.parquet one row per sync round     (ROUND_COLUMNS + ROUND_STATS)
+    DIR/traffic/r{r}-{part}.parquet messages and bytes per message kind (TRAFFIC_COLUMNS)
+    DIR/marks/r{r}-{part}.parquet  named points in time       (MARK_COLUMNS + ROUND_STATS)
 
-- ``marks-r{r}-{part}.parquet``: named points in time (``node.trace_mark(label)``): ``time``,
-  ``rank``, ``label`` and the node's statistics then (the columns of the rounds); the apps mark ``epoch N start`` and ``epoch N end`` around each epoch's
-  training, and ``Trace.summary(per_epoch=True)`` splits the statistics by them.
-
-Parts are written whole, each under a temporary name and then renamed, so a crash loses at most
-the rows not yet written and never leaves a half-written ``.parquet`` file. pandas, polars and
-duckdb read a directory of them as one table (``pd.read_parquet(dir)`` reads both kinds:
-select by file name, e.g. ``duckdb.sql("select * from 'DIR/events-*.parquet'")``).
+Times are Arrow timestamps (microseconds, UTC: :data:`TIME_TYPE`). A part is written under a
+hidden temporary name (``.r{r}-{part}.parquet.tmp``, which pyarrow, pandas, polars and duckdb
+skip) and then renamed, so a crash loses at most the rows not yet written and readers never
+see a half-written file.
 """
 
 from __future__ import annotations
 
 FORMAT = "adapm-trace"
-VERSION = 1
+# 1: flat directory, float Unix seconds, per-kind traffic as round columns. 2: this layout.
+VERSION = 2
+
+KINDS = ("events", "rounds", "traffic", "marks")
 
 # The event names, in the order of adapm._engine.stream.Event's values (1, 2, ...).
 EVENTS = ("alloc", "dealloc", "replica_setup", "replica_drop", "intent_start", "intent_stop",
           "remote_access")
 
-EVENT_COLUMNS = ("time", "clock", "rank", "key", "event", "peer")
-ROUND_COLUMNS = ("rank", "round", "start", "end", "empty", "final")
+TIME_UNIT = "us"
+TIME_ZONE = "UTC"
+
+EVENT_COLUMNS = {
+    "time": "when (timestamp, UTC)",
+    "clock": "the node's smallest worker clock then; for remote_access the clock of the worker "
+             "whose access it was",
+    "rank": "the node where it happened",
+    "key": "the key",
+    "event": "one of " + ", ".join(EVENTS),
+    "peer": "alloc: the node the main copy came from; dealloc: where it went; replica_setup: the "
+            "owner that sent it; remote_access: the node that served it; -1 otherwise",
+}
+
+ROUND_COLUMNS = {
+    "rank": "the node",
+    "round": "the round's number on that node (-1 for the final row)",
+    "start": "when the round started (timestamp, UTC)",
+    "end": "when its answers were applied (timestamp, UTC)",
+    "empty": "whether the round had nothing to send",
+    "final": "True only for the row a clean shutdown adds, with the node's final statistics",
+}
+
+# The statistics columns of rounds and marks: node.stats() at the row's time, counts since
+# init (DESIGN section 6). Every part has all of them (0 before a counter first counts).
+ROUND_STATS = {
+    "local_pull_keys": "keys pulled from a local main copy or replica",
+    "waited_pull_keys": "keys pulled locally after waiting for their arrival",
+    "remote_pull_keys": "keys pulled from another node (remote accesses)",
+    "local_push_keys": "keys pushed locally",
+    "remote_push_keys": "keys pushed to another node (remote accesses)",
+    "local_set_keys": "keys set locally",
+    "remote_set_keys": "keys set on another node",
+    "remote_access_share": "(remote pulls + pushes) / all pulls and pushes",
+    "intents_signalled": "keys of intent() calls",
+    "intents_acted": "intents the action timer acted on",
+    "sampled_keys": "keys drawn by prepare_sample",
+    "sampled_local_keys": "drawn keys that were local at pull_sample",
+    "sampled_remote_keys": "drawn keys that were pulled remotely",
+    "relocations_in": "main copies that moved to this node",
+    "relocations_out": "main copies that moved away",
+    "replica_setups": "replicas set up here",
+    "replica_setups_discarded": "replicas that arrived after the intent for them had ended",
+    "replica_drops": "replicas dropped here",
+    "replica_drops_at_owner": "replicas of keys owned here that their holders dropped",
+    "replica_reads": "accesses that read a replica",
+    "mean_staleness_ms": "mean time since a read replica's last refresh (ms)",
+    "rounds": "sync rounds run",
+    "empty_rounds": "rounds that had nothing to send",
+    "mean_round_ms": "mean round duration (ms)",
+    "engine_cpu_s": "CPU seconds of the engine thread(s)",
+    "messages_sent": "messages sent (several may share one wire message)",
+    "messages_received": "messages received",
+    "bytes_sent": "bytes sent",
+    "bytes_received": "bytes received",
+    "wire_messages_sent": "wire (ZeroMQ) messages sent",
+    "wire_messages_received": "wire messages received",
+    "forwarded_keys": "request entries forwarded to where their key went",
+    "queued_keys": "request entries held here until their key arrived",
+    "awaited_keys": "local requests that waited for a key already on its way here",
+    "redirected_keys": "intent reports that reached a node no longer owning the key",
+    "returned_deltas": "replica deltas that came back (the owner had moved the key here)",
+    "late_answers": "answers that came after their request had finished",
+    "dropped_messages": "received messages dropped as invalid (all causes)",
+    "dropped_local_messages": "messages dropped by the state machine",
+    "dropped_malformed_messages": "wire messages that could not be decoded",
+    "dropped_forged_messages": "wire messages naming another sender than their connection",
+    "refused_handshakes": "connections refused at the security handshake",
+}
+
+# Per message kind, cumulative since init; a row when any of the four changed in a round
+# (and in the final row), so a kind never sent has no rows.
+TRAFFIC_COLUMNS = {
+    "time": "the end of the round (timestamp, UTC)",
+    "rank": "the node",
+    "round": "the round (-1: the final row)",
+    "kind": "the message kind (pull, push, sync, sync_resp, moves, ...)",
+    "messages_sent": "messages of this kind sent since init",
+    "bytes_sent": "their bytes",
+    "messages_received": "messages of this kind received since init",
+    "bytes_received": "their bytes",
+}
+
+MARK_COLUMNS = {
+    "time": "when (timestamp, UTC)",
+    "rank": "the node that marked it",
+    "label": 'the label: "epoch N start" / "epoch N end" (apps, IntentLoader), or any text '
+             '(node.trace_mark); "NAME start" / "NAME end" pairs are drawn as spans',
+}
 
 
 def meta_name(rank: int) -> str:
     return f"node-r{rank}.json"
 
 
-def part_name(kind: str, rank: int, part: int) -> str:
-    return f"{kind}-r{rank}-{part:06d}.parquet"
+def part_name(rank: int, part: int) -> str:
+    """A part's name inside its kind's directory."""
+    return f"r{rank}-{part:06d}.parquet"
+
+
+def time_type():
+    """The Arrow type of every time column."""
+    import pyarrow as pa
+
+    return pa.timestamp(TIME_UNIT, tz=TIME_ZONE)
