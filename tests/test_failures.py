@@ -257,3 +257,24 @@ def test_a_stale_single_node_setting_under_mpirun_fails_every_rank():
     text = proc.stdout + proc.stderr
     assert "ADAPM_RANK/ADAPM_WORLD_SIZE say rank 0 of 1, but OMPI_COMM_WORLD_RANK/" \
            "OMPI_COMM_WORLD_SIZE say rank" in text, text
+
+
+def test_a_rank_resumed_after_sigstop_learns_it_was_declared_failed():
+    """Rank 1 frozen past the timeout: rank 0 declares it failed and tells it too, so when rank
+    1 resumes it raises NodeFailure naming itself, instead of blaming rank 0 (whose engine has
+    stopped meanwhile) once its own failure timeout passes."""
+    job = by_hand(2)
+    try:
+        pids = job.ready(2)
+        since = stop_rank(pids[1], "stop")
+        check_survivors(job, 1, 2, since)
+        os.kill(pids[1], signal.SIGCONT)
+        record = job.wait_until(
+            lambda records: next((r for r in records if "error" in r and r["rank"] == 1), None),
+            "error from the resumed rank")
+        codes = job.finish()
+    finally:
+        job.kill()
+    assert record["error"] == "NodeFailure" and record["failed_rank"] == 1, record
+    assert "rank 0 declared this node failed" in record["message"], record
+    assert codes[1] != 0, job.text
