@@ -11,7 +11,8 @@ Where a job's rank and world size come from, in order of precedence:
 
 The rendezvous address (rank 0 hosts it) comes from ``ADAPM_RENDEZVOUS`` (``host:port``), or under
 torchrun from ``MASTER_ADDR`` and ``MASTER_PORT + 1`` (torchrun's own agent already listens on
-``MASTER_PORT``).
+``MASTER_PORT``), or under mpirun (Open MPI) and srun with every rank on this host from the
+launcher's job id (``adapm.launch.derived_rendezvous``).
 
 The job secret that authenticates its nodes (``Config.secret``, see docs/security.md) comes from
 ``ADAPM_SECRET`` (set by ``adapm-run``) or ``ADAPM_SECRET_FILE`` (a file only its owner can
@@ -404,6 +405,14 @@ def detect_cluster(env: Mapping[str, str]) -> dict:
         out["rendezvous"] = env["ADAPM_RENDEZVOUS"]
     elif "MASTER_ADDR" in env and "MASTER_PORT" in env:
         out["rendezvous"] = f"{env['MASTER_ADDR']}:{_env_int(env, 'MASTER_PORT') + 1}"
+    elif out.get("world_size", 1) > 1:
+        # mpirun or srun with every rank on this host: one the ranks derive alike from the
+        # launcher's job id (adapm.launch.derived_rendezvous; across hosts a ConfigError)
+        from .launch import derived_rendezvous
+
+        derived = derived_rendezvous(env)
+        if derived is not None:
+            out["rendezvous"] = derived
     return out
 
 

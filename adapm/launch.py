@@ -2,7 +2,8 @@
 
 Usage::
 
-    adapm-run -n N [--hosts h1,h2,...] [--iface IFACE] [--grace S] cmd args...
+    adapm-run -n N [--hosts h1,h2,...] [--iface IFACE] [--grace S] [--prefix auto|on|off]
+              cmd args...
 
 Each of the N processes runs ``cmd args...`` with ``ADAPM_RANK``, ``ADAPM_WORLD_SIZE``,
 ``ADAPM_RENDEZVOUS`` and ``ADAPM_SECRET`` set (and ``ADAPM_HOST`` when ``--iface`` is given);
@@ -15,13 +16,21 @@ The job secret (see ``adapm.Config.secret`` and docs/security.md) is made fresh 
 environment; remote ranks get it as the first line of their ssh channel's stdin, so that it
 never appears on a command line (which ``ps`` shows every user of a host).
 
+Output: with ``--prefix on`` every line a rank writes to stdout or stderr reaches adapm-run's
+stdout or stderr behind ``[rank R]: `` (as torchrun's log prefix), each line written whole, so
+two ranks' lines never mix within a line. ``auto`` (the default) prefixes a stream when there
+are several ranks and that stream of adapm-run is a terminal; output going to a file or a pipe
+stays as the ranks wrote it (rank 0's JSON lines for a program that reads them).
+``off``: the ranks write straight to adapm-run's stdout and stderr.
+
 The job fails as a whole: when one process exits non-zero or is killed by a signal, adapm-run
 prints one line naming its rank, sends SIGTERM to the others, waits ``--grace`` seconds, kills what
 is left with SIGKILL, reaps everything and exits non-zero. SIGINT/SIGTERM sent to adapm-run are
 passed on to the processes in the same way (exit status 130 / 143).
 
-This module uses only the standard library so that the launcher works before the rest of adapm
-is importable. Linux only (SIOCGIFADDR, PR_SET_PDEATHSIG).
+:func:`derived_rendezvous` is what ``adapm.config`` uses under mpirun and srun without
+``ADAPM_RENDEZVOUS`` (docs/operations.md). Besides adapm's argument types and errors this
+module uses only the standard library. Linux only (SIOCGIFADDR, PR_SET_PDEATHSIG).
 """
 
 from __future__ import annotations
@@ -29,9 +38,11 @@ from __future__ import annotations
 import argparse
 import ctypes
 import fcntl
+import hashlib
 import ipaddress
 import math
 import os
+import re
 import secrets
 import shlex
 import signal
@@ -46,6 +57,7 @@ from typing import Optional, Sequence
 
 from . import __version__
 from ._argtypes import non_negative_float, positive_int
+from .errors import ConfigError
 
 PROG = "adapm-run"
 # How often the monitor loop looks at the children; bounds how late a failure is noticed.
@@ -58,6 +70,13 @@ _SIOCGIFADDR = 0x8915
 _IFNAMSIZ = 16
 # Linux <linux/prctl.h>: signal a process gets when its parent dies.
 _PR_SET_PDEATHSIG = 1
+# Ports of a rendezvous derived from a launcher's job id: below Linux's ephemeral range
+# (32768-60999, net.ipv4.ip_local_port_range), so that the OS does not hand them out as the
+# source ports of outgoing connections.
+DERIVED_PORTS = (10000, 32768)
+# How long adapm-run waits, after the ranks are reaped, for their last output to be relayed
+# (a process the rank started may keep the pipe open).
+RELAY_JOIN_S = 5.0
 
 
 # ---------------------------------------------------------------------------------------------
@@ -207,6 +226,110 @@ def ssh_argv(host: str, command: str) -> list[str]:
     return ["ssh", "-o", "BatchMode=yes", host, command]
 
 
+def derived_port(job: str) -> int:
+    """The rendezvous port for launcher job id ``job``: the same on every rank, and spread
+    evenly over :data:`DERIVED_PORTS` (BLAKE2b of the id), so two jobs of one host meet on the
+    same port only with probability 1/22768."""
+    digest = hashlib.blake2b(job.encode(), digest_size=8).digest()
+    low, high = DERIVED_PORTS
+    return low + int.from_bytes(digest, "big") % (high - low)
+
+
+def derived_rendezvous(env) -> Optional[str]:
+    """A rendezvous address for ranks started by mpirun (Open MPI) or srun without
+    ``ADAPM_RENDEZVOUS``, when every rank runs on this host: ``127.0.0.1:PORT`` with PORT
+    :func:`derived_port` of the launcher's job id (Open MPI's ``PMIX_NAMESPACE``, or
+    ``OMPI_MCA_ess_base_jobid`` / ``OMPI_MCA_orte_hnp_uri`` before Open MPI 5; Slurm's
+    ``SLURM_JOB_ID.SLURM_STEP_ID``). None when the launcher is neither, or does not say its job
+    or how many hosts it uses. ConfigError when the ranks span several hosts: rank 0's host is
+    not known to the others then, and the user names it (the message says how).
+
+    Another job whose id maps to the same port, or another program on that port, makes rank 0
+    fail to bind it (or the rendezvous refuse the other job's ranks: ``Config.job``); set
+    ``ADAPM_RENDEZVOUS`` then."""
+    if "OMPI_COMM_WORLD_SIZE" in env:
+        job = next((env[k] for k in ("PMIX_NAMESPACE", "OMPI_MCA_ess_base_jobid",
+                                     "OMPI_MCA_orte_hnp_uri") if env.get(k)), None)
+        world, local = env["OMPI_COMM_WORLD_SIZE"], env.get("OMPI_COMM_WORLD_LOCAL_SIZE")
+        if job is None or local is None:
+            return None
+        if local != world:
+            raise ConfigError(
+                f"mpirun started {world} ranks on several hosts ({local} on this one) and "
+                "ADAPM_RENDEZVOUS is not set: on one host adapm finds the rendezvous itself, "
+                "across hosts give every rank rank 0's host and a free port, e.g. mpirun -x "
+                "ADAPM_RENDEZVOUS=$(hostname):29500 -x ADAPM_SECRET_FILE=... -n N ... (from "
+                "rank 0's host)")
+    elif "SLURM_PROCID" in env and "SLURM_NTASKS" in env:
+        # SLURM_STEP_*: set by srun for its step (a batch script's own shell has none)
+        if not (env.get("SLURM_JOB_ID") and env.get("SLURM_STEP_ID")
+                and env.get("SLURM_STEP_NUM_NODES")):
+            return None
+        job = f"{env['SLURM_JOB_ID']}.{env['SLURM_STEP_ID']}"
+        if env["SLURM_STEP_NUM_NODES"].strip() != "1":
+            raise ConfigError(
+                f"srun started its {env['SLURM_NTASKS']} tasks on "
+                f"{env['SLURM_STEP_NUM_NODES']} nodes and ADAPM_RENDEZVOUS is not set: on one "
+                "node adapm finds the rendezvous itself, across nodes give every task the first "
+                "node and a free port, e.g. export ADAPM_RENDEZVOUS=$(scontrol show hostnames "
+                "\"$SLURM_JOB_NODELIST\" | head -n 1):29500 before srun (and ADAPM_SECRET_FILE)")
+    else:
+        return None
+    return f"{LOOPBACK}:{derived_port(job)}"
+
+
+# A rank's output, split after each line end: after "\n", and after "\r" (a progress bar
+# redrawing its line) unless "\n" follows it.
+_LINE_END = re.compile(rb"(?<=\n)|(?<=\r)(?=[^\n])")
+
+
+def prefix_lines(prefix: bytes, data: bytes) -> tuple[bytes, bytes]:
+    """``(out, rest)``: the complete lines of ``data`` each behind ``prefix``, and the
+    incomplete last line (to be completed by the next read). A trailing "\r" waits for the
+    next read, which may bring its "\n"."""
+    parts = _LINE_END.split(data)
+    rest = parts.pop()
+    return b"".join(prefix + part for part in parts), rest
+
+
+def _relay(pipe, sink, prefix: bytes, lock: threading.Lock) -> None:
+    """Copy a rank's output from ``pipe`` to ``sink`` (a binary stream), each line behind
+    ``prefix`` and written whole under ``lock``, until the pipe closes."""
+    rest = b""
+    fd = pipe.fileno()
+    try:
+        while True:
+            try:
+                chunk = os.read(fd, 1 << 16)  # what is there now: progress shows promptly
+            except OSError:
+                break
+            if not chunk:
+                break
+            out, rest = prefix_lines(prefix, rest + chunk)
+            if out:
+                with lock:
+                    sink.write(out)
+                    sink.flush()
+        if rest:  # a last line without its end
+            with lock:
+                sink.write(prefix + rest + (b"" if rest.endswith(b"\r") else b"\n"))
+                sink.flush()
+    except (OSError, ValueError):  # our own stdout/stderr closed: nothing to write to
+        pass
+    finally:
+        pipe.close()
+
+
+def use_prefix(mode: str, n: int, stream) -> bool:
+    """Whether a rank's lines on ``stream`` (adapm-run's stdout or stderr) get the prefix."""
+    if mode != "auto":
+        return mode == "on"
+    try:
+        return n > 1 and stream.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
 def describe_status(returncode: int) -> str:
     """``exited with status N`` or ``was killed by signal SIGNAME`` for a Popen returncode."""
     if returncode >= 0:
@@ -238,6 +361,9 @@ def _parser() -> argparse.ArgumentParser:
                              "(sets ADAPM_HOST)")
     parser.add_argument("--grace", type=non_negative_float, default=DEFAULT_GRACE_S, metavar="S",
                         help="seconds between SIGTERM and SIGKILL when stopping (default 5)")
+    parser.add_argument("--prefix", choices=("auto", "on", "off"), default="auto",
+                        help="put '[rank R]: ' before each line of a rank's output; auto (the "
+                             "default): with several ranks, on a stream that is a terminal")
     parser.add_argument("command", nargs=argparse.REMAINDER,
                         help="the program to run and its arguments ('--' before it is allowed)")
     return parser
@@ -447,8 +573,13 @@ def _monitor(ranks: list[_Rank], procs: list, grace: float, received: list) -> i
         time.sleep(POLL_S)
 
 
-def _run(ranks: list[_Rank], grace: float) -> int:
+def _run(ranks: list[_Rank], grace: float, prefix: str = "off") -> int:
     received: list[int] = []
+    n = len(ranks)
+    sinks = {name: stream for name, stream in (("stdout", sys.stdout), ("stderr", sys.stderr))
+             if use_prefix(prefix, n, stream)}
+    lock = threading.Lock()
+    relays: list[threading.Thread] = []
 
     def on_signal(signum, frame):
         received.append(signum)
@@ -469,6 +600,8 @@ def _run(ranks: list[_Rank], grace: float) -> int:
                     spec.argv,
                     env=spec.env,
                     stdin=subprocess.PIPE if spec.remote else None,
+                    stdout=subprocess.PIPE if "stdout" in sinks else None,
+                    stderr=subprocess.PIPE if "stderr" in sinks else None,
                     preexec_fn=preexec,
                 ))
             except OSError as exc:
@@ -477,6 +610,13 @@ def _run(ranks: list[_Rank], grace: float) -> int:
                 _stop(procs, signal.SIGTERM, grace, received)
                 # Shell conventions: 127 not found, 126 found but not executable.
                 return 127 if isinstance(exc, FileNotFoundError) else 126
+            for name, sink in sinks.items():
+                relay = threading.Thread(
+                    target=_relay, name=f"{PROG}-relay-{spec.rank}-{name}", daemon=True,
+                    args=(getattr(procs[-1], name), sink.buffer,
+                          f"[rank {spec.rank}]: ".encode(), lock))
+                relay.start()
+                relays.append(relay)
             if spec.stdin_data is not None:
                 # One short line: the pipe buffers it whatever ssh is doing. The pipe stays
                 # open: closing it is how the remote watchdog learns that adapm-run is gone.
@@ -488,6 +628,9 @@ def _run(ranks: list[_Rank], grace: float) -> int:
         return _monitor(ranks[: len(procs)], procs, grace, received)
     finally:
         _reap(procs)  # last resort on an unexpected error; a no-op after _monitor
+        deadline = time.monotonic() + RELAY_JOIN_S
+        for relay in relays:  # the ranks' last lines, before adapm-run's own verdict
+            relay.join(max(0.0, deadline - time.monotonic()))
         for sig, handler in previous.items():
             signal.signal(sig, handler)
 
@@ -504,7 +647,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         ranks = _plan(args, parser)
     except SystemExit as exc:  # argparse: --help (0) or a usage error (2)
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
-    return _run(ranks, args.grace)
+    return _run(ranks, args.grace, args.prefix)
 
 
 if __name__ == "__main__":
