@@ -200,21 +200,25 @@ def test_intent_loader_marks_epochs_for_per_epoch_summaries(tmp_path, no_launche
     data = [torch.tensor([i % 6, (i + 1) % 6]) for i in range(12)]
     loader = DataLoader(data, batch_size=3, collate_fn=IntentCollate(
         keys_fn=lambda batch: batch.reshape(-1).numpy()))
-    with adapm.init(num_keys=6, value_length=2, trace_dir=str(directory)) as node:
-        w = node.worker()
-        batches = IntentLoader(loader, w, ahead=2)
-        for _ in range(EPOCHS):
+    def train(batches, times=1):
+        for _ in range(times):
             for batch in batches:
                 w.push(batch.reshape(-1).numpy(), np.ones((batch.numel(), 2), np.float32))
-        assert batches.epochs == EPOCHS
-        unmarked = IntentLoader(loader, w, ahead=2, mark_epochs=False)
-        for _ in unmarked:
-            pass
+
+    with adapm.init(num_keys=6, value_length=2, trace_dir=str(directory)) as node:
+        w = node.worker()
+        train(IntentLoader(loader, w, ahead=2), EPOCHS)   # epochs 1 and 2
+        train(IntentLoader(loader, w, ahead=2))           # a new loader goes on: epoch 3
+        train(IntentLoader(loader, w, ahead=2, mark_epochs=False))  # not an epoch
+        node.trace_mark("epoch 7 start")  # a script's own numbering (a resumed run, say)
+        train(IntentLoader(loader, w, ahead=2))           # inside it: not marked again
+        node.trace_mark("epoch 7 end")
+        train(IntentLoader(loader, w, ahead=2))           # after it: epoch 8
     rows = load(str(directory)).summary(per_epoch=True).to_pylist()
     pushes = {r["epoch"]: r["local_push_keys"] for r in rows if r["node"] == "0"}
-    assert pushes == {e: 2 * len(data) for e in range(1, EPOCHS + 1)}, pushes
+    assert pushes == {e: 2 * len(data) for e in (1, 2, 3, 7, 8)}, pushes
     proc = subprocess.run([sys.executable, "-m", "adapm.cli", "trace", "summary",
                            str(directory), "--per-epoch"], capture_output=True, text=True,
                           timeout=60)
     assert proc.returncode == 0, proc.stderr
-    assert "epoch 2 (training):" in proc.stdout and "epoch 3" not in proc.stdout
+    assert "epoch 8 (training):" in proc.stdout and "epoch 4" not in proc.stdout

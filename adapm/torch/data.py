@@ -129,9 +129,10 @@ class IntentLoader:
     Not thread-safe, like the worker.
 
     ``mark_epochs`` (default True): each iteration is marked in the node's trace (when it
-    records one) as ``"epoch N start"`` / ``"epoch N end"``, N = 1, 2, ... per iteration of this
-    loader, so that ``adapm trace summary --per-epoch`` and the plots split by epoch. A script
-    that marks its epochs itself, numbered otherwise (e.g. after a resume), passes False.
+    records one) as an epoch, ``"epoch N start"`` / ``"epoch N end"`` with N the epoch after the
+    highest one marked on the node so far (whichever loader iterates), so that ``adapm trace
+    summary --per-epoch`` and the plots split by epoch. An iteration inside an epoch that the
+    script marked itself (``node.trace_mark("epoch 3 start")``) is not marked again.
     """
 
     def __init__(self, loader, worker, ahead: int = 4, mark_epochs: bool = True) -> None:
@@ -153,7 +154,6 @@ class IntentLoader:
         self.worker = worker
         self.ahead = ahead
         self.mark_epochs = bool(mark_epochs)
-        self.epochs = 0  # iterations begun: the number of the last epoch marked
 
     def __len__(self) -> int:
         return len(self.loader)
@@ -167,9 +167,8 @@ class IntentLoader:
         first = True
         node = getattr(worker, "node", None) if self.mark_epochs else None
         if node is not None:
-            self.epochs += 1
-            epoch = self.epochs
-            node.trace_mark(f"epoch {epoch} start")
+            # unnumbered: the trace numbers it, or leaves it out inside the script's own epoch
+            node.trace_mark("epoch start")
         try:
             while True:
                 while not exhausted and len(ready) <= ahead:
@@ -202,7 +201,7 @@ class IntentLoader:
                 worker.advance_clock()
             del source  # a multi-process loader iterator shuts its workers down
             if node is not None:
-                node.trace_mark(f"epoch {epoch} end")
+                node.trace_mark("epoch end")
 
 
 def _check_sampler(loader, node) -> None:

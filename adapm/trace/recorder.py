@@ -71,6 +71,9 @@ class TraceRecorder:
         self._rounds: list[dict] = []
         self._marks: list[tuple] = []  # (wall time, label, stats), from any thread
         self._marks_lock = threading.Lock()
+        self._epoch_open: int | None = None  # the epoch between its start and end marks
+        self._epoch_last = 0                  # the highest epoch marked
+        self._epoch_auto = False              # the open epoch was numbered here
         self.round_columns: dict | None = None  # at the first round (the engine is up)
         self._last_flush = time.monotonic()
         self._parts = {kind: 0 for kind in schema.KINDS}
@@ -116,9 +119,39 @@ class TraceRecorder:
 
     def mark(self, label: str, stats: dict) -> None:
         """A named point in time (e.g. "epoch 3 start") with the node's statistics then, from
-        any thread; written with the next part."""
+        any thread; written with the next part.
+
+        ``"epoch start"`` and ``"epoch end"`` (no number; adapm.torch.IntentLoader's) are
+        numbered here: the epoch after the highest one marked so far. Inside an epoch that the
+        program marked itself they are left out, so a script's own (e.g. resumed) numbering
+        wins and no epoch is marked twice."""
         with self._marks_lock:
+            if label in ("epoch start", "epoch end"):
+                label = self._number_epoch(label == "epoch start")
+                if label is None:
+                    return
+            else:
+                parts = label.split()
+                if len(parts) == 3 and parts[0] == "epoch" and parts[1].isdigit() and \
+                        parts[2] in ("start", "end"):
+                    number = int(parts[1])
+                    self._epoch_last = max(self._epoch_last, number)
+                    self._epoch_open = number if parts[2] == "start" else None
+                    self._epoch_auto = False
             self._marks.append((time.time(), label, _numeric(stats)))
+
+    def _number_epoch(self, start: bool) -> str | None:
+        """The label of an unnumbered epoch mark, or None to leave it out (see mark)."""
+        if start:
+            if self._epoch_open is not None:
+                return None
+            self._epoch_last += 1
+            self._epoch_open, self._epoch_auto = self._epoch_last, True
+            return f"epoch {self._epoch_last} start"
+        if self._epoch_open is None or not self._epoch_auto:
+            return None
+        number, self._epoch_open, self._epoch_auto = self._epoch_open, None, False
+        return f"epoch {number} end"
 
     def _flush(self, wait: bool = False) -> None:
         """Hand the buffered rows to the writer: on the engine thread without waiting (rows
