@@ -119,11 +119,12 @@ def figure(trace: Trace, keys, intents: bool = True, remote: bool = True):
         ax.set_yticklabels([f"node {r}" for r in range(nodes)])
         ax.invert_yaxis()
         ax.set_xlim(0, duration)
-        ax.set_title(f"key {key}", fontsize=9, loc="left")
+        # on the right: the epoch labels run along the top panel's upper edge from the left
+        ax.set_title(f"key {key}", fontsize=9, loc="right")
     top = axes[0, 0]
     for name, (a, _) in marked.items():
         if name.startswith("epoch "):
-            top.text(a, -0.62, name, fontsize=7, color=EPOCH_COLOUR, va="bottom",
+            top.text(a, 1.01, f" {name}", fontsize=7, color=EPOCH_COLOUR, va="bottom",
                      ha="left", transform=top.get_xaxis_transform(), clip_on=False)
     axes[-1, 0].set_xlabel("seconds since the trace started")
     handles = [Patch(color=MAIN_COLOUR, label="main copy"),
