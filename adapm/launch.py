@@ -3,7 +3,7 @@
 Usage::
 
     adapm-run -n N [--hosts h1,h2,...] [--iface IFACE] [--grace S] [--prefix auto|on|off]
-              cmd args...
+              [--log-dir DIR] cmd args...
 
 Each of the N processes runs ``cmd args...`` with ``ADAPM_RANK``, ``ADAPM_WORLD_SIZE``,
 ``ADAPM_RENDEZVOUS`` and ``ADAPM_SECRET`` set (and ``ADAPM_HOST`` when ``--iface`` is given);
@@ -21,7 +21,9 @@ stdout or stderr behind ``[rank R]: `` (as torchrun's log prefix), each line wri
 two ranks' lines never mix within a line. ``auto`` (the default) prefixes a stream when there
 are several ranks and that stream of adapm-run is a terminal; output going to a file or a pipe
 stays as the ranks wrote it (rank 0's JSON lines for a program that reads them).
-``off``: the ranks write straight to adapm-run's stdout and stderr.
+``off``: the ranks write straight to adapm-run's stdout and stderr. ``--log-dir DIR``
+(as torchrun's ``--log-dir`` with ``--tee``) also writes each rank's output, as it wrote it,
+to ``DIR/rank-R.stdout`` and ``DIR/rank-R.stderr`` (created or overwritten).
 
 The job fails as a whole: when one process exits non-zero or is killed by a signal, adapm-run
 prints one line naming its rank, sends SIGTERM to the others, waits ``--grace`` seconds, kills what
@@ -292,9 +294,10 @@ def prefix_lines(prefix: bytes, data: bytes) -> tuple[bytes, bytes]:
     return b"".join(prefix + part for part in parts), rest
 
 
-def _relay(pipe, sink, prefix: bytes, lock: threading.Lock) -> None:
+def _relay(pipe, sink, prefix: bytes, lock: threading.Lock, log=None) -> None:
     """Copy a rank's output from ``pipe`` to ``sink`` (a binary stream), each line behind
-    ``prefix`` and written whole under ``lock``, until the pipe closes."""
+    ``prefix`` and written whole under ``lock``, until the pipe closes; and as it comes to
+    ``log`` (a binary file, closed at the end), when given."""
     rest = b""
     fd = pipe.fileno()
     try:
@@ -305,6 +308,14 @@ def _relay(pipe, sink, prefix: bytes, lock: threading.Lock) -> None:
                 break
             if not chunk:
                 break
+            if log is not None:
+                try:
+                    log.write(chunk)
+                    log.flush()
+                except OSError as exc:  # a full disk: the terminal still gets the output
+                    _err(f"cannot write {log.name}: {exc}; no more of it is logged")
+                    log.close()
+                    log = None
             out, rest = prefix_lines(prefix, rest + chunk)
             if out:
                 with lock:
@@ -318,6 +329,8 @@ def _relay(pipe, sink, prefix: bytes, lock: threading.Lock) -> None:
         pass
     finally:
         pipe.close()
+        if log is not None:
+            log.close()
 
 
 def use_prefix(mode: str, n: int, stream) -> bool:
@@ -364,6 +377,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--prefix", choices=("auto", "on", "off"), default="auto",
                         help="put '[rank R]: ' before each line of a rank's output; auto (the "
                              "default): with several ranks, on a stream that is a terminal")
+    parser.add_argument("--log-dir", metavar="DIR",
+                        help="also write each rank's output to DIR/rank-R.stdout and "
+                             "DIR/rank-R.stderr (as written, without prefixes)")
     parser.add_argument("command", nargs=argparse.REMAINDER,
                         help="the program to run and its arguments ('--' before it is allowed)")
     return parser
@@ -406,6 +422,14 @@ def _plan(args, parser: argparse.ArgumentParser) -> list[_Rank]:
         parser.error("missing command: give the program to run after the options, "
                      f"e.g. {PROG} -n 2 python train.py")
     n = args.n
+    if args.log_dir is not None:
+        try:
+            os.makedirs(args.log_dir, exist_ok=True)
+        except OSError as exc:
+            parser.error(f"argument --log-dir: cannot create {args.log_dir!r}: "
+                         f"{exc.strerror or exc}")
+        if not os.access(args.log_dir, os.W_OK | os.X_OK):
+            parser.error(f"argument --log-dir: {args.log_dir!r} is not writable")
     hosts = None
     if args.hosts is not None:
         hosts = [h.strip() for h in args.hosts.split(",")]
@@ -573,11 +597,15 @@ def _monitor(ranks: list[_Rank], procs: list, grace: float, received: list) -> i
         time.sleep(POLL_S)
 
 
-def _run(ranks: list[_Rank], grace: float, prefix: str = "off") -> int:
+def _run(ranks: list[_Rank], grace: float, prefix: str = "off",
+         log_dir: Optional[str] = None) -> int:
     received: list[int] = []
     n = len(ranks)
-    sinks = {name: stream for name, stream in (("stdout", sys.stdout), ("stderr", sys.stderr))
-             if use_prefix(prefix, n, stream)}
+    streams = {"stdout": sys.stdout, "stderr": sys.stderr}
+    prefixed = {name for name, stream in streams.items() if use_prefix(prefix, n, stream)}
+    # the streams adapm-run relays (the others go straight to its own)
+    sinks = {name: stream for name, stream in streams.items()
+             if name in prefixed or log_dir is not None}
     lock = threading.Lock()
     relays: list[threading.Thread] = []
 
@@ -611,10 +639,16 @@ def _run(ranks: list[_Rank], grace: float, prefix: str = "off") -> int:
                 # Shell conventions: 127 not found, 126 found but not executable.
                 return 127 if isinstance(exc, FileNotFoundError) else 126
             for name, sink in sinks.items():
+                log = None
+                if log_dir is not None:
+                    try:
+                        log = open(os.path.join(log_dir, f"rank-{spec.rank}.{name}"), "wb")
+                    except OSError as exc:
+                        _err(f"cannot write the log of rank {spec.rank}: {exc}")
+                tag = f"[rank {spec.rank}]: ".encode() if name in prefixed else b""
                 relay = threading.Thread(
                     target=_relay, name=f"{PROG}-relay-{spec.rank}-{name}", daemon=True,
-                    args=(getattr(procs[-1], name), sink.buffer,
-                          f"[rank {spec.rank}]: ".encode(), lock))
+                    args=(getattr(procs[-1], name), sink.buffer, tag, lock, log))
                 relay.start()
                 relays.append(relay)
             if spec.stdin_data is not None:
@@ -647,7 +681,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         ranks = _plan(args, parser)
     except SystemExit as exc:  # argparse: --help (0) or a usage error (2)
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
-    return _run(ranks, args.grace, args.prefix)
+    return _run(ranks, args.grace, args.prefix, args.log_dir)
 
 
 if __name__ == "__main__":

@@ -196,6 +196,21 @@ def _on_a_terminal(n: int) -> str:
     return b"".join(chunks).decode()
 
 
+def test_log_dir_keeps_each_ranks_output_as_written(tmp_path):
+    logs = tmp_path / "logs" / "job"  # created
+    proc = run([*LAUNCHER, "--prefix", "on", "--log-dir", str(logs), "-n", "2", PY, "-c",
+                RANK_OUTPUT], timeout=60)
+    assert len(proc.stdout.splitlines()) == 4  # the terminal still gets every line
+    for r in (0, 1):
+        assert (logs / f"rank-{r}.stdout").read_text() == f"out {r}\nunended {r}"
+        assert (logs / f"rank-{r}.stderr").read_text() == f"err {r}\nsecond {r}\n"
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    bad = run([*LAUNCHER, "--log-dir", str(blocker / "logs"), "-n", "2", PY, "-c", "pass"],
+              expect=2, timeout=60)
+    assert "--log-dir" in bad.stderr and "Traceback" not in bad.stderr
+
+
 def test_a_bad_prefix_mode_is_a_usage_error():
     proc = run([*LAUNCHER, "--prefix", "sometimes", "-n", "2", PY, "-c", "pass"], expect=2,
                timeout=60)
