@@ -1,0 +1,164 @@
+"""Engine CPU: what one node's engine thread costs per message, per moved row, per replica sync
+and per empty round. Two real node processes on loopback.
+
+    python bench/engine.py            # the table (about a minute here)
+    python bench/engine.py --quick    # smaller counts
+
+The engine thread's own CPU clock (``stats()["engine_cpu_s"]``, the thread's
+``pthread_getcpuclockid``) is read before and after each workload on both nodes, so the
+workers' CPU and ZeroMQ's I/O threads are not in it. Each workload isolates one cost:
+
+- **small messages**: rank 0 pulls one key homed on rank 1, one call at a time. Per message:
+  both nodes' engine CPU over the logical messages both received (request and answer). This
+  is all the engine thread does for it: the wake-up by the worker, the loop's passes and ticks,
+  decoding, validation, serving, encoding.
+- **moved rows**: each clock, one node intends a batch of keys the other holds, alone, so the
+  owner relocates them (and back, the next clock, from the other side). Per moved row: engine
+  CPU of both nodes over rows relocated in, minus their messages at the small-message cost
+  (the per-row part: copy, slot, directory, masks).
+- **replica sync**: both nodes intend the same keys for the whole run and push to them every
+  clock, so every round each holder sends its deltas and gets the merged rows back. Per
+  replicated key and round (a delta out and a refresh in), engine CPU of both nodes.
+- **empty rounds**: ``wait_sync()`` with no intent at all. Per round.
+
+The targets (issue: the engine at native speed) are at most 1.5 us per moved row, 5 us per
+message plus its per-key work, 5 us per empty round. The machine has 2 cores for 4 busy threads
+here; compare runs made in one sitting.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import sys
+import time
+
+import numpy as np
+
+from adapm.testing import run_cluster
+
+DIM = 16
+
+
+def _cpu(node) -> float:
+    return node.stats()["engine_cpu_s"]
+
+
+def _received(node) -> int:
+    return node.stats()["messages_received"]
+
+
+def _job(node, counts: dict) -> dict:
+    """On both ranks; module-level for spawn. Returns this node's engine CPU and counters per
+    workload (rank 0 drives the small messages; both drive the rest)."""
+    w = node.worker()
+    out = {}
+    rng = np.random.default_rng(node.rank)
+
+    def measure(name, body):
+        node.barrier()
+        before = dict(node.stats(), passes=node.engine.passes)
+        started = time.perf_counter()
+        body()
+        node.barrier()
+        after = dict(node.stats(), passes=node.engine.passes)
+        out[name] = {k: after[k] - before[k] for k in (
+            "engine_cpu_s", "messages_received", "messages_sent", "relocations_in",
+            "rounds", "bytes_sent", "passes")}
+        out[name]["wall_s"] = time.perf_counter() - started
+
+    def small_messages():
+        if node.rank == 0:
+            for i in range(counts["pulls"]):
+                w.pull(np.array([2 * (i % 1000) + 1]))  # odd: homed on rank 1
+
+    def moved_rows():
+        batch, clocks = counts["batch"], counts["clocks"]
+        base = 100_000  # keys [base, base + 2 * batch): away from the other workloads' keys
+        for clock in range(clocks):
+            # Even clocks rank 0 wants the batch, odd clocks rank 1: it moves every clock.
+            if clock % 2 == node.rank:
+                keys = np.arange(base, base + batch, dtype=np.int64)
+                w.intent(keys, w.clock + 1)
+            w.advance_clock()
+            w.wait_sync()
+            node.barrier()
+
+    def replica_sync():
+        keys = np.arange(200_000, 200_000 + counts["replicated"], dtype=np.int64)
+        w.intent(keys, w.clock + 1, w.clock + 1 + counts["clocks"] + 1)
+        w.advance_clock()
+        w.wait_sync()
+        ones = np.ones((len(keys), DIM), np.float32)
+        for _ in range(counts["clocks"]):
+            w.push(keys, ones)
+            w.advance_clock()
+            w.wait_sync()
+
+    def empty_rounds():
+        for _ in range(counts["empty"]):
+            w.wait_sync()
+
+    measure("small messages", small_messages)
+    measure("moved rows", moved_rows)
+    measure("replica sync", replica_sync)
+    measure("empty rounds", empty_rounds)
+    return out
+
+
+def _table(results: list[dict], counts: dict) -> list[str]:
+    both = {name: {k: sum(r[name][k] for r in results) for k in results[0][name]}
+            for name in results[0]}
+    small = both["small messages"]
+    per_message = small["engine_cpu_s"] / max(small["messages_received"], 1)
+    moved = both["moved rows"]
+    rows_moved = moved["relocations_in"]
+    per_row = (moved["engine_cpu_s"] - per_message * moved["messages_received"]) / max(rows_moved, 1)
+    replica = both["replica sync"]
+    replica_units = counts["replicated"] * counts["clocks"]  # key-rounds per holder
+    per_replica = replica["engine_cpu_s"] / max(replica_units, 1)
+    empty = both["empty rounds"]
+    per_round = empty["engine_cpu_s"] / max(empty["rounds"], 1)
+    lines = [
+        "| cost | engine CPU (both nodes) | count | per unit | target |",
+        "|---|---:|---:|---:|---:|",
+        f"| per received message (1-key pull and its answer) | {small['engine_cpu_s']:.3f} s | "
+        f"{small['messages_received']} messages | **{per_message * 1e6:.1f} us** | 5 us |",
+        f"| per moved row, all in ({counts['batch']} keys a clock, d={DIM}) | "
+        f"{moved['engine_cpu_s']:.3f} s | {rows_moved} rows, {moved['messages_received']} "
+        f"messages | **{moved['engine_cpu_s'] / max(rows_moved, 1) * 1e6:.1f} us** | |",
+        f"| per moved row, the messages at the first line's cost taken off | | | "
+        f"**{per_row * 1e6:.1f} us** | 1.5 us |",
+        f"| per replicated key and round (delta out, refresh in; {counts['replicated']} keys) | "
+        f"{replica['engine_cpu_s']:.3f} s | {replica_units} key-rounds | "
+        f"**{per_replica * 1e6:.1f} us** | |",
+        f"| per empty round (wait_sync, no intent) | {empty['engine_cpu_s']:.3f} s | "
+        f"{empty['rounds']} rounds | **{per_round * 1e6:.1f} us** | 5 us |",
+        "",
+        "engine loop passes (both nodes) and wall time: " + "; ".join(
+            f"{name}: {v['passes']} passes, {v['wall_s'] / 2:.2f} s" for name, v in both.items()),
+        f"bytes sent per moved row: {moved['bytes_sent'] / max(rows_moved, 1):.0f} "
+        f"(a row is {DIM * 4} bytes of values); per replicated key and round: "
+        f"{replica['bytes_sent'] / max(2 * replica_units, 1):.0f}",
+    ]
+    return lines
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="smaller counts")
+    opts = p.parse_args(argv)
+    counts = (dict(pulls=500, batch=500, clocks=40, replicated=500, empty=200) if opts.quick
+              else dict(pulls=3000, batch=2000, clocks=100, replicated=2000, empty=1000))
+    results = run_cluster(_job, 2, args=(counts,), timeout_s=600,
+                          config=dict(num_keys=400_000, value_length=DIM,
+                                      request_timeout_s=120, connect_timeout_s=60))
+    print(f"machine: nproc={os.cpu_count()}, {platform.machine()}, python "
+          f"{platform.python_version()}, numpy {np.__version__}; 2 nodes on loopback")
+    print("\n".join(_table(results, counts)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
