@@ -130,8 +130,12 @@ def _await_table(sock, watch, packed: bytes, config: Config, my_address: str, en
     heard = None  # when rank 0 last answered
     missing: list = []
     next_hello = float("inf")
+    last_look = time.monotonic()
     while True:
         now = time.monotonic()
+        if heard is not None and now - last_look > config.failure_timeout_s / 2:
+            heard = now  # this process did not run (stopped, starved): the silence was ours
+        last_look = now
         if heard is not None and now - heard > config.failure_timeout_s:
             raise NodeFailure(
                 f"rank {config.rank}: the rendezvous host, rank 0, at {endpoint} stopped "
@@ -260,8 +264,13 @@ class _Gathering:
 
     def run(self, sock, watch, endpoint: str, deadline: float) -> None:
         config = self.config
+        last_look = time.monotonic()
         while len(self.hellos) < config.world_size:
             now = time.monotonic()
+            if now - last_look > config.failure_timeout_s / 2:
+                # This process did not run (stopped, starved): the members' silence was ours.
+                self.heard = dict.fromkeys(self.heard, now)
+            last_look = now
             if self.heard:
                 rank = min(self.heard, key=self.heard.get)
                 silent = now - self.heard[rank]
@@ -273,8 +282,10 @@ class _Gathering:
                 raise AdaPMTimeout(
                     f"rank 0: rendezvous at {endpoint}: ranks {self.missing()} did not check in "
                     f"within {config.connect_timeout_s:g}s" + watch.describe() + self._ignored())
+            # Looks at least every quarter timeout (a longer gap means this process stalled).
             limit = deadline if not self.heard else \
-                min(deadline, min(self.heard.values()) + config.failure_timeout_s + 0.001)
+                min(deadline, min(self.heard.values()) + config.failure_timeout_s + 0.001,
+                    now + config.failure_timeout_s / _HELLOS_PER_TIMEOUT)
             if _wait(sock, watch, limit):
                 self._take(sock, sock.recv_multipart(copy=False))
 
