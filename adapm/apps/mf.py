@@ -199,8 +199,9 @@ class MFTask:
 
     def after_evaluation(self, epoch: int, metrics: dict, keep: bool) -> tuple[dict, bool]:
         """Early stopping on the validation RMSE (``--valid``): remembers the best epoch (its
-        factors when ``keep``: rank 0, which exports them) and stops after ``--patience``
-        evaluated epochs without a better one. Returns (fields for the JSON line, stop)."""
+        factors when ``keep``: rank 0, which exports them) and stops once ``--patience``
+        epochs have passed since the best one (only evaluated epochs can be best: see
+        --eval-every). Returns (fields for the JSON line, stop)."""
         if self.valid is None:
             return {}, False
         if metrics["valid_rmse"] < self.best_valid:
@@ -270,8 +271,8 @@ def parser() -> argparse.ArgumentParser:
                    help="validation entries, same formats: early stopping on their RMSE, the "
                         "best epoch's model exported")
     p.add_argument("--patience", type=_argtypes.non_negative_int, default=5,
-                   help="with --valid: stop after this many evaluated epochs without a better "
-                        "validation RMSE (0: train every epoch)")
+                   help="with --valid: stop once this many epochs have passed since the one "
+                        "with the best validation RMSE (0: train every epoch)")
     p.add_argument("--rank", type=_argtypes.positive_int, default=10, help="factor rank")
     # Defaults measured in bench/quality.py (MovieLens-100k against a PyTorch AdaGrad MF, and
     # 1, 2 and 4 baseline workers on generated data).
