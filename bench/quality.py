@@ -17,14 +17,26 @@ Tables:
 - ``mf-workers``: ``--baseline`` with 1, 2 and 4 workers on a generated 50,000 x 20,000 matrix
   (2M entries), test RMSE after each of 3 epochs, for the default schedule (rows) and the
   original columnwise one.
+- ``wv-real``: word vectors on real English text, 1.9M words: the Python 3.11 documentation
+  (the reST sources in Debian's ``python3.11-doc``, fetched with ``apt-get download`` and
+  unpacked with ``dpkg-deb -x``: no root needed) and the Wikipedia excerpt that ships in gensim's
+  test data, lower-cased, words of letters only, a paragraph per line. adapm on 1 node x 2
+  worker threads (its default SGD, and ``--optimizer adagrad``) against gensim's ``Word2Vec``
+  with 2 workers, the same settings (d=100, window 5, 5 negatives, min-count 5, sample 1e-3,
+  5 epochs, skip-gram); each round one seed for all, rounds interleaved so that a busy spell of
+  the machine hits every run. Quality with gensim's own evaluation for both (adapm's export
+  read back with ``KeyedVectors``): analogy accuracy on ``questions-words.txt``, Spearman on
+  WordSim-353 and SimLex-999 (all three ship in gensim's test data).
 
-Needs the bench extra (``pip install -e '.[bench]'``: torch for the MF peer).
+Needs the bench extra (``pip install -e '.[bench]'``: torch for the MF peer, gensim for the
+WV peer and its test data).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -194,14 +206,121 @@ def mf_workers(opts) -> None:
                   f"{100 * (rmse[-1] / one - 1):+.1f}% |", flush=True)
 
 
-TABLES = {"mf-real": mf_real, "mf-workers": mf_workers}
+def _words(text: str) -> list[str]:
+    return re.findall(r"[a-z]+", text.lower())
+
+
+def english_corpus() -> Path:
+    """The wv-real corpus (see the module doc), built once in the cache folder."""
+    out = CACHE / "english" / "corpus.txt"
+    if out.exists():
+        return out
+    debs, root = CACHE / "debs", CACHE / "root"
+    debs.mkdir(parents=True, exist_ok=True)
+    if not list(debs.glob("python3.11-doc_*.deb")):
+        if subprocess.run(["apt-get", "download", "python3.11-doc"], cwd=debs).returncode:
+            sys.exit("bench/quality.py: 'apt-get download python3.11-doc' failed (on a fresh "
+                     "machine run 'apt-get update' once first)")
+    subprocess.run(["dpkg-deb", "-x", str(next(debs.glob("python3.11-doc_*.deb"))), str(root)],
+                   check=True)
+    lines = []
+    sources = root / "usr/share/doc/python3.11/html/_sources"
+    for path in sorted(sources.rglob("*.txt")):
+        for paragraph in re.split(r"\n\s*\n", path.read_text("utf-8", "replace")):
+            words = _words(paragraph)
+            if len(words) >= 2:
+                lines.append(" ".join(words))
+    from gensim.corpora.wikicorpus import WikiCorpus
+    from gensim.test.utils import datapath
+
+    wiki = WikiCorpus(datapath("enwiki-latest-pages-articles1.xml-p000000010p000030302-"
+                               "shortened.bz2"), dictionary={}, processes=1)
+    lines += [" ".join(_words(" ".join(tokens))) for tokens in wiki.get_texts()]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("\n".join(line for line in lines if line) + "\n")
+    return out
+
+
+def _gensim_quality(kv) -> dict:
+    from gensim.test.utils import datapath
+
+    return {"analogy": kv.evaluate_word_analogies(datapath("questions-words.txt"))[0],
+            "ws353": kv.evaluate_word_pairs(datapath("wordsim353.tsv"))[1][0],
+            "simlex": kv.evaluate_word_pairs(datapath("simlex999.txt"))[1][0]}
+
+
+WV = {"dim": 100, "window": 5, "neg": 5, "min_count": 5, "sample": 1e-3, "epochs": 5}
+
+
+def wv_adapm(corpus: Path, seed: int, extra: list[str]) -> dict:
+    from gensim.models import KeyedVectors
+
+    export = CACHE / "wv-export"
+    lines = sh([PY, "-m", "adapm.apps.wv", "--corpus", str(corpus), "--dim", str(WV["dim"]),
+                "--window", str(WV["window"]), "--neg", str(WV["neg"]), "--min-count",
+                str(WV["min_count"]), "--sample", str(WV["sample"]), "--epochs",
+                str(WV["epochs"]), "--eval-every", "0", "--seed", str(seed), "--workers", "2",
+                "--progress", "off", "--export", str(export), *extra], ENV)
+    seconds = sum(r["train_seconds"] for r in lines)
+    kv = KeyedVectors.load_word2vec_format(str(export / "vectors.bin"), binary=True)
+    return {"words_s": sum(r["words"] for r in lines) / seconds, **_gensim_quality(kv)}
+
+
+def wv_gensim(corpus: Path, seed: int) -> dict:
+    from gensim.models import Word2Vec
+    from gensim.models.word2vec import LineSentence
+
+    model = Word2Vec(vector_size=WV["dim"], window=WV["window"], negative=WV["neg"],
+                     min_count=WV["min_count"], sample=WV["sample"], workers=2, sg=1, hs=0,
+                     epochs=WV["epochs"], seed=seed)
+    model.build_vocab(LineSentence(str(corpus)))
+    started = time.perf_counter()
+    _, raw = model.train(LineSentence(str(corpus)), total_examples=model.corpus_count,
+                         epochs=WV["epochs"])
+    seconds = time.perf_counter() - started
+    print(f"  {seconds:6.1f} s  gensim Word2Vec, 2 workers, seed {seed}", file=sys.stderr)
+    return {"words_s": raw / seconds, **_gensim_quality(model.wv)}
+
+
+def wv_real(opts) -> None:
+    corpus = english_corpus()
+    runs = {"adapm 1 x 2 (SGD, default)": [], "adapm 1 x 2 (--optimizer adagrad)": [],
+            "gensim Word2Vec, 2 workers": []}
+    for seed in range(opts.seeds):
+        runs["adapm 1 x 2 (SGD, default)"].append(wv_adapm(corpus, seed, []))
+        runs["gensim Word2Vec, 2 workers"].append(wv_gensim(corpus, seed))
+        runs["adapm 1 x 2 (--optimizer adagrad)"].append(
+            wv_adapm(corpus, seed, ["--optimizer", "adagrad"]))
+    words = sum(len(line.split()) for line in corpus.open())
+    print(f"\nWV on real English text ({corpus}: {words:,} words), d=100, window 5, 5 "
+          f"negatives, min-count 5, sample 1e-3, 5 epochs; per seed, then the mean\n")
+    print("| run | seed | words/s | analogy | WordSim-353 | SimLex-999 |")
+    print("|---|---:|---:|---:|---:|---:|")
+    means = {}
+    for name, rs in runs.items():
+        for seed, r in enumerate(rs):
+            print(f"| {name} | {seed} | {r['words_s']:,.0f} | {r['analogy']:.4f} | "
+                  f"{r['ws353']:.4f} | {r['simlex']:.4f} |")
+        means[name] = {k: float(np.mean([r[k] for r in rs])) for k in rs[0]}
+        m = means[name]
+        print(f"| {name} | mean | {m['words_s']:,.0f} | {m['analogy']:.4f} | {m['ws353']:.4f} "
+              f"| {m['simlex']:.4f} |")
+    ours, theirs = means["adapm 1 x 2 (SGD, default)"], means["gensim Word2Vec, 2 workers"]
+    print(f"\nadapm (SGD) vs gensim: {ours['words_s'] / theirs['words_s']:.2f}x words/s "
+          f"(target >= 1.0x); analogy {100 * (ours['analogy'] - theirs['analogy']):+.2f}, "
+          f"WordSim-353 {100 * (ours['ws353'] - theirs['ws353']):+.2f}, SimLex "
+          f"{100 * (ours['simlex'] - theirs['simlex']):+.2f} points (target: within 1)")
+
+
+TABLES = {"mf-real": mf_real, "mf-workers": mf_workers, "wv-real": wv_real}
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--only", default=",".join(TABLES), help="tables to measure, of: "
                    + ", ".join(TABLES))
-    p.add_argument("--seeds", type=int, default=2, help="seeds per MF run on real data")
+    p.add_argument("--seeds", type=int, default=2,
+                   help="seeds (rounds) per run on real data")
     p.add_argument("--mf-epochs", type=int, default=100, help="most epochs of an MF run")
     opts = p.parse_args()
     for name in opts.only.split(","):
