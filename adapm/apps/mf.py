@@ -31,7 +31,8 @@ entries shuffled (see ``MFTask.epoch_order``). A worker's row keys are signalled
 One native call per mini-batch of entries (``native/kernels/mf.c``).
 
 With ``--valid FILE``: the validation RMSE after each epoch, early stopping after ``--patience``
-epochs without a better one, and the best epoch's model exported.
+epochs without a better one, and the best epoch's model exported (after ``--resume``: the best
+epoch of the resumed run; checkpoints do not keep the best model).
 
 After each evaluated epoch: test RMSE. Export (``--export DIR``): ``W.npy`` (rows x rank) and
 ``H.npy`` (cols x rank), float32, prediction W[i] . H[j]; for a table with a header, also
