@@ -189,7 +189,23 @@ def test_missing_corpus(tmp_path):
     assert "nope.txt: cannot open the corpus" in proc.stderr
 
 
+def test_adagrad_as_the_original_app(data, trained):
+    # --optimizer adagrad: the PM on one node with one worker computes what the baseline
+    # computes, it learns, and it is another model than the default SGD's.
+    app = [PY, "-m", "adapm.apps.wv", "--corpus", str(data["corpus"]), "--analogies",
+           str(data["analogies"]), "--similarity", str(data["similarity"]), *TRAIN_FLAGS,
+           "--optimizer", "adagrad", "--workers", "1"]
+    one = records(run(app).stdout)
+    base = records(run([*app, "--baseline"]).stdout)
+    for ours, theirs in zip(one, base):
+        for field in ("loss", "analogy", "similarity", "words"):
+            assert ours[field] == theirs[field], (field, ours[field], theirs[field])
+    assert one[-1]["analogy"] > 0.5 and one[-1]["loss"] < one[0]["loss"]
+    assert [r["loss"] for r in one] != [r["loss"] for r in trained["one1"]]
+
+
 @pytest.mark.parametrize("flags,expected", [
+    (["--optimizer", "adam"], "--optimizer: invalid choice"),
     (["--dim", "0"], "--dim: must be an integer >= 1"),
     (["--window", "-1"], "--window: must be an integer >= 1"),
     (["--sample", "nan"], "--sample: must be a finite number >= 0"),
