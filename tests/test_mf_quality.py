@@ -119,6 +119,9 @@ def test_a_ratings_table_with_a_header(noisy, tmp_path, sep):
      "train.csv, line 1: a header line needs three fields"),
     ("userId,movieId,rating\n1,2,4\n", "0\t0\t1.5\n",
      "test.csv: no header line, while"),
+    ("1,2,4\n2,3,5\n", "1,2,4\n",
+     "train.csv, line 1: expected 'row col value' (two integers and a finite number), got "
+     "'1,2,4' (a comma-separated file needs a header line"),
 ])
 def test_bad_ratings_tables_give_a_clear_error(tmp_path, train, test, expected):
     (tmp_path / "train.csv").write_text(train)

@@ -123,8 +123,11 @@ def read_matrix(path, shape: tuple[int, int] | None = None) -> Matrix:
                 expected = ("'row col value' (two integers and a finite number)" if not sep
                             else f"'row{chr(sep)}column{chr(sep)}value' as the header says "
                                  f"(two integer labels and a finite number)")
+                bad = _line(text, -got)
+                hint = (" (a comma-separated file needs a header line, e.g. "
+                        "'userId,movieId,rating')" if not sep and "," in bad else "")
                 raise DataError(f"{path}, line {line_base - got}: expected {expected}, got "
-                                f"{_line(text, -got)!r}")
+                                f"{bad!r}{hint}")
             parts.append((rows[:got].copy(), cols[:got].copy(), vals[:got].copy(),
                           lines[:got] + line_base))
             line_base += text.count(b"\n")
