@@ -232,3 +232,41 @@ def test_pull_sample_into_out(scheme):
         out = np.empty((10, 4), np.float32)
         keys, values = w.pull_sample(w.prepare_sample(10, 0), out=out)
         assert values is out and len(keys) == 10
+
+
+def _pinned_sample_job(node):
+    """Rank 0 pulls a local sample; then rank 1 wants every key of the domain; then rank 0
+    pushes its sample. The sample's keys were pinned from the read to the next clock: rank 1
+    got replicas of them (the others moved to it), and rank 0's push stayed local."""
+    w = node.worker()
+    node.barrier()
+    keys = None
+    if node.rank == 0:
+        keys, _ = w.pull_sample(w.prepare_sample(50, w.clock))
+    node.barrier()
+    if node.rank == 1:
+        w.intent(np.arange(DOMAIN), w.clock + 1, w.clock + 1000)
+        w.advance_clock()
+        w.wait_sync()  # rank 1's intents served: every key of the domain is held there
+    node.barrier()
+    result = None
+    if node.rank == 0:
+        before = node.stats()["remote_push_keys"]
+        w.push(keys, np.ones((len(keys), 4), np.float32))
+        held = set(node.local_keys().tolist())
+        result = (node.stats()["remote_push_keys"] - before, all(k in held for k in keys),
+                  np.bincount(keys, minlength=DOMAIN).tolist())
+        w.advance_clock()  # the pins go
+    w.wait()
+    node.barrier()
+    return result, w.pull(np.arange(DOMAIN))[:, 0].tolist(), len(node.local_keys())
+
+
+def test_a_local_sample_stays_here_until_its_push():
+    config = dict(num_keys=DOMAIN, value_length=4, sampling=adapm.Sampling(0, DOMAIN), **FAST)
+    (result, values0, _), (_, values1, held1) = run_cluster(_pinned_sample_job, 2,
+                                                            config=config, timeout_s=90)
+    remote, still_here, counts = result
+    assert remote == 0 and still_here, result
+    assert held1 == DOMAIN  # rank 1 holds every key: the sampled ones as replicas
+    assert values0 == values1 == [float(c) for c in counts]  # every push arrived, once
