@@ -145,8 +145,10 @@ int64_t dir_policy_decide(const directory_t *d, int variant, int64_t node, const
             /* In use here: dst gets a replica, the main copy stays (S = {dst}, R = {dst}; when
              * dst's intent ends, its replica goes as any other). */
             const uint64_t bit = (uint64_t)1 << (dst % 64);
-            masks[w + dst / 64] |= bit;
-            setup[i * w + dst / 64] |= bit;
+            if (!(masks[w + dst / 64] & bit)) { /* not a replica holder already */
+                masks[w + dst / 64] |= bit;
+                setup[i * w + dst / 64] |= bit;
+            }
             dst = -1;
         }
         relocate_to[i] = dst;
