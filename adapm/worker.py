@@ -233,7 +233,8 @@ class Worker:
         return self.clock
 
     def _pin_sample(self, keys: np.ndarray) -> None:
-        """Pin the keys of a local sample just read (until the next clock; see __init__)."""
+        """Pin the keys of a local sample about to be read, releasing the previous sample's
+        (until the next clock; see __init__)."""
         if self._repin is not None:
             self._repin(_NO_KEYS if self._pinned is None else self._pinned, keys)
             self._pinned = keys.copy()  # the caller owns ``keys``
