@@ -56,6 +56,16 @@ def listening(port: int) -> bool:
     return False
 
 
+def rss_bytes() -> int:
+    """This process's resident memory now (Linux: /proc/self/status), for tests that bound
+    what a flood of messages may cost a node."""
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmRSS in /proc/self/status")
+
+
 def run_cluster(fn: Callable, world_size: int, *, args: Sequence = (), timeout_s: float = 60.0,
                 config: Optional[dict] = None, expect_failure: bool = False,
                 restore: Optional[str] = None) -> list:

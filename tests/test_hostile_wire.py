@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 import adapm
 from adapm._wire.protocol import DTYPES, ROLES, Kind, encode, message
-from adapm.testing import free_port, listening, run_cluster
+from adapm.testing import free_port, listening, rss_bytes, run_cluster
 
 NUM_KEYS, DIM, STEPS = 48, 2, 40
 FAST = dict(connect_timeout_s=30, request_timeout_s=30)
@@ -231,14 +231,6 @@ def test_oversized_frame_is_refused_before_it_is_buffered():
 FLOOD_FRAME, FLOOD_BYTES = 64 << 10, 768 << 20
 
 
-def _rss_bytes() -> int:
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError("no VmRSS in /proc/self/status")
-
-
 def _flooded_job(node, ready, flooded, sent_count):
     """Rank 1's engine stops reading for a while; a stranger in rank 0's process floods it
     meanwhile. Returns (rank 0) the messages libzmq accepted from the stranger, or (rank 1) the
@@ -277,12 +269,12 @@ def _flooded_job(node, ready, flooded, sent_count):
 
     node.transport.poll = blind_poll
     node.transport.wake()
-    baseline = peak = _rss_bytes()
+    baseline = peak = rss_bytes()
     ready.set()
     while not flooded.wait(0.02):
-        peak = max(peak, _rss_bytes())
+        peak = max(peak, rss_bytes())
     time.sleep(0.3)  # what is still on its way in
-    peak = max(peak, _rss_bytes())
+    peak = max(peak, rss_bytes())
     blind.clear()
     node.transport.poll = poll
     node.barrier()

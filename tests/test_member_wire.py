@@ -23,7 +23,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from adapm._wire.protocol import NO_MOVES, Kind, encode, message
-from adapm.testing import run_cluster
+from adapm.testing import rss_bytes, run_cluster
 
 SECRET = "member-wire-test-secret-2f9c1e7d"
 NUM_KEYS, MOVING, DIM, STEPS = 64, 32, 2, 48
@@ -171,14 +171,6 @@ FUZZ_SHAPES = {**SHAPES, **{f.__name__: f for f in (answer_unknown, future_colle
                                                      any_kind)}}
 
 
-def _rss_bytes() -> int:
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError("no VmRSS in /proc/self/status")
-
-
 def _attack(node, shapes: list, seed: int, stop: threading.Event, sent: list) -> None:
     import zmq
 
@@ -213,7 +205,7 @@ def _attacked_job(node, shapes, seed):
         if node.rank == 0 else None
     node.barrier()
     if attacker is not None:
-        before = _rss_bytes()
+        before = rss_bytes()
         attacker.start()
     for step in range(STEPS):
         w.intent(rng.choice(MOVING, 8, replace=False), w.clock + 1, w.clock + 3)
@@ -225,7 +217,7 @@ def _attacked_job(node, shapes, seed):
     if attacker is not None:
         stop.set()
         attacker.join()
-        grown = _rss_bytes() - before
+        grown = rss_bytes() - before
     w.wait_sync()
     node.barrier()
     return w.pull(np.arange(NUM_KEYS)), dict(node.stats(), grown=grown), sent[0]
@@ -249,24 +241,23 @@ def test_a_members_inconsistent_message_is_dropped(shape):
     assert stats["dropped_messages"] + stats["late_answers"] >= sent, (sent, stats)
 
 
-@given(shapes=st.lists(st.sampled_from(sorted(FUZZ_SHAPES)), min_size=1, max_size=6, unique=True),
-       seed=st.integers(0, 2**32 - 1))
-# No shrinking: each example starts a cluster.
-@settings(max_examples=3, deadline=None, suppress_health_check=[HealthCheck.too_slow],
-          database=None, phases=[Phase.explicit, Phase.generate])
-def test_member_fuzzer_node_survives_and_sums_stay_exact(shapes, seed):
-    stats, _ = _check(shapes, seed)
-    assert stats["grown"] < 64 << 20, stats["grown"]
+def _fuzz(max_shapes: int, examples: int):
+    """A test of ``examples`` hypothesis examples, each a job attacked by up to ``max_shapes``
+    shapes: the sums stay exact (in _check), the node survives and its memory stays bounded."""
+    @given(shapes=st.lists(st.sampled_from(sorted(FUZZ_SHAPES)), min_size=1,
+                           max_size=max_shapes, unique=True),
+           seed=st.integers(0, 2**32 - 1))
+    # No shrinking: each example starts a cluster.
+    @settings(max_examples=examples, deadline=None, suppress_health_check=[HealthCheck.too_slow],
+              database=None, phases=[Phase.explicit, Phase.generate])
+    def test(shapes, seed):
+        stats, _ = _check(shapes, seed)
+        assert stats["grown"] < 64 << 20, stats["grown"]
+    return test
 
 
-@pytest.mark.slow
-@given(shapes=st.lists(st.sampled_from(sorted(FUZZ_SHAPES)), min_size=1, max_size=10, unique=True),
-       seed=st.integers(0, 2**32 - 1))
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow],
-          database=None, phases=[Phase.explicit, Phase.generate])
-def test_member_fuzzer_long(shapes, seed):
-    stats, _ = _check(shapes, seed)
-    assert stats["grown"] < 64 << 20, stats["grown"]
+test_member_fuzzer_node_survives_and_sums_stay_exact = _fuzz(max_shapes=6, examples=3)
+test_member_fuzzer_long = pytest.mark.slow(_fuzz(max_shapes=10, examples=40))
 
 
 # --- collective arrivals: bounded --------------------------------------------------------------
@@ -298,11 +289,11 @@ def _barrier_flood_job(node):
         context.term()
         node.barrier()
         return None
-    before = _rss_bytes()
+    before = rss_bytes()
     deadline = time.monotonic() + 90
     while node.stats()["dropped_messages"] < ARRIVALS and time.monotonic() < deadline:
         time.sleep(0.05)
-    grown = _rss_bytes() - before
+    grown = rss_bytes() - before
     stats = node.stats()
     node.barrier()  # the collectives still work
     return grown, stats
