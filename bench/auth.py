@@ -1,7 +1,7 @@
 """What authentication (ZeroMQ CURVE) costs a training job on one machine: the KGE app on 2
 nodes under adapm-run, CURVE off and on, alternating, in one run.
 
-    python bench/auth.py             # the README's figure (a few minutes here)
+    python bench/auth.py             # the figure in the README and docs/failures.md (a few minutes)
     python bench/auth.py --quick     # fewer, shorter runs
 
 adapm-run leaves authentication off when every rank is on loopback (the job token in each

@@ -1,6 +1,6 @@
 """The CTR example (Wide & Deep, examples/ctr) on adapm against plain PyTorch, one run.
 
-    python bench/ctr.py              # the README's table (about 10 minutes here)
+    python bench/ctr.py              # the table in docs/benchmarks.md (about 10 minutes here)
     python bench/ctr.py --quick      # small data, a minute or two
 
 One generated Criteo-like dataset, trained for the same epochs, in turns (``--repeat`` rounds

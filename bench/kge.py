@@ -1,6 +1,6 @@
 """KGE training on adapm against its single-node baseline, every management variant, one run.
 
-    python bench/kge.py              # the README's table (about 20 minutes here)
+    python bench/kge.py              # the table in docs/benchmarks.md (about 20 minutes here)
     python bench/kge.py --quick      # a small KG, a minute or two
 
 One generated KG (ComplEx d=100, 6 negatives per side, as the issue's benchmark), trained for

@@ -1,6 +1,6 @@
 """Matrix factorisation on adapm: every management variant against its single-node baseline.
 
-    python bench/mf.py               # the README's table: 200,000 x 50,000, ~9.9M train entries
+    python bench/mf.py               # the table in docs/benchmarks.md: 200,000 x 50,000, ~9.9M train entries
     python bench/mf.py --quick       # 20,000 x 5,000, 1M entries, under a minute
 
 One generated matrix (Zipf(0.8)-skewed row and column ids, a planted rank-10 matrix plus

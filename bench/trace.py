@@ -1,6 +1,6 @@
 """What recording a parameter-placement trace costs a training run, one run.
 
-    python bench/trace.py            # the README's figures (about 5 minutes here)
+    python bench/trace.py            # the figures in docs/benchmarks.md (about 5 minutes here)
     python bench/trace.py --quick    # a small KG, a minute
 
 The KGE app (ComplEx, 2 nodes x 1 worker thread under adapm-run) trains one generated KG

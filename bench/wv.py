@@ -1,6 +1,6 @@
 """Word vectors on adapm against gensim and its own single-node baseline, side by side in one run.
 
-    python bench/wv.py --repeat 3    # the README's table (a 1.5M-word generated corpus)
+    python bench/wv.py --repeat 3    # the table in docs/benchmarks.md (a 1.5M-word generated corpus)
     python bench/wv.py --quick       # 300k words, under a minute
     python bench/wv.py --corpus FILE --analogies FILE   # any corpus
 
@@ -20,7 +20,7 @@ On the generated corpus every token is in the vocabulary, so both count the same
 table prints both counts). Analogy accuracy is gensim's ``evaluate_word_analogies`` for gensim
 and adapm's equivalent (``adapm.apps.wv_eval``) for adapm, after the last epoch. Both train
 with SGD and gensim's linear decay of the learning rate (adapm's default since issue 27; the
-README's table below was measured with AdaGrad, then the default). Real English text against
+the table in docs/benchmarks.md was measured with AdaGrad, then the default). Real English text against
 gensim, with WordSim-353 and SimLex-999 too: ``bench/quality.py``.
 """
 

@@ -77,7 +77,7 @@ def test_quality_far_above_random_and_close_to_the_baseline(trained, kg_dir):
     # see each other's updates differently: hot keys (all relations, popular entities) are
     # replicas merged once per sync round on two nodes, one shared array in the baseline. On a
     # KG this small that staleness costs quality and varies run to run (measured, 5 epochs:
-    # two nodes 0.19-0.32, baseline 0.27-0.34); at 2.6M triples the gap is -0.9% (README,
+    # two nodes 0.19-0.32, baseline 0.27-0.34); at 2.6M triples the gap is -0.9% (docs/benchmarks.md,
     # bench/kge.py). This bound catches a broken distributed path, not a small quality gap.
     assert final["two"] >= 0.6 * final["baseline"], final
 
