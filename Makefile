@@ -26,9 +26,14 @@ $(DEMO)/kg/train.txt: | $(STAMP)
 	$(PY) -m adapm.apps.kge generate $(DEMO)/kg --triples 60000 --seed 1
 
 demo: install $(DEMO)/kg/train.txt
-	rm -f $(DEMO)/epochs.jsonl
+	rm -rf $(DEMO)/epochs.jsonl $(DEMO)/baseline.jsonl $(DEMO)/model
 	OMP_WAIT_POLICY=PASSIVE $(VENV)/bin/adapm-run -n 2 $(PY) -m adapm.apps.kge --data $(DEMO)/kg \
 		--dim 32 --epochs 6 --export $(DEMO)/model --json $(DEMO)/epochs.jsonl > /dev/null
+	@echo "The baseline: the same model, data order and threads in one process, no parameter manager..."
+	@OMP_WAIT_POLICY=PASSIVE $(PY) -m adapm.apps.kge --data $(DEMO)/kg --dim 32 --epochs 6 \
+		--baseline --workers 2 --eval-every 6 --progress off --json $(DEMO)/baseline.jsonl \
+		> /dev/null 2>&1
+	@$(PY) examples/explain_demo.py $(DEMO)/epochs.jsonl $(DEMO)/baseline.jsonl $(DEMO)/model
 
 test: install
 	$(PY) -m pytest -q

@@ -1,6 +1,7 @@
-"""The demo job: workers signal intent ahead, adapm moves keys to where they will be used.
+"""The raw API at work: workers signal intent ahead, adapm moves keys to where they will be used.
+(`make demo` trains knowledge-graph embeddings instead; this is the smallest complete job.)
 
-    adapm-run -n 2 python examples/demo.py          # what `make demo` runs
+    adapm-run -n 2 python examples/demo.py          # 2 nodes on this machine
     python examples/demo.py                          # a single node: everything is local
 
 Every node runs 2 worker threads for 300 clocks. At each clock a worker pulls a batch of keys,
