@@ -173,3 +173,22 @@ def test_bad_flags_are_usage_errors(kg_dir, flags, expected):
     data = ["--data", str(kg_dir)] if flags else []
     proc = run([PY, "-m", "adapm.apps.kge", *data, *flags], expect=2)
     assert "usage:" in proc.stderr and expected in proc.stderr
+
+
+@pytest.mark.parametrize("flag, where, expected", [
+    ("--json", "missing/out.jsonl", r"--json .*missing/out.jsonl: directory .*missing does not exist"),
+    ("--json", ".", r"--json \.: is a directory"),
+    ("--export", "a_file", r"a_file: exists and is not a directory"),
+    ("--export", "a_file/model", r"a_file/model: .*a_file is a file"),
+    ("--trace-dir", "a_file", r"a_file: exists and is not a directory"),
+])
+def test_output_paths_are_checked_before_training(kg_dir, tmp_path, flag, where, expected):
+    """A path the run could not write is a usage error at once, not a traceback after the
+    training (which these would have been)."""
+    import re
+
+    (tmp_path / "a_file").write_text("x")
+    proc = run([PY, "-m", "adapm.apps.kge", "--data", str(kg_dir), "--epochs", "1", flag,
+                where], expect=2, cwd=tmp_path)
+    assert re.search(expected, proc.stderr), proc.stderr
+    assert "Traceback" not in proc.stderr and proc.stdout == ""

@@ -165,11 +165,50 @@ def add_common_flags(parser: argparse.ArgumentParser, *, ahead: int, batch_size:
 
 
 def check_flags(parser: argparse.ArgumentParser, opts: argparse.Namespace) -> None:
-    """argparse errors for combinations of the common flags that cannot work."""
+    """argparse errors for combinations of the common flags that cannot work, and for output
+    paths that could not be written (checked now, not after the training: no wasted run)."""
     if opts.resume and not opts.checkpoint_dir:
         parser.error("--resume needs --checkpoint-dir (the checkpoint to resume from)")
     if opts.baseline and opts.checkpoint_dir:
         parser.error("--checkpoint-dir and --resume need the parameter manager, not --baseline")
+    # Rank 0 writes the JSON lines and the export; every rank its trace and checkpoint part.
+    lead = opts.baseline or adapm.Config.from_env(num_keys=1).rank == 0
+    problem = (lead and _file_problem(getattr(opts, "json", None))) or \
+        (lead and _directory_problem(getattr(opts, "export", None))) or \
+        _directory_problem(getattr(opts, "trace_dir", None)) or \
+        (not opts.resume and _directory_problem(getattr(opts, "checkpoint_dir", None)))
+    if problem:
+        parser.error(problem)
+
+
+def _file_problem(path) -> Optional[str]:
+    """Why --json ``path`` could not be appended to, or None."""
+    if not path:
+        return None
+    if os.path.isdir(path):
+        return f"--json {path}: is a directory, not a file"
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        return f"--json {path}: directory {parent} does not exist"
+    if not os.access(parent if not os.path.exists(path) else path, os.W_OK):
+        return f"--json {path}: not writable"
+    return None
+
+
+def _directory_problem(path) -> Optional[str]:
+    """Why directory ``path`` could not be created or written into, or None."""
+    if not path:
+        return None
+    if os.path.exists(path) and not os.path.isdir(path):
+        return f"{path}: exists and is not a directory"
+    existing = os.path.abspath(path)
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        return f"{path}: {existing} is a file, so the directory cannot be made"
+    if not os.access(existing, os.W_OK):
+        return f"{path}: {existing} is not writable"
+    return None
 
 
 def run(task: Task, opts: argparse.Namespace, *, out=None) -> list[dict]:
