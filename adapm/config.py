@@ -60,6 +60,7 @@ ENV_VARIABLES = {
     "ADAPM_WORLD_SIZE": "number of processes in the job (set by adapm-run)",
     "ADAPM_RENDEZVOUS": "host:port of rank 0's rendezvous (set by adapm-run)",
     "ADAPM_JOB": "Config.job: an id the job's ranks share (set by adapm-run)",
+    "ADAPM_DEBUG": "1: the apps show a traceback for configuration and launch errors too",
     "ADAPM_HOST": "address this node binds and advertises (Config.host)",
     "ADAPM_MANAGEMENT": "Config.management",
     "ADAPM_REQUEST_TIMEOUT_S": "Config.request_timeout_s",
@@ -360,6 +361,12 @@ def _trace_keys(value, num_keys: int):
         raise ConfigError(f"trace_keys: key {bad} is outside [0, {num_keys})")
     arr.setflags(write=False)
     return arr
+
+
+def debug(env: Optional[Mapping[str, str]] = None) -> bool:
+    """Whether ``ADAPM_DEBUG`` asks for tracebacks of user errors (the apps)."""
+    env = os.environ if env is None else env
+    return env.get("ADAPM_DEBUG", "").strip().lower() in ("1", "true", "yes", "on")
 
 
 def check_env_names(env: Mapping[str, str]) -> None:

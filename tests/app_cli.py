@@ -21,11 +21,11 @@ PY = sys.executable
 LAUNCHER = [PY, "-m", "adapm.launch"]
 
 
-def run(cmd, timeout=240, expect=0, cwd=None):
-    """Run ``cmd`` (in ``cwd``); it must exit with ``expect`` (the output is shown when it
-    does not)."""
-    proc = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=timeout,
-                          cwd=cwd)
+def run(cmd, timeout=240, expect=0, cwd=None, env=None):
+    """Run ``cmd`` (in ``cwd``, with ``env`` added to ENV); it must exit with ``expect`` (the
+    output is shown when it does not)."""
+    proc = subprocess.run(cmd, env={**ENV, **(env or {})}, capture_output=True, text=True,
+                          timeout=timeout, cwd=cwd)
     assert proc.returncode == expect, (f"exit {proc.returncode}, expected {expect}\n"
                                        f"stdout:\n{proc.stdout[-3000:]}\nstderr:\n"
                                        f"{proc.stderr[-3000:]}")

@@ -521,11 +521,14 @@ def test_app_resume_errors(kg, tmp_path):
     assert "--resume needs --checkpoint-dir" in no_dir.stderr
     ck = tmp_path / "ck"
     app_run(kge(kg, "--epochs", "1", "--checkpoint-dir", str(ck)))
+    # A user's mistake: one line naming it, exit 2, no traceback.
     other = app_run(kge(kg, "--epochs", "2", "--checkpoint-dir", str(ck), "--resume", "--dim",
-                        "8"), expect=1)
+                        "8"), expect=2)
     assert "value lengths differ" in other.stderr and str(ck) in other.stderr
-    done = app_run(kge(kg, "--epochs", "1", "--checkpoint-dir", str(ck), "--resume"), expect=1)
+    done = app_run(kge(kg, "--epochs", "1", "--checkpoint-dir", str(ck), "--resume"), expect=2)
     assert "give --epochs above 1" in done.stderr
+    for proc in (other, done):
+        assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
 
 
 GNN = os.path.join(os.path.dirname(__file__), os.pardir, "examples", "gnn", "train.py")

@@ -192,3 +192,40 @@ def test_output_paths_are_checked_before_training(kg_dir, tmp_path, flag, where,
                 where], expect=2, cwd=tmp_path)
     assert re.search(expected, proc.stderr), proc.stderr
     assert "Traceback" not in proc.stderr and proc.stdout == ""
+
+
+def _one_line_error(proc, expected: str) -> None:
+    import re
+
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and re.search(expected, lines[0]), proc.stderr
+    assert proc.stdout == ""
+
+
+def test_a_resume_with_another_dim_is_one_line(kg_dir, tmp_path):
+    ckpt = str(tmp_path / "ckpt")
+    run([PY, "-m", "adapm.apps.kge", "--data", str(kg_dir), "--epochs", "1", "--dim", "8",
+         "--checkpoint-dir", ckpt, "--progress", "off"])
+    proc = run([PY, "-m", "adapm.apps.kge", "--data", str(kg_dir), "--epochs", "2", "--dim",
+                "16", "--checkpoint-dir", ckpt, "--resume", "--progress", "off"], expect=2)
+    _one_line_error(proc, r"^error: checkpoint .*")
+
+
+def test_a_half_set_launcher_environment_is_a_usage_error(kg_dir):
+    proc = run([PY, "-m", "adapm.apps.kge", "--data", str(kg_dir)], expect=2,
+               env={"ADAPM_RANK": "0"})
+    assert "usage:" in proc.stderr and "ADAPM_RANK is set but ADAPM_WORLD_SIZE is not" in \
+        proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_a_taken_rendezvous_port_is_one_line(kg_dir):
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        proc = run([PY, "-m", "adapm.apps.kge", "--data", str(kg_dir), "--epochs", "1"],
+                   expect=2, env={"ADAPM_RANK": "0", "ADAPM_WORLD_SIZE": "2",
+                                  "ADAPM_RENDEZVOUS": f"127.0.0.1:{port}"})
+    _one_line_error(proc, r"^error: rank 0: cannot host the rendezvous at .*port taken")

@@ -54,7 +54,7 @@ import adapm
 from .. import checkpoint as checkpoints
 from .._argtypes import non_negative_int, positive_int, trace_keys
 from ..config import MANAGEMENT_VARIANTS
-from ..errors import CheckpointError
+from ..errors import AdaPMTimeout, CheckpointError, ConfigError, NodeFailure, TransportError
 from .baseline import ArrayNode
 from .datafiles import DataError
 from .exchange import Exchange, LocalExchange
@@ -172,7 +172,10 @@ def check_flags(parser: argparse.ArgumentParser, opts: argparse.Namespace) -> No
     if opts.baseline and opts.checkpoint_dir:
         parser.error("--checkpoint-dir and --resume need the parameter manager, not --baseline")
     # Rank 0 writes the JSON lines and the export; every rank its trace and checkpoint part.
-    lead = opts.baseline or adapm.Config.from_env(num_keys=1).rank == 0
+    try:
+        lead = opts.baseline or adapm.Config.from_env(num_keys=1).rank == 0
+    except ConfigError as exc:  # the launcher's environment: named now, in one line
+        parser.error(str(exc))
     problem = (lead and _file_problem(getattr(opts, "json", None))) or \
         (lead and _directory_problem(getattr(opts, "export", None))) or \
         _directory_problem(getattr(opts, "trace_dir", None)) or \
@@ -214,21 +217,15 @@ def _directory_problem(path) -> Optional[str]:
 def run(task: Task, opts: argparse.Namespace, *, out=None) -> list[dict]:
     """Train ``task`` as ``opts`` say; returns rank 0's JSON records (other ranks: [])."""
     out = sys.stdout if out is None else out
-    # Before the node starts: a missing or mismatched checkpoint fails alone, not in a job.
-    resume = _resume_point(task, opts) if getattr(opts, "resume", False) else None
-    if opts.baseline:
-        node = ArrayNode(task.num_keys, task.value_length, task.sampling, opts.seed)
-    else:
-        uniform, row = _uniform(task), _exchange_row(task)
-        probe = adapm.Config.from_env(num_keys=1)
-        exchange_keys = Exchange.num_keys(probe.world_size, row)
-        lengths = task.value_length if uniform else np.concatenate(
-            [task.value_length, np.full(exchange_keys, _REPORT_ROW, dtype=np.int64)])
-        node = adapm.init(config=adapm.Config.from_env(
-            num_keys=task.num_keys + exchange_keys, value_length=lengths,
-            management=opts.management, sampling=task.sampling,
-            trace_dir=getattr(opts, "trace_dir", None),
-            trace_keys=getattr(opts, "trace_keys", "all")))
+    try:
+        node, resume = _start(task, opts)
+    except _STARTUP_ERRORS as exc:
+        # A configuration, checkpoint or launch problem: one line naming it, as the apps' data
+        # errors, not a traceback (ADAPM_DEBUG=1 shows the traceback).
+        if adapm.config.debug():
+            raise
+        print(f"error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
     try:
         records = _train(task, opts, node, out, resume)
     except BaseException as exc:
@@ -240,6 +237,30 @@ def run(task: Task, opts: argparse.Namespace, *, out=None) -> list[dict]:
         raise
     node.shutdown()
     return records
+
+
+# Errors of a run's start that are the user's to fix (configuration, launcher, checkpoint,
+# a taken port, a rank that never came): reported in one line.
+_STARTUP_ERRORS = (ConfigError, CheckpointError, TransportError, AdaPMTimeout, NodeFailure)
+
+
+def _start(task: Task, opts):
+    """The node (or the baseline's array) and the checkpoint to resume from, if any."""
+    # Before the node starts: a missing or mismatched checkpoint fails alone, not in a job.
+    resume = _resume_point(task, opts) if getattr(opts, "resume", False) else None
+    if opts.baseline:
+        return ArrayNode(task.num_keys, task.value_length, task.sampling, opts.seed), resume
+    uniform, row = _uniform(task), _exchange_row(task)
+    probe = adapm.Config.from_env(num_keys=1)
+    exchange_keys = Exchange.num_keys(probe.world_size, row)
+    lengths = task.value_length if uniform else np.concatenate(
+        [task.value_length, np.full(exchange_keys, _REPORT_ROW, dtype=np.int64)])
+    node = adapm.init(config=adapm.Config.from_env(
+        num_keys=task.num_keys + exchange_keys, value_length=lengths,
+        management=opts.management, sampling=task.sampling,
+        trace_dir=getattr(opts, "trace_dir", None),
+        trace_keys=getattr(opts, "trace_keys", "all")))
+    return node, resume
 
 
 # Value length of the exchange keys when the model's keys differ in length.
