@@ -134,27 +134,13 @@ int64_t dir_policy_decide(const directory_t *d, int variant, int64_t node, const
     records_t *recs = d->recs;
     const int64_t w = d->words;
     int64_t dropped = 0;
-    pins_t *pins = variant == POLICY_ADAPTIVE ? d->pins : NULL;
-    if (pins) pins_lock(pins);
     for (int64_t i = 0; i < n; i++) {
         const int32_t r = rec_get(recs, keys[i]);
         uint64_t *masks = recs->masks + (int64_t)r * 2 * w;
-        int64_t dst = policy_decide_key(variant, d->rank, node, w, masks, masks + w,
-                                        has_intent[i], setup + i * w, &dropped);
-        if (dst >= 0 && pins && pins_has(pins, keys[i])) {
-            /* In use here: dst gets a replica, the main copy stays (S = {dst}, R = {dst}; when
-             * dst's intent ends, its replica goes as any other). */
-            const uint64_t bit = (uint64_t)1 << (dst % 64);
-            if (!(masks[w + dst / 64] & bit)) { /* not a replica holder already */
-                masks[w + dst / 64] |= bit;
-                setup[i * w + dst / 64] |= bit;
-            }
-            dst = -1;
-        }
-        relocate_to[i] = dst;
+        relocate_to[i] = policy_decide_key(variant, d->rank, node, w, masks, masks + w,
+                                           has_intent[i], setup + i * w, &dropped);
         rec_tidy(recs, r);
     }
-    if (pins) pins_unlock(pins);
     return dropped;
 }
 

@@ -15,7 +15,6 @@
 
 #include <stdint.h>
 
-#include "pins.h"
 #include "records.h"
 #include "replica_set.h"
 #include "slots.h"
@@ -30,7 +29,6 @@ typedef struct {
     int masks;                       /* the variant keeps intent and replica masks */
     int32_t *home_owner;             /* per key homed here, by key / world_size */
     int64_t num_home;
-    pins_t *pins;                    /* keys the node's workers use now (never relocated) */
 } directory_t;
 
 /* Room for n new records (one per key of a batch). 0, or -1 if out of memory. */
@@ -60,9 +58,7 @@ int64_t dir_relocate_in(const directory_t *d, const int64_t *keys, int64_t n,
 
 /* The policy's verdicts on node's reports for keys[0..n) (owned here, unique), over the masks
  * of their records (policy_decide_key); needs room for n records. Returns the replicas dropped
- * from R. Under the adaptive policy a key pinned here (pins.h: a worker pulled it in a local
- * sample and has not pushed yet) is not relocated: the node the verdict names gets a replica
- * instead, as if this node had intent too, so the worker's push stays local. */
+ * from R. */
 int64_t dir_policy_decide(const directory_t *d, int variant, int64_t node, const int64_t *keys,
                           int64_t n, const uint8_t *has_intent, int64_t *relocate_to,
                           uint64_t *setup);

@@ -15,7 +15,6 @@ typedef struct {
     PyObject *store; /* the StoreObject whose store_t d.store points into */
     replica_set_t held; /* the keys held here as replicas (d.held) */
     records_t recs;     /* d.recs */
-    pins_t pins;        /* d.pins */
     int ready;
 } DirectoryObject;
 
@@ -27,10 +26,7 @@ static int refuse_repeated(DirectoryObject *self, const int64_t *keys, int64_t n
 
 static void Directory_dealloc(DirectoryObject *self) {
     rs_free(&self->held);
-    if (self->ready) {
-        rec_free(&self->recs);
-        pins_free(&self->pins);
-    }
+    if (self->ready) rec_free(&self->recs);
     free(self->d.home_owner);
     Py_XDECREF(self->store);
     Py_TYPE(self)->tp_free((PyObject *)self);
@@ -74,14 +70,6 @@ static int Directory_init(DirectoryObject *self, PyObject *args, PyObject *kwarg
         PyErr_NoMemory();
         return -1;
     }
-    if (pins_init(&self->pins) < 0) {
-        rec_free(&self->recs);
-        free(d->home_owner);
-        d->home_owner = NULL;
-        PyErr_NoMemory();
-        return -1;
-    }
-    d->pins = &self->pins;
     for (int64_t h = 0; h < d->num_home; h++) d->home_owner[h] = (int32_t)rank;
     Py_INCREF(store);
     self->store = store;
@@ -906,51 +894,7 @@ static PyObject *Directory_memory(DirectoryObject *self, PyObject *unused) {
     return Py_BuildValue("LL", (long long)rec_count(&self->recs), (long long)bytes);
 }
 
-/* repin(release, take) -> None: any thread (the pins have their own lock). */
-static PyObject *Directory_repin(DirectoryObject *self, PyObject *args) {
-    PyObject *orel, *otake;
-    if (!PyArg_ParseTuple(args, "OO", &orel, &otake)) return NULL;
-    Py_buffer rv, tv;
-    if (borrow(orel, &rv, 8, 0, "repin: release") < 0) return NULL;
-    if (borrow(otake, &tv, 8, 0, "repin: take") < 0) {
-        PyBuffer_Release(&rv);
-        return NULL;
-    }
-    PyObject *result = NULL;
-    if (check_keys(self, rv.buf, rv.len / 8) == 0 && check_keys(self, tv.buf, tv.len / 8) == 0) {
-        if (pins_change(&self->pins, rv.buf, rv.len / 8, tv.buf, tv.len / 8) < 0)
-            PyErr_NoMemory();
-        else
-            result = Py_NewRef(Py_None);
-    }
-    PyBuffer_Release(&rv);
-    PyBuffer_Release(&tv);
-    return result;
-}
-
-/* pinned(keys) -> bytearray: 1 per key pinned now (a snapshot). */
-static PyObject *Directory_pinned(DirectoryObject *self, PyObject *okeys) {
-    Py_buffer kv;
-    if (borrow(okeys, &kv, 8, 0, "pinned") < 0) return NULL;
-    const int64_t n = kv.len / 8, *keys = kv.buf;
-    PyObject *out = PyByteArray_FromStringAndSize(NULL, n);
-    if (out) {
-        uint8_t *flags = (uint8_t *)PyByteArray_AS_STRING(out);
-        pins_lock(&self->pins);
-        for (int64_t i = 0; i < n; i++) flags[i] = (uint8_t)pins_has(&self->pins, keys[i]);
-        pins_unlock(&self->pins);
-    }
-    PyBuffer_Release(&kv);
-    return out;
-}
-
 static PyMethodDef Directory_methods[] = {
-    {"pinned", (PyCFunction)Directory_pinned, METH_O,
-     "pinned(keys) -> bytearray. Per key: 1 if a worker has it pinned now (repin)."},
-    {"repin", (PyCFunction)Directory_repin, METH_VARARGS,
-     "repin(release, take) -> None. Release one pin of each key of release (int64), then pin "
-     "each key of take once. A pinned key owned here is not relocated by the adaptive policy "
-     "(the node it would go to gets a replica). Any thread; the pins have their own lock."},
     {"first_hop", (PyCFunction)Directory_first_hop, METH_O,
      "first_hop(keys) -> bytearray (int64). Where a request of this node's own for keys (not "
      "owned here) goes first: the hint, unless it names this node; then next_hop."},

@@ -230,14 +230,6 @@ class Rounds:
             self.counters["intents_acted"] += acted
         self._forced.clear()
         ikeys, iflags = intents.changes()
-        if self.variant == 0 and len(ikeys) and not iflags.all():
-            # An intent that ended for a key a worker here has pinned (its local sample, not
-            # pushed yet; NodeState.sample_pins) is reported with the next round: the report
-            # would drop a replica under the worker's push, which would then go remote.
-            pinned = np.frombuffer(self.directory.pinned(ikeys), dtype=bool) & (iflags == 0)
-            if pinned.any():
-                intents.report_again(ikeys[pinned])
-                ikeys, iflags = ikeys[~pinned], iflags[~pinned]
         if not self.policy.reports_intents:
             # Nothing acts on them (every key is everywhere already): taken as told, so that
             # wait_sync sees them served.

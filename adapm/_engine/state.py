@@ -25,7 +25,7 @@ import logging
 import numpy as np
 
 from .._native_loader import load as _load_native
-from .._store import NONE, OWNER, REPLICA
+from .._store import NONE, OWNER
 from .._wire.protocol import (
     ANSWERS, CARRIERS, DTYPES, KEYED, MOVE_SECTIONS, Kind, Message, message, subset,
 )
@@ -43,7 +43,6 @@ from .validate import problem
 _log = logging.getLogger("adapm")
 
 _native = _load_native()
-_ADAPTIVE = 0  # native/policy.h: POLICY_ADAPTIVE
 _EMPTY = {role: np.empty(0, dtype=dtype) for role, dtype in DTYPES.items()}
 
 
@@ -131,31 +130,6 @@ class NodeState(Serving, Rounds):
         self.sinks: list = []  # event stream subscribers (see .stream)
         self.clock = 0  # smallest worker clock at the last Tick (kept while a sink listens)
         Rounds.__init__(self)
-
-    def sample_pins(self):
-        """``repin(release, take)`` for this node's workers (any thread): the keys of a local
-        sample a worker pulled and has not pushed yet are pinned, so that the adaptive policy
-        gives a node that wants one of them a replica instead of relocating it away between the
-        worker's pull and its push (which then went remote: most of KGE's remote accesses).
-        None for the variants that never relocate by the adaptive rule."""
-        return self.directory.repin if self.variant == _ADAPTIVE else None
-
-    def staying(self, keys: np.ndarray) -> np.ndarray:
-        """Per key (bool): held here and not about to leave on this node's own account: owned,
-        or a replica this node still has acted-on intent for (one without is dropped by the
-        next round). Any thread (a snapshot: the store's states and the intent counts are
-        safe to read while the engine works). The ``local`` sampler draws only these, so a
-        sampled key's push stays local (with the pins of :meth:`sample_pins`)."""
-        states = self.store.states(keys)
-        staying = states == OWNER
-        replica = states == REPLICA
-        if replica.any():
-            if self.intents is None:
-                staying |= replica  # replicas of every key (full replication) never go
-            else:
-                wanted = np.frombuffer(self.intents.native.wants(keys), dtype=bool)
-                staying |= replica & wanted
-        return staying
 
     def directory_view(self) -> dict:
         """The native directory as dense numpy arrays (copies; for tests and inspection, not
