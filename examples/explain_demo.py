@@ -64,7 +64,8 @@ def explain(adapm_lines: list[dict], baseline_lines: list[dict], entities: int) 
         f"replicas) there in time, so nearly every access was local; the design aims at "
         f"almost none (0.01% or less)." + (
             " This run is above that aim: most of its remote accesses are updates of sampled "
-            "negative entities that moved to the other node between their read and the push."
+            "negative entities that left the node between their read and the push (a replica "
+            "dropped, or the key relocated)."
             if max(shares) > _AIM else ""),
     ])
 

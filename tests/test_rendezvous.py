@@ -58,19 +58,27 @@ def _await_listening(port: int, proc: subprocess.Popen) -> None:
         time.sleep(0.05)
 
 
-def test_a_member_learns_within_the_failure_timeout_that_rank_0_died():
+def _kill_during_rendezvous(victim: int) -> tuple[int, str, float]:
+    """Ranks 0 and 1 of a 3-node job meet (rank 2 never comes); ``victim`` of them is killed
+    once both wait. Returns the other's exit code, output and seconds from the kill to its
+    exit."""
     port = free_port()
-    rank0 = _start(0, 3, port)  # waits for rank 2, which never comes
+    ranks = [_start(0, 3, port)]
     try:
-        _await_listening(port, rank0)
-        rank1 = _start(1, 3, port)
+        _await_listening(port, ranks[0])
+        ranks.append(_start(1, 3, port))
         time.sleep(3)  # rank 1 checked in and was told to wait
-        rank0.send_signal(signal.SIGKILL)
+        ranks[victim].send_signal(signal.SIGKILL)
         start = time.monotonic()
-        code, out = _finish(rank1)
-        waited = time.monotonic() - start
+        code, out = _finish(ranks[1 - victim])
+        return code, out, time.monotonic() - start
     finally:
-        rank0.kill()
+        for proc in ranks:
+            proc.kill()
+
+
+def test_a_member_learns_within_the_failure_timeout_that_rank_0_died():
+    code, out, waited = _kill_during_rendezvous(victim=0)
     assert code == 1, out
     assert "ERROR NodeFailure" in out and "the rendezvous host, rank 0" in out, out
     assert "did rank 0 die?" in out, out
@@ -78,18 +86,7 @@ def test_a_member_learns_within_the_failure_timeout_that_rank_0_died():
 
 
 def test_rank_0_learns_within_the_failure_timeout_that_a_member_died():
-    port = free_port()
-    rank0 = _start(0, 3, port)
-    try:
-        _await_listening(port, rank0)
-        rank1 = _start(1, 3, port)
-        time.sleep(3)
-        rank1.send_signal(signal.SIGKILL)
-        start = time.monotonic()
-        code, out = _finish(rank0)
-        waited = time.monotonic() - start
-    finally:
-        rank1.kill()
+    code, out, waited = _kill_during_rendezvous(victim=1)
     assert code == 1, out
     assert "ERROR NodeFailure" in out and "rank 1 checked in and then went silent" in out, out
     assert waited < 4 * FAILURE_S + 5, waited
