@@ -5,6 +5,7 @@
  * batch buffers, reserves the records its pass may create, and makes one call into
  * directory.c.
  */
+#include "check.h"
 #include "directory.h"
 #include "module.h"
 #include "policy.h"
@@ -15,6 +16,7 @@ typedef struct {
     PyObject *store; /* the StoreObject whose store_t d.store points into */
     replica_set_t held; /* the keys held here as replicas (d.held) */
     records_t recs;     /* d.recs */
+    check_scratch_t scratch; /* check_message's and check_sync_answer's */
     int ready;
 } DirectoryObject;
 
@@ -26,6 +28,7 @@ static int refuse_repeated(DirectoryObject *self, const int64_t *keys, int64_t n
 
 static void Directory_dealloc(DirectoryObject *self) {
     rs_free(&self->held);
+    check_scratch_free(&self->scratch);
     if (self->ready) rec_free(&self->recs);
     free(self->d.home_owner);
     Py_XDECREF(self->store);
@@ -894,7 +897,91 @@ static PyObject *Directory_memory(DirectoryObject *self, PyObject *unused) {
     return Py_BuildValue("LL", (long long)rec_count(&self->recs), (long long)bytes);
 }
 
+/* The arrays of obj (a sequence of `count` buffers) with the item sizes of roles; 0, or -1 with
+ * an exception (the borrowed views released). */
+static int borrow_roles(PyObject *obj, const char *roles, int count, Py_buffer *v, carr_t *a,
+                        const char *what) {
+    PyObject *seq = PySequence_Fast(obj, "arrays must be a sequence");
+    if (!seq) return -1;
+    if (PySequence_Fast_GET_SIZE(seq) != count) {
+        PyErr_Format(PyExc_ValueError, "%s: %zd arrays, expected %d", what,
+                     PySequence_Fast_GET_SIZE(seq), count);
+        Py_DECREF(seq);
+        return -1;
+    }
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    int got = 0;
+    for (; *roles && got < count; roles++) {
+        if (*roles == '|') continue;
+        if (borrow(items[got], &v[got], wire_itemsize(*roles), 0, what) < 0) {
+            while (got--) PyBuffer_Release(&v[got]);
+            Py_DECREF(seq);
+            return -1;
+        }
+        a[got].p = v[got].buf;
+        a[got].n = v[got].len / v[got].itemsize;
+        got++;
+    }
+    Py_DECREF(seq);
+    return 0;
+}
+
+static PyObject *check_result(int r, const char *why) {
+    if (r < 0) return PyErr_NoMemory();
+    if (r) return PyUnicode_FromString(why);
+    Py_RETURN_NONE;
+}
+
+#define MAX_ARRAYS 24
+
+/* check_message(kind, arrays) -> None, or why the message is unfit (check.h) */
+static PyObject *Directory_check_message(DirectoryObject *self, PyObject *args) {
+    int kind;
+    PyObject *arrays;
+    if (!PyArg_ParseTuple(args, "iO", &kind, &arrays)) return NULL;
+    const char *roles = wire_roles(kind);
+    if (!roles) Py_RETURN_NONE;
+    const int count = wire_count(kind);
+    Py_buffer v[MAX_ARRAYS];
+    carr_t a[MAX_ARRAYS];
+    if (borrow_roles(arrays, roles, count, v, a, "check_message") < 0) return NULL;
+    char why[CHECK_WHY];
+    const int r = check_message(&self->d, kind, a, &self->scratch, why);
+    for (int i = 0; i < count; i++) PyBuffer_Release(&v[i]);
+    return check_result(r, why);
+}
+
+/* check_sync_answer(keys, num_intents, num_deltas, remaining, req_id, arrays) -> None or why */
+static PyObject *Directory_check_sync_answer(DirectoryObject *self, PyObject *args) {
+    PyObject *okeys, *arrays;
+    long long ni, nd, remaining, req_id;
+    if (!PyArg_ParseTuple(args, "OLLLLO", &okeys, &ni, &nd, &remaining, &req_id, &arrays))
+        return NULL;
+    Py_buffer kv, v[8];
+    carr_t a[8];
+    if (borrow(okeys, &kv, 8, 0, "check_sync_answer: keys") < 0) return NULL;
+    if (borrow_roles(arrays, "pvprpnpr", 8, v, a, "check_sync_answer") < 0) {
+        PyBuffer_Release(&kv);
+        return NULL;
+    }
+    char why[CHECK_WHY];
+    const int r = check_sync_answer(&self->d, kv.buf, kv.len / 8, ni, nd, remaining, req_id, a,
+                                    &self->scratch, why);
+    for (int i = 0; i < 8; i++) PyBuffer_Release(&v[i]);
+    PyBuffer_Release(&kv);
+    return check_result(r, why);
+}
+
 static PyMethodDef Directory_methods[] = {
+    {"check_message", (PyCFunction)Directory_check_message, METH_VARARGS,
+     "check_message(kind, arrays) -> None or str. Whether a received message's arrays (flat "
+     "over its sections, as protocol.Message.arrays) fit this node: a keyed request's keys, "
+     "per-key arrays and rows, and a carrier's moves (native/check.h); the reason if not. "
+     "Changes nothing."},
+    {"check_sync_answer", (PyCFunction)Directory_check_sync_answer, METH_VARARGS,
+     "check_sync_answer(keys, num_intents, num_deltas, remaining, req_id, arrays) -> None or "
+     "str. Whether a SYNC_RESP's 8 answer arrays fit the round request they answer (its "
+     "entries' keys, how many are intent reports and deltas, how many are unanswered)."},
     {"first_hop", (PyCFunction)Directory_first_hop, METH_O,
      "first_hop(keys) -> bytearray (int64). Where a request of this node's own for keys (not "
      "owned here) goes first: the hint, unless it names this node; then next_hop."},
