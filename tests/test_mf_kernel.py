@@ -744,3 +744,91 @@ def test_format_read_only_inputs_and_layout():
         K.mf_format(i64([0, 1, 2, 3])[::2], i64([4, 5]), f32([1, 2]), 0, " ")
     with pytest.raises(ValueError):  # 2-D
         K.mf_format(i64([[0, 1], [2, 3]]), i64([4, 5, 6, 7]), f32([1, 2, 3, 4]), 0, " ")
+
+
+# ---- mf_plan: one batch's keys, rows and weights -------------------------------------------------
+
+
+def _plan_inputs(num_rows, num_cols, entries, seed=0):
+    rng = np.random.default_rng(seed)
+    rows = rng.integers(0, num_rows, entries).astype(np.int64)
+    cols = rng.integers(0, num_cols, entries).astype(np.int64)
+    vals = rng.random(entries).astype(F32)
+    reg_of = rng.random(num_rows + num_cols).astype(F32)
+    return rows, cols, vals, reg_of
+
+
+def _plan(rows, cols, vals, num_rows, reg_of, points, row_of=None):
+    n = len(points)
+    row_of = np.full(len(reg_of), -1, np.int32) if row_of is None else row_of
+    keys, w, h = np.empty(2 * n, np.int64), np.empty(n, np.int64), np.empty(n, np.int64)
+    x, reg = np.empty(n, F32), np.empty(2 * n, F32)
+    nk, nr = K.mf_plan(rows, cols, vals, num_rows, reg_of, row_of, points, keys, w, h, x, reg)
+    return keys[:nk], nr, w, h, x, reg[:nk], row_of
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 3000), st.integers(1, 3000), st.integers(1, 4000), st.integers(0, 3000),
+       st.integers(0, 2**32 - 1))
+def test_plan_matches_numpy_unique(num_rows, num_cols, entries, n, seed):
+    """The arrays the MF app computed with numpy before (apps/mf.py: MFTrainer.plan), exactly:
+    keys ascending, each entry's rows in them, values, per-key weights; row keys first."""
+    rows, cols, vals, reg_of = _plan_inputs(num_rows, num_cols, entries, seed)
+    points = np.random.default_rng(seed).integers(0, entries, n).astype(np.int64)
+    keys, nr, w, h, x, reg, row_of = _plan(rows, cols, vals, num_rows, reg_of, points)
+    expect, inverse = np.unique(np.concatenate([rows[points], num_rows + cols[points]]),
+                                return_inverse=True)
+    assert np.array_equal(keys, expect)
+    assert np.array_equal(w, inverse[:n]) and np.array_equal(h, inverse[n:])
+    assert np.array_equal(x, vals[points]) and np.array_equal(reg, reg_of[expect])
+    assert np.array_equal(keys[nr:], expect[expect >= num_rows])
+    assert (row_of == -1).all()  # the scratch is left as it was found
+
+
+def test_plan_wide_key_span_and_duplicates():
+    """Keys spread over a large range (several radix passes) and repeated entries."""
+    num_rows, num_cols = 3, 5_000_000
+    rows = np.array([2, 0, 2, 1], np.int64)
+    cols = np.array([4_999_999, 0, 123_456, 4_999_999], np.int64)
+    vals = np.arange(4, dtype=F32)
+    reg_of = np.zeros(num_rows + num_cols, F32)
+    points = np.array([0, 1, 2, 3, 0, 2], np.int64)
+    keys, nr, w, h, x, reg, _ = _plan(rows, cols, vals, num_rows, reg_of, points)
+    assert keys.tolist() == [0, 1, 2, 3, 3 + 123_456, 3 + 4_999_999]
+    assert nr == 3 and w.tolist() == [2, 0, 2, 1, 2, 2] and h.tolist() == [5, 3, 4, 5, 5, 4]
+
+
+@pytest.mark.parametrize("bad", ["point", "row", "col"])
+def test_plan_out_of_range_writes_nothing(bad):
+    rows, cols, vals, reg_of = _plan_inputs(10, 10, 50)
+    points = np.arange(20, dtype=np.int64)
+    if bad == "point":
+        points[7] = 50
+    elif bad == "row":
+        rows[7] = 10
+    else:
+        cols[7] = -1
+    row_of = np.full(20, -1, np.int32)
+    with pytest.raises(ValueError, match=r"points\[7\]"):
+        _plan(rows, cols, vals, 10, reg_of, points, row_of)
+    assert (row_of == -1).all()
+
+
+def test_plan_checks_its_buffers():
+    rows, cols, vals, reg_of = _plan_inputs(10, 10, 50)
+    points = np.arange(20, dtype=np.int64)
+    row_of = np.full(20, -1, np.int32)
+    keys, w, h = np.empty(40, np.int64), np.empty(20, np.int64), np.empty(20, np.int64)
+    x, reg = np.empty(20, F32), np.empty(40, F32)
+    args = [rows, cols, vals, 10, reg_of, row_of, points, keys, w, h, x, reg]
+    with pytest.raises(TypeError, match="rows must be int64"):
+        K.mf_plan(rows.astype(np.int32), *args[1:])
+    with pytest.raises(ValueError, match="room for 2"):
+        K.mf_plan(*args[:7], keys[:39], *args[8:])
+    with pytest.raises(ValueError, match="one item per key"):
+        K.mf_plan(*args[:5], row_of[:19], *args[6:])
+    with pytest.raises(ValueError, match="shares memory"):
+        K.mf_plan(*args[:8], keys[:20], *args[9:])
+    with pytest.raises(ValueError, match="writable"):
+        x.flags.writeable = False
+        K.mf_plan(*args)

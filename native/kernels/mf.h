@@ -59,4 +59,26 @@ int64_t mf_parse_sep(const char *text, int64_t n, int skip_percent, int64_t base
 int64_t mf_format(const int64_t *rows, const int64_t *cols, const float *vals, int64_t n,
                   int64_t base, char sep, char *out, int64_t cap);
 
+/* One batch's plan: what mf_train_batch needs, from the batch's entries (indices into the
+ * training entries rows[], cols[], vals[] of a num_rows-row matrix; key of row i: i, of
+ * column j: num_rows + j). Writes the batch's distinct keys ascending to keys (capacity
+ * 2 * n), per entry the position of its row key in keys to w_rows and of its column key to
+ * h_rows, its value to x, and per key reg_of[key] to reg. row_of is scratch of one int32 per
+ * key, every item -1 on entry and on return. Returns the number of keys, and in *row_keys how
+ * many of them are row keys (the first ones); or -1 - i when points[i] is outside
+ * [0, num_entries) or names a key outside [0, num_keys) (nothing written but keys then, row_of
+ * restored). The same arrays as numpy's unique(rows, num_rows + cols, return_inverse). */
+typedef struct {
+    const int64_t *rows, *cols;  /* the training entries' row and column indices */
+    const float *vals;           /* and their values */
+    int64_t num_entries;
+    int64_t num_rows;            /* keys of columns start here */
+    int64_t num_keys;            /* length of reg_of and row_of */
+    const float *reg_of;         /* per key: its L2 weight */
+    int32_t *row_of;             /* scratch, see above */
+} mf_plan_t;
+
+int64_t mf_plan(const mf_plan_t *p, const int64_t *points, int64_t n, int64_t *keys,
+                int64_t *w_rows, int64_t *h_rows, float *x, float *reg, int64_t *row_keys);
+
 #endif

@@ -167,6 +167,88 @@ fail:
     return NULL;
 }
 
+static PyObject *py_mf_plan(PyObject *module, PyObject *args, PyObject *kwargs) {
+    static const char *fn = "mf_plan";
+    static char *kwlist[] = {"rows", "cols", "vals", "num_rows", "reg_of", "row_of", "points",
+                             "keys", "w_rows", "h_rows", "x", "reg", NULL};
+    PyObject *o[11];
+    long long num_rows;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOLOOOOOOOO", kwlist, &o[0], &o[1], &o[2],
+                                     &num_rows, &o[3], &o[4], &o[5], &o[6], &o[7], &o[8], &o[9],
+                                     &o[10]))
+        return NULL;
+    views_t vs = {.n = 0};
+    Py_buffer *rows, *cols, *vals, *reg_of, *points, *row_of, *keys, *w_rows, *h_rows, *x, *reg;
+    if (!(rows = take(&vs, o[0], fn, "rows", I64, 0, 1)) ||
+        !(cols = take(&vs, o[1], fn, "cols", I64, 0, 1)) ||
+        !(vals = take(&vs, o[2], fn, "vals", F32, 0, 1)) ||
+        !(reg_of = take(&vs, o[3], fn, "reg_of", F32, 0, 1)) ||
+        !(points = take(&vs, o[5], fn, "points", I64, 0, 1)) ||
+        !(row_of = take(&vs, o[4], fn, "row_of", I32, 1, 1)) ||
+        !(keys = take(&vs, o[6], fn, "keys", I64, 1, 1)) ||
+        !(w_rows = take(&vs, o[7], fn, "w_rows", I64, 1, 1)) ||
+        !(h_rows = take(&vs, o[8], fn, "h_rows", I64, 1, 1)) ||
+        !(x = take(&vs, o[9], fn, "x", F32, 1, 1)) ||
+        !(reg = take(&vs, o[10], fn, "reg", F32, 1, 1)))
+        goto fail;
+    for (int i = 5; i < vs.n; i++) /* the written buffers: row_of onwards */
+        if (check_no_overlap(&vs, &vs.v[i], fn, "an output") < 0) goto fail;
+    const int64_t ne = count(rows), n = count(points), nkeys = count(reg_of);
+    if (count(cols) != ne || count(vals) != ne) {
+        PyErr_Format(PyExc_ValueError, "%s: rows, cols and vals need one item per entry, got "
+                     "%lld, %lld, %lld", fn, (long long)ne, (long long)count(cols),
+                     (long long)count(vals));
+        goto fail;
+    }
+    if (num_rows < 0 || num_rows > nkeys || count(row_of) != nkeys || nkeys > INT32_MAX) {
+        PyErr_Format(PyExc_ValueError, "%s: reg_of and row_of need one item per key (got %lld "
+                     "and %lld, at most 2**31 - 1), num_rows %lld of them", fn,
+                     (long long)nkeys, (long long)count(row_of), num_rows);
+        goto fail;
+    }
+    if (count(keys) < 2 * n || count(reg) < 2 * n || count(w_rows) < n || count(h_rows) < n ||
+        count(x) < n) {
+        PyErr_Format(PyExc_ValueError, "%s: keys and reg need room for 2 * len(points) = %lld "
+                     "items, w_rows, h_rows and x for %lld", fn, (long long)(2 * n),
+                     (long long)n);
+        goto fail;
+    }
+    const mf_plan_t plan = {.rows = rows->buf, .cols = cols->buf, .vals = vals->buf,
+                            .num_entries = ne, .num_rows = num_rows, .num_keys = nkeys,
+                            .reg_of = reg_of->buf, .row_of = row_of->buf};
+    int64_t nk, row_keys = 0;
+    Py_BEGIN_ALLOW_THREADS
+    nk = mf_plan(&plan, points->buf, n, keys->buf, w_rows->buf, h_rows->buf, x->buf, reg->buf,
+                 &row_keys);
+    Py_END_ALLOW_THREADS
+    if (nk < 0) {
+        const int64_t i = -1 - nk, e = ((const int64_t *)points->buf)[i];
+        PyErr_Format(PyExc_ValueError, "%s: points[%lld] = %lld is not an entry of the %lld "
+                     "given, or its row or column is outside the %lld x %lld matrix", fn,
+                     (long long)i, (long long)e, (long long)ne, num_rows,
+                     (long long)(nkeys - num_rows));
+        goto fail;
+    }
+    release_views(&vs);
+    return Py_BuildValue("(LL)", (long long)nk, (long long)row_keys);
+fail:
+    release_views(&vs);
+    return NULL;
+}
+
+PyDoc_STRVAR(mf_plan_doc,
+"mf_plan(rows, cols, vals, num_rows, reg_of, row_of, points, keys, w_rows, h_rows, x, reg)\n"
+"    -> (keys written, row keys among them)\n"
+"\n"
+"One MF batch's plan from the training entries (rows, cols: int64, vals: float32) at points\n"
+"(int64): the batch's distinct keys ascending into keys (row i is key i, column j key\n"
+"num_rows + j; room for 2 * len(points)), per entry the position of its row key in keys into\n"
+"w_rows and of its column key into h_rows (int64), its value into x (float32), per key\n"
+"reg_of[key] into reg (float32; room for 2 * len(points)). The row keys come first. row_of:\n"
+"int32 scratch, one per key, all -1 (and left so). The arrays numpy's\n"
+"unique(concatenate([rows[points], num_rows + cols[points]]), return_inverse=True) gives.\n"
+"The GIL is released.");
+
 PyDoc_STRVAR(mf_train_batch_doc,
 "mf_train_batch(rank, values, updates, w_rows, h_rows, x, reg, lr) -> loss_sum\n"
 "\n"
@@ -196,6 +278,8 @@ PyDoc_STRVAR(mf_format_doc,
 PyMethodDef mf_methods[] = {
     {"mf_train_batch", (PyCFunction)(void (*)(void))py_mf_train_batch,
      METH_VARARGS | METH_KEYWORDS, mf_train_batch_doc},
+    {"mf_plan", (PyCFunction)(void (*)(void))py_mf_plan, METH_VARARGS | METH_KEYWORDS,
+     mf_plan_doc},
     {"mf_parse", (PyCFunction)(void (*)(void))py_mf_parse, METH_VARARGS | METH_KEYWORDS,
      mf_parse_doc},
     {"mf_format", (PyCFunction)(void (*)(void))py_mf_format, METH_VARARGS | METH_KEYWORDS,

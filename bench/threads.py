@@ -1,0 +1,288 @@
+"""Worker threads of one process: epoch time, worker CPU and GIL-held time per batch (issue 29).
+
+    python bench/threads.py --quick          # small data, about 2 minutes
+    python bench/threads.py                  # larger data (the table in docs/benchmarks.md)
+    python bench/threads.py --apps mf --threads 1,2,4 --repeat 3
+    python bench/threads.py --quick --compare /tmp/before   # another checkout, side by side
+
+``--compare DIR``: every setup also runs with the adapm of DIR (a checkout with its native
+extensions built in place: ``python -c "from setuptools import setup; setup()" build_ext
+--inplace``), the two alternating in each round, so that a before/after comparison shares one
+sitting of a noisy machine.
+
+For each app (MF, WV, KGE on their generated data) and each setup (``--baseline``: the kernels
+over a plain shared array; ``adapm``: one PM node, the app without a launcher) with 1 and 2
+worker threads (``--threads``), one run of the app in a child process that measures from
+inside:
+
+- epoch (s): the app's ``train_seconds``, mean over the epochs;
+- worker CPU / batch (us): the thread CPU clock (``time.thread_time``) of every worker thread
+  over its epoch (schedule, intent, plans, steps, ``wait_sync``), summed over threads and
+  epochs, over the batches trained. The same work with more threads should cost the same CPU;
+  more CPU is contention (the GIL's hand-overs, shared cache lines, lock stripes);
+- native / batch (us): the part of it spent inside the project's native calls that release the
+  GIL (the kernels' ``*_train_batch``, ``mf_plan``, ``wv_plan``, ``wv_merge_pool``, ``table_gather`` /
+  ``table_scatter_add``, the store's ``gather_fast`` / ``scatter_*_fast``, and ``gather`` /
+  ``scatter_*`` when their batch is large enough to release it: see RELEASE_GIL_FROM);
+- GIL-held / batch (us): worker CPU outside those calls: the thread's Python path (schedule
+  slicing, intent, plan, pull/push argument checks, counters), which holds the GIL. An upper
+  bound: numpy releases the GIL inside some of its own loops (sorts, copies of large arrays),
+  which this counts as held. At most 1 / (GIL-held share of a batch) threads can run at once;
+- off-CPU outside native / batch (us): wall time outside those calls minus its CPU: waiting
+  for the GIL (or descheduled by the OS, on a shared machine).
+
+Each native call of a worker thread is bracketed by two ``thread_time`` and two
+``perf_counter`` reads in the child; the cost of that instrumentation, measured in the child
+before the run (a wrapped no-op), is taken out of the figures. Every setup of an app runs on
+the same data, one after the other; with ``--repeat`` the rounds alternate setups and the table
+shows each setup's median round (by worker CPU per batch). OMP_WAIT_POLICY=PASSIVE.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+PY = sys.executable
+HERE = Path(__file__).resolve()
+
+# native/module.h RELEASE_GIL_FROM: Store.gather/scatter_* release the GIL only for batches of
+# at least this many keys + floats (the *_fast calls always do).
+RELEASE_GIL_FROM = 32768
+
+# Data per app: (quick, full) generate arguments and app arguments.
+SIZES = {
+    "mf": {"quick": ["--rows", "20000", "--cols", "5000", "--entries", "2000000"],
+           "full": ["--rows", "200000", "--cols", "50000", "--entries", "11000000"]},
+    "wv": {"quick": ["--sentences", "50000"], "full": ["--sentences", "250000"]},
+    "kge": {"quick": ["--triples", "100000"], "full": ["--triples", "500000"]},
+}
+
+
+# --- the child: one app run, instrumented -----------------------------------------------------
+
+def child(app: str, argv: list[str]) -> None:
+    """Run ``python -m adapm.apps.<app> argv`` in this process with every GIL-releasing native
+    call of the worker threads timed; then print one ``THREADS {...}`` line with the
+    measurements (the app's own JSON lines go where its ``--json`` says)."""
+    import importlib
+    import threading
+
+    import adapm._store as store_module
+    from adapm._native_loader import load
+    from adapm.apps import runner
+
+    kernels = load("adapm._kernels")
+    module = importlib.import_module(f"adapm.apps.{app}")
+    local = threading.local()
+    records: list[dict] = []  # one per worker thread and epoch
+    thread_time, perf_counter = time.thread_time, time.perf_counter
+
+    def timed(fn, batch: bool = False, releases=None):
+        """fn, with its CPU and wall time added to the calling worker thread's record (only
+        when the call releases the GIL: ``releases(*args)`` says, default always)."""
+        def call(*args, **kwargs):
+            rec = getattr(local, "rec", None)
+            if rec is None or (releases is not None and not releases(*args)):
+                return fn(*args, **kwargs)
+            c, w = thread_time(), perf_counter()
+            out = fn(*args, **kwargs)
+            rec[0] += thread_time() - c
+            rec[1] += perf_counter() - w
+            rec[2] += 1
+            if batch:
+                rec[3] += 1
+            return out
+        return call
+
+    for name in ("mf_train_batch", "kge_train_batch", "wv_train_batch"):
+        setattr(kernels, name, timed(getattr(kernels, name), batch=True))
+    for name in ("mf_plan", "wv_plan", "wv_merge_pool", "table_gather", "table_scatter_add"):
+        if hasattr(kernels, name):  # a --compare checkout may not have them all
+            setattr(kernels, name, timed(getattr(kernels, name)))
+
+    def big(keys, values, missing) -> bool:
+        return len(keys) + values.size >= RELEASE_GIL_FROM
+
+    store_init = store_module.Store.__init__
+
+    def init(self, config) -> None:
+        store_init(self, config)
+        for name in ("gather_fast", "scatter_add_fast", "scatter_set_fast"):
+            setattr(self, name, timed(getattr(self, name)))
+
+    store_module.Store.__init__ = init
+    for name in ("gather", "scatter_add", "scatter_set"):
+        method = getattr(store_module.Store, name)
+        setattr(store_module.Store, name,
+                timed(method, releases=lambda self, k, v, m: big(k, v, m)))
+
+    run_epoch = runner._Thread._run_epoch
+
+    def measured(self, epoch: int, ahead: int) -> None:
+        rec = local.rec = [0.0, 0.0, 0, 0]  # native CPU, native wall, native calls, batches
+        c, w = thread_time(), perf_counter()
+        try:
+            run_epoch(self, epoch, ahead)
+        finally:
+            cpu, wall = thread_time() - c, perf_counter() - w
+            local.rec = None
+            records.append({"epoch": epoch, "cpu": cpu, "wall": wall, "native_cpu": rec[0],
+                            "native_wall": rec[1], "calls": rec[2], "batches": rec[3]})
+
+    runner._Thread._run_epoch = measured
+    overhead = _calibrate(timed, local)
+    module.main(argv)
+    sys.stdout.flush()
+    print("THREADS " + json.dumps({"records": records, "overhead": overhead}), flush=True)
+
+
+def _calibrate(timed, local) -> dict:
+    """CPU seconds one timed call adds in all (``total``) and outside its bracket (``held``):
+    a wrapped no-op against the bare one, best of a few rounds."""
+    import threading
+
+    result = {}
+
+    def measure() -> None:
+        noop = len
+        wrapped = timed(noop)
+        arg, n, best_total, best_inside = (), 20000, float("inf"), float("inf")
+        for _ in range(5):
+            local.rec = [0.0, 0.0, 0, 0]
+            c = time.thread_time()
+            for _ in range(n):
+                wrapped(arg)
+            wrapped_cpu = time.thread_time() - c
+            inside = local.rec[0]
+            c = time.thread_time()
+            for _ in range(n):
+                noop(arg)
+            bare = time.thread_time() - c
+            best_total = min(best_total, (wrapped_cpu - bare) / n)
+            best_inside = min(best_inside, inside / n)
+        local.rec = None
+        result["total"] = best_total
+        result["held"] = max(0.0, best_total - best_inside)
+
+    t = threading.Thread(target=measure)
+    t.start()
+    t.join()
+    return result
+
+
+# --- the parent: runs and table ---------------------------------------------------------------
+
+def generate(app: str, size: str, env: dict) -> Path:
+    gen = SIZES[app][size]
+    data = Path(tempfile.gettempdir()) / f"adapm-bench-threads-{app}-{'-'.join(gen[1::2])}"
+    marker = {"mf": "test.mmc", "wv": "corpus.txt", "kge": "train.txt"}[app]
+    if not (data / marker).exists():
+        subprocess.run([PY, "-m", f"adapm.apps.{app}", "generate", str(data), *gen, "--seed",
+                        "1"], env=env, check=True, capture_output=True)
+    return data
+
+
+def app_args(app: str, data: Path, epochs: int) -> list[str]:
+    common = ["--epochs", str(epochs), "--progress", "off", "--seed", "1"]
+    if app == "mf":
+        return ["--train", str(data / "train.mmc"), "--test", str(data / "test.mmc"), *common]
+    if app == "wv":
+        return ["--corpus", str(data / "corpus.txt"), "--eval-every", "0", *common]
+    return ["--data", str(data), "--eval-every", "0", "--eval-max", "200", *common]
+
+
+def run_one(app: str, args: list[str], env: dict, tree: str | None = None) -> dict:
+    """One child run (with the adapm of checkout ``tree`` if given): its figures per batch
+    (seconds)."""
+    started = time.monotonic()
+    if tree:
+        env = {**env, "PYTHONPATH": tree}
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "epochs.jsonl"  # the app's JSON lines (--json FILE appends them)
+        proc = subprocess.run([PY, str(HERE), "--child", app, *args, "--json", str(out)],
+                              env=env, capture_output=True, text=True)
+        if proc.returncode:
+            sys.exit(f"failed ({proc.returncode}): {app} {' '.join(args)}\n"
+                     f"{proc.stderr[-4000:]}")
+        lines = [json.loads(line) for line in out.read_text().splitlines() if line.strip()]
+    meta = next(json.loads(line[len("THREADS "):]) for line in proc.stdout.splitlines()
+                if line.startswith("THREADS "))
+    recs, over = meta["records"], meta["overhead"]
+    batches = sum(r["batches"] for r in recs)
+    calls = sum(r["calls"] for r in recs)
+    cpu = sum(r["cpu"] for r in recs) - calls * over["total"]
+    native = sum(r["native_cpu"] for r in recs)
+    held = sum(r["cpu"] - r["native_cpu"] for r in recs) - calls * over["held"]
+    outside_wall = sum(r["wall"] - r["native_wall"] for r in recs)
+    outside_cpu = sum(r["cpu"] - r["native_cpu"] for r in recs)
+    print(f"  {time.monotonic() - started:6.1f} s  {app} {' '.join(args[-6:])}"
+          f"{' (' + tree + ')' if tree else ''}", file=sys.stderr)
+    return {"epoch_s": sum(r["train_seconds"] for r in lines) / len(lines),
+            "cpu": cpu / batches, "native": native / batches, "held": held / batches,
+            "off": max(0.0, outside_wall - outside_cpu) / batches, "batches": batches,
+            "calls_per_batch": calls / batches, "overhead_us": over["total"] * 1e6}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="small data: about 2 minutes")
+    p.add_argument("--apps", default="mf,wv,kge")
+    p.add_argument("--threads", default="1,2", help="worker thread counts")
+    p.add_argument("--setups", default="baseline,adapm")
+    p.add_argument("--epochs", type=int, default=2)
+    p.add_argument("--repeat", type=int, default=1,
+                   help="rounds of all setups of an app; the table shows each one's median")
+    p.add_argument("--compare", metavar="DIR", default=None,
+                   help="also run every setup with the adapm of checkout DIR (built in place)")
+    opts = p.parse_args()
+    env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE"}
+    size = "quick" if opts.quick else "full"
+    epochs = opts.epochs
+    threads = [int(t) for t in opts.threads.split(",")]
+    setups = opts.setups.split(",")
+    rows = []
+    for app in opts.apps.split(","):
+        data = generate(app, size, env)
+        base = app_args(app, data, epochs)
+        trees = [opts.compare, None] if opts.compare else [None]
+        combos = [(s, t, tree) for s in setups for t in threads for tree in trees]
+        runs: dict = {c: [] for c in combos}
+        for _ in range(opts.repeat):
+            for s, t, tree in combos:
+                args = [*base, "--workers", str(t), *(["--baseline"] if s == "baseline" else [])]
+                runs[(s, t, tree)].append(run_one(app, args, env, tree))
+
+        def median(c) -> dict:
+            return sorted(runs[c], key=lambda r: r["cpu"])[len(runs[c]) // 2]
+
+        for s, t, tree in combos:
+            chosen = median((s, t, tree))
+            rows.append((app, s, t, tree, chosen, chosen["cpu"] / median((s, threads[0], tree))["cpu"]))
+    print(f"\n{size} data, {epochs} epoch(s), figures per batch in us "
+          f"(instrumentation taken out: ~{rows[0][4]['overhead_us']:.1f} us per timed call)\n")
+    tree_column = "| tree " if opts.compare else ""
+    print(f"| app | setup | threads {tree_column}| epoch (s) | batches | worker CPU / batch | "
+          "vs 1 thread | native / batch | GIL-held / batch | GIL-held share | "
+          "off-CPU outside native / batch |")
+    print("|---|---|---:|" + ("---|" if opts.compare else "") + "---:|---:|---:|---:|---:|---:|"
+          "---:|---:|")
+    for app, s, t, tree, r, ratio in rows:
+        where = f"| {'compared' if tree else 'this'} " if opts.compare else ""
+        print(f"| {app} | {s} | {t} {where}| {r['epoch_s']:.2f} | {r['batches']:,} | "
+              f"{r['cpu'] * 1e6:.0f} | {ratio:.2f}x | {r['native'] * 1e6:.0f} | "
+              f"{r['held'] * 1e6:.0f} | {100 * r['held'] / r['cpu']:.0f}% | "
+              f"{r['off'] * 1e6:.0f} |")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 2 and sys.argv[1] == "--child":
+        child(sys.argv[2], sys.argv[3:])
+    else:
+        main()
