@@ -28,7 +28,7 @@ $(DEMO)/kg/train.txt: | $(STAMP)
 demo: install $(DEMO)/kg/train.txt
 	rm -rf $(DEMO)/epochs.jsonl $(DEMO)/baseline.jsonl $(DEMO)/model
 	OMP_WAIT_POLICY=PASSIVE $(VENV)/bin/adapm-run -n 2 $(PY) -m adapm.apps.kge --data $(DEMO)/kg \
-		--dim 32 --epochs 6 --export $(DEMO)/model --json $(DEMO)/epochs.jsonl > /dev/null
+		--dim 32 --epochs 6 --export $(DEMO)/model --json $(DEMO)/epochs.jsonl
 	@echo "The baseline: the same model, data order and threads in one process, no parameter manager..."
 	@OMP_WAIT_POLICY=PASSIVE $(PY) -m adapm.apps.kge --data $(DEMO)/kg --dim 32 --epochs 6 \
 		--baseline --workers 2 --eval-every 6 --progress off --json $(DEMO)/baseline.jsonl \

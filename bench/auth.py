@@ -44,7 +44,8 @@ def main(argv=None) -> int:
             for mode in ("off", "on"):
                 lines = sh([PY, "-m", "adapm.launch", "-n", "2", PY, "-m", "adapm.apps.kge",
                             "--data", data, "--dim", str(opts.dim), "--epochs", str(epochs),
-                            "--eval-every", str(epochs + 1), "--progress", "off"],
+                            "--eval-every", str(epochs + 1), "--progress", "off",
+                            "--json", "-"],
                            {**env, "ADAPM_AUTH": "1" if mode == "on" else "0"})
                 seconds[mode].append(statistics.mean(r["train_seconds"] for r in lines))
     off, on = statistics.mean(seconds["off"]), statistics.mean(seconds["on"])

@@ -71,7 +71,7 @@ def main() -> None:
             "--seed", "1"], env)
     app = [PY, "-m", "adapm.apps.kge", "--data", str(data), "--dim", str(opts.dim), "--neg",
            str(opts.neg), "--epochs", str(epochs), "--eval-every", "0", "--eval-max",
-           str(opts.eval_max), "--progress", "off"]
+           str(opts.eval_max), "--progress", "off", "--json", "-"]
     rows = [summarise("baseline (shared array)", sh([*app, "--baseline", "--workers", "2"], env),
                       1, 2)]
     for variant in opts.variants.split(","):

@@ -65,7 +65,7 @@ def main() -> None:
     # popular columns on every node instead; bench/quality.py compares the two schedules).
     app = [PY, "-m", "adapm.apps.mf", "--train", str(data / "train.mmc"), "--test",
            str(data / "test.mmc"), "--epochs", str(opts.epochs), "--progress", "off",
-           "--schedule", "columnwise"]
+           "--json", "-", "--schedule", "columnwise"]
     launch = [PY, "-m", "adapm.launch", "-n", "2"]
     rows_out = [
         summarise("baseline (shared array)", "1 x 2", sh([*app, "--baseline", "--workers", "2"],

@@ -157,7 +157,7 @@ def mf_real(opts) -> None:
     folder = movielens_100k()
     app = [PY, "-m", "adapm.apps.mf", "--train", str(folder / "train.csv"), "--valid",
            str(folder / "valid.csv"), "--test", str(folder / "test.csv"), "--epochs",
-           str(opts.mf_epochs), "--progress", "off"]
+           str(opts.mf_epochs), "--progress", "off", "--json", "-"]
     rows = []
     for name, cmd in (("adapm --baseline", [*app, "--baseline"]),
                       ("adapm 2 nodes x 1", [*LAUNCH2, *app])):
@@ -192,7 +192,8 @@ def mf_real(opts) -> None:
 def mf_workers(opts) -> None:
     data = generated(50_000, 20_000, 2_000_000)
     app = [PY, "-m", "adapm.apps.mf", "--train", str(data / "train.mmc"), "--test",
-           str(data / "test.mmc"), "--epochs", "3", "--progress", "off", "--baseline"]
+           str(data / "test.mmc"), "--epochs", "3", "--progress", "off", "--baseline",
+           "--json", "-"]
     print(f"\nMF --baseline on a generated 50,000 x 20,000 matrix (2M entries), test RMSE "
           f"after each epoch\n")
     print("| schedule | workers | RMSE per epoch | epoch 3 vs 1 worker |")
@@ -266,7 +267,7 @@ def wv_adapm(corpus: Path, seed: int, extra: list[str]) -> dict:
                 "--window", str(WV["window"]), "--neg", str(WV["neg"]), "--min-count",
                 str(WV["min_count"]), "--sample", str(WV["sample"]), "--epochs",
                 str(WV["epochs"]), "--eval-every", "0", "--seed", str(seed), "--workers", "2",
-                "--progress", "off", "--export", str(export), *extra], ENV)
+                "--progress", "off", "--json", "-", "--export", str(export), *extra], ENV)
     seconds = sum(r["train_seconds"] for r in lines)
     kv = KeyedVectors.load_word2vec_format(str(export / "vectors.bin"), binary=True)
     return {"words_s": sum(r["words"] for r in lines) / seconds, **_gensim_quality(kv)}

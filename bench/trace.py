@@ -42,7 +42,7 @@ def main() -> None:
             "--seed", "1"], env)
     app = [PY, "-m", "adapm.launch", "-n", "2", PY, "-m", "adapm.apps.kge", "--data", str(data),
            "--dim", "64", "--epochs", str(opts.epochs), "--eval-every", "0", "--eval-max", "200",
-           "--progress", "off"]
+           "--progress", "off", "--json", "-"]
     runs = {"no trace": None, "trace 1000 keys": "1000", "trace all keys": "all"}
     times: dict = {name: [] for name in runs}
     sizes: dict = {}

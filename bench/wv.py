@@ -110,7 +110,7 @@ def main() -> None:
     app = [PY, "-m", "adapm.apps.wv", "--corpus", str(corpus), "--dim", str(opts.dim),
            "--window", str(opts.window), "--neg", str(opts.neg), "--min-count",
            str(opts.min_count), "--sample", str(opts.sample), "--epochs", str(opts.epochs),
-           "--eval-every", "0", "--seed", str(opts.seed), "--progress", "off"]
+           "--eval-every", "0", "--seed", str(opts.seed), "--progress", "off", "--json", "-"]
     if analogies:
         app += ["--analogies", str(analogies)]
     setups = [("adapm", "1 node x 2 threads", [*app, "--workers", "2"]),

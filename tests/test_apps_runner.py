@@ -59,3 +59,22 @@ def test_delta_counts_one_phase():
     assert d["rounds"] == 2 and d["mean_round_ms"] == pytest.approx((18 - 8) / 2)
     assert d["mean_staleness_ms"] == pytest.approx(1.5)
     assert d["remote_access_share"] == 0.0
+
+
+@pytest.mark.parametrize("app", ["kge", "wv", "mf"])
+def test_help_shows_each_default_once_and_none_for_required_flags(app):
+    """--help: a flag's default where it has one (once: --management names its own), none for
+    a required flag, a switch or a flag without a default."""
+    import importlib
+
+    parser = importlib.import_module(f"adapm.apps.{app}").parser()
+    text = " ".join(parser.format_help().split())  # argparse wraps at the terminal's width
+    assert "(default: None)" not in text and "(default: False)" not in text, text
+    assert text.count("(default: adaptive)") == 1 and "(default: auto)" in text, text
+    required = [a for a in parser._actions if a.required]
+    assert required, "every app has a required data flag"
+    options = text[text.index("options:"):]
+    for action in required:
+        entry = options[options.index(f"{action.option_strings[0]} {action.metavar} "):]
+        entry = entry[:entry.index(" --", 3)]  # up to the next flag
+        assert "default" not in entry, entry

@@ -39,12 +39,13 @@ def trained(kg_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp("runs")
     app = [PY, "-m", "adapm.apps.kge", "--data", str(kg_dir), *TRAIN_FLAGS]
     single = run([*app, "--export", str(out / "one"), "--json", str(out / "one.jsonl")])
-    two = run([*LAUNCHER, "-n", "2", *app, "--export", str(out / "two")])
-    base = run([*app, "--baseline", "--workers", "2"])
-    base1 = run([*app, "--baseline", "--workers", "1"])
-    return {"one": records(single.stdout), "two": records(two.stdout),
+    two = run([*LAUNCHER, "-n", "2", *app, "--export", str(out / "two"), "--json", "-"])
+    base = run([*app, "--baseline", "--workers", "2", "--json", "-"])
+    base1 = run([*app, "--baseline", "--workers", "1", "--json", "-"])
+    return {"one": records((out / "one.jsonl").read_text()), "two": records(two.stdout),
             "baseline": records(base.stdout), "baseline1": records(base1.stdout), "dir": out,
-            "one_file": (out / "one.jsonl").read_text()}
+            "one_stdout": single.stdout, "baseline_stdout": base.stdout,
+            "baseline_stderr": base.stderr}
 
 
 def test_every_epoch_has_one_json_line_with_every_field(trained):
@@ -60,7 +61,21 @@ def test_every_epoch_has_one_json_line_with_every_field(trained):
         assert node_stats["sampled_remote_keys"] == 0  # local sampling never goes remote
         assert 0 <= node_stats["remote_access_share"] < 0.01
         assert 0 < node_stats["worker_cpu_s"] <= node_stats["process_cpu_s"] * 1.05
-    assert [json.loads(line) for line in trained["one_file"].splitlines()] == trained["one"]
+
+
+def test_stdout_has_the_summary_lines_and_json_goes_where_asked(trained):
+    """A terminal gets one summary line per epoch; the JSON lines go to --json FILE, or with
+    --json - to stdout alone (the summaries to stderr then), so a pipe reads only JSON."""
+    lines = trained["one_stdout"].splitlines()
+    assert [line.split(":")[0] for line in lines] == [f"epoch {e}" for e in
+                                                      range(1, EPOCHS + 1)], lines
+    assert all("mrr" in line for line in lines) and not any("{" in line for line in lines)
+    assert all(line.startswith("{") for line in trained["baseline_stdout"].splitlines())
+    assert len(trained["baseline_stdout"].splitlines()) == EPOCHS
+    summaries = [line for line in trained["baseline_stderr"].splitlines()
+                 if line.startswith("epoch ")]
+    assert [line.split(":")[0] for line in summaries] == [f"epoch {e}" for e in
+                                                          range(1, EPOCHS + 1)], summaries
 
 
 def test_quality_far_above_random_and_close_to_the_baseline(trained, kg_dir):
@@ -130,7 +145,8 @@ def test_other_models_train(kg_dir, model, nodes):
     # RESCAL's keys have two value lengths (entities d, relations d*d): on 2 real nodes.
     launcher = [*LAUNCHER, "-n", str(nodes)] if nodes > 1 else []
     proc = run([*launcher, PY, "-m", "adapm.apps.kge", "--data", str(kg_dir), "--model", model,
-                "--dim", "8", "--epochs", "2", "--eval-max", "500", "--progress", "off"])
+                "--dim", "8", "--epochs", "2", "--eval-max", "500", "--progress", "off",
+                "--json", "-"])
     lines = records(proc.stdout)
     # Training lowers the loss, and the model ranks far above random (MRR ~0.007). The MRR of
     # one epoch against the next is no test at this size: under a loaded machine a 2-node run
@@ -172,7 +188,8 @@ def test_bad_data_files_give_a_clear_error(tmp_path, case, files, expected):
 def test_bad_flags_are_usage_errors(kg_dir, flags, expected):
     data = ["--data", str(kg_dir)] if flags else []
     proc = run([PY, "-m", "adapm.apps.kge", *data, *flags], expect=2)
-    assert "usage:" in proc.stderr and expected in proc.stderr
+    assert "usage:" in proc.stderr and expected in proc.stderr.strip().splitlines()[-1]
+    assert "Traceback" not in proc.stderr and proc.stdout == ""
 
 
 @pytest.mark.parametrize("flag, where, expected", [
@@ -211,11 +228,12 @@ def test_a_resume_with_another_dim_is_one_line(kg_dir, tmp_path):
     _one_line_error(proc, r"^error: checkpoint .*")
 
 
-def test_a_half_set_launcher_environment_is_a_usage_error(kg_dir):
+def test_a_half_set_launcher_environment_is_one_line(kg_dir):
+    """A configuration error (the launcher's environment, not a flag): one line, no usage."""
     proc = run([PY, "-m", "adapm.apps.kge", "--data", str(kg_dir)], expect=2,
                env={"ADAPM_RANK": "0"})
-    assert "usage:" in proc.stderr and "ADAPM_RANK is set but ADAPM_WORLD_SIZE is not" in \
-        proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    _one_line_error(proc, r"^python -m adapm.apps.kge: error: .*ADAPM_RANK is set but "
+                          r"ADAPM_WORLD_SIZE is not")
 
 
 def test_a_taken_rendezvous_port_is_one_line(kg_dir):

@@ -98,7 +98,7 @@ def kg(tmp_path_factory):
 
 def _kge(kg) -> list:
     return [PY, "-m", "adapm.apps.kge", "--data", str(kg), "--dim", "8", "--epochs", "1",
-            "--progress", "off"]
+            "--progress", "off", "--json", "-"]
 
 
 def _check_trained(stdout: str, world_size: int) -> None:

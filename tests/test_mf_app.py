@@ -23,7 +23,7 @@ from app_cli import LAUNCHER, PY, records, run
 ROWS, COLS, ENTRIES = 20_000, 5_000, 1_000_000
 RACING_TOLERANCE = 1.3  # largest ratio of RMSEs measured between racing runs: 0.60 / 0.48
 EPOCHS = 3
-TRAIN_FLAGS = ["--epochs", str(EPOCHS), "--progress", "off"]
+TRAIN_FLAGS = ["--epochs", str(EPOCHS), "--progress", "off", "--json", "-"]
 DOCUMENTED = {"epoch", "train_seconds", "points_per_s", "loss", "rmse", "stats"}
 
 
@@ -108,21 +108,30 @@ def _app(train, test, *flags) -> list[str]:
 
 
 @pytest.mark.parametrize("content,expected", [
-    (b"", "no entries"),
-    (b"%%MatrixMarket matrix coordinate pattern general\n2 2 1\n1 1\n", "line 1: expected"),
-    (b"%%MatrixMarket matrix coordinate real general\n2 2 2\n1 1 1.0\n", "declares 2 entries"),
-    (b"%%MatrixMarket matrix coordinate real general\n2 2 1\n3 1 1.0\n", "line 3: row id 3"),
+    (b"", ": no entries"),
+    (b"%%MatrixMarket matrix coordinate pattern general\n2 2 1\n1 1\n",
+     ":1: expected '%%MatrixMarket matrix coordinate real general' (or integer, or symmetric), "
+     "got '%%MatrixMarket matrix coordinate pattern general'"),  # the line, not a bytes repr
+    (b"%%MatrixMarket matrix coordinate real general\n2 2 2\n1 1 1.0\n",
+     ": the size line declares 2 entries"),
+    (b"%%MatrixMarket matrix coordinate real general\n2 2 1\n3 1 1.0\n", ":3: row id 3"),
     (b"%%MatrixMarket matrix coordinate real general\n% c\n2 2 1\n1 0 1.0\n",
-     "line 4: column id 0"),
-    (b"0\t0\t1.5\n1\tx\t2\n", "line 2: expected 'row col value'"),
-    (b"0\t0\t1.5\n1\t1\n", "line 2: expected 'row col value'"),
+     ":4: column id 0"),
+    (b"%%MatrixMarket matrix coordinate real general\n2 x 1\n1 1 1.0\n",
+     ":2: expected the size line 'rows cols entries' (positive), got '2 x 1'"),
+    (b"%%MatrixMarket matrix coordinate real symmetric\n2 3 1\n1 1 1.0\n",
+     ":2: a symmetric matrix must be square"),
+    (b"0\t0\t1.5\n1\tx\t2\n", ":2: expected 'row col value'"),
+    (b"0\t0\t1.5\n1\t1\n", ":2: expected 'row col value'"),
 ])
 def test_bad_data_files_give_a_clear_error(tmp_path, data, content, expected):
+    """FILE:LINE: message (as KGE's and WV's), one line, exit 2, nothing trained."""
     bad = tmp_path / "bad.txt"
     bad.write_bytes(content)
     proc = run(_app(bad, data["test"]), expect=2)
-    assert str(bad) in proc.stderr and expected in proc.stderr, proc.stderr
-    assert "Traceback" not in proc.stderr
+    assert f"{bad}{expected}" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+    assert proc.stdout == ""
 
 
 def test_missing_file(tmp_path, data):
@@ -134,10 +143,30 @@ def test_missing_file(tmp_path, data):
     (["--rank", "0"], "--rank: must be an integer >= 1"),
     (["--lr", "0"], "--lr: must be a finite number > 0"),
     (["--reg", "-1"], "--reg: must be a finite number >= 0"),
+    (["--delimiter", "."], "--delimiter: a delimiter is 1 to 4 characters that cannot be part "
+                           "of a number"),
 ])
 def test_bad_flags_are_usage_errors(data, flags, expected):
     proc = run(_app(data["train"], data["test"], *flags), expect=2)
     assert expected in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr and proc.stdout == ""
+
+
+def test_movielens_1m_ratings_dat_with_a_delimiter(tmp_path):
+    """MovieLens 1M's layout (UserID::MovieID::Rating::Timestamp, no header) with --delimiter
+    '::': trained on the labels, the JSON line on stdout with --json -."""
+    rng = np.random.default_rng(0)
+    users, movies = rng.integers(1, 60, 3000), rng.integers(1, 40, 3000)
+    ratings = 1 + (users % 5 + movies % 3) % 5
+    lines = [f"{u}::{m}::{r}::97830{i:04d}\n" for i, (u, m, r) in
+             enumerate(zip(users, movies, ratings))]
+    (tmp_path / "train.dat").write_text("".join(lines[300:]))
+    (tmp_path / "test.dat").write_text("".join(lines[:300]))
+    proc = run([PY, "-m", "adapm.apps.mf", "--train", str(tmp_path / "train.dat"), "--test",
+                str(tmp_path / "test.dat"), "--delimiter", "::", "--epochs", "3", "--progress",
+                "off", "--json", "-"])
+    epochs = records(proc.stdout)
+    assert [e["epoch"] for e in epochs] == [1, 2, 3] and epochs[-1]["rmse"] < epochs[0]["rmse"]
 
 
 def test_dsgd_schedule_trains_on_two_nodes(data):

@@ -114,9 +114,9 @@ def test_text_with_a_shape(tmp_path):
     m = read_matrix(path, shape=(10, 20))
     assert (m.num_rows, m.num_cols) == (10, 20)
     msg = error_of(read_matrix, path, shape=(2, 20))
-    assert "line 2" in msg and "row id 2" in msg
+    assert ":2:" in msg and "row id 2" in msg
     msg = error_of(read_matrix, path, shape=(3, 3))
-    assert "line 2" in msg and "column id 3" in msg
+    assert ":2:" in msg and "column id 3" in msg
 
 
 # ---------------------------------------------------------------------------- blocks
@@ -164,7 +164,7 @@ def test_bad_entry_line_number_over_the_whole_file(tmp_path, monkeypatch, block,
     if block:
         monkeypatch.setattr(mf_data, "_BLOCK", block)
     msg = error_of(read_matrix, path)
-    assert f"line {bad_line}:" in msg and "3 4 x" in msg
+    assert f":{bad_line}:" in msg and "3 4 x" in msg
 
 
 @pytest.mark.parametrize("block", [None, 1, 7])
@@ -178,12 +178,12 @@ def test_bad_entry_line_number_in_a_matrix_market_file(tmp_path, monkeypatch, bl
     if block:
         monkeypatch.setattr(mf_data, "_BLOCK", block)
     msg = error_of(read_matrix, path)
-    assert f"line {bad_entry + 3}:" in msg
+    assert f":{bad_entry + 3}:" in msg
     # an id outside the declared shape, past the head
     lines[bad_entry - 1] = "51 2 3"
     path = write(tmp_path, header + "\n".join(lines))
     msg = error_of(read_matrix, path)
-    assert f"line {bad_entry + 3}:" in msg and "row id 51" in msg
+    assert f":{bad_entry + 3}:" in msg and "row id 51" in msg
 
 
 @given(entries=st.lists(st.tuples(st.integers(0, 9), st.integers(0, 6),
@@ -212,7 +212,7 @@ def test_read_matrix_matches_reference(entries, market, short, block, crlf, sep,
         if bad is not None:
             msg = error_of(read_matrix, path)
             number = head.count("\n") + pad + bad + 1
-            assert f"line {number}:" in msg, msg
+            assert f":{number}:" in msg, msg
             return
         m = read_matrix(path)
     rows, cols, vals = zip(*entries, strict=True)
@@ -245,7 +245,7 @@ def test_empty_file(tmp_path, content):
 @pytest.mark.parametrize("banner", [
     "%%MatrixMarket matrix coordinate pattern general",
     "%%MatrixMarket matrix array real general",
-    "%%MatrixMarket matrix coordinate real symmetric",
+    "%%MatrixMarket matrix coordinate real skew-symmetric",
     "%%MatrixMarket matrix coordinate complex general",
     "%%MatrixMarket matrix coordinate real",
     "%%MatrixMarket matrix coordinate real general extra",
@@ -253,8 +253,100 @@ def test_empty_file(tmp_path, content):
     "%%MatrixMarket",
 ])
 def test_wrong_banner(tmp_path, banner):
-    msg = error_of(read_matrix, write(tmp_path, banner + "\n3 3 1\n1 1 1\n"))
-    assert "line 1:" in msg
+    path = write(tmp_path, banner + "\n3 3 1\n1 1 1\n")
+    msg = error_of(read_matrix, path)
+    assert msg.startswith(f"{path}:1: expected") and f"got '{banner}'" in msg, msg
+
+
+# ----------------------------------------------------- MatrixMarket as scipy.io reads it
+
+
+def _dense(m: Matrix) -> np.ndarray:
+    out = np.zeros((m.num_rows, m.num_cols), np.float64)
+    np.add.at(out, (m.rows, m.cols), m.vals)
+    return out
+
+
+@pytest.mark.parametrize("field, symmetry, body", [
+    ("real", "general", "1 1 1.5\n3 2 -2.25\n2 4 4e1\n"),
+    ("integer", "general", "1 1 3\n4 4 -7\n"),
+    ("real", "symmetric", "1 1 1.5\n3 2 -2.25\n4 1 0.5\n4 4 2\n"),
+    ("integer", "symmetric", "2 1 5\n3 3 -1\n4 2 9\n"),
+    ("real", "symmetric", "1 2 7\n"),  # the upper triangle, which the format does not use
+])
+def test_matrix_market_reads_as_scipy_io(tmp_path, field, symmetry, body):
+    """General and symmetric, real and integer: the same matrix as scipy.io.mmread (a
+    symmetric file's entries off the diagonal stand for both triangles)."""
+    from scipy.io import mmread
+
+    entries = len(body.strip().splitlines())
+    path = write(tmp_path, f"%%MatrixMarket matrix coordinate {field} {symmetry}\n"
+                           f"% a comment\n4 4 {entries}\n{body}")
+    m = read_matrix(path)
+    np.testing.assert_allclose(_dense(m), mmread(str(path)).toarray())
+    off = sum(1 for line in body.splitlines() if line.split()[0] != line.split()[1])
+    assert len(m) == entries + (off if symmetry == "symmetric" else 0)
+
+
+def test_a_symmetric_file_trains_both_triangles_in_read_files(tmp_path):
+    train = write(tmp_path, "%%MatrixMarket matrix coordinate real symmetric\n3 3 2\n"
+                            "2 1 1.0\n3 3 2.0\n", "train.mtx")
+    test = write(tmp_path, BANNER + "3 3 1\n1 2 1.0\n", "test.mtx")
+    got, _ = read_pair(train, test)
+    assert sorted(zip(got.rows.tolist(), got.cols.tolist(), got.vals.tolist())) == \
+        [(0, 1, 1.0), (1, 0, 1.0), (2, 2, 2.0)]
+
+
+# ------------------------------------------------------------------ tables with a delimiter
+
+
+@pytest.mark.parametrize("delimiter, text", [
+    (None, "userId,movieId,rating,timestamp\n10,7,4.5,881250949\n3,7,1,881250950\n"),
+    (None, "user\titem\trating\n10\t7\t4.5\n3\t7\t1\n"),
+    (",", "10,7,4.5,881250949\n3,7,1,881250950\n"),  # no header: --delimiter says it is a table
+    ("\t", "10\t7\t4.5\n3\t7\t1\n"),
+    (";", "userId;movieId;rating\n10;7;4.5\n3;7;1\n"),
+    ("::", "10::7::4.5::881250949\n3::7::1::881250950\n"),  # MovieLens 1M's ratings.dat
+    ("|", "u|i|r\r\n10|7|4.5\r\n3|7|1\r\n"),
+])
+def test_tables_with_a_header_or_a_delimiter(tmp_path, delimiter, text):
+    path = write(tmp_path, text, "ratings.csv")
+    m = read_matrix(path, delimiter=delimiter)
+    assert (m.rows.tolist(), m.cols.tolist(), m.vals.tolist()) == ([10, 3], [7, 7], [4.5, 1.0])
+    assert m.row_labels.tolist() == [3, 10] and m.col_labels.tolist() == [7]
+    train, test = mf_data.read_files(path, path, delimiter=delimiter)
+    assert (train.rows.tolist(), train.cols.tolist(), train.num_rows, train.num_cols) == \
+        ([1, 0], [0, 0], 2, 1)
+
+
+@pytest.mark.parametrize("delimiter, text, expected", [
+    (";", "userId;movieId;rating\n10;7;4.5\n3;x;1\n",
+     ":3: expected 'row;column;value' (two integer labels and a finite number), got '3;x;1'"),
+    (";", "userId,movieId,rating\n10;7;4.5\n",
+     ":1: a header line needs three fields (row, column, value) separated by ';'"),
+    ("::", "10::7::4.5\n3::7::1\t5\n", ":2: a tab in a file read with --delimiter '::'"),
+    ("\t", "10\t7\n", ":1: expected 'row<TAB>column<TAB>value'"),
+    (None, "userId movieId rating\n10 7 4.5\n",
+     ":1: a header line needs three fields (row, column, value) separated by commas or tabs "
+     "(or give --delimiter)"),
+])
+def test_bad_tables_name_the_file_and_the_line(tmp_path, delimiter, text, expected):
+    path = write(tmp_path, text, "ratings.csv")
+    msg = error_of(read_matrix, path, delimiter=delimiter)
+    assert msg.startswith(f"{path}{expected}"), msg
+
+
+@pytest.mark.parametrize("given, expected", [
+    ("tab", "\t"), ("comma", ","), ("semicolon", ";"), ("pipe", "|"), ("space", " "),
+    (";", ";"), ("::", "::"), ("\t", "\t")])
+def test_delimiter_names(given, expected):
+    assert mf_data.check_delimiter(given) == expected
+
+
+@pytest.mark.parametrize("given", ["", "1", ".", "-", "e", "abcde", "\n", "a\rb"])
+def test_delimiters_that_could_be_part_of_a_number_are_refused(given):
+    with pytest.raises(ValueError, match="delimiter"):
+        mf_data.check_delimiter(given)
 
 
 @pytest.mark.parametrize("content", [BANNER, BANNER + "% only comments\n%\n",
@@ -268,7 +360,7 @@ def test_no_size_line(tmp_path, content):
                                   "3 3 -1", "-3 3 1", "1 1 1 %"])
 def test_bad_size_line(tmp_path, size):
     msg = error_of(read_matrix, write(tmp_path, BANNER + "% c\n" + size + "\n1 1 1\n"))
-    assert "line 3:" in msg and "size line" in msg
+    assert ":3:" in msg and "size line" in msg
 
 
 @pytest.mark.parametrize("declared,entries", [(3, 2), (1, 2), (5, 4)])
@@ -289,44 +381,44 @@ def test_zero_entries_declared(tmp_path):
 def test_matrix_market_id_out_of_range(tmp_path, entry, what, shown):
     text = BANNER + "3 4 3\n1 1 1\n% c\n" + entry + "\n2 2 2\n"
     msg = error_of(read_matrix, write(tmp_path, text))
-    assert f"line 5: {what} id {shown} " in msg
+    assert f":5: {what} id {shown} " in msg
 
 
 @pytest.mark.parametrize("entry", ["1 2", "1 2 x", "1 2 3 4", "1.5 2 3", "1 2 nan", "1 2 inf",
                                    "1 2 3\x00"])
 def test_unparsable_entry_line(tmp_path, entry):
     msg = error_of(read_matrix, write(tmp_path, BANNER + "3 4 3\n1 1 1\n" + entry + "\n2 2 2\n"))
-    assert "line 4:" in msg
+    assert ":4:" in msg
 
 
 def test_text_file_negative_id(tmp_path):
     msg = error_of(read_matrix, write(tmp_path, "0 0 1\n1 1 1\n-1 2 3\n", "n.tsv"))
-    assert "line 3: row id -1 " in msg
+    assert ":3: row id -1 " in msg
     msg = error_of(read_matrix, write(tmp_path, "0 0 1\n\n1 -5 3\n", "n.tsv"))
-    assert "line 3: column id -5 " in msg
+    assert ":3: column id -5 " in msg
 
 
 @pytest.mark.parametrize("content", ["% only\n% comments\n", "%\n"])
 def test_text_file_of_only_comments(tmp_path, content):
     # '%' lines are comments in MatrixMarket files only: here they are bad lines
     msg = error_of(read_matrix, write(tmp_path, content, "c.tsv"))
-    assert "line 1:" in msg
+    assert ":1:" in msg
 
 
 def test_text_line_in_the_middle_of_comments(tmp_path):
     msg = error_of(read_matrix, write(tmp_path, "0 0 1\n% a comment\n", "c.tsv"))
-    assert "line 2:" in msg
+    assert ":2:" in msg
 
 
 def test_value_beyond_float32_is_a_bad_line(tmp_path):
     msg = error_of(read_matrix, write(tmp_path, "0\t0\t1\n1\t1\t1e39\n", "inf.tsv"))
-    assert "line 2:" in msg
+    assert ":2:" in msg
 
 
 def test_id_beyond_int64_is_a_bad_line(tmp_path):
     msg = error_of(read_matrix, write(tmp_path, "0\t0\t1\n99999999999999999999\t0\t1\n",
                                       "huge.tsv"))
-    assert "line 2:" in msg
+    assert ":2:" in msg
 
 
 # ---------------------------------------------------------------------------- read_pair
@@ -364,7 +456,7 @@ def test_pair_with_an_error_names_its_file(tmp_path):
     test = write(tmp_path, "0 0 1\n1 x 1\n", "test.tsv")
     with pytest.raises(DataError) as info:
         read_pair(train, test)
-    assert str(test) in str(info.value) and "line 2" in str(info.value)
+    assert str(test) in str(info.value) and ":2:" in str(info.value)
 
 
 # ---------------------------------------------------------------------------- generate

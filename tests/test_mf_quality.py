@@ -27,7 +27,7 @@ def test_rmse_per_epoch_does_not_depend_on_the_number_of_workers(dense):
     # the columns) ended epoch 3 here at 0.263 (1 worker), 0.350 (2) and 0.303 (4); more
     # workers learned less per epoch. Measured since: within 0.8%.
     app = [PY, "-m", "adapm.apps.mf", "--train", str(dense["train"]), "--test",
-           str(dense["test"]), "--epochs", "3", "--progress", "off", "--baseline"]
+           str(dense["test"]), "--epochs", "3", "--progress", "off", "--baseline", "--json", "-"]
     rmse = {w: records(run([*app, "--workers", str(w)]).stdout)[-1]["rmse"] for w in (1, 2, 4)}
     assert max(rmse.values()) <= 1.02 * min(rmse.values()), rmse
     assert max(rmse.values()) < 0.5, rmse  # and it learned: the values have variance ~1
@@ -57,7 +57,7 @@ def test_valid_stops_early_and_exports_the_best_epoch(noisy, tmp_path, nodes):
     export = tmp_path / "model"
     app = [PY, "-m", "adapm.apps.mf", "--train", str(noisy["train"]), "--valid",
            str(noisy["valid"]), "--test", str(noisy["test"]), "--epochs", "30", "--patience",
-           "3", "--reg", "0", "--progress", "off", "--export", str(export)]
+           "3", "--reg", "0", "--progress", "off", "--json", "-", "--export", str(export)]
     lines = records(run([*LAUNCHER, "-n", "2", *app] if nodes == 2 else app).stdout)
     best = lines[-1]["best_epoch"]
     valid = [r["valid_rmse"] for r in lines]
@@ -90,7 +90,7 @@ def test_a_ratings_table_with_a_header(noisy, tmp_path, sep):
     export = tmp_path / "model"
     lines = records(run([PY, "-m", "adapm.apps.mf", "--train", str(tmp_path / "train.csv"),
                          "--test", str(tmp_path / "test.csv"), "--epochs", "3", "--progress",
-                         "off", "--export", str(export)]).stdout)
+                         "off", "--json", "-", "--export", str(export)]).stdout)
     assert lines[-1]["rmse"] < lines[0]["rmse"]
     users = np.unique(np.concatenate([train.rows, test.rows]))
     movies = np.unique(np.concatenate([train.cols, test.cols]))
@@ -110,17 +110,17 @@ def test_a_ratings_table_with_a_header(noisy, tmp_path, sep):
 
 @pytest.mark.parametrize("train,test,expected", [
     ("userId,movieId,rating\n1,2,4\n2,x,3\n", "userId,movieId,rating\n1,2,4\n",
-     "train.csv, line 3: expected 'row,column,value'"),
+     "train.csv:3: expected 'row,column,value'"),
     ("userId,movieId,rating\n1,2,4\n1,2\n", "userId,movieId,rating\n1,2,4\n",
-     "train.csv, line 3: expected"),
+     "train.csv:3: expected"),
     ("userId,movieId,rating\n1,2,4\n", "userId,movieId,rating\n1,2,nan\n",
-     "test.csv, line 2: expected"),
+     "test.csv:2: expected"),
     ("userId,movieId\n1,2\n", "userId,movieId,rating\n1,2,4\n",
-     "train.csv, line 1: a header line needs three fields"),
+     "train.csv:1: a header line needs three fields"),
     ("userId,movieId,rating\n1,2,4\n", "0\t0\t1.5\n",
      "test.csv: no header line, while"),
     ("1,2,4\n2,3,5\n", "1,2,4\n",
-     "train.csv, line 1: expected 'row col value' (two integers and a finite number), got "
+     "train.csv:1: expected 'row col value' (two integers and a finite number), got "
      "'1,2,4' (a comma-separated file needs a header line"),
 ])
 def test_bad_ratings_tables_give_a_clear_error(tmp_path, train, test, expected):

@@ -270,7 +270,8 @@ def test_an_app_run_traced_per_epoch_agrees_with_its_own_epoch_lines(tmp_path):
     data, trace_dir = tmp_path / "kg", tmp_path / "trace"
     run([PY, "-m", "adapm.apps.kge", "generate", str(data), "--triples", "6000", "--seed", "2"])
     out = run([*LAUNCHER, "-n", "2", PY, "-m", "adapm.apps.kge", "--data", str(data), "--dim",
-               "8", "--epochs", "2", "--progress", "off", "--trace-dir", str(trace_dir),
+               "8", "--epochs", "2", "--progress", "off", "--json", "-", "--trace-dir",
+               str(trace_dir),
                "--trace-keys", "all"]).stdout
     lines = records(out)
     assert [line["epoch"] for line in lines] == [1, 2] and len(lines[0]["stats"]) == 2

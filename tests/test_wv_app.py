@@ -5,7 +5,6 @@ and flags."""
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
@@ -18,7 +17,8 @@ from app_cli import LAUNCHER, PY, records, run
 
 SENTENCES = 20_000
 EPOCHS = 10
-TRAIN_FLAGS = ["--dim", "32", "--epochs", str(EPOCHS), "--progress", "off", "--min-count", "3"]
+TRAIN_FLAGS = ["--dim", "32", "--epochs", str(EPOCHS), "--progress", "off", "--min-count", "3",
+               "--json", "-"]
 DOCUMENTED = {"epoch", "train_seconds", "points_per_s", "words", "words_per_s", "loss",
               "analogy", "analogy_questions", "similarity", "stats"}
 
@@ -46,10 +46,10 @@ def trained(data, tmp_path_factory):
     base = run([*app, "--baseline", "--workers", "2"])
     one1 = run([*app, "--workers", "1"])
     base1 = run([*app, "--baseline", "--workers", "1"])
-    return {"one": records(single.stdout), "two": records(two.stdout),
+    return {"one": records((out / "one.jsonl").read_text()), "two": records(two.stdout),
             "baseline": records(base.stdout), "one1": records(one1.stdout),
             "baseline1": records(base1.stdout), "dir": out,
-            "one_file": (out / "one.jsonl").read_text()}
+            "one_stdout": single.stdout}
 
 
 def test_every_epoch_has_one_json_line_with_every_field(trained):
@@ -61,7 +61,9 @@ def test_every_epoch_has_one_json_line_with_every_field(trained):
             assert r["train_seconds"] > 0 and math.isfinite(r["loss"])
             assert r["words"] > SENTENCES * 8  # every sentence has >= 8 tokens
             assert r["words_per_s"] == pytest.approx(r["words"] / r["train_seconds"], rel=0.01)
-    assert [json.loads(line) for line in trained["one_file"].splitlines()] == trained["one"]
+    # With --json FILE, stdout has the summary lines only.
+    assert [line.split(":")[0] for line in trained["one_stdout"].splitlines()] == \
+        [f"epoch {e}" for e in range(1, EPOCHS + 1)], trained["one_stdout"]
     assert len(trained["two"][0]["stats"]) == 2  # every node's stats
     for node_stats in trained["two"][-1]["stats"]:
         assert node_stats["local_pull_keys"] > 0
@@ -158,30 +160,34 @@ def _app(*args) -> list[str]:
 
 
 @pytest.mark.parametrize("content,expected", [
-    (b"", "holds no tokens"),
-    (b"  \n\t\n", "holds no tokens"),
-    (b"a b\nc \x00 d\n", "line 2: a NUL byte"),
-    (b"a b c\n", "no word occurs min_count=5 times"),
+    (b"", ": the corpus holds no tokens"),
+    (b"  \n\t\n", ": the corpus holds no tokens"),
+    (b"a b\nc \x00 d\n", ":2: a NUL byte"),
+    (b"a b c\n", ": no word occurs min_count=5 times"),
 ])
 def test_bad_corpus_gives_a_clear_error(tmp_path, content, expected):
+    """FILE:LINE: message (as KGE's and MF's), one line, exit 2, nothing trained."""
     corpus = tmp_path / "corpus.txt"
     corpus.write_bytes(content)
     proc = run(_app("--corpus", str(corpus)), expect=2)
-    assert str(corpus) in proc.stderr and expected in proc.stderr, proc.stderr
-    assert "Traceback" not in proc.stderr
+    assert f"{corpus}{expected}" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+    assert proc.stdout == ""
 
 
 @pytest.mark.parametrize("flag,content,expected", [
-    ("--analogies", ": s\na b c\n", "line 2: expected 4 words"),
-    ("--analogies", "a b c d\n", "line 1: a question before the first"),
-    ("--similarity", "# c\na b x\n", "line 2: expected 'word1 word2 score'"),
-    ("--similarity", "a b nan\n", "line 1: expected 'word1 word2 score'"),
+    ("--analogies", ": s\na b c\n", ":2: expected 4 words"),
+    ("--analogies", "a b c d\n", ":1: a question before the first"),
+    ("--similarity", "# c\na b x\n", ":2: expected 'word1 word2 score'"),
+    ("--similarity", "a b nan\n", ":1: expected 'word1 word2 score'"),
 ])
 def test_bad_evaluation_files_give_a_clear_error(tmp_path, data, flag, content, expected):
     path = tmp_path / "eval.txt"
     path.write_text(content)
     proc = run(_app("--corpus", str(data["corpus"]), flag, str(path)), expect=2)
-    assert str(path) in proc.stderr and expected in proc.stderr, proc.stderr
+    assert f"{path}{expected}" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+    assert proc.stdout == ""
 
 
 def test_missing_corpus(tmp_path):

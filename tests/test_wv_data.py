@@ -214,13 +214,13 @@ def test_nul_byte_names_its_line(lines, nul_line, nul_col, block):
         path.write_text("\n".join(lines) + "\n")
         mp.setattr(wv_data, "_BLOCK", block)
         msg = error_of(read_corpus, path, min_count=1)
-    assert f"line {nul_line + 1}:" in msg and "NUL" in msg
+    assert f":{nul_line + 1}:" in msg and "NUL" in msg
 
 
 def test_nul_byte_on_line_3(tmp_path):
     path = write(tmp_path, b"a b\nc d\ne\x00f\ng\n")
     msg = error_of(read_corpus, path, min_count=1)
-    assert ", line 3:" in msg and "NUL" in msg
+    assert ":3:" in msg and "NUL" in msg
 
 
 @pytest.mark.parametrize("content", [b"", b"\n", b"   \t \r\n\n\x0b\x0c\n", b" "])
@@ -301,7 +301,7 @@ def test_read_analogies(tmp_path):
 ])
 def test_bad_analogy_lines(tmp_path, text, line, words):
     msg = error_of(read_analogies, write(tmp_path, text, "q.txt"))
-    assert f", line {line}:" in msg, msg
+    assert f":{line}:" in msg, msg
     for w in words:
         assert w in msg, msg
     assert len(msg) < len(str(tmp_path)) + 200  # long lines are shortened
@@ -315,7 +315,7 @@ def test_analogies_without_questions(tmp_path, text):
 
 def test_analogies_not_utf8(tmp_path):
     msg = error_of(read_analogies, write(tmp_path, b": s\na b c d\na \xff c d\n", "q.txt"))
-    assert ", line 3:" in msg and "UTF-8" in msg
+    assert ":3:" in msg and "UTF-8" in msg
     msg = error_of(read_analogies, tmp_path / "missing.txt")
     assert "cannot open" in msg
 
@@ -335,7 +335,7 @@ def test_read_similarity(tmp_path):
 def test_bad_similarity_lines(tmp_path, bad):
     path = write(tmp_path, f"# c\na b 1\n{bad}\nc d 2\n", "s.txt")
     msg = error_of(read_similarity, path)
-    assert ", line 3:" in msg and "finite score" in msg and repr(bad) in msg
+    assert ":3:" in msg and "finite score" in msg and repr(bad) in msg
 
 
 @pytest.mark.parametrize("text", ["", "# only\n# comments\n", "\n \n#x y 1\n"])
@@ -346,7 +346,7 @@ def test_similarity_without_pairs(tmp_path, text):
 
 def test_similarity_not_utf8(tmp_path):
     msg = error_of(read_similarity, write(tmp_path, b"a b 1\n\xc3\x28 b 2\n", "s.txt"))
-    assert ", line 2:" in msg and "UTF-8" in msg
+    assert ":2:" in msg and "UTF-8" in msg
 
 
 @pytest.mark.parametrize("reader, content", [
@@ -356,7 +356,7 @@ def test_similarity_not_utf8(tmp_path):
 ])
 def test_error_line_counts_newlines_only(tmp_path, reader, content):
     msg = error_of(reader, write(tmp_path, content, "eval.txt"))
-    assert ", line 3:" in msg, msg
+    assert ":3:" in msg, msg
 
 
 # ------------------------------------------------------------------------------- generate

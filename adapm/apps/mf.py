@@ -260,17 +260,32 @@ class MFTrainer:
         return loss, len(plan.x)
 
 
+def _delimiter(text: str) -> str:
+    """--delimiter's type: mf_data.check_delimiter's ValueError as a usage error."""
+    try:
+        return mf_data.check_delimiter(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m adapm.apps.mf", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        prog="python -m adapm.apps.mf", formatter_class=runner.HelpFormatter,
         description="Train a matrix factorisation on adapm (or: generate OUT_DIR ... to write a "
                     "planted low-rank matrix; see 'generate --help').")
     p.add_argument("--train", required=True, metavar="FILE",
-                   help="training entries: MatrixMarket coordinate, or row<TAB>col<TAB>value")
+                   help="training entries: MatrixMarket coordinate (general or symmetric, "
+                        "real or integer), row<TAB>col<TAB>value lines (0-based), or a table "
+                        "with a header line such as userId,movieId,rating,timestamp")
     p.add_argument("--test", required=True, metavar="FILE", help="test entries, same formats")
     p.add_argument("--valid", metavar="FILE", default=None,
                    help="validation entries, same formats: early stopping on their RMSE, the "
                         "best epoch's model exported")
+    p.add_argument("--delimiter", type=_delimiter, default=None, metavar="SEP",
+                   help="read the files as tables with this field separator (tab, comma, "
+                        "semicolon, pipe, space or the characters, e.g. '::'), with or without "
+                        "a header line; the first three fields are row label, column label, "
+                        "value (default: a header line's comma or tab)")
     p.add_argument("--patience", type=_argtypes.non_negative_int, default=5,
                    help="with --valid: stop once this many epochs have passed since the one "
                         "with the best validation RMSE (0: train every epoch)")
@@ -302,7 +317,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         p.error("--baseline runs in one process; start it without a launcher")
     try:
         train, test, *valid = mf_data.read_files(opts.train, opts.test,
-                                                 *([opts.valid] if opts.valid else []))
+                                                 *([opts.valid] if opts.valid else []),
+                                                 delimiter=opts.delimiter)
     except DataError as exc:
         print(f"{p.prog}: error: {exc}", file=sys.stderr)
         return 2

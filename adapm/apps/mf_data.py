@@ -1,21 +1,26 @@
 """Sparse matrices for the matrix-factorisation app: :func:`read_matrix` and :func:`generate`.
 
-Two formats, told apart by the first line:
+Three formats, told apart by the first line:
 
-- MatrixMarket coordinate: ``%%MatrixMarket matrix coordinate real general`` (or ``integer``),
-  ``%`` comment lines, a size line ``rows cols entries``, then one ``row col value`` line per
-  entry, 1-based. The entries must match the size line in number and range.
+- MatrixMarket coordinate: ``%%MatrixMarket matrix coordinate real general`` (``integer``
+  instead of ``real``, ``symmetric`` instead of ``general``), ``%`` comment lines, a size line
+  ``rows cols entries``, then one ``row col value`` line per entry, 1-based. The entries must
+  match the size line in number and range. A symmetric file stores one triangle (the format
+  says the lower); each entry off the diagonal is also read as its mirror image, so the matrix
+  has both triangles (``entries`` counts the file's lines, as the format).
 - Text: ``row<TAB>col<TAB>value`` lines (blanks work too), 0-based; the shape is the largest ids
   plus one (over the train and the test file, see :func:`read_pair`).
-- A table with a header line, as ratings are shipped (``userId,movieId,rating,timestamp``):
-  fields separated by commas, or by tabs, told by the header; the first three fields are the
-  row label, the column label (integers, any values) and the value, further fields are
-  ignored. Labels become rows and columns in sorted order over all files of a run (the
-  matrix's ``row_labels`` and ``col_labels`` keep them: row i of the model is label
+- A table, as ratings are shipped (``userId,movieId,rating,timestamp``): a header line (its
+  first character a letter, a quote or ``_``), fields separated by commas or by tabs, told by
+  the header; or, with ``delimiter`` (the app's ``--delimiter``), any separator of 1-4
+  characters (``;``, ``|``, MovieLens 1M's ``::``), with or without a header. The first three
+  fields are the row label, the column label (integers, any values) and the value, further
+  fields are ignored. Labels become rows and columns in sorted order over all files of a run
+  (the matrix's ``row_labels`` and ``col_labels`` keep them: row i of the model is label
   ``row_labels[i]``).
 
 Parsing runs in native code over blocks of the file (``native/kernels/mf.c``). Bad files raise
-:class:`~.datafiles.DataError` naming the file and the line.
+:class:`~.datafiles.DataError` as ``FILE:LINE: message``.
 
 :func:`generate` writes a train and a test file drawn from a planted low-rank matrix plus
 Gaussian noise, with Zipf-skewed row and column ids, deterministically from a seed. The cells
@@ -40,6 +45,7 @@ _kernels = _load("adapm._kernels")
 _BLOCK = 1 << 26  # bytes parsed per native call (see wv_data._BLOCK)
 MM_HEADER = "%%matrixmarket"
 _MM_FIELDS = ("real", "integer")
+_MM_SYMMETRIES = ("general", "symmetric")
 
 
 @dataclass(frozen=True, eq=False)
@@ -58,21 +64,23 @@ class Matrix:
         return len(self.rows)
 
 
-def _mm_header(path, f) -> tuple[int, int, int, int]:
-    """(rows, cols, entries, lines of the header) of the MatrixMarket file open as f, read up to
-    and including its size line (comments may run for any length)."""
+def _mm_header(path, f) -> tuple[int, int, int, int, bool]:
+    """(rows, cols, entries, lines of the header, symmetric) of the MatrixMarket file open as f,
+    read up to and including its size line (comments may run for any length)."""
     first = f.readline()
-    banner = first.decode("utf-8", "replace").split()
-    if (len(banner) != 5 or banner[0].lower() != MM_HEADER or banner[1].lower() != "matrix"
-            or banner[2].lower() != "coordinate" or banner[3].lower() not in _MM_FIELDS
-            or banner[4].lower() != "general"):
-        raise DataError(f"{path}, line 1: expected '%%MatrixMarket matrix coordinate real "
-                        f"general' (or integer), got {first.rstrip()[:80]!r}")
+    text = first.decode("utf-8", "replace").strip()
+    banner = text.lower().split()
+    if (len(banner) != 5 or banner[0] != MM_HEADER or banner[1] != "matrix"
+            or banner[2] != "coordinate" or banner[3] not in _MM_FIELDS
+            or banner[4] not in _MM_SYMMETRIES):
+        raise DataError(f"{path}:1: expected '%%MatrixMarket matrix coordinate real general' "
+                        f"(or integer, or symmetric), got '{_shorten(text)}'")
+    symmetric = banner[4] == "symmetric"
     number = 1
     for line in iter(f.readline, b""):
         number += 1
-        text = line.strip()
-        if not text or text.startswith(b"%"):
+        text = line.decode("utf-8", "replace").strip()
+        if not text or text.startswith("%"):
             continue
         fields = text.split()
         try:
@@ -80,15 +88,26 @@ def _mm_header(path, f) -> tuple[int, int, int, int]:
             if rows < 1 or cols < 1 or entries < 0:
                 raise ValueError
         except ValueError:
-            raise DataError(f"{path}, line {number}: expected the size line 'rows cols "
-                            f"entries' (positive), got {text[:80]!r}") from None
-        return rows, cols, entries, number
+            raise DataError(f"{path}:{number}: expected the size line 'rows cols entries' "
+                            f"(positive), got '{_shorten(text)}'") from None
+        if symmetric and rows != cols:
+            raise DataError(f"{path}:{number}: a symmetric matrix must be square, the size "
+                            f"line says {rows} x {cols}")
+        return rows, cols, entries, number, symmetric
     raise DataError(f"{path}: no size line 'rows cols entries' after the MatrixMarket header")
 
 
-def read_matrix(path, shape: tuple[int, int] | None = None) -> Matrix:
+def _shorten(text: str) -> str:
+    """``text`` for a message: at most 80 characters."""
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def read_matrix(path, shape: tuple[int, int] | None = None,
+                delimiter: Optional[str] = None) -> Matrix:
     """Read ``path`` in either format (see the module doc). ``shape`` bounds a text file's ids
-    (a MatrixMarket file has its own); without it the shape is the largest ids plus one."""
+    (a MatrixMarket file has its own); without it the shape is the largest ids plus one.
+    ``delimiter`` (see :func:`check_delimiter`) reads the file as a table with that separator,
+    with or without a header line; None tells a table by its header line, comma or tab."""
     path = Path(path)
     try:
         f = open(path, "rb")
@@ -97,12 +116,14 @@ def read_matrix(path, shape: tuple[int, int] | None = None) -> Matrix:
     with f:
         market = f.read(len(MM_HEADER)).lower() == MM_HEADER.encode()
         f.seek(0)
-        declared, line_base, carry = None, 0, b""
-        sep = _table_header(path, f) if not market else 0
-        if sep:
-            line_base = 1
+        declared, line_base, carry, symmetric = None, 0, b"", False
         if market:
-            *declared, line_base = _mm_header(path, f)
+            *declared, line_base, symmetric = _mm_header(path, f)
+        else:
+            delimiter, line_base = _table_header(path, f, delimiter)
+        # The native parser splits tables at a comma or a tab; another delimiter becomes a tab
+        # first (one bytes.replace per block), in a file that must then hold no tab itself.
+        sep = delimiter if delimiter in (None, ",", "\t") else "\t"
         parts = []
         while True:
             block = f.read(_BLOCK)
@@ -114,27 +135,37 @@ def read_matrix(path, shape: tuple[int, int] | None = None) -> Matrix:
                 carry = data
                 continue
             text, carry = data[:cut], data[cut:]
+            parsed = text
+            if delimiter is not None and sep != delimiter:
+                if b"\t" in text:
+                    number = line_base + text.count(b"\n", 0, text.index(b"\t")) + 1
+                    raise DataError(f"{path}:{number}: a tab in a file read with --delimiter "
+                                    f"{delimiter!r} (give --delimiter tab, or remove the tabs)")
+                parsed = text.replace(delimiter.encode(), b"\t")
             room = text.count(b"\n") + 1
             rows, cols = np.empty(room, np.int64), np.empty(room, np.int64)
             vals, lines = np.empty(room, np.float32), np.empty(room, np.int64)
-            got = _kernels.mf_parse(text, market, 1 if market else 0, rows, cols, vals, lines,
-                                    sep=chr(sep) if sep else "\0")
+            got = _kernels.mf_parse(parsed, market, 1 if market else 0, rows, cols, vals, lines,
+                                    sep=sep or "\0")
             if got < 0:
-                expected = ("'row col value' (two integers and a finite number)" if not sep
-                            else f"'row{chr(sep)}column{chr(sep)}value' as the header says "
-                                 f"(two integer labels and a finite number)")
+                shown = "<TAB>" if delimiter == "\t" else delimiter
+                expected = ("'row col value' (two integers and a finite number)"
+                            if delimiter is None else
+                            f"'row{shown}column{shown}value' (two integer labels and a finite "
+                            f"number)")
                 bad = _line(text, -got)
                 hint = (" (a comma-separated file needs a header line, e.g. "
-                        "'userId,movieId,rating')" if not sep and "," in bad else "")
-                raise DataError(f"{path}, line {line_base - got}: expected {expected}, got "
-                                f"{bad!r}{hint}")
+                        "'userId,movieId,rating', or --delimiter ,)"
+                        if delimiter is None and "," in bad else "")
+                raise DataError(f"{path}:{line_base - got}: expected {expected}, got "
+                                f"'{bad}'{hint}")
             parts.append((rows[:got].copy(), cols[:got].copy(), vals[:got].copy(),
                           lines[:got] + line_base))
             line_base += text.count(b"\n")
     if not parts or not sum(len(p[0]) for p in parts):
         raise DataError(f"{path}: no entries")
     rows, cols, vals, lines = (np.concatenate(column) for column in zip(*parts))
-    if sep:  # labels: read_files maps them to rows and columns over all files of a run
+    if delimiter is not None:  # labels: read_files maps them to rows and columns over all files
         return Matrix(rows, cols, vals, 0, 0, np.unique(rows), np.unique(cols))
     if market:
         num_rows, num_cols, entries = declared
@@ -150,26 +181,60 @@ def read_matrix(path, shape: tuple[int, int] | None = None) -> Matrix:
         if len(bad):
             i = bad[0]
             shown = ids[i] + (1 if market else 0)
-            raise DataError(f"{path}, line {lines[i]}: {what} id {shown} is outside "
+            raise DataError(f"{path}:{lines[i]}: {what} id {shown} is outside "
                             f"[{1 if market else 0}, {size + (1 if market else 0)})")
+    if symmetric:
+        rows, cols, vals = _mirror(rows, cols, vals)
     return Matrix(rows, cols, vals, num_rows, num_cols)
 
 
-def _table_header(path, f) -> int:
-    """The separator (ord of ',' or tab) of a file whose first line is a header (starts with a
-    letter or a quote), read past that line; 0, with f rewound, for a file without one."""
+def _mirror(rows: np.ndarray, cols: np.ndarray, vals: np.ndarray) -> tuple:
+    """A symmetric MatrixMarket file's entries, both triangles: each off-diagonal entry (i, j)
+    also as (j, i). (The format stores one triangle; which one the file used does not matter.)"""
+    off = rows != cols
+    return (np.concatenate([rows, cols[off]]), np.concatenate([cols, rows[off]]),
+            np.concatenate([vals, vals[off]]))
+
+
+# Names a delimiter may be given by on the command line, besides itself.
+_DELIMITER_NAMES = {"tab": "\t", "comma": ",", "semicolon": ";", "pipe": "|", "space": " "}
+
+
+def check_delimiter(text: str) -> str:
+    """A table delimiter from the command line: ``tab``, ``comma``, ``semicolon``, ``pipe``,
+    ``space`` or the characters themselves (1 to 4, e.g. ``::`` as MovieLens 1M's
+    ``ratings.dat``). Raises ValueError for one that could be part of a number or a line end."""
+    delimiter = _DELIMITER_NAMES.get(text.lower(), text)
+    if not 1 <= len(delimiter) <= 4 or any(c in "0123456789.+-eE\r\n" for c in delimiter) \
+            or (delimiter.isspace() and delimiter not in (" ", "\t")):
+        raise ValueError(f"a delimiter is 1 to 4 characters that cannot be part of a number "
+                         f"(or tab, comma, semicolon, pipe, space), got {text!r}")
+    return delimiter
+
+
+def _table_header(path, f, delimiter: Optional[str]) -> tuple[Optional[str], int]:
+    """(the table delimiter, lines of the header: 0 or 1) of the file open as f, which is left
+    after its header line if it has one (a first line that starts with a letter, a quote or
+    '_'). Without ``delimiter`` the header tells a comma or a tab; with neither the file is not
+    a table (None, 0)."""
     first = f.readline()
     text = first.decode("utf-8", "replace").strip()
     if not text or not (text[0].isalpha() or text[0] in "\"'_"):
         f.seek(0)
-        return 0
+        return delimiter, 0
+    if delimiter is not None:
+        if len(text.split(delimiter)) < 3:
+            raise DataError(f"{path}:1: a header line needs three fields (row, column, value) "
+                            f"separated by {delimiter!r}, got '{_shorten(text)}'")
+        return delimiter, 1
     for sep in (",", "\t"):
         if sep in text:
             if len(text.split(sep)) < 3:
                 break
-            return ord(sep)
-    raise DataError(f"{path}, line 1: a header line needs three fields (row, column, value) "
-                    f"separated by commas or tabs, got {text[:80]!r}")
+            return sep, 1
+    raise DataError(f"{path}:1: a header line needs three fields (row, column, value) "
+                    f"separated by commas or tabs (or give --delimiter), got "
+                    f"'{_shorten(text)}'")
 
 
 def _line(text: bytes, number: int) -> str:
@@ -177,17 +242,17 @@ def _line(text: bytes, number: int) -> str:
     return line[:80].decode("utf-8", "replace")
 
 
-def read_pair(train_path, test_path) -> tuple[Matrix, Matrix]:
+def read_pair(train_path, test_path, delimiter: Optional[str] = None) -> tuple[Matrix, Matrix]:
     """The train and the test matrix (see :func:`read_files`)."""
-    train, test = read_files(train_path, test_path)
+    train, test = read_files(train_path, test_path, delimiter=delimiter)
     return train, test
 
 
-def read_files(train_path, *others) -> list[Matrix]:
+def read_files(train_path, *others, delimiter: Optional[str] = None) -> list[Matrix]:
     """The train matrix and the others (test, validation), of one shape: a MatrixMarket file's
-    declared one (all must agree), the largest ids of all files plus one, or for tables with a
-    header the labels of all files, sorted."""
-    matrices = [read_matrix(p) for p in (train_path, *others)]
+    declared one (all must agree), the largest ids of all files plus one, or for tables (a
+    header line, or ``delimiter``) the labels of all files, sorted."""
+    matrices = [read_matrix(p, delimiter=delimiter) for p in (train_path, *others)]
     paths = [train_path, *others]
     labelled = [m.row_labels is not None for m in matrices]
     if any(labelled):

@@ -3,7 +3,7 @@
 What every app gets from here:
 
 - the common flags (``--epochs --batch-size --workers --management --seed --eval-every
-  --export --json --baseline --ahead``) and their validation;
+  --export --json --baseline --ahead``, ...) and their validation;
 - the node: ``adapm.init`` under any launcher (or alone), or with ``--baseline`` the same
   kernels over a plain shared array in one process (:mod:`adapm.apps.baseline`);
 - the split of the data: node r of N and its thread t train the part of global worker
@@ -16,7 +16,9 @@ What every app gets from here:
   sentences for WV, as the paper; 100,000 entries for MF, see adapm.apps.mf), never tuned per
   task; keys a worker wants all epoch long (the task's ``standing_keys``: MF's rows) are
   signalled once per epoch for all its clocks;
-- per epoch: a progress bar on rank 0 (tqdm, on a terminal), then one JSON line on rank 0 with
+- per epoch: a progress bar on rank 0 (tqdm, on a terminal), then a summary line on stdout and
+  one JSON line, appended to ``--json FILE`` (on stdout with ``--json -``, the summary then on
+  stderr), with
   ``epoch``, ``train_seconds`` (first worker start to last worker end over all nodes, the
   epoch's schedule included), ``points_per_s``, the task's unit and its rate (WV: ``words``,
   ``words_per_s``), ``loss``, the app's quality metrics when evaluated, and ``stats``: every
@@ -121,6 +123,19 @@ class Task(Protocol):
     def export(self, worker, directory: str) -> None: ...
 
 
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """The apps' ``--help``: each flag's default, where it has one worth showing. Not for a
+    required flag, a switch (``store_true``: off unless given), a flag without a default (None)
+    or one whose help already names its default."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if (action.required or action.default in (None, False, argparse.SUPPRESS)
+                or "%(default)" in text or "default:" in text):
+            return text
+        return super()._get_help_string(action)
+
+
 def add_common_flags(parser: argparse.ArgumentParser, *, ahead: int, batch_size: int,
                      epochs: int) -> None:
     common = parser.add_argument_group("runner (common to every app)")
@@ -141,7 +156,8 @@ def add_common_flags(parser: argparse.ArgumentParser, *, ahead: int, batch_size:
     common.add_argument("--export", metavar="DIR", default=None,
                         help="write the trained model to DIR (rank 0)")
     common.add_argument("--json", metavar="FILE", default=None,
-                        help="also append the JSON lines to FILE (rank 0)")
+                        help="append each epoch's JSON line to FILE (rank 0); '-': to stdout, "
+                             "and the summary lines to stderr")
     common.add_argument("--baseline", action="store_true",
                         help="one process, the same kernels, data order and threads over a "
                              "plain shared array, without the parameter manager")
@@ -174,8 +190,12 @@ def check_flags(parser: argparse.ArgumentParser, opts: argparse.Namespace) -> No
     # Rank 0 writes the JSON lines and the export; every rank its trace and checkpoint part.
     try:
         lead = opts.baseline or adapm.Config.from_env(num_keys=1).rank == 0
-    except ConfigError as exc:  # the launcher's environment: named now, in one line
-        parser.error(str(exc))
+    except ConfigError as exc:
+        # The launcher's environment, not a flag: one line naming it, without the usage.
+        if adapm.config.debug():
+            raise
+        print(f"{parser.prog}: error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
     problem = (lead and _file_problem(getattr(opts, "json", None))) or \
         (lead and _directory_problem(getattr(opts, "export", None))) or \
         _directory_problem(getattr(opts, "trace_dir", None)) or \
@@ -185,8 +205,8 @@ def check_flags(parser: argparse.ArgumentParser, opts: argparse.Namespace) -> No
 
 
 def _file_problem(path) -> Optional[str]:
-    """Why --json ``path`` could not be appended to, or None."""
-    if not path:
+    """Why --json ``path`` could not be appended to, or None ('-' is stdout)."""
+    if not path or path == "-":
         return None
     if os.path.isdir(path):
         return f"--json {path}: is a directory, not a file"
@@ -372,7 +392,6 @@ def _train(task: Task, opts, node, out, resume: Optional[_Resume] = None) -> lis
             record.update(extra)
             records.append(record)
             _emit(record, out, opts.json)
-            print(_summary(record), file=sys.stderr, flush=True)
         last = last or stop
         if getattr(opts, "checkpoint_dir", None) and (last or epoch % opts.checkpoint_every == 0):
             _checkpoint(task, opts, node, exchange, threads, epoch)
@@ -588,7 +607,7 @@ def _record(task: Task, epoch: int, every: list, evaluated: bool) -> dict:
 
 
 def _summary(record: dict) -> str:
-    """One human-readable line per epoch (stderr; the JSON line on stdout has everything)."""
+    """One human-readable line per epoch (the JSON line has everything)."""
     nodes = record["stats"]
     accessed = sum(s.get(k, 0) for s in nodes for k in (
         "local_pull_keys", "waited_pull_keys", "remote_pull_keys", "local_push_keys",
@@ -608,8 +627,15 @@ QUALITY = ("mrr", "hits@10", "analogy", "similarity", "rmse", "valid_rmse")
 
 
 def _emit(record: dict, out, json_path: Optional[str]) -> None:
+    """Rank 0's output of an epoch: its summary line on ``out`` (stdout) and its JSON line
+    appended to ``json_path``; with ``--json -`` the JSON line on ``out`` instead and the
+    summary on stderr, so that stdout holds only JSON lines (for a pipe into jq)."""
     line = json.dumps(record)
-    print(line, file=out, flush=True)
+    if json_path == "-":
+        print(line, file=out, flush=True)
+        print(_summary(record), file=sys.stderr, flush=True)
+        return
+    print(_summary(record), file=out, flush=True)
     if json_path:
         with open(json_path, "a") as f:
             f.write(line + "\n")

@@ -90,7 +90,7 @@ def read_corpus(path, min_count: int = 5, max_sentence: int = MAX_SENTENCE) -> C
             nul = text.find(b"\0")
             if nul >= 0:
                 line, _ = line_at(text, nul)
-                raise DataError(f"{path}, line {line_base + line}: a NUL byte; the corpus must "
+                raise DataError(f"{path}:{line_base + line}: a NUL byte; the corpus must "
                                 f"be plain text, one sentence per line")
             line_base += text.count(b"\n")
             ids = np.empty(len(text) // 2 + 1, dtype=np.int32)
@@ -146,7 +146,7 @@ def _read_text(path, what: str) -> list[str]:
         text = data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
         line, _ = line_at(data, exc.start)
-        raise DataError(f"{path}, line {line}: not UTF-8") from None
+        raise DataError(f"{path}:{line}: not UTF-8") from None
     # Lines end at "\n" only (as line_at counts them): str.splitlines would also break at
     # form feeds, U+2028 and more, and then name the wrong line.
     return [line.rstrip("\r") for line in text.split("\n")]
@@ -163,10 +163,10 @@ def read_analogies(path) -> list[tuple[str, list[tuple[str, str, str, str]]]]:
             continue
         fields = line.split()
         if len(fields) != 4:
-            raise DataError(f"{path}, line {number}: expected 4 words (a b c d) or ': section',"
+            raise DataError(f"{path}:{number}: expected 4 words (a b c d) or ': section',"
                             f" got {line.strip()[:80]!r}")
         if not sections:
-            raise DataError(f"{path}, line {number}: a question before the first ': section' "
+            raise DataError(f"{path}:{number}: a question before the first ': section' "
                             f"line")
         sections[-1][1].append(tuple(fields))
     if not any(q for _, q in sections):
@@ -188,7 +188,7 @@ def read_similarity(path) -> list[tuple[str, str, float]]:
             if not np.isfinite(score):
                 raise ValueError
         except ValueError:
-            raise DataError(f"{path}, line {number}: expected 'word1 word2 score' with a finite "
+            raise DataError(f"{path}:{number}: expected 'word1 word2 score' with a finite "
                             f"score, got {line.strip()[:80]!r}") from None
         pairs.append((fields[0], fields[1], score))
     if not pairs:
