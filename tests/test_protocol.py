@@ -139,3 +139,20 @@ def test_random_bytes_are_rejected_or_match_the_schema(frames):
         return
     for m in got:
         assert len(m.arrays) == len(ROLES.get(m.kind, ()))
+
+
+def test_the_native_checks_read_the_same_schema():
+    """native/check.c reads each kind's arrays by its own copy of the schema: it must agree."""
+    from adapm._native_loader import load
+
+    letters = {"keys": "k", "pos": "p", "rows": "r", "flags": "f", "ver": "v", "mask": "m",
+               "rank": "n", "count": "c"}
+    native = load()
+    for kind in Kind:
+        roles = native.wire_roles(int(kind))
+        if kind not in SCHEMA:
+            assert roles is None, kind
+            continue
+        assert roles is not None, kind
+        expected = ["".join(letters[r] for r in section) for section in SCHEMA[kind]]
+        assert roles.rstrip("|").split("|") == expected, kind

@@ -25,8 +25,9 @@ def poisson_quantile(p: float, mu: float) -> int:
     """
     if mu <= 0:
         return 0
-    # Imported here, not at the top: `import adapm` stays free of scipy (a quarter second); this
-    # runs only when λ changes, and a repeated import is a dictionary look-up.
+    # Imported here, not at the top: `import adapm` stays free of scipy (a quarter second); the
+    # first call comes when a worker is created (ActionTimer), and a repeated import is a
+    # dictionary look-up.
     from scipy import special
 
     k = math.ceil(special.pdtrik(p, mu))
@@ -45,7 +46,11 @@ class ActionTimer:
         self.p = p
         self.lam = float(lambda0)
         self.last_clock = clock
-        self._cache = (None, 0)  # (mu, quantile): λ rarely changes between idle rounds
+        # (mu, quantile): λ rarely changes between idle rounds. Filled now, on the thread that
+        # creates the worker: the quantile's first call imports scipy (a third of a second),
+        # which in the engine thread's first round stalled every node's engine (bench/engine.py).
+        mu = 2.0 * self.lam
+        self._cache = (mu, poisson_quantile(p, mu))
 
     def horizon(self, clock: int) -> int:
         """Round with the worker at ``clock``: update λ, return h. Act on intents with start < h."""
