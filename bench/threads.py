@@ -24,10 +24,15 @@ inside:
   GIL (the kernels' ``*_train_batch``, ``mf_plan``, ``wv_plan``, ``wv_merge_pool``, ``table_gather`` /
   ``table_scatter_add``, the store's ``gather_fast`` / ``scatter_*_fast``, and ``gather`` /
   ``scatter_*`` when their batch is large enough to release it: see RELEASE_GIL_FROM);
-- GIL-held / batch (us): worker CPU outside those calls: the thread's Python path (schedule
-  slicing, intent, plan, pull/push argument checks, counters), which holds the GIL. An upper
-  bound: numpy releases the GIL inside some of its own loops (sorts, copies of large arrays),
-  which this counts as held. At most 1 / (GIL-held share of a batch) threads can run at once;
+- schedule / batch (us): the part spent in the task's per-epoch ``epoch_order`` and
+  ``standing_keys`` (MF), over the batches: numpy's work on whole arrays (sorts, fancy
+  indexing, random draws of an epoch's points), which releases the GIL inside (measured: a
+  Python thread runs at 99-100% of its own speed beside an argsort, a fancy index or an
+  ``rng.integers`` of 1.8M items);
+- GIL-held / batch (us): worker CPU outside those calls and the schedule: the thread's Python
+  path per batch (batch slicing, intent, plan, pull/push argument checks, counters), which
+  holds the GIL. An upper bound: numpy may release the GIL inside its own loops on larger
+  arrays. With a GIL-held share h of a batch, at most 1 / h threads can run at once;
 - off-CPU outside native / batch (us): wall time outside those calls minus its CPU: waiting
   for the GIL (or descheduled by the OS, on a shared machine).
 
@@ -123,10 +128,30 @@ def child(app: str, argv: list[str]) -> None:
         setattr(store_module.Store, name,
                 timed(method, releases=lambda self, k, v, m: big(k, v, m)))
 
+    def scheduled(fn):
+        """fn (a task's epoch_order or standing_keys), its CPU and wall time added to the
+        worker thread's schedule time."""
+        def call(*args, **kwargs):
+            rec = getattr(local, "rec", None)
+            if rec is None:
+                return fn(*args, **kwargs)
+            c, w = thread_time(), perf_counter()
+            out = fn(*args, **kwargs)
+            rec[4] += thread_time() - c
+            rec[5] += perf_counter() - w
+            return out
+        return call
+
+    for task_class in [v for v in vars(module).values() if isinstance(v, type)]:
+        for name in ("epoch_order", "standing_keys"):
+            if name in vars(task_class):
+                setattr(task_class, name, scheduled(vars(task_class)[name]))
+
     run_epoch = runner._Thread._run_epoch
 
     def measured(self, epoch: int, ahead: int) -> None:
-        rec = local.rec = [0.0, 0.0, 0, 0]  # native CPU, native wall, native calls, batches
+        # native CPU, native wall, native calls, batches, schedule CPU, schedule wall
+        rec = local.rec = [0.0, 0.0, 0, 0, 0.0, 0.0]
         c, w = thread_time(), perf_counter()
         try:
             run_epoch(self, epoch, ahead)
@@ -134,7 +159,8 @@ def child(app: str, argv: list[str]) -> None:
             cpu, wall = thread_time() - c, perf_counter() - w
             local.rec = None
             records.append({"epoch": epoch, "cpu": cpu, "wall": wall, "native_cpu": rec[0],
-                            "native_wall": rec[1], "calls": rec[2], "batches": rec[3]})
+                            "native_wall": rec[1], "calls": rec[2], "batches": rec[3],
+                            "schedule_cpu": rec[4], "schedule_wall": rec[5]})
 
     runner._Thread._run_epoch = measured
     overhead = _calibrate(timed, local)
@@ -155,7 +181,7 @@ def _calibrate(timed, local) -> dict:
         wrapped = timed(noop)
         arg, n, best_total, best_inside = (), 20000, float("inf"), float("inf")
         for _ in range(5):
-            local.rec = [0.0, 0.0, 0, 0]
+            local.rec = [0.0, 0.0, 0, 0, 0.0, 0.0]
             c = time.thread_time()
             for _ in range(n):
                 wrapped(arg)
@@ -219,13 +245,15 @@ def run_one(app: str, args: list[str], env: dict, tree: str | None = None) -> di
     calls = sum(r["calls"] for r in recs)
     cpu = sum(r["cpu"] for r in recs) - calls * over["total"]
     native = sum(r["native_cpu"] for r in recs)
-    held = sum(r["cpu"] - r["native_cpu"] for r in recs) - calls * over["held"]
-    outside_wall = sum(r["wall"] - r["native_wall"] for r in recs)
-    outside_cpu = sum(r["cpu"] - r["native_cpu"] for r in recs)
+    schedule = sum(r.get("schedule_cpu", 0.0) for r in recs)
+    held = sum(r["cpu"] - r["native_cpu"] for r in recs) - schedule - calls * over["held"]
+    outside_wall = sum(r["wall"] - r["native_wall"] - r.get("schedule_wall", 0.0) for r in recs)
+    outside_cpu = sum(r["cpu"] - r["native_cpu"] - r.get("schedule_cpu", 0.0) for r in recs)
     print(f"  {time.monotonic() - started:6.1f} s  {app} {' '.join(args[-6:])}"
           f"{' (' + tree + ')' if tree else ''}", file=sys.stderr)
     return {"epoch_s": sum(r["train_seconds"] for r in lines) / len(lines),
             "cpu": cpu / batches, "native": native / batches, "held": held / batches,
+            "schedule": schedule / batches,
             "off": max(0.0, outside_wall - outside_cpu) / batches, "batches": batches,
             "calls_per_batch": calls / batches, "overhead_us": over["total"] * 1e6}
 
@@ -269,14 +297,15 @@ def main() -> None:
           f"(instrumentation taken out: ~{rows[0][4]['overhead_us']:.1f} us per timed call)\n")
     tree_column = "| tree " if opts.compare else ""
     print(f"| app | setup | threads {tree_column}| epoch (s) | batches | worker CPU / batch | "
-          "vs 1 thread | native / batch | GIL-held / batch | GIL-held share | "
-          "off-CPU outside native / batch |")
+          "vs 1 thread | native / batch | schedule / batch | GIL-held / batch | "
+          "GIL-held share | off-CPU outside native / batch |")
     print("|---|---|---:|" + ("---|" if opts.compare else "") + "---:|---:|---:|---:|---:|---:|"
-          "---:|---:|")
+          "---:|---:|---:|")
     for app, s, t, tree, r, ratio in rows:
         where = f"| {'compared' if tree else 'this'} " if opts.compare else ""
         print(f"| {app} | {s} | {t} {where}| {r['epoch_s']:.2f} | {r['batches']:,} | "
               f"{r['cpu'] * 1e6:.0f} | {ratio:.2f}x | {r['native'] * 1e6:.0f} | "
+              f"{r['schedule'] * 1e6:.0f} | "
               f"{r['held'] * 1e6:.0f} | {100 * r['held'] / r['cpu']:.0f}% | "
               f"{r['off'] * 1e6:.0f} |")
 
