@@ -146,7 +146,9 @@ class MFTask:
     def standing_keys(self, points: np.ndarray) -> np.ndarray:
         """A worker's row keys: it wants them for the whole epoch (signalled once per epoch, not
         with each batch: ~1,000 keys less per clock at the default batch)."""
-        return np.unique(self.train.rows[points])
+        held = np.zeros(self.num_rows, dtype=bool)  # np.unique's result without its sort
+        held[self.train.rows[points]] = True
+        return np.flatnonzero(held)
 
     def init_rows(self, keys: np.ndarray) -> np.ndarray:
         """N(0, INIT_STD) factors around the centring offset, zero accumulators; a function of
@@ -236,14 +238,25 @@ class MFTrainer:
         self.task = task
         self.values = np.empty(0, dtype=np.float32)
         self.updates = np.empty(0, dtype=np.float32)
+        t = task.train
+        # mf_plan's inputs as it takes them (no copy when they already are) and its scratch.
+        self._entries = (np.ascontiguousarray(t.rows, dtype=np.int64),
+                         np.ascontiguousarray(t.cols, dtype=np.int64),
+                         np.ascontiguousarray(t.vals, dtype=np.float32))
+        self._row_of = np.full(task.num_keys, -1, dtype=np.int32)
 
     def plan(self, points: np.ndarray) -> _Plan:
-        task, t = self.task, self.task.train
-        n = len(points)
-        keys, inverse = np.unique(np.concatenate([t.rows[points], task.num_rows
-                                                  + t.cols[points]]), return_inverse=True)
-        return _Plan(keys, inverse[:n].astype(np.int64), inverse[n:].astype(np.int64),
-                     t.vals[points], task.reg[keys], keys[keys >= task.num_rows])
+        """The batch's distinct keys (ascending), each entry's rows in them, values and L2
+        weights: one native call with the GIL released (mf_plan), the arrays numpy's
+        unique(rows, num_rows + cols, return_inverse) gives."""
+        task, n = self.task, len(points)
+        keys = np.empty(2 * n, dtype=np.int64)
+        rows = np.empty((2, n), dtype=np.int64)
+        x = np.empty(n, dtype=np.float32)
+        reg = np.empty(2 * n, dtype=np.float32)
+        nk, row_keys = _kernels.mf_plan(*self._entries, task.num_rows, task.reg, self._row_of,
+                                        points, keys, rows[0], rows[1], x, reg)
+        return _Plan(keys[:nk], rows[0], rows[1], x, reg[:nk], keys[row_keys:nk])
 
     def step(self, worker, plan: _Plan, sample) -> tuple[float, int]:
         width = 2 * self.task.rank
