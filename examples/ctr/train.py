@@ -64,6 +64,7 @@ from model import WideAndDeep
 from torch.utils.data import DataLoader, Dataset
 
 from adapm import CheckpointError
+from adapm.apps.runner import HelpFormatter  # defaults shown only where there is one
 from adapm.trace import keys_argument
 
 # Each dense key holds this many floats of the MLP's parameters (fewer keys to sync per round).
@@ -518,7 +519,7 @@ def _widths(text: str) -> tuple[int, ...]:
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="examples/ctr/train.py", description=__doc__.split("\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                                formatter_class=HelpFormatter)
     p.add_argument("--data", required=True, metavar="DIR",
                    help="directory with train.tsv and test.tsv (Criteo layout)")
     p.add_argument("--epochs", type=int, default=1,
