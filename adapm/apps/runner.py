@@ -215,6 +215,12 @@ def _file_problem(path) -> Optional[str]:
         return f"--json {path}: directory {parent} does not exist"
     if not os.access(parent if not os.path.exists(path) else path, os.W_OK):
         return f"--json {path}: not writable"
+    # os.access cannot tell everything (root on a read-only mount, /proc): open it as the run
+    # will. An empty file left by a run that fails later is what --json would leave anyway.
+    try:
+        open(path, "a").close()
+    except OSError as exc:
+        return f"--json {path}: cannot write: {exc.strerror}"
     return None
 
 
