@@ -196,6 +196,7 @@ def test_bad_flags_are_usage_errors(kg_dir, flags, expected):
     ("--json", "missing/out.jsonl", r"--json .*missing/out.jsonl: directory .*missing does not exist"),
     ("--json", ".", r"--json \.: is a directory"),
     ("--json", "/proc/out.jsonl", r"--json /proc/out.jsonl: (not writable|cannot write)"),
+    ("--export", "/proc/model", r"/proc/model: (/proc is not writable|cannot write into /proc)"),
     ("--export", "a_file", r"a_file: exists and is not a directory"),
     ("--export", "a_file/model", r"a_file/model: .*a_file is a file"),
     ("--trace-dir", "a_file", r"a_file: exists and is not a directory"),

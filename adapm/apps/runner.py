@@ -44,6 +44,7 @@ import json
 import math
 import os
 import sys
+import tempfile
 import threading
 import time
 from collections import deque
@@ -237,6 +238,13 @@ def _directory_problem(path) -> Optional[str]:
         return f"{path}: {existing} is a file, so the directory cannot be made"
     if not os.access(existing, os.W_OK):
         return f"{path}: {existing} is not writable"
+    # os.access cannot tell everything (root on a read-only mount, /proc): write a file there.
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".adapm-probe-", dir=existing)
+    except OSError as exc:
+        return f"{path}: cannot write into {existing}: {exc.strerror}"
+    os.close(fd)
+    os.unlink(probe)
     return None
 
 
