@@ -941,3 +941,46 @@ def test_merge_pool_refuses_bad_keys_and_leaves_the_scratch_clean():
         with pytest.raises(ValueError):
             K.wv_merge_pool(np.array(keys, np.int64), np.array(drawn, np.int64), row_of, *out)
         assert (row_of == -1).all()
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.data())
+def test_merge_pool_copies_the_extra_rows(data):
+    """With drawn_values and extra_values: the extra keys' rows, as the app copied them with
+    numpy before (values[nk:] = drawn_values[extra_first[:ne]]); nothing past them written."""
+    size = data.draw(st.integers(1, 20))
+    width = data.draw(st.integers(1, 7))
+    keys = np.array(data.draw(st.lists(st.integers(0, size - 1), unique=True, max_size=size)),
+                    dtype=np.int64)
+    drawn = np.array(data.draw(st.lists(st.integers(0, size - 1), max_size=30)), dtype=np.int64)
+    drawn_values = np.random.default_rng(len(drawn)).random((len(drawn), width)).astype(F32)
+    row_of = np.full(size, -1, np.int32)
+    pool, extra_keys, extra_first = (np.empty(len(drawn), np.int64) for _ in range(3))
+    extra_values = np.full((len(drawn), width), -7.0, F32)
+    ne = K.wv_merge_pool(keys, drawn, row_of, pool, extra_keys, extra_first,
+                         drawn_values=drawn_values, extra_values=extra_values)
+    assert ne == K.wv_merge_pool(keys, drawn, row_of, *(np.empty(len(drawn), np.int64)
+                                                       for _ in range(3)))
+    assert np.array_equal(extra_values[:ne], drawn_values[extra_first[:ne]])
+    assert (extra_values[ne:] == -7.0).all()
+
+
+def test_merge_pool_copy_checks_its_buffers():
+    keys, drawn = np.array([0, 1], np.int64), np.array([1, 2, 3], np.int64)
+    row_of = np.full(5, -1, np.int32)
+    out = [np.empty(3, np.int64) for _ in range(3)]
+    rows = np.zeros((3, 4), F32)
+    with pytest.raises(TypeError, match="together"):
+        K.wv_merge_pool(keys, drawn, row_of, *out, drawn_values=rows)
+    with pytest.raises(ValueError, match="one row per drawn key"):
+        K.wv_merge_pool(keys, drawn, row_of, *out, drawn_values=np.zeros(7, F32),
+                        extra_values=np.zeros((3, 4), F32))
+    with pytest.raises(ValueError, match="one row per drawn key"):
+        K.wv_merge_pool(keys, drawn, row_of, *out, drawn_values=rows,
+                        extra_values=np.zeros((2, 4), F32))
+    with pytest.raises(ValueError, match="shares memory"):
+        K.wv_merge_pool(keys, drawn, row_of, *out, drawn_values=rows, extra_values=rows)
+    with pytest.raises(TypeError, match="float32"):
+        K.wv_merge_pool(keys, drawn, row_of, *out, drawn_values=rows.astype(np.float64),
+                        extra_values=np.zeros((3, 4), F32))
+    assert (row_of == -1).all()

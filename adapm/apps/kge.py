@@ -39,6 +39,7 @@ from . import kge_data, kge_eval, runner
 from .datafiles import write_atomically
 
 _kernels = _load("adapm._kernels")
+_native = _load()
 
 MODELS = {"complex": _kernels.MODEL_COMPLEX, "distmult": _kernels.MODEL_DISTMULT,
           "rescal": _kernels.MODEL_RESCAL}
@@ -53,7 +54,7 @@ _INIT_BLOCK = 4096
 
 @dataclass
 class _Plan:
-    keys: np.ndarray       # the batch's distinct keys (entities, then relations as E + r)
+    keys: np.ndarray       # the batch's distinct keys (entity e is e, relation r is E + r)
     rows: np.ndarray       # (B, 3): each triple's (head, relation, tail) as indices into keys
     sample_size: int       # 2 * neg * B: corrupted tails, then corrupted heads
 
@@ -177,11 +178,18 @@ class KGETrainer:
         self.negatives = np.arange(2 * k * b, dtype=np.int64)
 
     def plan(self, points: np.ndarray) -> _Plan:
+        """The batch's distinct keys in order of first appearance and each triple's rows in
+        them: one O(n) native call with the GIL released (numpy's unique sorted them, ~13 us
+        more of GIL per batch). The order of the keys changes no number: the kernel reads and
+        changes each row by its index, and the sample's rows follow all of them in the push,
+        as before."""
         b = len(points)
-        flat = np.concatenate([points[:, 0], points[:, 1] + self.E, points[:, 2]])
-        keys, inverse = np.unique(flat, return_inverse=True)
-        rows = np.ascontiguousarray(inverse.reshape(3, b).T, dtype=np.int64)
-        return _Plan(keys.astype(np.int64), rows, 2 * self.task.neg * b)
+        flat = np.concatenate([points[:, 0], points[:, 1] + self.E, points[:, 2]]).astype(
+            np.int64, copy=False)
+        keys, inverse = np.empty(3 * b, dtype=np.int64), np.empty(3 * b, dtype=np.int64)
+        count = _native.unique_inverse(flat, keys, inverse)
+        return _Plan(keys[:count], np.ascontiguousarray(inverse.reshape(3, b).T),
+                     2 * self.task.neg * b)
 
     def step(self, worker, plan: _Plan, sample: Optional[int]) -> tuple[float, int]:
         task = self.task

@@ -209,12 +209,16 @@ class WVTrainer:
             drawn, drawn_values = worker.pull_sample(sample)
             pool = np.empty(len(drawn), dtype=np.int64)
             extra = np.empty((2, len(drawn)), dtype=np.int64)  # keys, first drawn at
-            ne = _kernels.wv_merge_pool(plan.keys, drawn, self.row_of, pool, extra[0], extra[1])
+            # Room for every drawn row after the batch's: the merge copies the extra keys'
+            # rows there in its GIL-released call (a numpy copy held the GIL ~30 us a batch).
+            values, updates = self._buffers(nk + len(drawn))
+            ne = _kernels.wv_merge_pool(plan.keys, drawn, self.row_of, pool, extra[0], extra[1],
+                                        drawn_values=drawn_values, extra_values=values[nk:])
             extra_keys = extra[0, :ne]
-        values, updates = self._buffers(nk + len(extra_keys))
+            values, updates = values[:nk + ne], updates[:nk + ne]
+        else:
+            values, updates = self._buffers(nk)
         worker.pull(plan.keys, out=values[:nk])
-        if len(extra_keys):
-            values[nk:] = drawn_values.reshape(len(drawn), -1)[extra[1, :ne]]
         progress = self.done_words / self.total_words
         if task.sgd:  # gensim's alpha: linear from lr to min_alpha
             lr = max(MIN_SGD_LR, task.lr - (task.lr - MIN_SGD_LR) * progress)

@@ -172,21 +172,28 @@ fail:
 static PyObject *py_wv_merge_pool(PyObject *module, PyObject *args, PyObject *kwargs) {
     static const char *fn = "wv_merge_pool";
     static char *kwlist[] = {"keys", "drawn", "row_of", "pool", "extra_keys", "extra_first",
-                             NULL};
-    PyObject *o[6];
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOO", kwlist, &o[0], &o[1], &o[2], &o[3],
-                                     &o[4], &o[5]))
+                             "drawn_values", "extra_values", NULL};
+    PyObject *o[8] = {NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOO|OO", kwlist, &o[0], &o[1], &o[2],
+                                     &o[3], &o[4], &o[5], &o[6], &o[7]))
         return NULL;
+    if ((o[6] == NULL || o[6] == Py_None) != (o[7] == NULL || o[7] == Py_None))
+        return PyErr_Format(PyExc_TypeError, "%s: drawn_values and extra_values go together",
+                            fn);
+    const int copy = o[6] != NULL && o[6] != Py_None;
     views_t vs = {.n = 0};
-    Py_buffer *keys, *drawn, *row_of, *pool, *extra_keys, *extra_first;
+    Py_buffer *keys, *drawn, *row_of, *pool, *extra_keys, *extra_first, *drawn_values = NULL,
+        *extra_values = NULL;
     if (!(keys = take(&vs, o[0], fn, "keys", I64, 0, 1)) ||
         !(drawn = take(&vs, o[1], fn, "drawn", I64, 0, 1)) ||
+        (copy && !(drawn_values = take(&vs, o[6], fn, "drawn_values", F32, 0, 0))) ||
         !(row_of = take(&vs, o[2], fn, "row_of", I32, 1, 1)) ||
         !(pool = take(&vs, o[3], fn, "pool", I64, 1, 1)) ||
         !(extra_keys = take(&vs, o[4], fn, "extra_keys", I64, 1, 1)) ||
-        !(extra_first = take(&vs, o[5], fn, "extra_first", I64, 1, 1)))
+        !(extra_first = take(&vs, o[5], fn, "extra_first", I64, 1, 1)) ||
+        (copy && !(extra_values = take(&vs, o[7], fn, "extra_values", F32, 1, 0))))
         goto fail;
-    if (check_written(&vs, 2, fn) < 0) goto fail;
+    if (check_written(&vs, copy ? 3 : 2, fn) < 0) goto fail;
     const int64_t nk = count(keys), nd = count(drawn);
     if (count(pool) < nd || count(extra_keys) < nd || count(extra_first) < nd ||
         nk + nd > INT32_MAX) {
@@ -194,10 +201,25 @@ static PyObject *py_wv_merge_pool(PyObject *module, PyObject *args, PyObject *kw
                      "items", fn, (long long)nd);
         goto fail;
     }
+    /* The drawn rows' width: drawn_values holds one row per drawn key. */
+    const int64_t width = copy && nd ? count(drawn_values) / nd : 0;
+    if (copy && (width * nd != count(drawn_values) || count(extra_values) < width * nd)) {
+        PyErr_Format(PyExc_ValueError, "%s: drawn_values needs one row per drawn key (%lld, got "
+                     "%lld floats) and extra_values room for as many rows", fn, (long long)nd,
+                     (long long)count(drawn_values));
+        goto fail;
+    }
     int64_t ne;
     Py_BEGIN_ALLOW_THREADS
     ne = wv_merge_pool(keys->buf, nk, drawn->buf, nd, count(row_of), row_of->buf, pool->buf,
                        extra_keys->buf, extra_first->buf);
+    if (ne > 0 && copy) { /* the extra keys' rows, in the batch's order of them */
+        const float *from = drawn_values->buf;
+        const int64_t *first = extra_first->buf;
+        float *to = extra_values->buf;
+        for (int64_t e = 0; e < ne; e++)
+            memcpy(to + e * width, from + first[e] * width, (size_t)width * sizeof(float));
+    }
     Py_END_ALLOW_THREADS
     if (ne < 0) {
         const int64_t bad = -1 - ne;
@@ -228,11 +250,15 @@ PyDoc_STRVAR(wv_plan_doc,
 "2 * V items, all -1 (every call leaves it so). The GIL is released.");
 
 PyDoc_STRVAR(wv_merge_pool_doc,
-"wv_merge_pool(keys, drawn, row_of, pool, extra_keys, extra_first) -> extras\n"
+"wv_merge_pool(keys, drawn, row_of, pool, extra_keys, extra_first, drawn_values=None,\n"
+"              extra_values=None) -> extras\n"
 "\n"
 "The rows of a drawn negative pool: a drawn key among keys (unique) gets its position there,\n"
 "another one a new row len(keys) + e, where it is the e-th extra key (extra_keys[e], first drawn\n"
-"at extra_first[e]). row_of: int32 scratch, all -1 (left so). The GIL is released.");
+"at extra_first[e]). row_of: int32 scratch, all -1 (left so). With drawn_values (float32, one\n"
+"row per drawn key) and extra_values (float32, room for as many rows), row e of extra_values\n"
+"becomes row extra_first[e] of drawn_values for e < extras: the extra keys' values, copied in\n"
+"the same call. The GIL is released.");
 
 /* ---- tokenizer ------------------------------------------------------------------------------ */
 
