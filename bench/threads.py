@@ -8,7 +8,8 @@
 ``--compare DIR``: every setup also runs with the adapm of DIR (a checkout with its native
 extensions built in place: ``python -c "from setuptools import setup; setup()" build_ext
 --inplace``), the two alternating in each round, so that a before/after comparison shares one
-sitting of a noisy machine.
+sitting of a noisy machine. ``--tree DIR`` runs "this" side from checkout DIR too (a snapshot
+that others' edits of the working tree cannot change during the run).
 
 For each app (MF, WV, KGE on their generated data) and each setup (``--baseline``: the kernels
 over a plain shared array; ``adapm``: one PM node, the app without a launcher) with 1 and 2
@@ -269,6 +270,10 @@ def main() -> None:
                    help="rounds of all setups of an app; the table shows each one's median")
     p.add_argument("--compare", metavar="DIR", default=None,
                    help="also run every setup with the adapm of checkout DIR (built in place)")
+    p.add_argument("--tree", metavar="DIR", default=None,
+                   help="run 'this' side with the adapm of checkout DIR (built in place)")
+    p.add_argument("--labels", default="compared,this",
+                   help="with --compare: the table's names of the two sides")
     opts = p.parse_args()
     env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE"}
     size = "quick" if opts.quick else "full"
@@ -279,7 +284,7 @@ def main() -> None:
     for app in opts.apps.split(","):
         data = generate(app, size, env)
         base = app_args(app, data, epochs)
-        trees = [opts.compare, None] if opts.compare else [None]
+        trees = [opts.compare, opts.tree] if opts.compare else [opts.tree]
         combos = [(s, t, tree) for s in setups for t in threads for tree in trees]
         runs: dict = {c: [] for c in combos}
         for _ in range(opts.repeat):
@@ -292,7 +297,8 @@ def main() -> None:
 
         for s, t, tree in combos:
             chosen = median((s, t, tree))
-            rows.append((app, s, t, tree, chosen, chosen["cpu"] / median((s, threads[0], tree))["cpu"]))
+            one = median((s, threads[0], tree))
+            rows.append((app, s, t, tree, chosen, chosen["cpu"] / one["cpu"]))
     print(f"\n{size} data, {epochs} epoch(s), figures per batch in us "
           f"(instrumentation taken out: ~{rows[0][4]['overhead_us']:.1f} us per timed call)\n")
     tree_column = "| tree " if opts.compare else ""
@@ -302,7 +308,8 @@ def main() -> None:
     print("|---|---|---:|" + ("---|" if opts.compare else "") + "---:|---:|---:|---:|---:|---:|"
           "---:|---:|---:|")
     for app, s, t, tree, r, ratio in rows:
-        where = f"| {'compared' if tree else 'this'} " if opts.compare else ""
+        label = opts.labels.split(",")[0 if tree == opts.compare else 1]
+        where = f"| {label} " if opts.compare else ""
         print(f"| {app} | {s} | {t} {where}| {r['epoch_s']:.2f} | {r['batches']:,} | "
               f"{r['cpu'] * 1e6:.0f} | {ratio:.2f}x | {r['native'] * 1e6:.0f} | "
               f"{r['schedule'] * 1e6:.0f} | "
