@@ -319,6 +319,12 @@ def test_tables_with_a_header_or_a_delimiter(tmp_path, delimiter, text):
         ([1, 0], [0, 0], 2, 1)
 
 
+def test_a_delimiter_leaves_matrix_market_files_alone(tmp_path):
+    path = write(tmp_path, BANNER + "2 2 1\n2 1 1.5\n")
+    assert as_tuple(read_matrix(path, delimiter=";")) == as_tuple(read_matrix(path)) == \
+        ([1], [0], [1.5], 2, 2)
+
+
 @pytest.mark.parametrize("delimiter, text, expected", [
     (";", "userId;movieId;rating\n10;7;4.5\n3;x;1\n",
      ":3: expected 'row;column;value' (two integer labels and a finite number), got '3;x;1'"),

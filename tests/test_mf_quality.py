@@ -118,7 +118,7 @@ def test_a_ratings_table_with_a_header(noisy, tmp_path, sep):
     ("userId,movieId\n1,2\n", "userId,movieId,rating\n1,2,4\n",
      "train.csv:1: a header line needs three fields"),
     ("userId,movieId,rating\n1,2,4\n", "0\t0\t1.5\n",
-     "test.csv: no header line, while"),
+     "test.csv: not a table (no header line, or MatrixMarket), while"),
     ("1,2,4\n2,3,5\n", "1,2,4\n",
      "train.csv:1: expected 'row col value' (two integers and a finite number), got "
      "'1,2,4' (a comma-separated file needs a header line"),

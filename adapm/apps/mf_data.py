@@ -107,7 +107,8 @@ def read_matrix(path, shape: tuple[int, int] | None = None,
     """Read ``path`` in either format (see the module doc). ``shape`` bounds a text file's ids
     (a MatrixMarket file has its own); without it the shape is the largest ids plus one.
     ``delimiter`` (see :func:`check_delimiter`) reads the file as a table with that separator,
-    with or without a header line; None tells a table by its header line, comma or tab."""
+    with or without a header line (a MatrixMarket file is read as such all the same); None tells
+    a table by its header line, comma or tab."""
     path = Path(path)
     try:
         f = open(path, "rb")
@@ -117,8 +118,9 @@ def read_matrix(path, shape: tuple[int, int] | None = None,
         market = f.read(len(MM_HEADER)).lower() == MM_HEADER.encode()
         f.seek(0)
         declared, line_base, carry, symmetric = None, 0, b"", False
-        if market:
+        if market:  # its own format: a delimiter is for tables
             *declared, line_base, symmetric = _mm_header(path, f)
+            delimiter = None
         else:
             delimiter, line_base = _table_header(path, f, delimiter)
         # The native parser splits tables at a comma or a tab; another delimiter becomes a tab
@@ -258,8 +260,9 @@ def read_files(train_path, *others, delimiter: Optional[str] = None) -> list[Mat
     if any(labelled):
         if not all(labelled):
             bad = paths[labelled.index(False)]
-            raise DataError(f"{bad}: no header line, while {paths[labelled.index(True)]} has "
-                            f"one (give every file in one format)")
+            raise DataError(f"{bad}: not a table (no header line, or MatrixMarket), while "
+                            f"{paths[labelled.index(True)]} is one (give every file in one "
+                            f"format)")
         row_labels = np.unique(np.concatenate([m.row_labels for m in matrices]))
         col_labels = np.unique(np.concatenate([m.col_labels for m in matrices]))
         return [Matrix(np.searchsorted(row_labels, m.rows), np.searchsorted(col_labels, m.cols),
