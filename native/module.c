@@ -17,7 +17,6 @@
 #include "sampling.h"
 #include "seqlock.h"
 #include "store.h"
-#include "check.h"
 #include "unique.h"
 
 
@@ -822,20 +821,7 @@ done:
     return PyErr_Occurred() ? NULL : PyLong_FromLongLong(count);
 }
 
-/* wire_roles(kind) -> str or None (check.h): for the test that protocol.SCHEMA agrees */
-static PyObject *wire_roles_py(PyObject *module, PyObject *arg) {
-    const long kind = PyLong_AsLong(arg);
-    if (kind == -1 && PyErr_Occurred()) return NULL;
-    const char *roles = wire_roles((int)kind);
-    if (!roles) Py_RETURN_NONE;
-    return PyUnicode_FromString(roles);
-}
-
 static PyMethodDef module_methods[] = {
-    {"wire_roles", wire_roles_py, METH_O,
-     "wire_roles(kind) -> str or None. The arrays of a message kind as native/check.c reads "
-     "them: a letter per array (k keys, p positions, v versions, n ranks, c counts, r rows, "
-     "f flags, m masks), '|' after each section."},
     {"unique_inverse", unique_inverse_py, METH_VARARGS,
      "unique_inverse(keys, unique, inverse) -> count. The distinct int64 keys in order of first "
      "appearance into unique[:count], each position's index among them into inverse; O(n), GIL "
@@ -868,7 +854,7 @@ PyMODINIT_FUNC PyInit__native(void) {
     PyObject *m = PyModule_Create(&moduledef);
     if (!m) return NULL;
     if (add_type(m, &StoreType, "Store") < 0 || register_directory_type(m) < 0
-        || register_intent_queue_type(m) < 0) {
+        || register_intent_queue_type(m) < 0 || register_wire_functions(m) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -108,6 +108,10 @@ static inline int add_type(PyObject *module, PyTypeObject *type, const char *nam
 /* Adds the Directory type (directory_module.c) to the module; 0 on success. */
 int register_directory_type(PyObject *module);
 
+/* Adds the wire format's encode and decode functions (wire_module.c) to the module; 0 on
+ * success. */
+int register_wire_functions(PyObject *module);
+
 /* Adds the IntentQueue and IntentCounts types (intent_queue_module.c) to the module; 0 on
  * success. */
 int register_intent_queue_type(PyObject *module);

@@ -24,7 +24,10 @@ from adapm.testing import free_port, listening, rss_bytes, run_cluster
 NUM_KEYS, DIM, STEPS = 48, 2, 40
 FAST = dict(connect_timeout_s=30, request_timeout_s=30)
 
-_ranks = st.sampled_from([-1, 0, 1, 2, 7, 2**40])
+# Ranks and hop counts are 32-bit fields of the binary header (request ids 64-bit): the
+# extremes a sender can put there.
+_ranks = st.sampled_from([-1, 0, 1, 2, 7, 2**31 - 1, -2**31])
+_hops = st.one_of(st.integers(-3, 3), st.integers(-2**31, 2**31 - 1))
 _numbers = st.one_of(st.integers(-3, 3), st.integers(-2**63, 2**63 - 1))
 
 
@@ -53,8 +56,8 @@ def well_formed(draw) -> list:
     """Frames of a decodable message of any kind with arbitrary (mostly wrong) contents."""
     kind = draw(st.sampled_from(list(Kind)))
     fields = draw(st.fixed_dictionaries({}, optional={
-        "o": _ranks, "h": _numbers, "e": _numbers, "t": st.sampled_from(["barrier", "x", 3]),
-        "r": _ranks, "msg": st.text(max_size=5)}))
+        "o": _ranks, "h": _hops, "e": _numbers, "t": st.sampled_from(["barrier", "x", 3]),
+        "r": st.one_of(_ranks, _numbers), "msg": st.text(max_size=5)}))
     msg = message(kind, draw(_ranks), draw(_numbers), draw(_arrays(kind)), **fields)
     return [bytes(memoryview(f)) for f in encode([msg])]
 

@@ -1,16 +1,18 @@
-"""Wire format: a msgpack header frame, then raw array frames. Never pickle.
+"""Wire format: a binary header frame, then raw array frames. Never pickle.
 
 One ZeroMQ message carries one or more *logical* messages to the same node (a bundle: the
 communication thread sends everything it has for a peer after each pass of its loop in one
 ZeroMQ message, in the order it was posted).
 
-Frames of a ZeroMQ message:
+Frames of a ZeroMQ message (encoded and decoded in one native call, native/wire_module.c):
 
-1. the headers, one msgpack map per logical message, back to back. A header has ``k`` (kind),
-   ``s`` (sending rank), ``i`` (request id; every answer carries the id of its request), ``n``
-   (byte length of each array; negative: the array has a frame of its own), and for keyed
-   requests ``o`` (origin rank: answers go there, even when the request was forwarded) and
-   ``h`` (hops so far);
+1. the headers, one per logical message, back to back: a fixed binary part (kind, sending rank,
+   request id, and for keyed requests the origin rank, where answers go even when the request
+   was forwarded, and the hops so far; every answer carries the id of its request), the byte
+   length of each array (negative: the array has a frame of its own), and, for the few kinds
+   that have them, extra fields as a msgpack map (an ERROR's text, a collective's epoch and
+   kind, a failure notice's rank). In Python a header is a dict: ``k``, ``s``, ``i``, ``o``,
+   ``h`` and the extra fields;
 2. the payload: every small array, back to back, each starting at a multiple of 8 bytes;
 3. one frame per large array (at least :data:`OWN_FRAME_BYTES`), sent without copying.
 
@@ -43,6 +45,7 @@ from typing import Sequence
 import msgpack
 import numpy as np
 
+from .._native_loader import load as _load_native
 from ..errors import TransportError
 
 
@@ -172,96 +175,62 @@ def message(kind: Kind, src: int, req_id: int, arrays: Sequence[np.ndarray] = ()
     return Message(kind, src, req_id, header, list(arrays))
 
 
+# Header fields that the binary header holds; any other field of a header (an ERROR's text, a
+# collective's epoch and kind, a failure notice's rank) travels as msgpack after it.
+_FIXED = frozenset({"k", "s", "i", "o", "h"})
+
+
 def encode(messages: Sequence[Message]) -> list:
-    """Frames of one ZeroMQ message carrying ``messages`` in order; sets each one's ``nbytes``."""
-    headers, payload, own = [], [], []
-    at = 0
+    """Frames of one ZeroMQ message carrying ``messages`` in order; sets each one's ``nbytes``.
+
+    One native call (native/wire_module.c): the binary headers, the small arrays packed into
+    one payload frame, the large ones as frames of their own (not copied).
+    """
+    specs = []
     for m in messages:
-        lengths = []
-        size = 0
-        arrays = m.arrays
-        if m.kind in CARRIERS and m.kind != Kind.MOVES and not any(
-                len(a) for a in arrays[-MOVE_ARRAYS:]):
-            arrays = arrays[:-MOVE_ARRAYS]  # no moves: the receiver fills in empty ones
-        for array in arrays:
-            n = array.nbytes
-            size += n
-            if n >= OWN_FRAME_BYTES:
-                own.append(array)
-                lengths.append(-n)
-                continue
-            lengths.append(n)
-            if n:
-                payload.append(array)
-                at += n
-                pad = -at % _ALIGN
-                if pad:
-                    payload.append(bytes(pad))
-                    at += pad
-        header = dict(m.header)
-        header["n"] = lengths
-        packed = msgpack.packb(header)
-        headers.append(packed)
-        m.nbytes = size + len(packed)
-    return [b"".join(headers), b"".join(payload), *own]
+        header = m.header
+        extra = None
+        if len(header) > 3 and not _FIXED.issuperset(header):
+            extra = msgpack.packb({k: v for k, v in header.items() if k not in _FIXED})
+        specs.append((int(m.kind), m.src, m.req_id, header.get("o", -1), header.get("h", 0),
+                      extra, m.arrays))
+    frames, sizes = _native.wire_encode(specs)
+    for m, size in zip(messages, sizes):
+        m.nbytes = size
+    return frames
 
 
 def decode(frames: Sequence) -> list[Message]:
-    """Parse frames (bytes or zmq.Frame); arrays are zero-copy views of the frames."""
+    """Parse frames (bytes or zmq.Frame); arrays are zero-copy views of the frames.
+
+    One native call parses the binary headers and makes the arrays; a malformed message
+    (unknown kind, wrong number of arrays, lengths that do not fit the frames) raises
+    TransportError, and nothing of it is used.
+    """
+    parsed, why = _native.wire_decode([_buffer(f) for f in frames])
+    if why is not None:
+        raise TransportError(f"malformed message: {why}")
+    out = []
+    for kind, src, req_id, origin, hops, arrays, nbytes, extra in parsed:
+        header = {"k": kind, "s": src, "i": req_id}
+        if origin >= 0:
+            header["o"] = origin
+            header["h"] = hops
+        if extra is not None:
+            header = {**_extra_fields(extra), **header}
+        out.append(Message(_KINDS[kind], src, req_id, header, arrays, nbytes))
+    return out
+
+
+def _extra_fields(extra: bytes) -> dict:
     try:
-        if len(frames) < 2:
-            raise ValueError(f"{len(frames)} frames, expected at least 2")
-        unpacker = msgpack.Unpacker()
-        unpacker.feed(_buffer(frames[0]))
-        payload = _buffer(frames[1])
-        out = []
-        at, own, consumed = 0, 2, 0
-        for header in unpacker:
-            end = unpacker.tell()
-            if not isinstance(header, dict):
-                raise ValueError(f"a header is a {type(header).__name__}, not a map")
-            kind = _KINDS[_integer(header, "k")]
-            src, req_id = _integer(header, "s"), _integer(header, "i")
-            roles = ROLES.get(kind, ())
-            lengths = header.pop("n")
-            if not isinstance(lengths, list) or not all(type(n) is int for n in lengths):
-                raise ValueError(f"{kind.name}: array lengths must be a list of integers")
-            moves_left_out = kind in CARRIERS and len(lengths) == len(roles) - MOVE_ARRAYS
-            if moves_left_out:
-                roles = roles[:-MOVE_ARRAYS]
-            elif len(lengths) != len(roles):
-                raise ValueError(f"{kind.name} carries {len(lengths)} arrays, "
-                                 f"expected {len(roles)}")
-            arrays = []
-            size = end - consumed
-            consumed = end
-            for role, n in zip(roles, lengths):
-                dtype = DTYPES[role]
-                if n < 0:
-                    arrays.append(np.frombuffer(_buffer(frames[own]), dtype=dtype))
-                    own += 1
-                    size -= n
-                    continue
-                arrays.append(np.frombuffer(payload, dtype=dtype, count=n // dtype.itemsize,
-                                            offset=at))
-                at += n + (-n % _ALIGN if n else 0)
-                size += n
-            if moves_left_out:
-                arrays.extend(NO_MOVES)
-            out.append(Message(kind, src, req_id, header, arrays, size))
-        if own != len(frames):
-            raise ValueError(f"{len(frames)} frames, the headers describe {own}")
-        return out
-    except (ValueError, KeyError, TypeError, IndexError, OverflowError,
-            msgpack.UnpackException) as exc:
-        raise TransportError(f"malformed message: {exc}") from exc
-
-
-def _integer(header: dict, name: str) -> int:
-    value = header[name]
-    if type(value) is not int:  # not a float, not a bool
-        raise ValueError(f"header field {name!r} is {value!r}, not an integer")
-    return value
+        fields = msgpack.unpackb(extra)
+    except (ValueError, TypeError, msgpack.UnpackException) as exc:
+        raise TransportError(f"malformed message: extra header fields: {exc}") from exc
+    if not isinstance(fields, dict):
+        raise TransportError(f"malformed message: extra header fields are a "
+                             f"{type(fields).__name__}, not a map")
+    return fields
 
 
 def subset(message: Message, index: np.ndarray, store) -> Message:
@@ -284,6 +253,14 @@ def subset(message: Message, index: np.ndarray, store) -> Message:
 
 
 NO_MOVES = tuple(np.empty(0, dtype=DTYPES[role]) for section in MOVE_SECTIONS for role in section)
+
+_native = _load_native()
+# The native codec's arrays: numpy views made by np.frombuffer, a dtype per role (the letters
+# of native/check.c), and the decoder's stand-ins for moves left out.
+_LETTERS = {KEYS: "k", POS: "p", ROWS: "r", FLAGS: "f", VERSIONS: "v", MASKS: "m", RANKS: "n",
+            COUNTS: "c"}
+_native.wire_setup(np.frombuffer, {_LETTERS[role]: dtype for role, dtype in DTYPES.items()},
+                   NO_MOVES)
 
 
 def _buffer(frame):
