@@ -30,12 +30,17 @@ inside:
   indexing, random draws of an epoch's points), which releases the GIL inside (measured: a
   Python thread runs at 99-100% of its own speed beside an argsort, a fancy index or an
   ``rng.integers`` of 1.8M items);
-- GIL-held / batch (us): worker CPU outside those calls and the schedule: the thread's Python
-  path per batch (batch slicing, intent, plan, pull/push argument checks, counters), which
-  holds the GIL. An upper bound: numpy may release the GIL inside its own loops on larger
-  arrays. With a GIL-held share h of a batch, at most 1 / h threads can run at once;
-- off-CPU outside native / batch (us): wall time outside those calls minus its CPU: waiting
-  for the GIL (or descheduled by the OS, on a shared machine).
+- GIL-held* / batch (us): worker CPU outside those calls and the schedule: the thread's Python
+  path per batch (batch slicing, intent, plan, pull/push wrappers, counters), which holds the
+  GIL. Not exact either way: numpy releases the GIL inside its sorts and takes even on small
+  arrays (np.unique of 2,000 keys), which this counts as held, and the native calls check their
+  arguments before they release the GIL, which this counts as released (~1-3 us a call). A
+  py-spy ``--gil`` sample is the cross-check (docs/benchmarks.md). With a GIL-held share h of
+  a batch, at most about 1 / h threads can run at once;
+- wall / batch (us): the worker threads' wall time over the batches (all threads' summed):
+  above the CPU when a thread waits (for the GIL, a core of a busy machine);
+- off-CPU outside native / batch (us): wall time outside those calls and the schedule minus
+  its CPU: waiting for the GIL (or descheduled by the OS, on a shared machine).
 
 Each native call of a worker thread is bracketed by two ``thread_time`` and two
 ``perf_counter`` reads in the child; the cost of that instrumentation, measured in the child
@@ -254,7 +259,7 @@ def run_one(app: str, args: list[str], env: dict, tree: str | None = None) -> di
           f"{' (' + tree + ')' if tree else ''}", file=sys.stderr)
     return {"epoch_s": sum(r["train_seconds"] for r in lines) / len(lines),
             "cpu": cpu / batches, "native": native / batches, "held": held / batches,
-            "schedule": schedule / batches,
+            "schedule": schedule / batches, "wall": sum(r["wall"] for r in recs) / batches,
             "off": max(0.0, outside_wall - outside_cpu) / batches, "batches": batches,
             "calls_per_batch": calls / batches, "overhead_us": over["total"] * 1e6}
 
@@ -303,10 +308,10 @@ def main() -> None:
           f"(instrumentation taken out: ~{rows[0][4]['overhead_us']:.1f} us per timed call)\n")
     tree_column = "| tree " if opts.compare else ""
     print(f"| app | setup | threads {tree_column}| epoch (s) | batches | worker CPU / batch | "
-          "vs 1 thread | native / batch | schedule / batch | GIL-held / batch | "
-          "GIL-held share | off-CPU outside native / batch |")
+          "vs 1 thread | native / batch | schedule / batch | GIL-held* / batch | "
+          "GIL-held* share | wall / batch | off-CPU outside native / batch |")
     print("|---|---|---:|" + ("---|" if opts.compare else "") + "---:|---:|---:|---:|---:|---:|"
-          "---:|---:|---:|")
+          "---:|---:|---:|---:|")
     for app, s, t, tree, r, ratio in rows:
         label = opts.labels.split(",")[0 if tree == opts.compare else 1]
         where = f"| {label} " if opts.compare else ""
@@ -314,7 +319,9 @@ def main() -> None:
               f"{r['cpu'] * 1e6:.0f} | {ratio:.2f}x | {r['native'] * 1e6:.0f} | "
               f"{r['schedule'] * 1e6:.0f} | "
               f"{r['held'] * 1e6:.0f} | {100 * r['held'] / r['cpu']:.0f}% | "
-              f"{r['off'] * 1e6:.0f} |")
+              f"{r['wall'] * 1e6:.0f} | {r['off'] * 1e6:.0f} |")
+    print("\n* CPU outside the GIL-releasing native calls and the schedule: counts numpy's own "
+          "GIL-released loops as held and the native calls' argument checks as released")
 
 
 if __name__ == "__main__":
