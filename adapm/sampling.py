@@ -231,6 +231,9 @@ class WorkerSampler:
         values = np.empty(store.floats_for(keys), dtype=np.float32) if out is None else out
         for _ in range(_MAX_REDRAW_ROUNDS):
             missing = self._worker._missing_buffer(n)
+            # Pinned before they are read (until the next clock, Worker.advance_clock): none of
+            # them leaves between the read and this worker's push of them, which stays local.
+            self._worker._pin_sample(keys)
             nmiss = store.gather(keys, values, missing)  # one C call, GIL released
             if not nmiss:
                 self._worker.counters["local_pull_keys"] += n
@@ -282,9 +285,15 @@ class WorkerSampler:
         raise self._gave_up(len(keys))
 
     def _unfit(self, keys: np.ndarray, held) -> np.ndarray:
-        """Positions to draw again: keys not held here (if ``held``), later duplicates (if
-        without replacement)."""
-        bad = np.zeros(len(keys), dtype=bool) if held is None else ~held.holds(keys)
+        """Positions to draw again: keys not held here (if ``held``), or held but about to leave
+        (a replica whose intent here ended: the push after the pull would go remote), later
+        duplicates (if without replacement)."""
+        if held is None:
+            bad = np.zeros(len(keys), dtype=bool)
+        elif self._worker._staying is not None:
+            bad = ~self._worker._staying(keys)
+        else:
+            bad = ~held.holds(keys)
         if not self._sampling.replacement and len(keys) > 1:
             order = np.argsort(keys, kind="stable")
             ordered = keys[order]

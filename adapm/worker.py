@@ -54,6 +54,9 @@ def _one_thread_at_a_time(method):
     return guarded
 
 
+_NO_KEYS = np.empty(0, dtype=np.int64)
+
+
 class Worker:
     """One worker thread's handle: pull, push, set, intent, clock. Use it from one thread at a
     time: a call while another thread is inside one raises StateError."""
@@ -76,6 +79,13 @@ class Worker:
         self._intents = self._engine.register_worker(self) if self._engine is not None else None
         sampling = node.config.sampling
         self._sampler = WorkerSampler(self, sampling, node.rank) if sampling is not None else None
+        # The keys of this worker's last local sample stay pinned until its next clock (see
+        # NodeState.sample_pins): its push of them is then local.
+        self._repin = self._engine.state.sample_pins() \
+            if self._engine is not None and self._sampler is not None else None
+        # What the local sampler may draw: keys that stay here (None: every key held).
+        self._staying = self._engine.state.staying if self._engine is not None else None
+        self._pinned: Optional[np.ndarray] = None
 
     @property
     def node(self) -> "Node":
@@ -214,9 +224,19 @@ class Worker:
         return self._sampler.pull(handle, out)
 
     def advance_clock(self) -> int:
-        """Raise this worker's logical clock by one; returns the new clock. O(1)."""
+        """Raise this worker's logical clock by one; returns the new clock. O(1) (after a
+        ``local`` sample, one C call that releases its keys' pins)."""
+        if self._pinned is not None:
+            self._repin(self._pinned, _NO_KEYS)
+            self._pinned = None
         self.clock += 1
         return self.clock
+
+    def _pin_sample(self, keys: np.ndarray) -> None:
+        """Pin the keys of a local sample just read (until the next clock; see __init__)."""
+        if self._repin is not None:
+            self._repin(_NO_KEYS if self._pinned is None else self._pinned, keys)
+            self._pinned = keys.copy()  # the caller owns ``keys``
 
     # --- completion --------------------------------------------------------------------------
 

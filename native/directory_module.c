@@ -16,6 +16,7 @@ typedef struct {
     PyObject *store; /* the StoreObject whose store_t d.store points into */
     replica_set_t held; /* the keys held here as replicas (d.held) */
     records_t recs;     /* d.recs */
+    pins_t pins;        /* d.pins */
     check_scratch_t scratch; /* check_message's and check_sync_answer's */
     int ready;
 } DirectoryObject;
@@ -29,7 +30,10 @@ static int refuse_repeated(DirectoryObject *self, const int64_t *keys, int64_t n
 static void Directory_dealloc(DirectoryObject *self) {
     rs_free(&self->held);
     check_scratch_free(&self->scratch);
-    if (self->ready) rec_free(&self->recs);
+    if (self->ready) {
+        rec_free(&self->recs);
+        pins_free(&self->pins);
+    }
     free(self->d.home_owner);
     Py_XDECREF(self->store);
     Py_TYPE(self)->tp_free((PyObject *)self);
@@ -73,6 +77,14 @@ static int Directory_init(DirectoryObject *self, PyObject *args, PyObject *kwarg
         PyErr_NoMemory();
         return -1;
     }
+    if (pins_init(&self->pins) < 0) {
+        rec_free(&self->recs);
+        free(d->home_owner);
+        d->home_owner = NULL;
+        PyErr_NoMemory();
+        return -1;
+    }
+    d->pins = &self->pins;
     for (int64_t h = 0; h < d->num_home; h++) d->home_owner[h] = (int32_t)rank;
     Py_INCREF(store);
     self->store = store;
@@ -324,7 +336,7 @@ static PyObject *Directory_serve_sync(DirectoryObject *self, PyObject *args) {
         if (borrow(o[got], &v[got], sizes[got], 0, "serve_sync") < 0) goto done;
     sync_request_t r = {origin, v[0].buf, v[1].buf, v[2].buf, v[0].len / 8,
                         v[3].buf, v[4].buf, v[6].buf, v[5].buf, v[3].len / 8,
-                        v[7].buf, v[8].buf, v[9].buf, v[7].len / 8};
+                        v[7].buf, v[8].buf, v[9].buf, v[7].len / 8, variant};
     /* A SYNC comes from the network: check it all before anything changes. */
     if (v[1].len / 8 != r.ni || v[2].len != r.ni || v[4].len / 8 != r.nd
         || v[6].len / 8 != r.nd || v[8].len / 8 != r.nc || v[9].len / 8 != r.nc) {
@@ -972,7 +984,52 @@ static PyObject *Directory_check_sync_answer(DirectoryObject *self, PyObject *ar
     return check_result(r, why);
 }
 
+/* repin(release, take) -> None: any thread (the pins have their own lock). */
+static PyObject *Directory_repin(DirectoryObject *self, PyObject *args) {
+    PyObject *orel, *otake;
+    if (!PyArg_ParseTuple(args, "OO", &orel, &otake)) return NULL;
+    Py_buffer rv, tv;
+    if (borrow(orel, &rv, 8, 0, "repin: release") < 0) return NULL;
+    if (borrow(otake, &tv, 8, 0, "repin: take") < 0) {
+        PyBuffer_Release(&rv);
+        return NULL;
+    }
+    PyObject *result = NULL;
+    if (check_keys(self, rv.buf, rv.len / 8) == 0 && check_keys(self, tv.buf, tv.len / 8) == 0) {
+        if (pins_change(&self->pins, rv.buf, rv.len / 8, tv.buf, tv.len / 8) < 0)
+            PyErr_NoMemory();
+        else
+            result = Py_NewRef(Py_None);
+    }
+    PyBuffer_Release(&rv);
+    PyBuffer_Release(&tv);
+    return result;
+}
+
+/* pinned(keys) -> bytearray: 1 per key pinned now (a snapshot). */
+static PyObject *Directory_pinned(DirectoryObject *self, PyObject *okeys) {
+    Py_buffer kv;
+    if (borrow(okeys, &kv, 8, 0, "pinned") < 0) return NULL;
+    const int64_t n = kv.len / 8, *keys = kv.buf;
+    PyObject *out = PyByteArray_FromStringAndSize(NULL, n);
+    if (out) {
+        uint8_t *flags = (uint8_t *)PyByteArray_AS_STRING(out);
+        pins_lock(&self->pins);
+        for (int64_t i = 0; i < n; i++) flags[i] = (uint8_t)pins_has(&self->pins, keys[i]);
+        pins_unlock(&self->pins);
+    }
+    PyBuffer_Release(&kv);
+    return out;
+}
+
 static PyMethodDef Directory_methods[] = {
+    {"pinned", (PyCFunction)Directory_pinned, METH_O,
+     "pinned(keys) -> bytearray. Per key: 1 if a worker has it pinned now (repin)."},
+    {"repin", (PyCFunction)Directory_repin, METH_VARARGS,
+     "repin(release, take) -> None. Release one pin of each key of release (int64), then pin "
+     "each key of take once. An intent report that would relocate a pinned key owned here is "
+     "answered with a redirect to this node (report again), so the key leaves only when its "
+     "pins are gone. Any thread; the pins have their own lock."},
     {"check_message", (PyCFunction)Directory_check_message, METH_VARARGS,
      "check_message(kind, arrays) -> None or str. Whether a received message's arrays (flat "
      "over its sections, as protocol.Message.arrays) fit this node: a keyed request's keys, "

@@ -1,5 +1,6 @@
 /* Serving a SYNC at the owner: see directory.h (dir_sync_plan, dir_sync_serve). */
 #include "directory.h"
+#include "policy.h"
 
 #include <string.h>
 
@@ -24,16 +25,45 @@ static inline int64_t entry_pos(const sync_request_t *r, int64_t e) {
     return e < r->nd ? r->dpos[e] : r->cpos[e - r->nd];
 }
 
+/* Whether the origin's report on an owned key would relocate it (the policy run on copies of
+ * the key's masks: nothing changes). */
+static int would_relocate(const directory_t *d, const sync_request_t *r, int64_t key,
+                          uint8_t has_intent) {
+    enum { MAX_WORDS = 64 };
+    const int64_t w = d->words;
+    if (w > MAX_WORDS) return 0; /* beyond 4096 ranks reports are not deferred */
+    uint64_t m[2 * MAX_WORDS], want[MAX_WORDS];
+    const uint64_t *masks = rec_masks(d->recs, key);
+    if (masks) memcpy(m, masks, (size_t)(2 * w) * sizeof(uint64_t));
+    else memset(m, 0, (size_t)(2 * w) * sizeof(uint64_t));
+    int64_t dropped = 0;
+    return policy_decide_key(r->variant, d->rank, r->origin, w, m, m + w, has_intent, want,
+                             &dropped) >= 0;
+}
+
 void dir_sync_plan(const directory_t *d, const sync_request_t *r, sync_plan_t *p) {
     const store_t *s = d->store;
     const int64_t n = r->ni + r->nd + r->nc;
     p->owned_intents = p->owned_syncs = p->owned_sync_floats = 0;
-    p->redirects = p->backs = p->back_floats = p->rest = 0;
+    p->redirects = p->backs = p->back_floats = p->rest = p->deferred = 0;
+    pins_t *pins = d->masks && r->ni && r->variant == POLICY_ADAPTIVE ? d->pins : NULL;
+    if (pins) pins_lock(pins);
     for (int64_t e = 0; e < n; e++) {
         int section;
         const int64_t key = entry_key(r, e, &section);
         p->hop[e] = -1;
         if (store_state(s, key) == KEY_OWNER) {
+            if (section == 0 && pins) {
+                if (pins_has(pins, key) && would_relocate(d, r, key, r->iflags[e])
+                    && pins_defer(pins, key)) {
+                    p->where[e] = SYNC_REDIRECT; /* deferred: see SYNC_* in directory.h */
+                    p->hop[e] = d->rank;
+                    p->redirects++;
+                    p->deferred++;
+                    continue;
+                }
+                pins_settled(pins, key);
+            }
             p->where[e] = SYNC_OWNED;
             if (section == 0) p->owned_intents++;
             else {
@@ -57,6 +87,7 @@ void dir_sync_plan(const directory_t *d, const sync_request_t *r, sync_plan_t *p
             p->rest++;
         }
     }
+    if (pins) pins_unlock(pins);
 }
 
 int64_t dir_sync_serve(const directory_t *d, const sync_request_t *r, const sync_plan_t *p,

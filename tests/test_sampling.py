@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -232,3 +233,51 @@ def test_pull_sample_into_out(scheme):
         out = np.empty((10, 4), np.float32)
         keys, values = w.pull_sample(w.prepare_sample(10, 0), out=out)
         assert values is out and len(keys) == 10
+
+
+def _pinned_sample_job(node):
+    """Rank 0 pulls a local sample, which pins its keys until rank 0's next clock; then rank 1
+    wants every key of the domain. Rank 1's reports on the pinned keys are deferred (its other
+    keys move at once); rank 0 pushes its sample, still owned here, and advances its clock;
+    then the pinned keys move to rank 1 too."""
+    w = node.worker()
+    node.barrier()
+    keys = None
+    if node.rank == 0:
+        keys, _ = w.pull_sample(w.prepare_sample(50, w.clock))
+    node.barrier()
+    result = None
+    if node.rank == 1:
+        w.intent(np.arange(DOMAIN), w.clock + 1, w.clock + 1000)
+        w.advance_clock()
+    else:
+        # Rank 1's first round reaches rank 0 within milliseconds (its reports on the sample's
+        # keys are deferred there, and asked again each round, for up to a second).
+        deadline = time.monotonic() + 0.5
+        while node.stats()["deferred_reports"] < len(np.unique(keys)) and \
+                time.monotonic() < deadline:
+            time.sleep(0.002)
+        deferred = node.stats()["deferred_reports"]
+        before = node.stats()["remote_push_keys"]
+        w.push(keys, np.ones((len(keys), 4), np.float32))
+        result = (deferred, len(np.unique(keys)), node.stats()["remote_push_keys"] - before,
+                  np.bincount(keys, minlength=DOMAIN).tolist())
+        w.advance_clock()  # the pins go: the keys may leave
+    node.barrier()
+    if node.rank == 1:
+        w.wait_sync()  # every intent served: every key of the domain is here now
+    node.barrier()
+    held = node.local_keys()
+    return result, w.pull(np.arange(DOMAIN))[:, 0].tolist(), len(held), node.stats()
+
+
+def test_a_local_sample_stays_here_until_its_push():
+    config = dict(num_keys=DOMAIN, value_length=4, sampling=adapm.Sampling(0, DOMAIN), **FAST)
+    (result, values0, _, _), (_, values1, held1, stats1) = run_cluster(
+        _pinned_sample_job, 2, config=config, timeout_s=90)
+    deferred, sampled, remote, counts = result
+    assert deferred >= sampled > 0, result  # every sampled key's report was deferred
+    assert remote == 0, result  # so the push stayed local
+    assert held1 == DOMAIN  # then they moved: every key rank 0 owned is rank 1's now
+    assert stats1["relocations_in"] == DOMAIN // 2 and stats1["replica_setups"] == 0, stats1
+    assert values0 == values1 == [float(c) for c in counts]  # every push arrived, once

@@ -90,6 +90,10 @@ class Rounds:
         self._quiet = True  # the running round changed nothing so far
         self._forced: set[int] = set()
         self._redirected_now = False  # reports of the running round were redirected
+        # Reports to send again only because their owner, or this node, deferred them (a key in
+        # a worker's local sample): they do not make a round count as busy, so they wait for
+        # the next round due anyway instead of keeping rounds back to back.
+        self._deferred_again = 0
         self._waiters: list[_Waiter] = []
         self._last_clocks: list[int] = []
         self._min_gap = 1.0 / config.max_rounds_per_s if config.max_rounds_per_s else 0.0
@@ -230,6 +234,17 @@ class Rounds:
             self.counters["intents_acted"] += acted
         self._forced.clear()
         ikeys, iflags = intents.changes()
+        again, self._deferred_again = self._deferred_again, 0
+        if self.variant >= 0 and len(ikeys) and not iflags.all():
+            # An intent that ended for a key a worker here has pinned (its local sample, not
+            # pushed yet; NodeState.sample_pins) is reported with the next round: the report
+            # would drop a replica (or relocate an owned key) under the worker's push, which
+            # would then go remote.
+            pinned = np.frombuffer(self.directory.pinned(ikeys), dtype=bool) & (iflags == 0)
+            if pinned.any():
+                intents.report_again(ikeys[pinned])
+                self._deferred_again += int(pinned.sum())
+                ikeys, iflags = ikeys[~pinned], iflags[~pinned]
         if not self.policy.reports_intents:
             # Nothing acts on them (every key is everywhere already): taken as told, so that
             # wait_sync sees them served.
@@ -238,7 +253,7 @@ class Rounds:
         # Keys owned here are decided now, without a message to itself (bench/adaptive.py:
         # most reports are about a node's own keys).
         ikeys, iflags = self._decide_owned(ikeys, iflags)
-        if len(ikeys):
+        if len(ikeys) > again:
             self._quiet = False
         if not (len(ikeys) or self.directory.replica_count()):
             return []
@@ -283,7 +298,7 @@ class Rounds:
         positions, versions, refresh_positions, values, moved, ranks, back, rows = msg.arrays[:8]
         keys = context.keys
         if len(moved):
-            self._redirected(keys[moved], context.flags[moved], ranks)
+            self._redirected(keys[moved], context.flags[moved], ranks, msg.src)
         if len(back):
             deltas = back[back < context.num_intents + context.num_deltas]
             if len(deltas):
@@ -351,16 +366,23 @@ class Rounds:
         self._emit(Event.INTENT_START, keys[has_intent])
         self._emit(Event.INTENT_STOP, keys[~has_intent])
 
-    def _redirected(self, keys: np.ndarray, flags: np.ndarray, ranks: np.ndarray) -> None:
+    def _redirected(self, keys: np.ndarray, flags: np.ndarray, ranks: np.ndarray,
+                    src: int) -> None:
         """Intent reports that went to a node that does not own the keys; ``ranks``: where it
         says they are. Keys owned here by now (the relocation came with the answer) are decided
-        at once; the rest are reported again by the next round (to the corrected hint)."""
+        at once; the rest are reported again by the next round (to the corrected hint), which
+        starts at once, unless ``src`` only deferred them (a redirect to itself: a worker there
+        uses the key now; see ``SYNC_REDIRECT`` in native/directory.h): those go with the next
+        round that is due anyway (an extra round for each deferral doubled the rounds of a
+        2-node KGE run and slowed its epochs)."""
         self.counters["redirected_keys"] += len(keys)
         self.directory.set_hints(keys, ranks)
+        deferred = int(np.count_nonzero(ranks == src))
         keys, flags = self._decide_owned(keys, flags)
         if len(keys):
             self.intents.report_again(keys)
-            self._redirected_now = True
+            self._deferred_again += deferred
+            self._redirected_now = self._redirected_now or len(keys) > deferred
 
     # --- queries -----------------------------------------------------------------------------
 

@@ -66,8 +66,10 @@ class Serving:
         if decision is not None:
             self._decided(decision)
         if answer is not None:
-            self._post(msg.header["o"], Kind.SYNC_RESP, msg.req_id,
-                       [*native.views(answer, native.ANSWER), *NO_MOVES])
+            arrays = native.views(answer, native.ANSWER)
+            if len(arrays[5]):  # redirects to this node: reports deferred (keys pinned here)
+                self.counters["deferred_reports"] += int(np.count_nonzero(arrays[5] == self.rank))
+            self._post(msg.header["o"], Kind.SYNC_RESP, msg.req_id, [*arrays, *NO_MOVES])
         if rest_index is not None:
             self._pass_on(msg, np.frombuffer(rest_index, dtype=native.KEYS),
                           np.frombuffer(rest_hop, dtype=native.KEYS))

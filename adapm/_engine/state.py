@@ -25,7 +25,7 @@ import logging
 import numpy as np
 
 from .._native_loader import load as _load_native
-from .._store import NONE, OWNER
+from .._store import NONE, OWNER, REPLICA
 from .._wire.protocol import (
     ANSWERS, CARRIERS, DTYPES, KEYED, MOVE_SECTIONS, Kind, Message, message, subset,
 )
@@ -73,7 +73,7 @@ class Outstanding:
 COUNTERS = ("late_answers", "relocations_in", "relocations_out", "replica_setups",
             "replica_setups_discarded", "replica_drops", "replica_drops_at_owner",
             "forwarded_keys", "redirected_keys", "returned_deltas", "queued_keys", "awaited_keys",
-            "intents_acted", "dropped_local_messages")
+            "intents_acted", "dropped_local_messages", "deferred_reports")
 
 
 _MOVE_ROLES = [role for section in MOVE_SECTIONS for role in section]
@@ -130,6 +130,35 @@ class NodeState(Serving, Rounds):
         self.sinks: list = []  # event stream subscribers (see .stream)
         self.clock = 0  # smallest worker clock at the last Tick (kept while a sink listens)
         Rounds.__init__(self)
+
+    def sample_pins(self):
+        """``repin(release, take)`` for this node's workers (any thread): the keys of a local
+        sample a worker pulled and has not pushed yet are pinned, and a key does not leave
+        while pinned: a report that would relocate it is answered "report again" (native
+        ``dir_sync_plan``), and the end of this node's intent for a pinned replica is reported
+        a round later (:meth:`_build_round`). Before, such keys left between the worker's pull
+        and its push, which then went remote: most of KGE's remote accesses. The key still
+        goes where it is wanted, a round or so later (an earlier try gave the other node a
+        replica instead, and the staleness of those replicas cost KGE quality). None for the
+        variants that do not act on intent."""
+        return self.directory.repin if self.variant >= 0 else None
+
+    def staying(self, keys: np.ndarray) -> np.ndarray:
+        """Per key (bool): held here and not about to leave on this node's own account: owned,
+        or a replica this node still has acted-on intent for (one without is dropped by the
+        next round). Any thread (a snapshot: the store's states and the intent counts are
+        safe to read while the engine works). The ``local`` sampler draws only these, so a
+        sampled key's push stays local (with the pins of :meth:`sample_pins`)."""
+        states = self.store.states(keys)
+        staying = states == OWNER
+        replica = states == REPLICA
+        if replica.any():
+            if self.intents is None:
+                staying |= replica  # replicas of every key (full replication) never go
+            else:
+                wanted = np.frombuffer(self.intents.native.wants(keys), dtype=bool)
+                staying |= replica & wanted
+        return staying
 
     def directory_view(self) -> dict:
         """The native directory as dense numpy arrays (copies; for tests and inspection, not

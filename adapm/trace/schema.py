@@ -91,11 +91,14 @@ ROUND_STATS = {
     "forwarded_keys": "request entries forwarded to where their key went",
     "queued_keys": "request entries held here until their key arrived",
     "awaited_keys": "local requests that waited for a key already on its way here",
-    "redirected_keys": "intent reports that reached a node no longer owning the key",
+    "redirected_keys": "intent reports that reached a node no longer owning the key, or "
+                       "whose owner deferred them (to report again)",
     "returned_deltas": "replica deltas that came back (the owner had moved the key here)",
     "late_answers": "answers that came after their request had finished",
     "dropped_messages": "received messages dropped as invalid (all causes)",
     "dropped_local_messages": "messages dropped by the state machine",
+    "deferred_reports": "intent reports this owner deferred: their key would have left while "
+                        "a worker here had it in a local sample not pushed yet",
     "dropped_malformed_messages": "wire messages that could not be decoded",
     "dropped_forged_messages": "wire messages naming another sender than their connection",
     "refused_handshakes": "connections refused at the security handshake",

@@ -1,0 +1,59 @@
+/* Keys in use by a node's workers: see pins.h. */
+#define _POSIX_C_SOURCE 200809L /* clock_gettime under -std=c11 */
+#include "pins.h"
+
+#include <time.h>
+
+int pins_init(pins_t *p) {
+    if (km_init(&p->map) < 0) return -1;
+    if (km_init(&p->deferred) < 0) {
+        km_free(&p->map);
+        return -1;
+    }
+    if (pthread_mutex_init(&p->lock, NULL) != 0) {
+        km_free(&p->map);
+        km_free(&p->deferred);
+        return -1;
+    }
+    return 0;
+}
+
+void pins_free(pins_t *p) {
+    km_free(&p->map);
+    km_free(&p->deferred);
+    pthread_mutex_destroy(&p->lock);
+}
+
+/* Milliseconds of the monotonic clock, modulo 2^30 (a map value is a non-negative int32). */
+static int32_t now_ms(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (int32_t)(((int64_t)t.tv_sec * 1000 + t.tv_nsec / 1000000) & ((1 << 30) - 1));
+}
+
+int pins_defer(pins_t *p, int64_t key) {
+    const int32_t now = now_ms(), first = km_get(&p->deferred, key); /* -1: not deferred yet */
+    if (first >= 0) return ((now - first) & ((1 << 30) - 1)) < PINS_MAX_DEFER_MS;
+    if (km_reserve(&p->deferred, 1) < 0) return 0;
+    km_put(&p->deferred, key, now);
+    return 1;
+}
+
+int pins_change(pins_t *p, const int64_t *release, int64_t nr, const int64_t *take, int64_t nt) {
+    int rc = 0;
+    pins_lock(p);
+    for (int64_t i = 0; i < nr; i++) {
+        const int32_t count = km_del(&p->map, release[i]);
+        if (count > 1) km_put(&p->map, release[i], count - 1); /* its slot is free again */
+    }
+    if (km_reserve(&p->map, nt) < 0) {
+        rc = -1;
+    } else {
+        for (int64_t i = 0; i < nt; i++) {
+            const int32_t count = km_del(&p->map, take[i]);
+            km_put(&p->map, take[i], count > 0 ? count + 1 : 1);
+        }
+    }
+    pins_unlock(p);
+    return rc;
+}
