@@ -53,7 +53,7 @@ def test_the_explanation_names_quality_ratio_time_and_remote_share(tmp_path):
     assert "its time 2.5x" in text, text
     # Epoch 1: 2 remote of 4,000 accesses (0.05%); epoch 2: none.
     assert "Remote share 0.0000% to 0.0500% per epoch" in text, text
-    assert "This run is above that aim" in text, text  # 0.05% > 0.01%
+    assert "This run is above that aim: 2 reads and 0 writes" in text, text  # 0.05% > 0.01%
 
 
 def test_wrong_arguments_say_how_to_call_it():
