@@ -1,6 +1,6 @@
 /* Baseline "plain shared array" table of the apps' single-node baseline: every key's row lives
  * at a fixed float offset of one flat float32 array; threads read it without locks (Hogwild
- * style) and add to it under a striped per-row spinlock, so no update is lost. Pure C over
+ * style) and add to it under a per-key spinlock, so no update is lost. Pure C over
  * caller-owned memory; no allocation, no Python.
  */
 #ifndef ADAPM_KERNELS_TABLE_H
@@ -32,7 +32,7 @@ int table_gather(const table_t *t, const int64_t *keys, int64_t n, float *out, i
                  int64_t *bad_pos);
 
 /* Checks, then adds upd (rows packed back to back in key order) to the rows of keys;
- * duplicate keys add up. Adds to one row are serialised (striped spinlocks), so concurrent
+ * duplicate keys add up. Adds to one row are serialised (a spinlock per key), so concurrent
  * adds from several threads are never lost. Nothing is written when the check fails. */
 int table_scatter_add(const table_t *t, const int64_t *keys, int64_t n, const float *upd,
                       int64_t upd_floats, int64_t *bad_pos);
