@@ -149,6 +149,7 @@ def test_missing_file(tmp_path, data):
 def test_bad_flags_are_usage_errors(data, flags, expected):
     proc = run(_app(data["train"], data["test"], *flags), expect=2)
     assert expected in proc.stderr, proc.stderr
+    assert proc.stderr.count("\n") == 1 and "usage:" not in proc.stderr, proc.stderr  # one line
     assert "Traceback" not in proc.stderr and proc.stdout == ""
 
 

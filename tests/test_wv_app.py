@@ -219,3 +219,4 @@ def test_adagrad_as_the_original_app(data, trained):
 def test_bad_flags_are_usage_errors(data, flags, expected):
     proc = run(_app("--corpus", str(data["corpus"]), *flags), expect=2)
     assert expected in proc.stderr, proc.stderr
+    assert proc.stderr.count("\n") == 1 and "usage:" not in proc.stderr, proc.stderr  # one line

@@ -240,7 +240,7 @@ def write_export(directory: str, model: str, dim: int, entities, relations,
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = runner.AppParser(
         prog="python -m adapm.apps.kge", formatter_class=runner.HelpFormatter,
         description="Train knowledge-graph embeddings on adapm (or: generate OUT_DIR ... to "
                     "write a KG with planted structure; see 'generate --help').")

@@ -282,7 +282,7 @@ def _delimiter(text: str) -> str:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = runner.AppParser(
         prog="python -m adapm.apps.mf", formatter_class=runner.HelpFormatter,
         description="Train a matrix factorisation on adapm (or: generate OUT_DIR ... to write a "
                     "planted low-rank matrix; see 'generate --help').")

@@ -124,6 +124,14 @@ class Task(Protocol):
     def export(self, worker, directory: str) -> None: ...
 
 
+class AppParser(argparse.ArgumentParser):
+    """The apps' argument parser: a usage error is one line (the flag, what is wrong, where the
+    help is) and exit code 2, not argparse's usage block above it."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
     """The apps' ``--help``: each flag's default, where it has one worth showing. Not for a
     required flag, a switch (``store_true``: off unless given), a flag without a default (None)

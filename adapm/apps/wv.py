@@ -260,7 +260,7 @@ def write_word2vec(directory: str, words: list[str], vectors: np.ndarray) -> Non
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = runner.AppParser(
         prog="python -m adapm.apps.wv", formatter_class=runner.HelpFormatter,
         description="Train word vectors (skip-gram, negative sampling) on adapm (or: generate "
                     "OUT_DIR ... to write a corpus with planted relations; see 'generate "
