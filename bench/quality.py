@@ -2,6 +2,7 @@
 
     python bench/quality.py              # every table below
     python bench/quality.py --only mf-real,mf-workers
+    python bench/quality.py --per-epoch --seeds 3   # KGE and WV per epoch, 2 nodes x 1 vs baseline
 
 Tables:
 
@@ -28,6 +29,14 @@ Tables:
   the machine hits every run. Quality with gensim's own evaluation for both (adapm's export
   read back with ``KeyedVectors``): analogy accuracy on ``questions-words.txt``, Spearman on
   WordSim-353 and SimLex-999 (all three ship in gensim's test data).
+
+- ``--per-epoch`` (on its own): KGE and WV quality after each epoch on 2 nodes x 1 (``adapm-run
+  -n 2``) against ``--baseline --workers 2`` (the same total workers, data, seed and epochs), a
+  pair of runs per seed: mean and range over the seeds, the ratio of the means and the range of
+  the per-seed ratios, and the 2-node remote share per epoch from the JSON lines. KGE: the app's
+  defaults on a generated KG of 60,000 triples (the demo's size), filtered MRR on 5,000
+  validation triples, ``--kge-epochs`` epochs. WV: the ``wv-real`` corpus and settings (the
+  app's defaults), analogy accuracy and WordSim-353 Spearman by the app's own evaluation.
 
 Needs the bench extra (``pip install -e '.[bench]'``: torch for the MF peer, gensim for the
 WV peer and its test data).
@@ -319,6 +328,91 @@ def wv_real(opts) -> None:
           f"{100 * (ours['simlex'] - theirs['simlex']):+.2f} points (target: within 1)")
 
 
+# ------------------------------------------------------------- quality per epoch, 2 nodes
+
+
+def _remote_share(record: dict) -> float:
+    """Remote accesses (pulls and pushes answered by another node) over all accesses of an
+    epoch, summed over the nodes as the apps' summary line counts them."""
+    stats = record["stats"]
+    accessed = sum(s.get(k, 0) for s in stats for k in (
+        "local_pull_keys", "waited_pull_keys", "remote_pull_keys", "local_push_keys",
+        "remote_push_keys"))
+    remote = sum(s.get("remote_pull_keys", 0) + s.get("remote_push_keys", 0) for s in stats)
+    return remote / accessed if accessed else 0.0
+
+
+def _per_epoch_table(title: str, metric: str, base: list[list[dict]],
+                     dist: list[list[dict]]) -> None:
+    """Print epoch, baseline and 2-node quality (mean [min, max] over seeds), the ratio of the
+    means and the range of the per-seed ratios (same seed: same data order and initial values),
+    and the 2-node remote share (mean [max])."""
+    print(f"\n{title}\n")
+    print(f"| epoch | baseline 1 x 2: {metric} | 2 nodes x 1: {metric} | ratio of means "
+          f"[per-seed range] | remote share mean [max] |")
+    print("|---:|---|---|---|---|")
+    worst = {}
+    for e in range(min(len(r) for r in base + dist)):
+        b = np.array([r[e][metric] for r in base])
+        d = np.array([r[e][metric] for r in dist])
+        ratio = d / b
+        share = np.array([_remote_share(r[e]) for r in dist])
+        worst[e + 1] = float(d.mean() / b.mean())
+        print(f"| {e + 1} | {b.mean():.4f} [{b.min():.4f}, {b.max():.4f}] | {d.mean():.4f} "
+              f"[{d.min():.4f}, {d.max():.4f}] | {d.mean() / b.mean():.3f} [{ratio.min():.3f}, "
+              f"{ratio.max():.3f}] | {100 * share.mean():.4f}% [{100 * share.max():.4f}%] |",
+              flush=True)
+    later = {e: r for e, r in worst.items() if e >= 2}
+    miss = {e: r for e, r in later.items() if r < 0.98}
+    print(f"\nfrom epoch 2 on: 2-node / baseline {min(later.values()):.3f} at worst "
+          f"(epoch {min(later, key=later.get)}); target >= 0.98: "
+          + ("met" if not miss else "missed at epochs " + ", ".join(map(str, miss))))
+
+
+def _paired_runs(cmd: list[str], seeds: int) -> tuple[list, list]:
+    """Baseline with 2 threads and 2 nodes x 1, the same seed one after the other (so that a
+    busy spell of the machine hits both)."""
+    base, dist = [], []
+    for seed in range(seeds):
+        base.append(sh([*cmd, "--seed", str(seed), "--baseline", "--workers", "2"], ENV))
+        dist.append(sh([*LAUNCH2, *cmd, "--seed", str(seed)], ENV))
+    return base, dist
+
+
+def per_epoch_kge(opts) -> None:
+    data = CACHE / "kge-60000"
+    if not (data / "test.txt").exists():
+        sh([PY, "-m", "adapm.apps.kge", "generate", str(data), "--triples", "60000", "--seed",
+            "1"], ENV)
+    cmd = [PY, "-m", "adapm.apps.kge", "--data", str(data), "--epochs", str(opts.kge_epochs),
+           "--eval-every", "1", "--progress", "off", "--json", "-"]
+    base, dist = _paired_runs(cmd, opts.seeds)
+    _per_epoch_table(
+        f"KGE on a generated KG (60,000 triples asked, seed 1: 54,000 train), the app's defaults "
+        f"(ComplEx d=100, 6 negatives per side, local sampling), filtered MRR on 5,000 "
+        f"validation triples after each epoch; seeds 0..{opts.seeds - 1}", "mrr", base, dist)
+
+
+def per_epoch_wv(opts) -> None:
+    from gensim.test.utils import datapath
+
+    corpus = english_corpus()
+    cmd = [PY, "-m", "adapm.apps.wv", "--corpus", str(corpus), "--epochs", str(WV["epochs"]),
+           "--analogies", datapath("questions-words.txt"), "--similarity",
+           datapath("wordsim353.tsv"), "--eval-every", "1", "--progress", "off", "--json", "-"]
+    base, dist = _paired_runs(cmd, opts.seeds)
+    title = (f"WV on real English text ({corpus.name}, 1.9M words), the app's defaults (d=100, "
+             f"window 5, 5 negatives, min-count 5, sample 1e-3, SGD), after each epoch; seeds "
+             f"0..{opts.seeds - 1}")
+    _per_epoch_table(title + ": analogy accuracy (questions-words)", "analogy", base, dist)
+    _per_epoch_table(title + ": WordSim-353 Spearman", "similarity", base, dist)
+
+
+def per_epoch(opts) -> None:
+    for name in opts.per_epoch.split(","):
+        {"kge": per_epoch_kge, "wv": per_epoch_wv}[name](opts)
+
+
 TABLES = {"mf-real": mf_real, "mf-workers": mf_workers, "wv-real": wv_real}
 
 
@@ -329,7 +423,13 @@ def main() -> None:
     p.add_argument("--seeds", type=int, default=2,
                    help="seeds (rounds) per run on real data")
     p.add_argument("--mf-epochs", type=int, default=100, help="most epochs of an MF run")
+    p.add_argument("--per-epoch", nargs="?", const="kge,wv", default=None, metavar="APPS",
+                   help="only the per-epoch tables of KGE and WV on 2 nodes x 1 against the "
+                        "baseline with 2 threads (of: kge, wv; default both)")
+    p.add_argument("--kge-epochs", type=int, default=10, help="epochs of a --per-epoch KGE run")
     opts = p.parse_args()
+    if opts.per_epoch:
+        return per_epoch(opts)
     for name in opts.only.split(","):
         TABLES[name](opts)
 
