@@ -22,7 +22,8 @@ inside:
   epochs, over the batches trained. The same work with more threads should cost the same CPU;
   more CPU is contention (the GIL's hand-overs, shared cache lines, lock stripes);
 - native / batch (us): the part of it spent inside the project's native calls that release the
-  GIL (the kernels' ``*_train_batch``, ``mf_plan``, ``wv_plan``, ``wv_merge_pool``, ``table_gather`` /
+  GIL (the kernels' ``*_train_batch``, ``mf_plan``, ``wv_plan``, ``wv_merge_pool``, the
+  store module's ``unique_inverse`` (KGE's plan), ``table_gather`` /
   ``table_scatter_add``, the store's ``gather_fast`` / ``scatter_*_fast``, and ``gather`` /
   ``scatter_*`` when their batch is large enough to release it: see RELEASE_GIL_FROM);
 - schedule / batch (us): the part spent in the task's per-epoch ``epoch_order`` and
@@ -67,7 +68,7 @@ HERE = Path(__file__).resolve()
 # at least this many keys + floats (the *_fast calls always do).
 RELEASE_GIL_FROM = 32768
 
-# Data per app: (quick, full) generate arguments and app arguments.
+# Data per app: the generator's arguments, quick and full.
 SIZES = {
     "mf": {"quick": ["--rows", "20000", "--cols", "5000", "--entries", "2000000"],
            "full": ["--rows", "200000", "--cols", "50000", "--entries", "11000000"]},
@@ -117,6 +118,10 @@ def child(app: str, argv: list[str]) -> None:
     for name in ("mf_plan", "wv_plan", "wv_merge_pool", "table_gather", "table_scatter_add"):
         if hasattr(kernels, name):  # a --compare checkout may not have them all
             setattr(kernels, name, timed(getattr(kernels, name)))
+
+    native = load()
+    if hasattr(native, "unique_inverse"):  # KGE's plan (O(n), always releases the GIL)
+        native.unique_inverse = timed(native.unique_inverse)
 
     def big(keys, values, missing) -> bool:
         return len(keys) + values.size >= RELEASE_GIL_FROM
