@@ -11,7 +11,8 @@ linearly from ``--lr`` (0.025) to 1e-4 over the run (gensim's alpha and min_alph
 ``--optimizer adagrad`` AdaGrad as the original AdaPM word2vec app (the accumulator lives in each
 key's value, after the vector; measured on real text it learns less: ``bench/quality.py``). Keys: word
 w's input vector is key w, its output vector key V + w (V words), so the output vectors form the
-sampling domain [V, 2V), drawn by the PM's ``local`` sampling with unigram^0.75 weights. A data
+sampling domain [V, 2V), drawn by the PM's ``local`` sampling (``--sampling naive``: from the
+whole domain, signalled as intent) with unigram^0.75 weights. A data
 point is a sentence (a line, cut every 10,000 tokens); sentences are split randomly across nodes
 and threads, and intent is signalled ``--ahead`` sentences ahead (2000, as the paper).
 
@@ -82,7 +83,8 @@ class WVTask:
         self.num_keys = 2 * V
         self.value_length = 2 * self.dim
         self.sampling = adapm.Sampling(V, 2 * V, weights=corpus.counts ** 0.75,
-                                       scheme="local", seed=opts.seed)
+                                       scheme=getattr(opts, "sampling", "local"),
+                                       seed=opts.seed)
         self.keep = wv_data.keep_probabilities(corpus.counts, opts.sample)
         self.starts, self.ends = corpus.starts, corpus.ends
         self.analogies = opts.analogy_questions
@@ -282,6 +284,10 @@ def parser() -> argparse.ArgumentParser:
                         "1e-4 of itself, the accumulator after each vector)")
     p.add_argument("--lr", type=_argtypes.positive_float, default=0.025,
                    help="starting learning rate (gensim's alpha)")
+    p.add_argument("--sampling", choices=("local", "naive"), default="local",
+                   help="negative sampling scheme (local: never remote; naive: drawn from the "
+                        "whole unigram^0.75 distribution, as the baseline draws, and "
+                        "signalled as intent; both per epoch: bench/quality.py --per-epoch)")
     p.add_argument("--max-sentence", type=_argtypes.positive_int, default=wv_data.MAX_SENTENCE,
                    help="cut longer lines into sentences of this many tokens")
     p.add_argument("--analogies", metavar="FILE", default=None,
