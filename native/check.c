@@ -54,27 +54,15 @@ void check_scratch_free(check_scratch_t *s) {
 /* Index of the first key that repeats an earlier one, -1 if none, -2 if out of memory.
  * Ascending batches (the usual order of moves) pass in one scan, others through the hash set. */
 static int64_t first_repeat(check_scratch_t *s, const int64_t *keys, int64_t n) {
-    int64_t i = 1;
-    while (i < n && keys[i] > keys[i - 1]) i++;
-    if (i >= n) return -1;
-    int64_t cap = 64;
-    while (cap < 2 * n) cap *= 2;
+    if (keys_ascend(keys, n)) return -1;
+    const int64_t cap = repeat_set_cap(n);
     if (cap > s->cap) {
         int64_t *grown = realloc(s->set, (size_t)cap * sizeof(int64_t));
         if (!grown) return -2;
         s->set = grown;
         s->cap = cap;
     }
-    int64_t *set = s->set;
-    memset(set, 0xff, (size_t)cap * sizeof(int64_t)); /* -1: empty (keys were checked >= 0) */
-    for (i = 0; i < n; i++) {
-        const int64_t k = keys[i];
-        int64_t at = (int64_t)(((uint64_t)k * 0x9E3779B97F4A7C15ull) >> 20) & (cap - 1);
-        while (set[at] >= 0 && set[at] != k) at = (at + 1) & (cap - 1);
-        if (set[at] == k) return i;
-        set[at] = k;
-    }
-    return -1;
+    return repeat_scan(s->set, cap, keys, n);
 }
 
 static int unfit(char *why, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -118,16 +106,6 @@ static int rows_unfit(const directory_t *d, const char *prefix, const int64_t *k
                  (long long)n, (long long)need);
 }
 
-/* Whether any of n masks has a bit for a rank >= world_size. */
-static int stray_bits(const directory_t *d, const uint64_t *masks, int64_t n) {
-    const int64_t used = d->world_size % 64;
-    if (!used) return 0;
-    const uint64_t stray = ~(((uint64_t)1 << used) - 1);
-    for (int64_t i = 0; i < n; i++)
-        if (masks[i * d->words + d->words - 1] & stray) return 1;
-    return 0;
-}
-
 /* Relocations (a[0..6)), replica set-ups (a[6..9)), home updates (a[9..12)). */
 static int moves_unfit(const directory_t *d, const carr_t *a, check_scratch_t *s, char *why) {
     static const char *names[2] = {"relocation", "replica"};
@@ -154,7 +132,7 @@ static int moves_unfit(const directory_t *d, const carr_t *a, check_scratch_t *s
         for (int64_t i = 0; i < n; i++)
             if (store_state(d->store, keys[i]) == KEY_OWNER)
                 return unfit(why, "relocation of a key this node owns already");
-        if (stray_bits(d, a[3].p, n) || stray_bits(d, a[4].p, n))
+        if (stray_rank_bits(d, a[3].p, n) || stray_rank_bits(d, a[4].p, n))
             return unfit(why, "relocation: a mask names a rank outside the job");
     }
     const int64_t *hkeys = a[9].p, *ranks = a[10].p, nh = a[9].n;

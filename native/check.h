@@ -18,6 +18,44 @@
 
 #include "directory.h"
 
+/* Whether keys[0..n) ascend strictly (then none repeats). */
+static inline int keys_ascend(const int64_t *keys, int64_t n) {
+    for (int64_t i = 1; i < n; i++)
+        if (keys[i] <= keys[i - 1]) return 0;
+    return 1;
+}
+
+/* The hash-set capacity repeat_scan needs for n keys (a power of two, at least 2n). */
+static inline int64_t repeat_set_cap(int64_t n) {
+    int64_t cap = 64;
+    while (cap < 2 * n) cap *= 2;
+    return cap;
+}
+
+/* Index of the first of keys[0..n) (all >= 0) that repeats an earlier one, or -1, through set,
+ * a scratch of cap = repeat_set_cap(n) entries (its contents are overwritten). */
+static inline int64_t repeat_scan(int64_t *set, int64_t cap, const int64_t *keys, int64_t n) {
+    for (int64_t i = 0; i < cap; i++) set[i] = -1; /* empty (keys are >= 0) */
+    for (int64_t i = 0; i < n; i++) {
+        const int64_t k = keys[i];
+        int64_t at = (int64_t)(((uint64_t)k * 0x9E3779B97F4A7C15ull) >> 20) & (cap - 1);
+        while (set[at] >= 0 && set[at] != k) at = (at + 1) & (cap - 1);
+        if (set[at] == k) return i;
+        set[at] = k;
+    }
+    return -1;
+}
+
+/* Whether any of n masks (d->words words each) has a bit for a rank >= world_size. */
+static inline int stray_rank_bits(const directory_t *d, const uint64_t *masks, int64_t n) {
+    const int64_t used = d->world_size % 64;
+    if (!used) return 0;
+    const uint64_t stray = ~(((uint64_t)1 << used) - 1);
+    for (int64_t i = 0; i < n; i++)
+        if (masks[i * d->words + d->words - 1] & stray) return 1;
+    return 0;
+}
+
 /* Message kinds (adapm/_wire/protocol.py, Kind) whose arrays are checked here. */
 enum {
     WIRE_PULL = 1, WIRE_PUSH = 2, WIRE_SET = 3, WIRE_SYNC = 4, WIRE_PULL_RESP = 10,

@@ -105,17 +105,6 @@ static int check_keys(const DirectoryObject *self, const int64_t *keys, int64_t 
     return 0;
 }
 
-/* Whether any of n masks (`words` words each) has a bit for a rank >= world_size: masks that
- * come with relocations are checked, so that the owner's decisions only name real ranks. */
-static int stray_rank_bits(const directory_t *d, const uint64_t *masks, int64_t n) {
-    const int64_t used = d->world_size % 64;
-    if (!used) return 0;
-    const uint64_t stray = ~(((uint64_t)1 << used) - 1);
-    for (int64_t i = 0; i < n; i++)
-        if (masks[i * d->words + d->words - 1] & stray) return 1;
-    return 0;
-}
-
 /* relocate_in(keys, values, versions, s_in, r_in, epochs, slots, was_replica) -> None */
 static PyObject *Directory_relocate_in(DirectoryObject *self, PyObject *args) {
     PyObject *o[7];

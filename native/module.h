@@ -7,6 +7,7 @@
 
 #include <string.h>
 
+#include "check.h"
 #include "slots.h"
 #include "intents.h"
 #include "store.h"
@@ -41,27 +42,15 @@ typedef struct {
  * (a node's home keys) pass in one scan; others go through a hash set in the store's scratch
  * (sized by the batch, not the key space). Holds the GIL (the scratch is shared). */
 static inline int64_t first_repeat(StoreObject *store, const int64_t *keys, int64_t n) {
-    int64_t i = 1;
-    while (i < n && keys[i] > keys[i - 1]) i++;
-    if (i >= n) return -1;
-    int64_t cap = 64;
-    while (cap < 2 * n) cap *= 2;
+    if (keys_ascend(keys, n)) return -1;
+    const int64_t cap = repeat_set_cap(n);
     if (cap > store->repeat_cap) {
         int64_t *grown = PyMem_Realloc(store->repeat_set, (size_t)cap * sizeof(int64_t));
         if (!grown) return -2;
         store->repeat_set = grown;
         store->repeat_cap = cap;
     }
-    int64_t *set = store->repeat_set;
-    memset(set, 0xff, (size_t)cap * sizeof(int64_t)); /* -1: empty (keys are >= 0) */
-    for (i = 0; i < n; i++) {
-        const int64_t k = keys[i];
-        int64_t at = (int64_t)(((uint64_t)k * 0x9E3779B97F4A7C15ull) >> 20) & (cap - 1);
-        while (set[at] >= 0 && set[at] != k) at = (at + 1) & (cap - 1);
-        if (set[at] == k) return i;
-        set[at] = k;
-    }
-    return -1;
+    return repeat_scan(store->repeat_set, cap, keys, n);
 }
 
 /* 0, or -1 with ValueError naming the first repeated key (MemoryError if out of memory). */
