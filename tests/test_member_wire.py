@@ -189,7 +189,9 @@ def _attack(node, shapes: list, seed: int, stop: threading.Event, sent: list) ->
                 for msg in FUZZ_SHAPES[name](node, rng):
                     sock.send_multipart(encode([msg]), copy=False)
                     sent[0] += 1
-            stop.wait(0.003)
+            # Often: the shapes that answer a sync round need one open when they arrive, and
+            # rounds got shorter (a fresh clone's run once had every such answer come late).
+            stop.wait(0.0005)
     finally:
         sock.close(linger=2000)  # what was sent arrives
         context.term()
