@@ -51,10 +51,13 @@ def test_allgather_through_reserved_keys(management, uniform):
 
 def test_delta_counts_one_phase():
     before = {"local_pull_keys": 10, "remote_pull_keys": 1, "rounds": 4, "mean_round_ms": 2.0,
-              "replica_reads": 0, "mean_staleness_ms": 0.0, "remote_access_share": 0.5}
+              "replica_reads": 0, "mean_staleness_ms": 0.0, "remote_access_share": 0.5,
+              "engine_cpu_s": 1.25}
     after = {"local_pull_keys": 40, "remote_pull_keys": 1, "rounds": 6, "mean_round_ms": 3.0,
-             "replica_reads": 10, "mean_staleness_ms": 1.5, "remote_access_share": 0.01}
+             "replica_reads": 10, "mean_staleness_ms": 1.5, "remote_access_share": 0.01,
+             "engine_cpu_s": 2.0}
     d = _delta(before, after)
+    assert d["engine_cpu_s"] == pytest.approx(0.75)  # the phase's CPU, not the run's so far
     assert d["local_pull_keys"] == 30 and d["remote_pull_keys"] == 0
     assert d["rounds"] == 2 and d["mean_round_ms"] == pytest.approx((18 - 8) / 2)
     assert d["mean_staleness_ms"] == pytest.approx(1.5)

@@ -64,6 +64,8 @@ from .exchange import Exchange, LocalExchange
 
 # Counters whose per-epoch value is not a difference: means, recomputed from their weights.
 _MEANS = {"mean_round_ms": "rounds", "mean_staleness_ms": "replica_reads"}
+# Counters that are floats (seconds) and grow over the run: an epoch's line shows its own part.
+_FLOAT_COUNTERS = ("engine_cpu_s",)
 
 
 class Plan(Protocol):
@@ -595,6 +597,8 @@ def _delta(before: dict, after: dict) -> dict:
             continue
         if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
             out[name] = int(value) - int(before.get(name, 0))
+        elif name in _FLOAT_COUNTERS:
+            out[name] = round(float(value) - float(before.get(name, 0.0)), 6)
         else:
             out[name] = value
     for name, weight in _MEANS.items():
