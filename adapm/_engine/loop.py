@@ -42,6 +42,8 @@ _log = logging.getLogger("adapm")
 _LIVENESS = frozenset({Kind.HEARTBEAT, Kind.GOODBYE, Kind.FAILED})
 # How often a waiting worker checks whether the engine thread failed.
 _FAILURE_CHECK_S = 0.5
+# Longest time between two looks after the peers and the round's deadline.
+_LOOK_S = 0.05
 
 
 class EngineLoop:
@@ -198,13 +200,18 @@ class EngineLoop:
     def _run(self) -> None:
         state, transport, clock = self.state, self.transport, time.monotonic
         workers, submissions = self._workers, self._submissions
+        now = clock()
         liveness = self.liveness = Liveness(self.rank, state.world_size,
-                                            state.config.failure_timeout_s, clock())
+                                            state.config.failure_timeout_s, now)
+        # When the peers and the sync round are next looked after (heartbeats, silence,
+        # the round's deadline): not every pass, which cost O(peers) Python calls each.
+        next_look = now
         try:
             while not self._stop.is_set():
-                timeout_s = min(state.poll_timeout_s(clock()), liveness.next_look_s(clock()))
-                for src, messages in transport.poll(math.ceil(timeout_s * 1000)):
-                    liveness.heard_from(src, clock())
+                timeout_s = min(state.poll_timeout_s(now), next_look - now)
+                for src, messages in transport.poll(math.ceil(max(timeout_s, 0.0) * 1000)):
+                    now = clock()
+                    liveness.heard_from(src, now)
                     for msg in messages:
                         why = problem(msg, state)
                         if why is not None:
@@ -215,20 +222,28 @@ class EngineLoop:
                             if failure is not None:
                                 return self._fail(failure)
                             continue
-                        self._carry_out(state.handle(Received(msg), clock()))
+                        self._carry_out(state.handle(Received(msg), now))
                     # What this message caused goes out now, not after the whole batch: a
                     # worker may be blocked on it (bench/adaptive.py: from post to send took
                     # ~1.1 ms on average when sends waited for the end of the pass, ~0.65 ms so).
-                    self._flush()
+                    if self._outbox:
+                        self._flush(now)
+                now = clock()
                 while submissions:
                     call, request = submissions.popleft()
                     self._live.add(call)
-                    self._carry_out(state.handle(Submitted(call, request), clock()))
-                self._carry_out(state.handle(Tick([w.clock for w in workers]), clock()))
-                self._flush()
-                failure = self._look_after_peers(clock())
-                if failure is not None:
-                    return self._fail(failure)
+                    self._carry_out(state.handle(Submitted(call, request), now))
+                self._carry_out(state.handle(Tick([w.clock for w in workers]), now))
+                if self._outbox:
+                    self._flush(now)
+                if now >= next_look:
+                    failure = self._look_after_peers(now)
+                    if failure is not None:
+                        return self._fail(failure)
+                    # Sends since only postpone heartbeats, so looking again then is early
+                    # enough; the round's deadline and silent peers are checked at least every
+                    # _LOOK_S.
+                    next_look = now + min(liveness.next_look_s(now), _LOOK_S)
                 self.passes += 1
             if self._goodbye:
                 self._broadcast(message(Kind.GOODBYE, self.rank, 0))
@@ -333,10 +348,9 @@ class EngineLoop:
             self.counters["late_answers"] += 1
         call.finish(ins.parts, ins.error)
 
-    def _flush(self) -> None:
-        if self._outbox:
-            outbox, self._outbox = self._outbox, {}
-            now = time.monotonic()
-            for dst, messages in outbox.items():
-                self.transport.send(dst, messages)
-                self.liveness.sent_to(dst, now)
+    def _flush(self, now: float) -> None:
+        outbox, self._outbox = self._outbox, {}
+        transport, liveness = self.transport, self.liveness
+        for dst, messages in outbox.items():
+            transport.send(dst, messages)
+            liveness.sent_to(dst, now)

@@ -183,7 +183,10 @@ class Transport:
         that names another sender than its connection's rank is dropped (see module docstring).
         """
         try:
-            ready = dict(self.poller.poll(timeout_ms))
+            ready = self.poller.poll(timeout_ms)
+            if not ready:
+                return []
+            ready = dict(ready)
             if self._wake_fd in ready:
                 try:
                     os.eventfd_read(self._wake_fd)
@@ -195,12 +198,16 @@ class Transport:
             out = []
             if self.router in ready:
                 router = self.router
-                for _ in range(256):
-                    # Asked first, not found out by zmq.Again: raising and catching it cost
-                    # more than the rest of receiving a small message (py-spy, bench/engine.py).
-                    if not router.get(_EVENTS) & _POLLIN:
+                for i in range(256):
+                    # After the first (the poll said one is there), asked first, not found out
+                    # by zmq.Again: raising and catching it cost more than the rest of
+                    # receiving a small message (py-spy, bench/engine.py).
+                    if i and not router.get(_EVENTS) & _POLLIN:
                         break
-                    frames = router.recv_multipart(zmq.NOBLOCK, copy=False)
+                    try:
+                        frames = router.recv_multipart(zmq.NOBLOCK, copy=False)
+                    except zmq.Again:
+                        break
                     try:
                         messages = decode(frames[1:])
                     except TransportError as exc:
@@ -220,11 +227,13 @@ class Transport:
     def _from_identity(self, identity: bytes, messages: list[Message]) -> bool:
         """Without authentication: whether every header names the rank whose identity the
         sending DEALER connected with (see the module docstring); if not, drop and count."""
-        claimed = {m.src for m in messages}
-        if claimed <= {self._ranks.get(identity, -1)}:
-            return True
-        self._reject(identity, "forged", f"headers name rank(s) {sorted(claimed)}")
-        return False
+        rank = self._ranks.get(identity, -1)
+        for m in messages:
+            if m.src != rank or rank < 0:
+                claimed = sorted({m.src for m in messages})
+                self._reject(identity, "forged", f"headers name rank(s) {claimed}")
+                return False
+        return True
 
     def _reject(self, identity: bytes, what: str, why: str) -> None:
         """Count a dropped wire message; log the first one from each sender."""
