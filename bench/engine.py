@@ -20,6 +20,11 @@ workers' CPU and ZeroMQ's I/O threads are not in it. Each workload isolates one 
   clock, so every round each holder sends its deltas and gets the merged rows back. Per
   replicated key and round (a delta out and a refresh in), engine CPU of both nodes.
 - **empty rounds**: ``wait_sync()`` with no intent at all. Per round.
+- **ZeroMQ alone** (the floor under the first line): two processes that only echo a small
+  message over the same sockets (a ROUTER to receive, a DEALER per peer to send, a poll on
+  the ROUTER and an eventfd), through pyzmq as the engine uses it, no engine at all. Per
+  received message, both sides' thread CPU over both sides' received messages: what one
+  wake-up, receive and send cost here before the engine does anything.
 
 The targets (issue: the engine at native speed) are at most 1.5 us per moved row, 5 us per
 message plus its per-key work, 5 us per empty round. The machine has 2 cores for 4 busy threads
@@ -37,6 +42,8 @@ import time
 import numpy as np
 
 from adapm.testing import run_cluster
+
+import multiprocessing as mp
 
 DIM = 16
 
@@ -107,7 +114,63 @@ def _job(node, counts: dict) -> dict:
     return out
 
 
-def _table(results: list[dict], counts: dict) -> list[str]:
+def _echo(port_q, n: int) -> None:
+    """The far side of :func:`_zmq_floor`: receive and answer ``n`` messages."""
+    import zmq
+
+    ctx = zmq.Context()
+    router = ctx.socket(zmq.ROUTER)
+    port_q.put(router.bind_to_random_port("tcp://127.0.0.1"))
+    dealer = ctx.socket(zmq.DEALER)
+    dealer.connect(port_q.get())
+    poller = zmq.Poller()
+    poller.register(router, zmq.POLLIN)
+    wake = os.eventfd(0, os.EFD_NONBLOCK)
+    poller.register(wake, zmq.POLLIN)
+    dealer.send(b"ready")
+    started = time.thread_time()
+    for _ in range(n):
+        while not poller.poll(1000):
+            pass
+        frames = router.recv_multipart(copy=False)
+        dealer.send_multipart(frames[1:], copy=False)
+    port_q.put(time.thread_time() - started)
+    ctx.destroy(linger=0)
+
+
+def _zmq_floor(n: int) -> float:
+    """Thread CPU (both processes) per received message of a small-message echo over pyzmq."""
+    import zmq
+
+    ctx = zmq.Context()
+    router = ctx.socket(zmq.ROUTER)
+    port = router.bind_to_random_port("tcp://127.0.0.1")
+    q = mp.get_context("spawn").Queue()
+    child = mp.get_context("spawn").Process(target=_echo, args=(q, n))
+    child.start()
+    dealer = ctx.socket(zmq.DEALER)
+    dealer.connect(f"tcp://127.0.0.1:{q.get(timeout=60)}")
+    q.put(f"tcp://127.0.0.1:{port}")
+    poller = zmq.Poller()
+    poller.register(router, zmq.POLLIN)
+    wake = os.eventfd(0, os.EFD_NONBLOCK)
+    poller.register(wake, zmq.POLLIN)
+    router.recv_multipart()  # the far side is connected both ways
+    header, payload = bytes(56), bytes(16)  # a 1-key pull's frames
+    started = time.thread_time()
+    for _ in range(n):
+        dealer.send_multipart([header, payload], copy=False)
+        while not poller.poll(1000):
+            pass
+        router.recv_multipart(copy=False)
+    mine = time.thread_time() - started
+    theirs = q.get(timeout=60)
+    child.join(60)
+    ctx.destroy(linger=0)
+    return (mine + theirs) / (2 * n)
+
+
+def _table(results: list[dict], counts: dict, floor_s: float) -> list[str]:
     both = {name: {k: sum(r[name][k] for r in results) for k in results[0][name]}
             for name in results[0]}
     small = both["small messages"]
@@ -135,6 +198,8 @@ def _table(results: list[dict], counts: dict) -> list[str]:
         f"**{per_replica * 1e6:.1f} us** | |",
         f"| per empty round (wait_sync, no intent) | {empty['engine_cpu_s']:.3f} s | "
         f"{empty['rounds']} rounds | **{per_round * 1e6:.1f} us** | 5 us |",
+        f"| ZeroMQ alone: per received message of a small-message echo (pyzmq, no engine) | | "
+        f"{2 * counts['pulls']} messages | **{floor_s * 1e6:.1f} us** | |",
         "",
         "engine loop passes (both nodes) and wall time: " + "; ".join(
             f"{name}: {v['passes']} passes, {v['wall_s'] / 2:.2f} s" for name, v in both.items()),
@@ -156,7 +221,8 @@ def main(argv=None) -> int:
                                       request_timeout_s=120, connect_timeout_s=60))
     print(f"machine: nproc={os.cpu_count()}, {platform.machine()}, python "
           f"{platform.python_version()}, numpy {np.__version__}; 2 nodes on loopback")
-    print("\n".join(_table(results, counts)))
+    floor_s = _zmq_floor(counts["pulls"])
+    print("\n".join(_table(results, counts, floor_s)))
     return 0
 
 
