@@ -15,7 +15,8 @@ Columns: examples/s (all ranks, epoch start to the last rank's end, the mean ove
 ratio to the baseline with the same total threads; the step time per batch of rank 0; the part
 of it inside adapm calls (pulls, pushes, intent, clock, dense sync: rank 0's ``adapm_seconds``
 over its batches) and that part's share of the step; test AUC after the last epoch; the
-training remote share of rank 0. Every figure comes from the example's own JSON lines.
+training remote share of rank 0. Every figure comes from the example's own JSON lines
+(``--json -``: on its stdout).
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ def main() -> None:
         sh([PY, f"{EXAMPLE}/criteo.py", "generate", str(data), "--rows", str(rows), "--vocab",
             str(opts.vocab), "--seed", "1"], env)
     train = [PY, f"{EXAMPLE}/train.py", "--data", str(data), "--epochs", str(opts.epochs),
-             "--batch-size", str(opts.batch_size), "--progress", "off"]
+             "--batch-size", str(opts.batch_size), "--progress", "off", "--json", "-"]
     runs = {
         "baseline, 1 thread": (1, 1, [*train, "--baseline", "--threads", "1"]),
         "adapm, 1 node": (1, 1, train),

@@ -540,7 +540,7 @@ def test_the_gnn_example_resumes_to_the_numbers_of_an_uninterrupted_run(tmp_path
     the resumed epoch is the uninterrupted run's, and two ranks go on from it."""
     pytest.importorskip("torch")
     flags = [GNN, "--nodes", "1500", "--communities", "4", "--seed", "2", "--progress", "off",
-             "--loader-workers", "0"]
+             "--loader-workers", "0", "--json", "-"]
     ck = ["--checkpoint-dir", str(tmp_path / "ck")]
     straight = records(app_run([PY, *flags, "--epochs", "3"]).stdout)
     first = records(app_run([PY, *flags, "--epochs", "2", *ck]).stdout)

@@ -101,11 +101,19 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _train(cmd, data_dir, *flags):
+def _train(cmd, data_dir, *flags, json_file=None):
+    """The run's epoch lines and final lines: from stdout (``--json -``) or from ``json_file``
+    (``--json FILE``; stdout then holds the summary lines only)."""
     proc = run(cmd + ["--data", data_dir, "--epochs", "2", "--progress", "off", "--dim", "8",
-                      "--hidden", "64,32", *flags],
+                      "--hidden", "64,32", "--json", json_file or "-", *flags],
                timeout=240)
-    out = records(proc.stdout)
+    if json_file:  # a summary line per epoch (rank 0) and per rank at the end
+        assert proc.stdout and all(line.startswith(("epoch ", "rank "))
+                                   for line in proc.stdout.splitlines()), proc.stdout
+        with open(json_file) as f:
+            out = records(f.read())
+    else:
+        out = records(proc.stdout)
     epochs = [r for r in out if "epoch" in r]
     finals = [r for r in out if r.get("final")]
     return epochs, finals
@@ -144,6 +152,18 @@ def test_a_missing_data_directory_is_a_clear_error(tmp_path):
     assert "Traceback" not in proc.stderr
 
 
+@pytest.mark.parametrize("flag", ["--json", "--trace-dir"])
+def test_an_output_path_that_cannot_be_written_is_refused_before_the_data_is_read(tmp_path,
+                                                                                   flag):
+    target = str(tmp_path / "missing" / "out.jsonl") if flag == "--json" else \
+        str(tmp_path / "a-file" / "trace")
+    (tmp_path / "a-file").write_text("")
+    # --data does not exist either: the output path is refused first, in one line.
+    proc = run(TRAIN + ["--data", str(tmp_path / "nowhere"), flag, target], expect=2)
+    assert proc.stderr.count("\n") == 1 and "error: " in proc.stderr, proc.stderr
+    assert "nowhere" not in proc.stderr and "Traceback" not in proc.stderr and not proc.stdout
+
+
 # --- checkpoints ---------------------------------------------------------------------------------
 
 # What differs between two runs of the same training: the clock.
@@ -164,7 +184,9 @@ def _epochs_without_timing(epochs):
 def test_a_run_resumed_mid_epoch_gives_exactly_the_uninterrupted_numbers(small_data, tmp_path):
     """One process: stopped after 30 batches (checkpoints every 7 and at the stop), then
     resumed: both epochs' lines equal the uninterrupted run's, train loss included."""
-    whole, _ = _train(TRAIN, small_data)
+    lines = str(tmp_path / "whole.jsonl")
+    whole, finals = _train(TRAIN, small_data, json_file=lines)  # --json FILE: JSON lines there
+    assert [r["epoch"] for r in whole] == [1, 2] and [r["rank"] for r in finals] == [0]
     ck = str(tmp_path / "ck")
     stopped, finals = _train(TRAIN, small_data, "--max-batches", "30", "--checkpoint-dir", ck,
                              "--checkpoint-every", "7")

@@ -201,13 +201,15 @@ def test_two_nodes_reach_the_baselines_accuracy(big_graph, tmp_path):
     directory, _ = big_graph
     common = ["--graph", directory, "--epochs", str(EPOCHS), "--seed", "1", "--progress", "off"]
     baseline = records(run([PY, TRAIN, *common, "--baseline", "--shards", "2",
-                            "--loader-workers", "0"], timeout=240).stdout)
+                            "--loader-workers", "0", "--json", "-"], timeout=240).stdout)
     jsonl = tmp_path / "epochs.jsonl"
-    two = records(run([*LAUNCHER, "-n", "2", PY, TRAIN, *common, "--json", str(jsonl)],
-                      timeout=240).stdout)
+    # --json FILE: the JSON lines there, a summary line per epoch on stdout
+    proc = run([*LAUNCHER, "-n", "2", PY, TRAIN, *common, "--json", str(jsonl)], timeout=240)
+    two = records(jsonl.read_text())
+    assert [line.split(":")[0] for line in proc.stdout.splitlines()] == \
+        [f"epoch {e}" for e in range(1, EPOCHS + 1)], proc.stdout
     assert [r["epoch"] for r in two] == [r["epoch"] for r in baseline] == \
         list(range(1, EPOCHS + 1))
-    assert records(jsonl.read_text()) == two
     for run_records in (baseline, two):
         losses = [r["loss"] for r in run_records]
         assert losses[-1] < 0.3 * losses[0], losses
@@ -231,7 +233,7 @@ def test_alone_it_computes_what_the_baseline_computes():
     """World size 1, no launcher, the graph generated from flags: the rows in adapm trained by
     adapm's AdaGrad and the dense layers through DenseSync give torch's own results."""
     common = [TRAIN, "--nodes", "4000", "--communities", "4", "--epochs", "3", "--seed", "2",
-              "--progress", "off"]
+              "--progress", "off", "--json", "-"]
     alone = records(run([PY, *common], timeout=150).stdout)
     baseline = records(run([PY, *common, "--baseline", "--loader-workers", "0"],
                            timeout=150).stdout)
@@ -248,3 +250,10 @@ def test_a_missing_graph_directory_exits_2_naming_it(tmp_path):
     proc = run([PY, TRAIN, "--graph", missing, "--epochs", "1"], timeout=120, expect=2)
     assert missing in proc.stderr and "Traceback" not in proc.stderr
     assert not records(proc.stdout)
+
+
+def test_a_json_file_in_a_missing_directory_is_refused_before_training(tmp_path):
+    target = str(tmp_path / "missing" / "epochs.jsonl")
+    proc = run([PY, TRAIN, "--epochs", "1", "--json", target], timeout=120, expect=2)
+    assert proc.stderr.count("\n") == 1 and "does not exist" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr and not proc.stdout

@@ -21,13 +21,17 @@ optimizers with torch's tables in one process. ``--device cuda`` puts the model 
 adapm tables stay in adapm's host memory (each batch's rows pulled into pinned memory and copied
 over, gradients back the same way), the baseline's tables go to the GPU with the rest.
 
-Output: a progress bar on rank 0 (on a terminal), and per epoch one JSON line on rank 0 with
-``epoch``, ``examples`` (trained over all ranks), ``train_seconds`` (from the epoch's start to
-the last rank's end), ``examples_per_s``, ``train_logloss`` (rank 0's batches),
-``test_logloss`` and ``test_auc`` (rank 0 evaluates the whole test file), ``adapm_seconds``
-(rank 0's time inside adapm calls: pulls, pushes, intent, clock, dense sync) and
-``remote_share`` (rank 0's remote pulled and pushed keys over all its keys, training loop only).
-At the end every rank prints one line with its own training totals (``"rank"``, ``"final"``).
+Output, as the apps' (``adapm.apps.runner``): a progress bar on rank 0 (on a terminal), and per
+epoch a summary line on rank 0's stdout and one JSON line, appended to ``--json FILE`` (written
+to stdout with ``--json -``, the summary lines then going to stderr, so that stdout holds JSON
+lines only), with ``epoch``, ``examples`` (trained over all ranks), ``train_seconds`` (from the
+epoch's start to the last rank's end), ``examples_per_s``, ``train_logloss`` (rank 0's
+batches), ``test_logloss`` and ``test_auc`` (rank 0 evaluates the whole test file),
+``adapm_seconds`` (rank 0's time inside adapm calls: pulls, pushes, intent, clock, dense sync)
+and ``remote_share`` (rank 0's remote pulled and pushed keys over all its keys, training loop
+only). At the end every rank gives its own training totals the same way: a summary line, and a
+JSON line (``"rank"``, ``"final"``) that every rank appends to ``--json FILE`` (or writes to
+stdout with ``--json -``). Output paths are checked before the data is read.
 
 Checkpoints (adapm runs)::
 
@@ -48,7 +52,6 @@ N batches in all (a time-boxed run, to be resumed).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import functools
 import json
 import os
@@ -64,7 +67,7 @@ from model import WideAndDeep
 from torch.utils.data import DataLoader, Dataset
 
 from adapm import CheckpointError
-from adapm.apps.runner import HelpFormatter  # defaults shown only where there is one
+from adapm.apps.runner import AppParser, HelpFormatter, check_flags
 from adapm.trace import keys_argument
 
 # Each dense key holds this many floats of the MLP's parameters (fewer keys to sync per round).
@@ -365,79 +368,74 @@ def train(run, opts, train_rows: criteo.Examples, test_rows: criteo.Examples) ->
     steps, saved_at = at["steps"], at["steps"]
     stopped = None
     examples, accessed = 0, np.zeros(3, dtype=np.int64)
-    with contextlib.ExitStack() as stack:
-        out = stack.enter_context(open(opts.json, "a")) if opts.json and run.rank == 0 else None
-        for epoch in range(at["epoch"], opts.epochs + 1):
-            first = at["batch"] if epoch == at["epoch"] else 0
-            order.epoch, order.start = epoch, first * opts.batch_size
-            loss_sum, seen = (at["loss_sum"], at["seen"]) if first else (0.0, 0)
-            run.barrier()
-            run.mark(f"epoch {epoch} start")
-            start, adapm_before = time.perf_counter(), _adapm_seconds(run)
-            accessed_before = run.accesses()
-            bar = progress(opts, run.rank, len(data), epoch)
-            batch = first
-            for dense, categorical, labels in run.batches(data):
-                dense, labels = dense.to(opts.device), labels.to(opts.device)
-                categorical = categorical.to(run.index_device)
-                run.zero_grad()
-                loss = F.binary_cross_entropy_with_logits(run.forward(dense, categorical), labels)
-                run.step(loss)
-                loss_sum += loss.item() * len(labels)
-                seen += len(labels)
-                examples += len(labels)
-                batch += 1
-                steps += 1
-                bar.update()
-                if opts.checkpoint_dir and steps % opts.checkpoint_every == 0:
-                    run.checkpoint(opts.checkpoint_dir, _where(opts, run, share, epoch, batch,
-                                                               steps, loss_sum, seen))
-                    saved_at = steps
-                if opts.max_batches is not None and steps >= opts.max_batches:
-                    stopped = {"epoch": epoch, "batch": batch, "loss_sum": loss_sum, "seen": seen}
-                    break
-            bar.close()
-            remote_pulls, remote_pushes, accesses = run.accesses() - accessed_before
-            accessed += (remote_pulls, remote_pushes, accesses)
-            mine_seconds = _adapm_seconds(run) - adapm_before
-            if stopped is not None and batch < per_epoch:
-                break  # mid-epoch: no epoch line (a resumed run gives it)
-            run.barrier()  # every rank's training of this epoch is done
-            run.mark(f"epoch {epoch} end")
-            seconds = time.perf_counter() - start
-            if run.rank == 0:
-                trained = (batch - first) * opts.batch_size if batch < per_epoch else \
-                    share - first * opts.batch_size
-                record = {"epoch": epoch, "examples": share * run.world,
-                          "train_seconds": round(seconds, 3),
-                          "examples_per_s": round(trained * run.world / seconds, 1),
-                          "train_logloss": round(loss_sum / max(seen, 1), 5),
-                          **evaluate(run, test_rows, opts.device),
-                          "adapm_seconds": round(mine_seconds, 3),
-                          "remote_share": _share(remote_pulls + remote_pushes, accesses),
-                          "world": run.world, "baseline": isinstance(run, BaselineRun)}
-                if first:
-                    record["resumed_at_batch"] = first
-                line = json.dumps(record)
-                emit(line)
-                if out is not None:
-                    print(line, file=out, flush=True)
-            run.barrier()  # rank 0's evaluation is done
-            if stopped is not None:
+    for epoch in range(at["epoch"], opts.epochs + 1):
+        first = at["batch"] if epoch == at["epoch"] else 0
+        order.epoch, order.start = epoch, first * opts.batch_size
+        loss_sum, seen = (at["loss_sum"], at["seen"]) if first else (0.0, 0)
+        run.barrier()
+        run.mark(f"epoch {epoch} start")
+        start, adapm_before = time.perf_counter(), _adapm_seconds(run)
+        accessed_before = run.accesses()
+        bar = progress(opts, run.rank, len(data), epoch)
+        batch = first
+        for dense, categorical, labels in run.batches(data):
+            dense, labels = dense.to(opts.device), labels.to(opts.device)
+            categorical = categorical.to(run.index_device)
+            run.zero_grad()
+            loss = F.binary_cross_entropy_with_logits(run.forward(dense, categorical), labels)
+            run.step(loss)
+            loss_sum += loss.item() * len(labels)
+            seen += len(labels)
+            examples += len(labels)
+            batch += 1
+            steps += 1
+            bar.update()
+            if opts.checkpoint_dir and steps % opts.checkpoint_every == 0:
+                run.checkpoint(opts.checkpoint_dir, _where(opts, run, share, epoch, batch,
+                                                           steps, loss_sum, seen))
+                saved_at = steps
+            if opts.max_batches is not None and steps >= opts.max_batches:
+                stopped = {"epoch": epoch, "batch": batch, "loss_sum": loss_sum, "seen": seen}
                 break
-        if opts.checkpoint_dir and steps != saved_at:  # where training ended
-            where = stopped or {"epoch": min(epoch, opts.epochs), "batch": per_epoch,
-                                "loss_sum": loss_sum, "seen": seen}
-            run.checkpoint(opts.checkpoint_dir, _where(opts, run, share, where["epoch"],
-                                                       where["batch"], steps,
-                                                       where["loss_sum"], where["seen"]))
+        bar.close()
+        remote_pulls, remote_pushes, accesses = run.accesses() - accessed_before
+        accessed += (remote_pulls, remote_pushes, accesses)
+        mine_seconds = _adapm_seconds(run) - adapm_before
+        if stopped is not None and batch < per_epoch:
+            break  # mid-epoch: no epoch line (a resumed run gives it)
+        run.barrier()  # every rank's training of this epoch is done
+        run.mark(f"epoch {epoch} end")
+        seconds = time.perf_counter() - start
+        if run.rank == 0:
+            trained = (batch - first) * opts.batch_size if batch < per_epoch else \
+                share - first * opts.batch_size
+            record = {"epoch": epoch, "examples": share * run.world,
+                      "train_seconds": round(seconds, 3),
+                      "examples_per_s": round(trained * run.world / seconds, 1),
+                      "train_logloss": round(loss_sum / max(seen, 1), 5),
+                      **evaluate(run, test_rows, opts.device),
+                      "adapm_seconds": round(mine_seconds, 3),
+                      "remote_share": _share(remote_pulls + remote_pushes, accesses),
+                      "world": run.world, "baseline": isinstance(run, BaselineRun)}
+            if first:
+                record["resumed_at_batch"] = first
+            emit(record, _epoch_summary(record), opts.json)
+        run.barrier()  # rank 0's evaluation is done
+        if stopped is not None:
+            break
+    if opts.checkpoint_dir and steps != saved_at:  # where training ended
+        where = stopped or {"epoch": min(epoch, opts.epochs), "batch": per_epoch,
+                            "loss_sum": loss_sum, "seen": seen}
+        run.checkpoint(opts.checkpoint_dir, _where(opts, run, share, where["epoch"],
+                                                   where["batch"], steps,
+                                                   where["loss_sum"], where["seen"]))
     final = {"rank": run.rank, "final": True, "examples": examples,
              "training_accesses": int(accessed[2]), "remote_pulls": int(accessed[0]),
              "remote_pushes": int(accessed[1]),
              "remote_share": _share(accessed[0] + accessed[1], accessed[2])}
     if stopped is not None:
         final["stopped_at"] = {"epoch": stopped["epoch"], "batch": stopped["batch"]}
-    emit(json.dumps(final))
+    emit(final, _final_summary(final), opts.json)
 
 
 def _where(opts, run, share: int, epoch: int, batch: int, steps: int, loss_sum: float,
@@ -491,11 +489,48 @@ def _load_flat(params, flat: np.ndarray) -> None:
             at += p.numel()
 
 
-def emit(line: str) -> None:
-    """One line to stdout in one write: ranks share the terminal or pipe, and ``print`` makes
-    two writes (text, then newline) when Python runs unbuffered, so lines could interleave."""
-    sys.stdout.write(line + "\n")
-    sys.stdout.flush()
+def emit(record: dict, summary: str, json_path) -> None:
+    """A record's output, as the apps' (``adapm.apps.runner``): ``summary`` on stdout and the
+    JSON line appended to ``json_path``; with ``--json -`` the JSON line on stdout and the
+    summary on stderr. Each line in one write: ranks share the terminal, pipe or file, and
+    ``print`` makes two writes (text, then newline) when Python runs unbuffered."""
+    line = json.dumps(record)
+    if json_path == "-":
+        _write(sys.stdout, line)
+        _write(sys.stderr, summary)
+        return
+    _write(sys.stdout, summary)
+    if json_path:
+        with open(json_path, "a") as f:  # O_APPEND: every rank's final line lands whole
+            f.write(line + "\n")
+
+
+def _write(stream, line: str) -> None:
+    stream.write(line + "\n")
+    stream.flush()
+
+
+def _epoch_summary(r: dict) -> str:
+    text = (f"epoch {r['epoch']}: {r['train_seconds']:.2f} s, {r['examples_per_s']:,.0f} "
+            f"examples/s, train logloss {r['train_logloss']:.4f}, test logloss "
+            f"{r['test_logloss']:.4f}, test AUC {r['test_auc']:.4f}")
+    if not r["baseline"]:
+        text += (f", in adapm {r['adapm_seconds']:.2f} s, remote accesses "
+                 f"{100 * r['remote_share']:.4f}%")
+    if "resumed_at_batch" in r:
+        text += f" (resumed at batch {r['resumed_at_batch']})"
+    return text
+
+
+def _final_summary(r: dict) -> str:
+    text = f"rank {r['rank']}: {r['examples']:,} examples trained"
+    if r["training_accesses"]:
+        text += (f", remote accesses {100 * r['remote_share']:.4f}% of "
+                 f"{r['training_accesses']:,}")
+    if "stopped_at" in r:
+        text += (f"; stopped at epoch {r['stopped_at']['epoch']}, batch "
+                 f"{r['stopped_at']['batch']} (--resume goes on from the checkpoint)")
+    return text
 
 
 def _share(part, whole) -> float:
@@ -518,8 +553,8 @@ def _widths(text: str) -> tuple[int, ...]:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="examples/ctr/train.py", description=__doc__.split("\n")[0],
-                                formatter_class=HelpFormatter)
+    p = AppParser(prog="examples/ctr/train.py", description=__doc__.split("\n")[0],
+                  formatter_class=HelpFormatter)
     p.add_argument("--data", required=True, metavar="DIR",
                    help="directory with train.tsv and test.tsv (Criteo layout)")
     p.add_argument("--epochs", type=int, default=1,
@@ -548,7 +583,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--baseline", action="store_true",
                    help="plain PyTorch in one process: nn.Embedding/EmbeddingBag(sparse=True)")
     p.add_argument("--json", metavar="FILE", default=None,
-                   help="also append rank 0's JSON lines to FILE")
+                   help="append the JSON lines to FILE (rank 0's per epoch, every rank's at "
+                        "the end); '-': to stdout, and the summary lines to stderr")
     p.add_argument("--progress", choices=("auto", "on", "off"), default="auto",
                    help="rank 0's progress bar: on a terminal (auto), always, never")
     p.add_argument("--trace-dir", metavar="DIR", default=None,
@@ -570,28 +606,33 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    opts = parser().parse_args(argv)
+    p = parser()
+    opts = p.parse_args(argv)
     for name in ("epochs", "batch_size", "dim", "ahead", "threads", "min_count"):
         if getattr(opts, name) < 1:
-            parser().error(f"--{name.replace('_', '-')} must be >= 1")
+            p.error(f"--{name.replace('_', '-')} must be >= 1")
     if opts.loader_workers < 0 or not opts.lr > 0 or not opts.dense_lr > 0:
-        parser().error("--loader-workers must be >= 0, --lr and --dense-lr > 0")
+        p.error("--loader-workers must be >= 0, --lr and --dense-lr > 0")
     if opts.checkpoint_every < 1 or (opts.max_batches is not None and opts.max_batches < 1):
-        parser().error("--checkpoint-every and --max-batches must be >= 1")
-    if opts.resume and not opts.checkpoint_dir:
-        parser().error("--resume needs --checkpoint-dir (the checkpoint to resume from)")
-    if opts.baseline and opts.checkpoint_dir:
-        parser().error("--checkpoint-dir and --resume are for adapm runs, not --baseline")
+        p.error("--checkpoint-every and --max-batches must be >= 1")
     if opts.dense == "ddp" and ("MASTER_ADDR" not in os.environ or opts.baseline):
-        parser().error("--dense ddp needs torchrun (torch.distributed's MASTER_ADDR and "
-                       "MASTER_PORT) and is not for --baseline")
+        p.error("--dense ddp needs torchrun (torch.distributed's MASTER_ADDR and "
+                "MASTER_PORT) and is not for --baseline")
     try:
         if torch.device(opts.device).type not in ("cpu", "cuda"):
             raise RuntimeError("not cpu or cuda")
     except RuntimeError:
-        parser().error(f"--device must be cpu or cuda[:n], got {opts.device!r}")
+        p.error(f"--device must be cpu or cuda[:n], got {opts.device!r}")
     if torch.device(opts.device).type == "cuda" and not torch.cuda.is_available():
-        parser().error(f"--device {opts.device}: torch sees no CUDA device here")
+        p.error(f"--device {opts.device}: torch sees no CUDA device here")
+    # --resume and --baseline against the checkpoint flags, and the output paths (--json,
+    # --trace-dir, --checkpoint-dir), as the apps check them: before the data is read.
+    check_flags(p, opts)
+    if opts.json and opts.json != "-":  # every rank, not only rank 0, appends its final line
+        try:
+            open(opts.json, "a").close()
+        except OSError as exc:
+            p.error(f"--json {opts.json}: cannot write: {exc.strerror}")
     torch.set_num_threads(opts.threads)
     try:
         vocabulary = criteo.build_vocabulary(os.path.join(opts.data, "train.tsv"), opts.min_count)

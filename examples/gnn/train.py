@@ -44,19 +44,20 @@ from it at the next epoch, on any number of ranks. Shuffles, neighbour samples a
 masks depend on the epoch only, so on one rank a resumed run computes what the uninterrupted
 run computes; on several, every rank starts from rank 0's Adam state.
 
-Rank 0 prints one JSON line per epoch on stdout (also appended to ``--json FILE``): ``epoch``,
+Output, as the apps' (``adapm.apps.runner``): per epoch rank 0 prints a summary line on stdout
+and appends one JSON line to ``--json FILE`` (with ``--json -`` the JSON lines go to stdout and
+the summary lines to stderr, so that stdout holds JSON lines only): ``epoch``,
 ``train_seconds`` (first rank's start to last rank's end of the training loop), ``examples_per_s``
 (training nodes per second over all ranks), ``loss`` (mean cross-entropy over all ranks'
 training nodes), ``val_acc``, ``test_acc``, ``world_size``, and for adapm runs ``remote_share``:
 remote pulled + pushed keys over all keys pulled and pushed in this epoch's training loops,
-summed over all ranks (evaluation is not counted). A summary line per epoch goes to stderr.
+summed over all ranks (evaluation is not counted). Output paths are checked before training.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 
@@ -76,6 +77,7 @@ from graph import (
 from torch import nn
 from torch.utils.data import DataLoader
 
+from adapm.apps.runner import AppParser, check_flags
 from adapm.trace import keys_argument
 
 # Initial embeddings: N(0, INIT_SCALE^2), drawn in chunks of INIT_CHUNK rows, chunk k from its
@@ -461,17 +463,23 @@ def _record(epoch: int, every: np.ndarray, val_acc: float, test_acc: float,
 
 
 def _emit(record: dict, opts) -> None:
+    """An epoch's output, as the apps' (``adapm.apps.runner``): the summary line on stdout and
+    the JSON line appended to ``--json FILE``; with ``--json -`` the JSON line on stdout and the
+    summary on stderr."""
     line = json.dumps(record)
-    print(line, flush=True)
-    if opts.json:
-        with open(opts.json, "a") as f:
-            f.write(line + "\n")
     summary = (f"epoch {record['epoch']}: {record['train_seconds']:.2f} s, "
                f"{record['examples_per_s'] or 0:,.0f} examples/s, loss {record['loss']:.4f}, "
                f"val acc {record['val_acc']:.4f}, test acc {record['test_acc']:.4f}")
     if "remote_share" in record:
         summary += f", remote accesses {100 * record['remote_share']:.3f}%"
-    print(summary, file=sys.stderr, flush=True)
+    if opts.json == "-":
+        print(line, flush=True)
+        print(summary, file=sys.stderr, flush=True)
+        return
+    print(summary, flush=True)
+    if opts.json:
+        with open(opts.json, "a") as f:
+            f.write(line + "\n")
 
 
 def _progress(opts, rank: int, epoch: int, total: int):
@@ -520,7 +528,7 @@ def _fanouts(text: str) -> tuple[int, int]:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="train.py", description=__doc__.splitlines()[0])
+    parser = AppParser(prog="train.py", description=__doc__.splitlines()[0])
     parser.add_argument("--graph", metavar="DIR", default=None,
                         help="a graph written by 'python examples/gnn/graph.py generate DIR' "
                              "(default: generate one from the flags below)")
@@ -564,7 +572,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="rank 0's progress bar on stderr: on a terminal only (auto), always "
                         "(on), never (off)")
     o.add_argument("--json", metavar="FILE", default=None,
-                   help="also append the per-epoch JSON lines to FILE (rank 0)")
+                   help="append the per-epoch JSON lines to FILE (rank 0); '-': to stdout, and "
+                        "the summary lines to stderr")
     o.add_argument("--trace-dir", metavar="DIR", default=None,
                    help="record a parameter-placement trace there (adapm trace summary DIR)")
     o.add_argument("--trace-keys", type=keys_argument, default="all", metavar="KEYS",
@@ -579,10 +588,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="continue from the checkpoint in --checkpoint-dir at the epoch after "
                         "it (any number of ranks; --epochs counts from the first run's start)")
     opts = parser.parse_args(argv)
-    if opts.resume and not opts.checkpoint_dir:
-        parser.error("--resume needs --checkpoint-dir (the checkpoint to resume from)")
-    if opts.baseline and opts.checkpoint_dir:
-        parser.error("--checkpoint-dir and --resume are for adapm runs, not --baseline")
     given = [f"--{name.replace('_', '-')}" for name in ("nodes", "communities",
              "edges_per_node", "p_in", "alpha", "train_frac", "val_frac", "test_frac")
              if getattr(opts, name) is not None]
@@ -591,10 +596,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                      "one (without --graph)")
     if opts.shards > 1 and not opts.baseline:
         parser.error("--shards applies to --baseline only (an adapm run has one shard per rank)")
-    if opts.json:
-        folder = os.path.dirname(os.path.abspath(opts.json))
-        if not os.path.isdir(folder):
-            parser.error(f"--json {opts.json}: directory {folder} does not exist")
+    # --resume and --baseline against the checkpoint flags, and the output paths (--json,
+    # --trace-dir, --checkpoint-dir), as the apps check them: before the graph is built.
+    check_flags(parser, opts)
     return opts
 
 
