@@ -11,7 +11,9 @@ workers' CPU and ZeroMQ's I/O threads are not in it. Each workload isolates one 
 - **small messages**: rank 0 pulls one key homed on rank 1, one call at a time. Per message:
   both nodes' engine CPU over the logical messages both received (request and answer). This
   is all the engine thread does for it: the wake-up by the worker, the loop's passes and ticks,
-  decoding, validation, serving, encoding.
+  decoding, validation, serving, encoding. Then each side alone: the owner (rank 1, whose
+  transport serves the pull in C, native/zmq_io.c) and the requester (rank 0, whose engine
+  loop takes the worker's call, sends it and hands the answer back: Python per message).
 - **moved rows**: each clock, one node intends a batch of keys the other holds, alone, so the
   owner relocates them (and back, the next clock, from the other side). Per moved row: engine
   CPU of both nodes over rows relocated in, minus their messages at the small-message cost
@@ -175,6 +177,8 @@ def _table(results: list[dict], counts: dict, floor_s: float) -> list[str]:
             for name in results[0]}
     small = both["small messages"]
     per_message = small["engine_cpu_s"] / max(small["messages_received"], 1)
+    side = [r["small messages"] for r in results]
+    per_side = [s["engine_cpu_s"] / max(s["messages_received"], 1) for s in side]
     moved = both["moved rows"]
     rows_moved = moved["relocations_in"]
     per_row = (moved["engine_cpu_s"] - per_message * moved["messages_received"]) / max(rows_moved, 1)
@@ -188,6 +192,10 @@ def _table(results: list[dict], counts: dict, floor_s: float) -> list[str]:
         "|---|---:|---:|---:|---:|",
         f"| per received message (1-key pull and its answer) | {small['engine_cpu_s']:.3f} s | "
         f"{small['messages_received']} messages | **{per_message * 1e6:.1f} us** | 5 us |",
+        f"| ... at the owner (rank 1: the pulls it served) | {side[1]['engine_cpu_s']:.3f} s | "
+        f"{side[1]['messages_received']} messages | **{per_side[1] * 1e6:.1f} us** | 5 us |",
+        f"| ... at the requester (rank 0: the answers) | {side[0]['engine_cpu_s']:.3f} s | "
+        f"{side[0]['messages_received']} messages | **{per_side[0] * 1e6:.1f} us** | 5 us |",
         f"| per moved row, all in ({counts['batch']} keys a clock, d={DIM}) | "
         f"{moved['engine_cpu_s']:.3f} s | {rows_moved} rows, {moved['messages_received']} "
         f"messages | **{moved['engine_cpu_s'] / max(rows_moved, 1) * 1e6:.1f} us** | |",

@@ -1123,6 +1123,35 @@ static PyTypeObject DirectoryType = {
     .tp_new = PyType_GenericNew,
 };
 
+/* --- the owner's fast path for zmq_io.c (module.h) ------------------------------------- */
+
+int directory_owns_request(PyObject *directory, int kind, const carr_t *a) {
+    DirectoryObject *self = (DirectoryObject *)directory;
+    if (!self->ready || (kind != WIRE_PULL && kind != WIRE_PUSH && kind != WIRE_SET)) return 0;
+    char why[CHECK_WHY];
+    const int r = check_message(&self->d, kind, a, &self->scratch, why);
+    if (r) return r < 0 ? -1 : 0; /* refused: the Python path drops and counts it */
+    const int64_t *keys = a[0].p;
+    for (int64_t i = 0; i < a[0].n; i++)
+        if (store_state(self->d.store, keys[i]) != KEY_OWNER) return 0;
+    return 1;
+}
+
+int64_t directory_request_floats(PyObject *directory, const carr_t *a) {
+    const store_t *s = ((DirectoryObject *)directory)->d.store;
+    const int64_t *keys = a[0].p;
+    int64_t floats = 0;
+    for (int64_t i = 0; i < a[0].n; i++) floats += key_len(s, keys[i]);
+    return floats;
+}
+
+int64_t directory_serve_owned(PyObject *directory, int kind, const carr_t *a, float *values,
+                              int64_t floats, int64_t *missing) {
+    const store_t *s = ((DirectoryObject *)directory)->d.store;
+    if (kind == WIRE_PULL) return store_gather(s, a[0].p, a[0].n, values, floats, missing);
+    return store_scatter(s, a[0].p, a[0].n, a[2].p, a[2].n, missing, kind == WIRE_SET);
+}
+
 int register_directory_type(PyObject *module) {
     return add_type(module, &DirectoryType, "Directory");
 }

@@ -854,7 +854,8 @@ PyMODINIT_FUNC PyInit__native(void) {
     PyObject *m = PyModule_Create(&moduledef);
     if (!m) return NULL;
     if (add_type(m, &StoreType, "Store") < 0 || register_directory_type(m) < 0
-        || register_intent_queue_type(m) < 0 || register_wire_functions(m) < 0) {
+        || register_intent_queue_type(m) < 0 || register_wire_functions(m) < 0
+        || register_zmq_io_type(m) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -101,6 +101,27 @@ int register_directory_type(PyObject *module);
  * success. */
 int register_wire_functions(PyObject *module);
 
+/* The codec of one wire message for other C files (zmq_io.c): wire_decode and wire_encode as
+ * the module functions of those names. New references, NULL with an exception. */
+PyObject *wire_decode_list(PyObject *buffers);
+PyObject *wire_encode_list(PyObject *specs);
+
+/* The owner's fast path (directory_module.c, for zmq_io.c): a peer's PULL, PUSH or SET served
+ * without Python. Engine thread only (the checks' scratch), GIL held or not.
+ * directory_owns_request: 1 if the arrays (wire_count(kind) of them) pass check_message and
+ * every key is owned here; 0 if not (the Python path takes the message, and drops and counts
+ * what it refuses); -1 out of memory. Then directory_request_floats: the floats of the keys'
+ * rows (a PULL's answer); directory_serve_owned: a PULL's rows gathered into values (floats of
+ * them), or a PUSH added / a SET written; the number of keys missing (0: only the engine thread
+ * removes keys), or -1 if values is too small. missing: room for a[0].n positions. */
+int directory_owns_request(PyObject *directory, int kind, const carr_t *a);
+int64_t directory_request_floats(PyObject *directory, const carr_t *a);
+int64_t directory_serve_owned(PyObject *directory, int kind, const carr_t *a, float *values,
+                              int64_t floats, int64_t *missing);
+
+/* Adds the ZmqIO and Frame types (zmq_io.c) to the module; 0 on success. */
+int register_zmq_io_type(PyObject *module);
+
 /* Adds the IntentQueue and IntentCounts types (intent_queue_module.c) to the module; 0 on
  * success. */
 int register_intent_queue_type(PyObject *module);

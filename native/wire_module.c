@@ -20,12 +20,13 @@
  * contents mean to the node is checked later (check.c, validate.py). */
 #include "check.h"
 #include "module.h"
+#include "wire.h"
 
-#define MAGIC 0xB1
-#define HEADER_BYTES 24
+#define MAGIC WIRE_MAGIC
+#define HEADER_BYTES WIRE_HEADER_BYTES
 #define MOVE_ARRAYS 12
-#define OWN_FRAME_BYTES 65536
-#define MAX_ARRAYS 24
+#define OWN_FRAME_BYTES WIRE_OWN_FRAME_BYTES
+#define MAX_ARRAYS WIRE_MAX_ARRAYS
 
 /* Set once by wire_setup (protocol.py, at import): numpy.frombuffer, a dtype per role letter,
  * and the shared empty arrays of protocol.NO_MOVES and of each role. */
@@ -45,8 +46,6 @@ static int is_carrier(int kind) { return kind == WIRE_SYNC || kind == WIRE_SYNC_
 
 static inline void put32(uint8_t *p, int32_t v) { memcpy(p, &v, 4); }
 static inline void put64(uint8_t *p, int64_t v) { memcpy(p, &v, 8); }
-static inline int32_t get32(const uint8_t *p) { int32_t v; memcpy(&v, p, 4); return v; }
-static inline int64_t get64(const uint8_t *p) { int64_t v; memcpy(&v, p, 8); return v; }
 
 /* wire_setup(frombuffer, dtypes: {letter: dtype}, no_moves: tuple of 12 arrays) -> None */
 static PyObject *wire_setup(PyObject *module, PyObject *args) {
@@ -131,11 +130,13 @@ static PyObject *wire_decode(PyObject *module, PyObject *arg) {
     int64_t payload_at = 0;
     while (at < hlen) {
         const uint8_t *p = h + at;
-        if (hlen - at < HEADER_BYTES || p[0] != MAGIC) {
-            result = malformed("a header at byte %zd is cut short or not one", at);
+        wire_header_t w;
+        if (wire_header(p, (size_t)(hlen - at), &w) < 0) {
+            result = malformed("a header at byte %zd is cut short, not one, or has unknown "
+                               "flags", at);
             goto done;
         }
-        const int kind = p[1], narrays = p[2], flags = p[3];
+        const int kind = w.kind, narrays = w.narrays;
         if (!known_kind(kind)) {
             result = malformed("unknown kind %d", kind);
             goto done;
@@ -147,29 +148,10 @@ static PyObject *wire_decode(PyObject *module, PyObject *arg) {
             result = malformed("kind %d carries %d arrays, expected %d", kind, narrays, count);
             goto done;
         }
-        Py_ssize_t size = HEADER_BYTES + 8 * (Py_ssize_t)narrays;
-        if (hlen - at < size) {
-            result = malformed("a header at byte %zd is cut short", at);
-            goto done;
-        }
+        const Py_ssize_t size = (Py_ssize_t)w.size;
         PyObject *extra = NULL;
-        if (flags & 1) {
-            if (hlen - at < size + 4) {
-                result = malformed("a header's extra fields are cut short");
-                goto done;
-            }
-            uint32_t nextra;
-            memcpy(&nextra, p + size, 4);
-            if ((Py_ssize_t)nextra > hlen - at - size - 4) {
-                result = malformed("a header's extra fields are cut short");
-                goto done;
-            }
-            if (!(extra = PyBytes_FromStringAndSize((const char *)p + size + 4, nextra))) goto done;
-            size += 4 + nextra;
-        } else if (flags) {
-            result = malformed("unknown header flags %d", flags);
+        if (w.extra && !(extra = PyBytes_FromStringAndSize((const char *)w.extra, w.nextra)))
             goto done;
-        }
         int64_t nbytes = size;
         PyObject *arrays = PyList_New(0);
         if (!arrays) {
@@ -179,7 +161,7 @@ static PyObject *wire_decode(PyObject *module, PyObject *arg) {
         const char *r = roles;
         for (int i = 0; i < narrays; i++, r++) {
             while (*r == '|') r++;
-            const int64_t n = get64(p + HEADER_BYTES + 8 * i), item = wire_itemsize(*r);
+            const int64_t n = wire_get64(w.lengths + 8 * i), item = wire_itemsize(*r);
             const int64_t bytes = n == INT64_MIN ? 1 : n < 0 ? -n : n; /* INT64_MIN: refused */
             PyObject *view = NULL;
             if (n == INT64_MIN || bytes % item) {
@@ -239,9 +221,8 @@ static PyObject *wire_decode(PyObject *module, PyObject *arg) {
                     Py_XDECREF(extra);
                     goto done;
                 }
-        PyObject *msg = Py_BuildValue("(iiLiiNLN)", kind, (int)get32(p + 4),
-                                      (long long)get64(p + 8), (int)get32(p + 16),
-                                      (int)get32(p + 20), arrays, (long long)nbytes,
+        PyObject *msg = Py_BuildValue("(iiLiiNLN)", kind, (int)w.src, (long long)w.req,
+                                      (int)w.origin, (int)w.hops, arrays, (long long)nbytes,
                                       extra ? extra : Py_NewRef(Py_None));
         if (!msg || PyList_Append(out, msg) < 0) {
             Py_XDECREF(msg);
@@ -424,5 +405,8 @@ static PyMethodDef wire_methods[] = {
      "f flags, m masks), '|' after each section."},
     {NULL, NULL, 0, NULL},
 };
+
+PyObject *wire_decode_list(PyObject *buffers) { return wire_decode(NULL, buffers); }
+PyObject *wire_encode_list(PyObject *specs) { return wire_encode(NULL, specs); }
 
 int register_wire_functions(PyObject *module) { return PyModule_AddFunctions(module, wire_methods); }

@@ -69,6 +69,12 @@ class EngineLoop:
         self.passes = 0  # loop passes completed (quiesce waits for one that saw `closing`)
         self._thread = threading.Thread(target=self._run, name=f"adapm-engine-{self.rank}",
                                         daemon=True)
+        # A peer's pulls, pushes and sets of keys all owned here are served by the transport
+        # in C, as the state would serve them (Transport.serve_owned): this loop never sees
+        # them. The in-process transport has no such path.
+        serve_owned = getattr(transport, "serve_owned", None)
+        if serve_owned is not None:
+            serve_owned(state.directory)
 
     # --- any thread --------------------------------------------------------------------------
 

@@ -186,18 +186,23 @@ def encode(messages: Sequence[Message]) -> list:
     One native call (native/wire_module.c): the binary headers, the small arrays packed into
     one payload frame, the large ones as frames of their own (not copied).
     """
-    specs = []
+    frames, sizes = _native.wire_encode(specs(messages))
+    for m, size in zip(messages, sizes):
+        m.nbytes = size
+    return frames
+
+
+def specs(messages: Sequence[Message]) -> list:
+    """What the native encoder takes for ``messages`` (``wire_encode``, ``ZmqIO.send``)."""
+    out = []
     for m in messages:
         header = m.header
         extra = None
         if len(header) > 3 and not _FIXED.issuperset(header):
             extra = msgpack.packb({k: v for k, v in header.items() if k not in _FIXED})
-        specs.append((int(m.kind), m.src, m.req_id, header.get("o", -1), header.get("h", 0),
-                      extra, m.arrays))
-    frames, sizes = _native.wire_encode(specs)
-    for m, size in zip(messages, sizes):
-        m.nbytes = size
-    return frames
+        out.append((int(m.kind), m.src, m.req_id, header.get("o", -1), header.get("h", 0),
+                    extra, m.arrays))
+    return out
 
 
 def decode(frames: Sequence) -> list[Message]:
@@ -210,6 +215,12 @@ def decode(frames: Sequence) -> list[Message]:
     parsed, why = _native.wire_decode([_buffer(f) for f in frames])
     if why is not None:
         raise TransportError(f"malformed message: {why}")
+    return messages_from(parsed)
+
+
+def messages_from(parsed: list) -> list[Message]:
+    """Messages of what the native decoder parsed (``wire_decode``, ``ZmqIO.poll``); raises
+    TransportError if a header's extra fields are malformed."""
     out = []
     for kind, src, req_id, origin, hops, arrays, nbytes, extra in parsed:
         header = {"k": kind, "s": src, "i": req_id}

@@ -24,6 +24,8 @@ class Traffic:
                          "wire_messages_received": 0, "dropped_forged_messages": 0,
                          "dropped_malformed_messages": 0, "refused_handshakes": 0}
         self.by_kind: dict[str, int] = {}
+        # Counters kept elsewhere and added in (the native I/O's fast path: ZmqIO.counters).
+        self.extra = None
 
     def count(self, direction: str, wire_bytes: int, messages) -> None:
         """One wire message of ``wire_bytes`` carrying ``messages`` (each with kind and nbytes)."""
@@ -44,4 +46,7 @@ class Traffic:
     def snapshot(self) -> dict:
         out = dict(self.counters)
         out.update(dict(self.by_kind))
+        if self.extra is not None:
+            for name, value in self.extra().items():
+                out[name] = out.get(name, 0) + value
         return out

@@ -9,9 +9,22 @@ Threads: the sockets belong to the engine thread; only :meth:`Transport.wake` ma
 any thread. Workers never touch sockets: they hand requests to the engine (see
 :mod:`adapm._engine.loop`).
 
-Zero copy: frames are sent with ``copy=False``; pyzmq copies frames below its ``COPY_THRESHOLD``
-(64 KiB) itself, since tracking a zero-copy buffer costs more than copying a small one. Small
-arrays are packed into one frame before that (:mod:`adapm._wire.protocol`).
+Native I/O: receiving (the poll, every frame, the parse) and sending (encode, every frame) are
+one C call each (``adapm._native.ZmqIO``, native/zmq_io.c), over the libzmq handles of the
+pyzmq sockets created here; pyzmq's Python layer cost more per message than the engine's C
+work (bench/engine.py prints the pyzmq echo beside it). Where pyzmq's libzmq cannot be reached
+from C, or with ``native_io=False``, the same is done through pyzmq.
+
+The owner's fast path (:meth:`Transport.serve_owned`, called by the engine loop): a peer's
+pull, push or set whose keys are all owned here is checked, served and answered inside that C
+call, as the engine state would (``Serving._serve``), without the GIL and without a pass of the
+engine loop; the loop only learns that the peer was heard from. Everything else (a key not
+here, a forwarded request, a message that fails a check, which the engine then drops and
+counts) goes to the engine as before, and so does every later message of the same peer in the
+same poll, so that a peer's requests take effect in the order it sent them.
+
+Zero copy: arrays of 64 KiB or more travel in frames of their own, not copied (smaller ones are
+packed into one frame, :mod:`adapm._wire.protocol`); received frames are not copied either.
 
 Counters: ``messages_*`` and ``bytes_*`` count logical messages (and per kind); a ZeroMQ message
 may carry several (``wire_messages_*``). Per-kind bytes are each message's header and arrays;
@@ -47,7 +60,8 @@ import zmq
 
 from ..errors import TransportError
 from .auth import HandshakeWatch, JobKeys, ZapHandler, authenticated_rank
-from .protocol import Kind, Message, decode, encode, frame_bytes
+from .._native_loader import load as _load_native
+from .protocol import Kind, Message, decode, encode, frame_bytes, messages_from, specs
 from .traffic import Traffic
 
 _log = logging.getLogger("adapm.wire")
@@ -77,12 +91,16 @@ class Transport:
     """Sockets of one node. All methods but :meth:`wake` are for the engine thread."""
 
     def __init__(self, rank: int, host: str, context: zmq.Context | None = None,
-                 keys: JobKeys | None = None, max_frame_bytes: int = -1) -> None:
+                 keys: JobKeys | None = None, max_frame_bytes: int = -1,
+                 native_io: bool = True) -> None:
         """``keys``: the job's keys to authenticate with (None: plain ZeroMQ). The transport
         then runs the ZAP handler of ``context``, which serves the rendezvous too.
         ``max_frame_bytes``: a peer that sends a larger frame is disconnected by libzmq before
-        the frame is buffered (ZMQ_MAXMSGSIZE; -1: no limit)."""
+        the frame is buffered (ZMQ_MAXMSGSIZE; -1: no limit). ``native_io``: receive and send
+        in C where possible (see the module docstring); False: through pyzmq."""
         self.rank = rank
+        self._native_io = native_io
+        self._io = None  # the native I/O, from connect() on
         self.context = context or zmq.Context()
         self._own_context = context is None
         self._keys = keys
@@ -150,9 +168,23 @@ class Transport:
                 raise TransportError(f"rank {self.rank}: cannot connect to rank {peer} at "
                                      f"{address}: {exc}") from exc
             self.peers[peer] = sock
+        if self._native_io:
+            self._io = _native_io(self, len(addresses))
 
     def send(self, dst: int, messages: list[Message]) -> None:
         """Send ``messages`` (in order) to peer ``dst`` in one ZeroMQ message."""
+        if self._io is not None:
+            try:
+                sizes, wire = self._io.send(dst, specs(messages))
+            except KeyError:
+                raise TransportError(f"rank {self.rank}: no connection to rank {dst}") from None
+            except OSError as exc:
+                raise TransportError(f"rank {self.rank}: sending {messages[0].kind.name} to "
+                                     f"rank {dst}: {exc}") from exc
+            for m, size in zip(messages, sizes):
+                m.nbytes = size
+            self.traffic.count("sent", wire, messages)
+            return
         frames = encode(messages)
         self._send_frames(dst, messages[0].kind, frames)
         self.traffic.count("sent", frame_bytes(frames), messages)
@@ -182,6 +214,8 @@ class Transport:
         A message that cannot be parsed raises TransportError. With authentication, a message
         that names another sender than its connection's rank is dropped (see module docstring).
         """
+        if self._io is not None:
+            return self._poll_native(timeout_ms)
         try:
             ready = self.poller.poll(timeout_ms)
             if not ready:
@@ -224,10 +258,53 @@ class Transport:
         except zmq.ZMQError as exc:
             raise TransportError(f"rank {self.rank}: receive failed: {exc}") from exc
 
-    def _from_identity(self, identity: bytes, messages: list[Message]) -> bool:
+    def _poll_native(self, timeout_ms: int) -> list[tuple[int, list[Message]]]:
+        """:meth:`poll` in one C call (``ZmqIO.poll``): the same checks, on what it parsed."""
+        try:
+            events, received, heard = self._io.poll(timeout_ms)
+        except OSError as exc:
+            raise TransportError(f"rank {self.rank}: receive failed: {exc}") from exc
+        if events & 2:
+            self._watch.drain()
+            self.traffic.counters["refused_handshakes"] = self._watch.failures
+        out = []
+        for rank, identity, parsed, why, wire in received:
+            if why is None:
+                try:
+                    messages = messages_from(parsed)
+                except TransportError as exc:
+                    why = str(exc)
+            if why is not None:
+                self._reject(identity, "malformed", why)
+                continue
+            if self._keys is not None:
+                if not self._from_rank(rank, messages):
+                    continue
+            elif not self._from_identity(identity, messages, rank):
+                continue
+            self.traffic.count("received", wire, messages)
+            out.append((messages[0].src if messages else -1, messages))
+        # Peers whose requests were served in C: nothing to handle, but they were heard from.
+        out.extend((rank, []) for rank in heard)
+        return out
+
+    def serve_owned(self, directory) -> bool:
+        """From now on serve a peer's pulls, pushes and sets of keys all owned here inside
+        :meth:`poll`, in C (``ZmqIO.serve_owned``), as ``NodeState`` would serve them; they
+        are counted with the rest (``messages_served_natively`` of them). False where the
+        native I/O is off. Engine thread, or before it starts."""
+        if self._io is None:
+            return False
+        self._io.serve_owned(directory, self.rank)
+        self.traffic.extra = self._io.counters
+        return True
+
+    def _from_identity(self, identity: bytes, messages: list[Message],
+                       rank: int | None = None) -> bool:
         """Without authentication: whether every header names the rank whose identity the
         sending DEALER connected with (see the module docstring); if not, drop and count."""
-        rank = self._ranks.get(identity, -1)
+        if rank is None:
+            rank = self._ranks.get(identity, -1)
         for m in messages:
             if m.src != rank or rank < 0:
                 claimed = sorted({m.src for m in messages})
@@ -249,7 +326,10 @@ class Transport:
     def _from_sender(self, frames: list, messages: list[Message]) -> bool:
         """Whether every header of a received ZeroMQ message names the rank its connection
         authenticated as; if not, count the message as dropped and log it once per peer."""
-        sender = authenticated_rank(frames[-1])
+        return self._from_rank(authenticated_rank(frames[-1]), messages)
+
+    def _from_rank(self, sender: int, messages: list[Message]) -> bool:
+        """:meth:`_from_sender` with the authenticated rank known (-1: none)."""
         if all(m.src == sender for m in messages):
             return True
         self.traffic.counters["dropped_forged_messages"] += 1
@@ -262,6 +342,7 @@ class Transport:
         return False
 
     def close(self, linger_ms: int = 0) -> None:
+        self._io = None  # before the sockets it uses
         if self._watch is not None:
             self._watch.close()
             self._watch = None
@@ -275,3 +356,18 @@ class Transport:
             self._zap = None
         if self._own_context:
             self.context.term()
+
+
+def _native_io(transport: Transport, world_size: int):
+    """The native I/O over ``transport``'s sockets, or None where pyzmq's libzmq cannot be
+    reached from C (then pyzmq does the same work)."""
+    peers = [transport.peers[r].underlying if r in transport.peers else 0
+             for r in range(world_size)]
+    watch = transport._watch.socket.underlying if transport._watch is not None else 0
+    try:
+        return _load_native().ZmqIO(transport.router.underlying, transport._wake_fd, watch,
+                                    peers, dict(transport._ranks),
+                                    transport._keys is not None)
+    except ImportError as exc:
+        _log.debug("rank %d: receiving and sending through pyzmq: %s", transport.rank, exc)
+        return None

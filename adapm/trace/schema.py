@@ -88,6 +88,8 @@ ROUND_STATS = {
     "bytes_received": "bytes received",
     "wire_messages_sent": "wire (ZeroMQ) messages sent",
     "wire_messages_received": "wire messages received",
+    "messages_served_natively": "peers' pulls, pushes and sets of keys owned here, served by "
+                                "the transport in C without the engine loop",
     "forwarded_keys": "request entries forwarded to where their key went",
     "queued_keys": "request entries held here until their key arrived",
     "awaited_keys": "local requests that waited for a key already on its way here",

@@ -1,0 +1,826 @@
+/* A node's ZeroMQ I/O in C (adapm/_wire/zmq_transport.py): one call polls the node's ROUTER
+ * (and the eventfd that wakes it, and the handshake monitor) with the GIL released, receives
+ * every waiting message and parses it (wire_module.c); one call encodes a peer's messages and
+ * sends them. Through pyzmq each received message cost ~10 Python calls (the poller, two event
+ * queries, a receive per frame, a RCVMORE query per frame) and each sent one a call per frame:
+ * bench/engine.py measured the pyzmq echo at 2-3x a C echo's CPU per message on this machine.
+ *
+ * The sockets stay pyzmq's (created, configured, bound and closed there): this file reaches
+ * their libzmq handles (pyzmq's Socket.underlying) through the libzmq that pyzmq loaded, found
+ * among the process's shared objects by its symbols, so there is one libzmq in the process and
+ * nothing to link at build time. ZmqIO() raises ImportError where no loaded object exports
+ * libzmq's API (a pyzmq built some other way); the transport then uses pyzmq.
+ *
+ * Frames received are not copied: each is a Frame object (the buffer protocol over the libzmq
+ * message), and the parsed arrays are numpy views of them. Arrays sent in frames of their own
+ * (64 KiB or more, wire_module.c) are not copied either: libzmq's I/O thread releases them when
+ * sent, through a queue that the sending thread empties on its next call (no Python in the I/O
+ * thread). Thread safety: a ZmqIO is for its engine thread only, as the sockets are. */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <errno.h>
+#include <link.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "module.h"
+#include "wire.h"
+
+/* libzmq's ABI (zmq.h, stable since 4.x). */
+typedef struct {
+    void *socket;
+    int fd;
+    short events, revents;
+} zpollitem_t;
+typedef struct {
+    _Alignas(void *) unsigned char _[64];
+} zmsg_t;
+#define Z_POLLIN 1
+#define Z_DONTWAIT 1
+#define Z_SNDMORE 2
+#define Z_EVENTS 15
+typedef void(zfree_fn)(void *data, void *hint);
+
+static struct {
+    int (*poll)(zpollitem_t *, int, long);
+    int (*msg_init)(zmsg_t *);
+    int (*msg_init_size)(zmsg_t *, size_t);
+    int (*msg_init_data)(zmsg_t *, void *, size_t, zfree_fn *, void *);
+    int (*msg_recv)(zmsg_t *, void *, int);
+    int (*msg_send)(zmsg_t *, void *, int);
+    int (*msg_close)(zmsg_t *);
+    int (*msg_move)(zmsg_t *, zmsg_t *);
+    void *(*msg_data)(zmsg_t *);
+    size_t (*msg_size)(const zmsg_t *);
+    int (*msg_more)(const zmsg_t *);
+    const char *(*msg_gets)(const zmsg_t *, const char *);
+    int (*getsockopt)(void *, int, void *, size_t *);
+    int (*errno_)(void);
+    const char *(*strerror)(int);
+} Z;
+static int z_loaded; /* 1 loaded, -1 looked for in vain */
+
+static int find_libzmq(struct dl_phdr_info *info, size_t size, void *data) {
+    if (!info->dlpi_name || !info->dlpi_name[0]) return 0;
+    void *h = dlopen(info->dlpi_name, RTLD_NOW | RTLD_NOLOAD);
+    if (!h) return 0;
+    if (!dlsym(h, "zmq_msg_recv") || !dlsym(h, "zmq_poll")) {
+        dlclose(h);
+        return 0;
+    }
+    *(void **)data = h; /* kept open: the process's libzmq for good */
+    return 1;
+}
+
+#define BIND(field, name) ok &= (*(void **)&Z.field = dlsym(h, name)) != NULL
+static int load_libzmq(void) {
+    if (z_loaded) return z_loaded;
+    void *h = NULL;
+    dl_iterate_phdr(find_libzmq, &h);
+    int ok = h != NULL;
+    if (ok) {
+        BIND(poll, "zmq_poll");
+        BIND(msg_init, "zmq_msg_init");
+        BIND(msg_init_size, "zmq_msg_init_size");
+        BIND(msg_init_data, "zmq_msg_init_data");
+        BIND(msg_recv, "zmq_msg_recv");
+        BIND(msg_send, "zmq_msg_send");
+        BIND(msg_close, "zmq_msg_close");
+        BIND(msg_move, "zmq_msg_move");
+        BIND(msg_data, "zmq_msg_data");
+        BIND(msg_size, "zmq_msg_size");
+        BIND(msg_more, "zmq_msg_more");
+        BIND(msg_gets, "zmq_msg_gets");
+        BIND(getsockopt, "zmq_getsockopt");
+        BIND(errno_, "zmq_errno");
+        BIND(strerror, "zmq_strerror");
+    }
+    return z_loaded = ok ? 1 : -1;
+}
+
+/* --- arrays sent without copying: released by libzmq's I/O thread, freed by a Python one ---- */
+
+typedef struct released {
+    Py_buffer view;
+    struct released *next;
+} released_t;
+/* Process-wide: a message may be sent after its ZmqIO is gone (linger), and freed after it. */
+static pthread_mutex_t released_lock = PTHREAD_MUTEX_INITIALIZER;
+static released_t *released_head;
+
+static void on_sent(void *data, void *hint) { /* libzmq's I/O thread: no Python here */
+    released_t *r = hint;
+    pthread_mutex_lock(&released_lock);
+    r->next = released_head;
+    released_head = r;
+    pthread_mutex_unlock(&released_lock);
+}
+
+static void drain_released(void) { /* with the GIL */
+    if (!__atomic_load_n(&released_head, __ATOMIC_RELAXED)) return;
+    pthread_mutex_lock(&released_lock);
+    released_t *r = released_head;
+    released_head = NULL;
+    pthread_mutex_unlock(&released_lock);
+    while (r) {
+        released_t *next = r->next;
+        PyBuffer_Release(&r->view);
+        PyMem_RawFree(r);
+        r = next;
+    }
+}
+
+/* --- Frame: one received message part, as a read-only buffer ---------------------------- */
+
+typedef struct {
+    PyObject_HEAD
+    zmsg_t msg;
+    Py_ssize_t exports;
+} FrameObject;
+
+static void Frame_dealloc(FrameObject *self) {
+    Z.msg_close(&self->msg);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static int Frame_getbuffer(FrameObject *self, Py_buffer *view, int flags) {
+    if (PyBuffer_FillInfo(view, (PyObject *)self, Z.msg_data(&self->msg),
+                          (Py_ssize_t)Z.msg_size(&self->msg), 1, flags) < 0)
+        return -1;
+    self->exports++;
+    return 0;
+}
+
+static void Frame_releasebuffer(FrameObject *self, Py_buffer *view) { self->exports--; }
+
+static Py_ssize_t Frame_len(FrameObject *self) { return (Py_ssize_t)Z.msg_size(&self->msg); }
+
+static PyBufferProcs Frame_as_buffer = {(getbufferproc)Frame_getbuffer,
+                                        (releasebufferproc)Frame_releasebuffer};
+static PySequenceMethods Frame_as_sequence = {.sq_length = (lenfunc)Frame_len};
+
+static PyTypeObject FrameType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "adapm._native.Frame",
+    .tp_basicsize = sizeof(FrameObject),
+    .tp_dealloc = (destructor)Frame_dealloc,
+    .tp_as_buffer = &Frame_as_buffer,
+    .tp_as_sequence = &Frame_as_sequence,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "A received ZeroMQ message part (read-only buffer; not copied).",
+};
+
+/* --- ZmqIO ------------------------------------------------------------------------------ */
+
+#define POLL_BATCH 256 /* messages per poll at most: a busy peer cannot starve the loop */
+#define FAST_MAX 32     /* requests per wire message the fast path takes at most */
+
+/* Counters of the fast path, in the transport's names (adapm/_wire/traffic.py), added to its
+ * own by Transport.stats. */
+enum {
+    C_WIRE_IN, C_MSGS_IN, C_BYTES_IN, C_WIRE_OUT, C_MSGS_OUT, C_BYTES_OUT,
+    C_PULL_IN, C_PULL_IN_BYTES, C_PUSH_IN, C_PUSH_IN_BYTES, C_SET_IN, C_SET_IN_BYTES,
+    C_PULL_RESP_OUT, C_PULL_RESP_OUT_BYTES, C_ACK_OUT, C_ACK_OUT_BYTES, C_SERVED,
+    FAST_COUNTERS
+};
+static const char *const counter_names[FAST_COUNTERS] = {
+    "wire_messages_received", "messages_received", "bytes_received", "wire_messages_sent",
+    "messages_sent", "bytes_sent", "messages_received_pull", "bytes_received_pull",
+    "messages_received_push", "bytes_received_push", "messages_received_set",
+    "bytes_received_set", "messages_sent_pull_resp", "bytes_sent_pull_resp",
+    "messages_sent_ack", "bytes_sent_ack", "messages_served_natively",
+};
+
+typedef struct {
+    PyObject_HEAD
+    void *router, *watch;
+    int wake_fd;
+    int authenticated;
+    Py_ssize_t world;
+    void **peers;          /* by rank; NULL: no connection (this node) */
+    PyObject *identities;  /* bytes -> rank (without authentication) */
+    zmsg_t *parts;         /* receive scratch: frames of up to POLL_BATCH messages */
+    Py_ssize_t cap;
+    int *ends;             /* per message: index after its last frame in parts */
+    /* The owner's fast path (serve_owned): */
+    PyObject *directory;   /* the node's Directory; NULL: off */
+    int32_t rank;
+    PyObject **idents;     /* by rank: the identity bytes its connection names (no auth) */
+    uint8_t *passed;       /* by rank, per poll: a message of it went to Python (order) */
+    uint8_t *heard;        /* by rank, per poll: a message of it was served here */
+    int64_t *missing;      /* scratch for the store calls */
+    int64_t missing_cap;
+    int send_failed;       /* errno of a fast answer libzmq refused (0: none) */
+    int64_t counts[FAST_COUNTERS];
+} ZmqIOObject;
+
+static int ZmqIO_init(ZmqIOObject *self, PyObject *args, PyObject *kwds) {
+    static char *kwlist[] = {"router", "wake_fd", "watch", "peers", "identities",
+                             "authenticated", NULL};
+    unsigned long long router, watch;
+    int wake_fd, authenticated;
+    PyObject *peers, *identities;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "KiKO!O!p", kwlist, &router, &wake_fd, &watch,
+                                     &PyList_Type, &peers, &PyDict_Type, &identities,
+                                     &authenticated))
+        return -1;
+    if (load_libzmq() < 0) {
+        PyErr_SetString(PyExc_ImportError, "ZmqIO: no loaded shared object exports libzmq's "
+                                           "API (pyzmq built without a shared libzmq?)");
+        return -1;
+    }
+    if (self->peers) {
+        PyErr_SetString(PyExc_RuntimeError, "ZmqIO: already initialised");
+        return -1;
+    }
+    const Py_ssize_t world = PyList_GET_SIZE(peers);
+    if (!(self->peers = PyMem_Calloc((size_t)(world ? world : 1), sizeof(void *)))
+        || !(self->ends = PyMem_Calloc(POLL_BATCH, sizeof(int)))) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t r = 0; r < world; r++) {
+        const unsigned long long h = PyLong_AsUnsignedLongLong(PyList_GET_ITEM(peers, r));
+        if (h == (unsigned long long)-1 && PyErr_Occurred()) return -1;
+        self->peers[r] = (void *)(uintptr_t)h;
+    }
+    self->world = world;
+    self->router = (void *)(uintptr_t)router;
+    self->watch = (void *)(uintptr_t)watch;
+    self->wake_fd = wake_fd;
+    self->authenticated = authenticated;
+    self->identities = Py_NewRef(identities);
+    return 0;
+}
+
+static double now_s(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+static void close_parts(ZmqIOObject *self, Py_ssize_t from, Py_ssize_t to) {
+    for (Py_ssize_t i = from; i < to; i++) Z.msg_close(&self->parts[i]);
+}
+
+static void ZmqIO_dealloc(ZmqIOObject *self) {
+    if (self->idents)
+        for (Py_ssize_t r = 0; r < self->world; r++) Py_XDECREF(self->idents[r]);
+    PyMem_Free(self->idents);
+    PyMem_Free(self->passed);
+    PyMem_Free(self->heard);
+    PyMem_RawFree(self->missing);
+    Py_XDECREF(self->directory);
+    PyMem_Free(self->peers);
+    PyMem_Free(self->ends);
+    PyMem_Free(self->parts);
+    Py_XDECREF(self->identities);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *zmq_failed(const char *what) {
+    const int e = Z.errno_();
+    PyErr_Format(PyExc_OSError, "%s: %s", what, Z.strerror(e));
+    return NULL;
+}
+
+/* Room for one more frame in parts (growing outside the GIL: PyMem_Raw*). */
+static int room(ZmqIOObject *self, Py_ssize_t n) {
+    if (n < self->cap) return 0;
+    const Py_ssize_t cap = self->cap ? 2 * self->cap : 1024;
+    zmsg_t *grown = PyMem_RawRealloc(self->parts, (size_t)cap * sizeof(zmsg_t));
+    if (!grown) return -1;
+    self->parts = grown;
+    self->cap = cap;
+    return 0;
+}
+
+/* The sender's rank: the ZAP user id of its connection (with authentication), else the rank
+ * whose identity the connection named (frame 0); -1 if none. */
+static long sender_of(ZmqIOObject *self, PyObject *identity, zmsg_t *last) {
+    if (self->authenticated) {
+        const char *uid = Z.msg_gets(last, "User-Id");
+        if (!uid || !*uid) return -1;
+        char *end;
+        errno = 0;
+        const long r = strtol(uid, &end, 10);
+        return *end || errno ? -1 : r;
+    }
+    PyObject *rank = PyDict_GetItemWithError(self->identities, identity);
+    if (!rank) return PyErr_Occurred() ? -2 : -1;
+    return PyLong_AsLong(rank);
+}
+
+
+
+/* --- the owner's fast path: a peer's pulls, pushes and sets of keys owned here ------------ */
+
+typedef struct {
+    int kind;
+    int64_t req, nbytes; /* nbytes: the request's share of the wire (header and arrays) */
+    carr_t a[3];
+} fast_req_t;
+
+/* The rank whose connection sent the message whose routing id is id and last frame last; -1
+ * if none. Without the GIL: the identities are compared as bytes. */
+static int fast_sender(ZmqIOObject *self, zmsg_t *id, zmsg_t *last) {
+    if (self->authenticated) {
+        const char *uid = Z.msg_gets(last, "User-Id");
+        if (!uid || !*uid) return -1;
+        char *end;
+        errno = 0;
+        const long r = strtol(uid, &end, 10);
+        return *end || errno || r < 0 || r >= self->world ? -1 : (int)r;
+    }
+    const size_t len = Z.msg_size(id);
+    const void *data = Z.msg_data(id);
+    for (Py_ssize_t r = 0; r < self->world; r++) {
+        PyObject *b = self->idents[r];
+        if (b && (size_t)PyBytes_GET_SIZE(b) == len && !memcmp(PyBytes_AS_STRING(b), data, len))
+            return (int)r;
+    }
+    return -1;
+}
+
+/* Parses the wire message in frames f[0..nf) (header, payload, own frames) into requests the
+ * fast path may take: only pulls, pushes and sets sent by rank from its own workers (origin
+ * rank, no hop, no extra fields), framed exactly as the decoder wants them. Returns their
+ * number, or 0 if the message is not one for the fast path. */
+static int fast_parse(zmsg_t *f, int nf, int rank, fast_req_t *out) {
+    if (nf < 2) return 0;
+    const uint8_t *h = Z.msg_data(&f[0]), *pl = Z.msg_data(&f[1]);
+    const size_t hlen = Z.msg_size(&f[0]), plen = Z.msg_size(&f[1]);
+    size_t at = 0, pat = 0;
+    int own = 2, n = 0;
+    while (at < hlen) {
+        wire_header_t w;
+        if (n == FAST_MAX || wire_header(h + at, hlen - at, &w) < 0) return 0;
+        if ((w.kind != WIRE_PULL && w.kind != WIRE_PUSH && w.kind != WIRE_SET) || w.extra
+            || w.narrays != wire_count(w.kind) || w.src != rank || w.origin != rank || w.hops
+            || w.req < 0)
+            return 0;
+        fast_req_t *q = &out[n++];
+        q->kind = w.kind;
+        q->req = w.req;
+        q->nbytes = (int64_t)w.size;
+        const char *role = wire_roles(w.kind);
+        for (int i = 0; i < w.narrays; i++, role++) {
+            const int64_t len = wire_get64(w.lengths + 8 * i), item = wire_itemsize(*role);
+            if (len == INT64_MIN) return 0;
+            const int64_t bytes = len < 0 ? -len : len;
+            if (bytes % item) return 0;
+            if (len < 0) {
+                if (own >= nf || Z.msg_size(&f[own]) != (size_t)bytes) return 0;
+                q->a[i].p = Z.msg_data(&f[own++]);
+            } else {
+                if ((size_t)bytes > plen - pat) return 0;
+                q->a[i].p = pl + pat;
+                pat += (size_t)bytes + (bytes ? (size_t)(-bytes & 7) : 0);
+                if (pat > plen) pat = plen;
+            }
+            q->a[i].n = bytes / item;
+            q->nbytes += bytes;
+        }
+        at += w.size;
+    }
+    return own == nf ? n : 0;
+}
+
+static int grow_missing(ZmqIOObject *self, int64_t n) {
+    if (n <= self->missing_cap) return 0;
+    int64_t *grown = PyMem_RawRealloc(self->missing, (size_t)n * sizeof(int64_t));
+    if (!grown) return -1;
+    self->missing = grown;
+    self->missing_cap = n;
+    return 0;
+}
+
+static void put_header(uint8_t *p, int kind, int narrays, int32_t src, int64_t req,
+                       const int64_t *lengths) {
+    p[0] = WIRE_MAGIC;
+    p[1] = (uint8_t)kind;
+    p[2] = (uint8_t)narrays;
+    p[3] = 0;
+    const int32_t origin = -1, hops = 0;
+    memcpy(p + 4, &src, 4);
+    memcpy(p + 8, &req, 8);
+    memcpy(p + 16, &origin, 4);
+    memcpy(p + 20, &hops, 4);
+    memcpy(p + WIRE_HEADER_BYTES, lengths, 8 * (size_t)narrays);
+}
+
+static size_t padded(size_t bytes) { return bytes + (-bytes & 7); }
+
+/* try_fast: serves the ZeroMQ message in parts[first..end) here if it is a peer's pulls, pushes or sets
+ * of keys all owned here (the Python path would serve it just so, _serve in serve.py): checks,
+ * store, the answers (PULL_RESP, ACK) encoded and sent to the peer. 1 if served (the caller
+ * closes the parts), 0 if Python is to take it. Without the GIL. Answers do not wait for moves
+ * this node holds for the peer (NodeState._release): they report nothing about keys that move,
+ * and every key they concern stays here. */
+static int serve_fast(ZmqIOObject *self, Py_ssize_t first, Py_ssize_t end, int rank);
+
+static int try_fast(ZmqIOObject *self, Py_ssize_t first, Py_ssize_t end) {
+    if (end - first < 3) return 0;
+    const int rank = fast_sender(self, &self->parts[first], &self->parts[end - 1]);
+    if (rank < 0 || rank == self->rank || !self->peers[rank]) return 0;
+    if (!self->passed[rank] && serve_fast(self, first, end, rank)) return 1;
+    /* Python takes it, and every later message of this peer in this poll: they are handled
+     * in the order they came (a worker's push before its next pull of the same key). */
+    self->passed[rank] = 1;
+    return 0;
+}
+
+static int serve_fast(ZmqIOObject *self, Py_ssize_t first, Py_ssize_t end, int rank) {
+    fast_req_t q[FAST_MAX];
+    const int n = fast_parse(&self->parts[first + 1], (int)(end - first - 1), rank, q);
+    if (!n) return 0;
+    size_t hsize = 0, psize = 0;
+    int64_t floats[FAST_MAX], most = 0;
+    for (int i = 0; i < n; i++) {
+        if (directory_owns_request(self->directory, q[i].kind, q[i].a) != 1) return 0;
+        const int64_t keys = q[i].a[0].n;
+        most = keys > most ? keys : most;
+        floats[i] = q[i].kind == WIRE_PULL ? directory_request_floats(self->directory, q[i].a) : 0;
+        hsize += WIRE_HEADER_BYTES + 8 * (q[i].kind == WIRE_PULL ? 2 : 1);
+        psize += padded(8 * (size_t)keys) + padded(4 * (size_t)floats[i]);
+    }
+    if (grow_missing(self, most) < 0) return 0;
+    /* From here on the message is this path's: a push is applied at once. */
+    zmsg_t hm, pm;
+    if (Z.msg_init_size(&hm, hsize) < 0) return 0;
+    if (Z.msg_init_size(&pm, psize) < 0) {
+        Z.msg_close(&hm);
+        return 0;
+    }
+    uint8_t *hp = Z.msg_data(&hm), *pp = Z.msg_data(&pm);
+    for (int i = 0; i < n; i++) {
+        const fast_req_t *r = &q[i];
+        const int64_t keys = r->a[0].n, pos_bytes = 8 * keys;
+        memcpy(pp, r->a[1].p, (size_t)pos_bytes); /* the positions, echoed */
+        memset(pp + pos_bytes, 0, padded((size_t)pos_bytes) - (size_t)pos_bytes);
+        uint8_t *values = pp + padded((size_t)pos_bytes);
+        const int64_t nmiss = directory_serve_owned(self->directory, r->kind, r->a,
+                                                    (float *)values, floats[i], self->missing);
+        if (nmiss) self->send_failed = -1; /* cannot be: only this thread removes keys */
+        int64_t lengths[2] = {pos_bytes, 4 * floats[i]};
+        const int answer = r->kind == WIRE_PULL ? WIRE_PULL_RESP : WIRE_ACK;
+        const int narr = answer == WIRE_PULL_RESP ? 2 : 1;
+        if (narr == 2) {
+            memset(values + lengths[1], 0, padded((size_t)lengths[1]) - (size_t)lengths[1]);
+            pp = values + padded((size_t)lengths[1]);
+        } else {
+            pp = values;
+        }
+        put_header(hp, answer, narr, self->rank, r->req, lengths);
+        hp += WIRE_HEADER_BYTES + 8 * narr;
+        const int64_t answer_bytes = WIRE_HEADER_BYTES + 8 * narr + lengths[0]
+                                     + (narr == 2 ? lengths[1] : 0);
+        const int k = r->kind == WIRE_PULL ? C_PULL_IN : r->kind == WIRE_PUSH ? C_PUSH_IN : C_SET_IN;
+        self->counts[k]++;
+        self->counts[k + 1] += r->nbytes;
+        const int o = narr == 2 ? C_PULL_RESP_OUT : C_ACK_OUT;
+        self->counts[o]++;
+        self->counts[o + 1] += answer_bytes;
+    }
+    int64_t wire_in = 0;
+    for (Py_ssize_t i = first + 1; i < end; i++) wire_in += (int64_t)Z.msg_size(&self->parts[i]);
+    if (Z.msg_send(&hm, self->peers[rank], Z_SNDMORE) < 0) {
+        self->send_failed = Z.errno_();
+        Z.msg_close(&hm);
+        Z.msg_close(&pm);
+    } else if (Z.msg_send(&pm, self->peers[rank], 0) < 0) {
+        self->send_failed = Z.errno_();
+        Z.msg_close(&pm);
+    }
+    self->counts[C_WIRE_IN]++;
+    self->counts[C_MSGS_IN] += n;
+    self->counts[C_BYTES_IN] += wire_in;
+    self->counts[C_WIRE_OUT]++;
+    self->counts[C_MSGS_OUT] += n;
+    self->counts[C_BYTES_OUT] += (int64_t)(hsize + psize);
+    self->counts[C_SERVED] += n;
+    self->heard[rank] = 1;
+    return 1;
+}
+
+/* serve_owned(directory, rank): from now on, a peer's pulls, pushes and sets of keys all owned
+ * here are served inside poll(), without Python (see try_fast). */
+static PyObject *ZmqIO_serve_owned(ZmqIOObject *self, PyObject *args) {
+    PyObject *directory;
+    int rank;
+    if (!PyArg_ParseTuple(args, "Oi", &directory, &rank)) return NULL;
+    if (rank < 0 || rank >= self->world) {
+        PyErr_SetString(PyExc_ValueError, "serve_owned: rank out of range");
+        return NULL;
+    }
+    if (!self->idents) {
+        if (!(self->idents = PyMem_Calloc((size_t)self->world, sizeof(PyObject *)))
+            || !(self->passed = PyMem_Calloc((size_t)self->world, 1))
+            || !(self->heard = PyMem_Calloc((size_t)self->world, 1)))
+            return PyErr_NoMemory();
+        PyObject *key, *value;
+        Py_ssize_t at = 0;
+        while (PyDict_Next(self->identities, &at, &key, &value)) {
+            const long r = PyLong_AsLong(value);
+            if (r == -1 && PyErr_Occurred()) return NULL;
+            if (!PyBytes_Check(key) || r < 0 || r >= self->world) continue;
+            Py_XSETREF(self->idents[r], Py_NewRef(key));
+        }
+    }
+    self->rank = rank;
+    Py_XSETREF(self->directory, Py_NewRef(directory));
+    Py_RETURN_NONE;
+}
+
+/* counters() -> {name: count} of the fast path (traffic names, added to the transport's). */
+static PyObject *ZmqIO_counters(ZmqIOObject *self, PyObject *unused) {
+    PyObject *d = PyDict_New();
+    if (!d) return NULL;
+    for (int i = 0; i < FAST_COUNTERS; i++) {
+        PyObject *v = PyLong_FromLongLong(self->counts[i]);
+        if (!v || PyDict_SetItemString(d, counter_names[i], v) < 0) {
+            Py_XDECREF(v);
+            Py_DECREF(d);
+            return NULL;
+        }
+        Py_DECREF(v);
+    }
+    return d;
+}
+
+/* poll(timeout_ms) -> (events, received, heard). events: bit 0 the eventfd was written (and is
+ * read now), bit 1 the handshake monitor has something. received: per ZeroMQ message, (sender
+ * rank or -1, connection identity bytes, messages or None, why or None, wire bytes): messages
+ * as wire_decode parses them (None with why when the framing is bad). heard: the ranks whose
+ * messages were served here (serve_owned), for the failure detector. */
+static PyObject *ZmqIO_poll(ZmqIOObject *self, PyObject *arg) {
+    const long timeout = PyLong_AsLong(arg);
+    if (timeout == -1 && PyErr_Occurred()) return NULL;
+    drain_released();
+    zpollitem_t items[3] = {{self->router, 0, Z_POLLIN, 0}, {NULL, self->wake_fd, Z_POLLIN, 0},
+                            {self->watch, 0, Z_POLLIN, 0}};
+    const int nitems = self->watch ? 3 : 2;
+    int rc, nmsg = 0, failed = 0, events = 0;
+    Py_ssize_t nparts = 0;
+    const int fast = self->directory != NULL;
+    if (fast) {
+        memset(self->passed, 0, (size_t)self->world);
+        memset(self->heard, 0, (size_t)self->world);
+    }
+    /* Requests served here need nothing of Python: go on waiting (the time left) until
+     * something does, so that the engine loop does not run a pass per served request. */
+    const double deadline = timeout >= 0 ? now_s() + timeout / 1000.0 : 0.0;
+    long wait = timeout;
+    Py_BEGIN_ALLOW_THREADS
+again:
+    rc = Z.poll(items, nitems, wait);
+    if (rc > 0) {
+        if (items[1].revents & Z_POLLIN) {
+            uint64_t count;
+            if (read(self->wake_fd, &count, sizeof count) < 0) { /* EAGAIN: taken already */
+            }
+            events |= 1;
+        }
+        if (nitems == 3 && items[2].revents & Z_POLLIN) events |= 2;
+        if (items[0].revents & Z_POLLIN) {
+            for (int taken = 0; nmsg < POLL_BATCH && taken < 4 * POLL_BATCH; taken++) {
+                if (taken) { /* the first is there (the poll said so); the others: ask */
+                    int ev = 0;
+                    size_t len = sizeof ev;
+                    if (Z.getsockopt(self->router, Z_EVENTS, &ev, &len) < 0) {
+                        failed = 1;
+                        break;
+                    }
+                    if (!(ev & Z_POLLIN)) break;
+                }
+                int more = 1, flags = Z_DONTWAIT;
+                const Py_ssize_t first = nparts;
+                while (more) {
+                    if (room(self, nparts) < 0) {
+                        failed = 2;
+                        break;
+                    }
+                    Z.msg_init(&self->parts[nparts]);
+                    if (Z.msg_recv(&self->parts[nparts], self->router, flags) < 0) {
+                        Z.msg_close(&self->parts[nparts]);
+                        /* EAGAIN on a first frame: nothing after all; otherwise a failure
+                         * (a message's frames come together or not at all) */
+                        failed = nparts == first && Z.errno_() == EAGAIN ? 0 : 1;
+                        break;
+                    }
+                    more = Z.msg_more(&self->parts[nparts]);
+                    nparts++;
+                    flags = 0;
+                }
+                if (more || nparts == first) { /* cut short: drop what came of it */
+                    for (Py_ssize_t i = first; i < nparts; i++) Z.msg_close(&self->parts[i]);
+                    nparts = first;
+                    break;
+                }
+                if (fast && try_fast(self, first, nparts)) { /* served: nothing for Python */
+                    close_parts(self, first, nparts);
+                    nparts = first;
+                    continue;
+                }
+                self->ends[nmsg++] = (int)nparts;
+            }
+        }
+        if (!nmsg && !events && !failed && !self->send_failed) {
+            if (timeout < 0) goto again;
+            const double left = deadline - now_s();
+            if (left > 0) {
+                wait = (long)(left * 1000.0 + 0.999);
+                for (int i = 0; i < nitems; i++) items[i].revents = 0;
+                goto again;
+            }
+            rc = 0;
+        }
+    }
+    Py_END_ALLOW_THREADS
+    if (rc < 0) {
+        if (Z.errno_() == EINTR) return Py_BuildValue("(i[][])", 0);
+        return zmq_failed("zmq_poll");
+    }
+    if (self->send_failed) {
+        const int e = self->send_failed;
+        self->send_failed = 0;
+        close_parts(self, 0, nparts);
+        if (e < 0)
+            PyErr_SetString(PyExc_RuntimeError, "keys owned here vanished while served");
+        else
+            PyErr_Format(PyExc_OSError, "sending an answer: %s", Z.strerror(e));
+        return NULL;
+    }
+    if (failed == 2) {
+        close_parts(self, 0, nparts);
+        return PyErr_NoMemory();
+    }
+    if (failed && !nmsg) return zmq_failed("zmq_msg_recv");
+    PyObject *out = PyList_New(nmsg);
+    if (!out) {
+        close_parts(self, 0, nparts);
+        return NULL;
+    }
+    Py_ssize_t at = 0;
+    for (int m = 0; m < nmsg; m++) {
+        const Py_ssize_t end = self->ends[m];
+        PyObject *identity = NULL, *frames = NULL, *item = NULL;
+        if (!(identity = PyBytes_FromStringAndSize(Z.msg_data(&self->parts[at]),
+                                                   (Py_ssize_t)Z.msg_size(&self->parts[at])))
+            || !(frames = PyList_New(end - at - 1)))
+            goto fail;
+        const long rank = sender_of(self, identity, &self->parts[end - 1]);
+        if (rank == -2) goto fail;
+        for (Py_ssize_t i = at + 1; i < end; i++) { /* the frames move into Frame objects */
+            FrameObject *f = PyObject_New(FrameObject, &FrameType);
+            if (!f) goto fail;
+            Z.msg_init(&f->msg);
+            Z.msg_move(&f->msg, &self->parts[i]); /* parts[i] is empty now: closing it is a no-op */
+            f->exports = 0;
+            PyList_SET_ITEM(frames, i - at - 1, (PyObject *)f);
+        }
+        PyObject *parsed = wire_decode_list(frames);
+        if (!parsed) goto fail;
+        Py_ssize_t wire = 0;
+        for (Py_ssize_t i = 0; i < PyList_GET_SIZE(frames); i++)
+            wire += (Py_ssize_t)Z.msg_size(&((FrameObject *)PyList_GET_ITEM(frames, i))->msg);
+        item = Py_BuildValue("(lOOOn)", rank, identity, PyTuple_GET_ITEM(parsed, 0),
+                             PyTuple_GET_ITEM(parsed, 1), wire);
+        Py_DECREF(parsed);
+        if (!item) goto fail;
+        PyList_SET_ITEM(out, m, item);
+        Py_DECREF(identity);
+        Py_DECREF(frames);
+        close_parts(self, at, end);
+        at = end;
+        continue;
+    fail:
+        Py_XDECREF(identity);
+        Py_XDECREF(frames);
+        close_parts(self, at, nparts);
+        Py_DECREF(out);
+        return NULL;
+    }
+    PyObject *heard = PyList_New(0);
+    if (!heard) {
+        Py_DECREF(out);
+        return NULL;
+    }
+    for (Py_ssize_t r = 0; fast && r < self->world; r++)
+        if (self->heard[r]) {
+            PyObject *v = PyLong_FromSsize_t(r);
+            if (!v || PyList_Append(heard, v) < 0) {
+                Py_XDECREF(v);
+                Py_DECREF(heard);
+                Py_DECREF(out);
+                return NULL;
+            }
+            Py_DECREF(v);
+        }
+    return Py_BuildValue("(iNN)", events, out, heard);
+}
+
+/* Sends one frame: bytes-like objects of fewer than 64 KiB copied, larger ones (the arrays
+ * wire_encode leaves in frames of their own) handed to libzmq as they are. */
+static int send_frame(void *sock, PyObject *obj, int flags, Py_ssize_t *bytes) {
+    Py_buffer view;
+    if (PyObject_GetBuffer(obj, &view, PyBUF_C_CONTIGUOUS) < 0) return -1;
+    *bytes += view.len;
+    zmsg_t msg;
+    if (view.len >= 65536) {
+        released_t *r = PyMem_RawMalloc(sizeof *r);
+        if (!r) {
+            PyBuffer_Release(&view);
+            PyErr_NoMemory();
+            return -1;
+        }
+        r->view = view; /* released by drain_released once libzmq is done with it */
+        if (Z.msg_init_data(&msg, view.buf, (size_t)view.len, on_sent, r) < 0) {
+            PyBuffer_Release(&r->view);
+            PyMem_RawFree(r);
+            zmq_failed("zmq_msg_init_data");
+            return -1;
+        }
+    } else {
+        if (Z.msg_init_size(&msg, (size_t)view.len) < 0) {
+            PyBuffer_Release(&view);
+            zmq_failed("zmq_msg_init_size");
+            return -1;
+        }
+        memcpy(Z.msg_data(&msg), view.buf, (size_t)view.len);
+        PyBuffer_Release(&view);
+    }
+    if (Z.msg_send(&msg, sock, flags) < 0) {
+        Z.msg_close(&msg); /* the release, if any, runs through on_sent */
+        zmq_failed("zmq_msg_send");
+        return -1;
+    }
+    return 0;
+}
+
+/* send(dst, specs) -> (sizes, wire bytes): the messages (wire_encode's specs) to peer dst as one
+ * ZeroMQ message. OSError if libzmq refuses (the caller names the peer). */
+static PyObject *ZmqIO_send(ZmqIOObject *self, PyObject *args) {
+    Py_ssize_t dst;
+    PyObject *specs;
+    if (!PyArg_ParseTuple(args, "nO", &dst, &specs)) return NULL;
+    if (dst < 0 || dst >= self->world || !self->peers[dst]) {
+        PyErr_Format(PyExc_KeyError, "no connection to rank %zd", dst);
+        return NULL;
+    }
+    drain_released();
+    PyObject *encoded = wire_encode_list(specs);
+    if (!encoded) return NULL;
+    PyObject *frames = PyTuple_GET_ITEM(encoded, 0);
+    const Py_ssize_t n = PyList_GET_SIZE(frames);
+    Py_ssize_t wire = 0; /* bytes on the wire: every frame's */
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (send_frame(self->peers[dst], PyList_GET_ITEM(frames, i), i + 1 < n ? Z_SNDMORE : 0,
+                       &wire) < 0) {
+            Py_DECREF(encoded);
+            return NULL;
+        }
+    }
+    PyObject *r = Py_BuildValue("(On)", PyTuple_GET_ITEM(encoded, 1), wire);
+    Py_DECREF(encoded);
+    return r;
+}
+
+static PyMethodDef ZmqIO_methods[] = {
+    {"poll", (PyCFunction)ZmqIO_poll, METH_O,
+     "poll(timeout_ms) -> (events, received, heard). Blocks up to timeout_ms (GIL released) "
+     "until a message, a wake-up or a monitor event; receives up to 256 waiting messages. "
+     "events: bit 0 woken through the eventfd (read now), bit 1 the monitor socket is "
+     "readable. received: per message (sender rank or -1, identity, messages or None, why or "
+     "None, wire bytes). heard: ranks whose requests poll served itself (serve_owned)."},
+    {"serve_owned", (PyCFunction)ZmqIO_serve_owned, METH_VARARGS,
+     "serve_owned(directory, rank) -> None. From now on poll() serves a peer's pulls, pushes "
+     "and sets of keys all owned here itself (checks, store, answer), without Python."},
+    {"counters", (PyCFunction)ZmqIO_counters, METH_NOARGS,
+     "counters() -> dict. What poll() served itself, in the transport's counter names."},
+    {"send", (PyCFunction)ZmqIO_send, METH_VARARGS,
+     "send(dst, specs) -> (sizes, wire_bytes). Encodes specs (see wire_encode) and sends them "
+     "to rank dst as one ZeroMQ message, without blocking."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject ZmqIOType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "adapm._native.ZmqIO",
+    .tp_basicsize = sizeof(ZmqIOObject),
+    .tp_dealloc = (destructor)ZmqIO_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "ZmqIO(router, wake_fd, watch, peers, identities, authenticated): a node's "
+              "receive and send over pyzmq's sockets' libzmq handles (see native/zmq_io.c). "
+              "router, watch (0: none) and peers (by rank, 0 for this node) are "
+              "Socket.underlying values; identities maps connection identities to ranks. For "
+              "one thread (the sockets' owner).",
+    .tp_methods = ZmqIO_methods,
+    .tp_init = (initproc)ZmqIO_init,
+    .tp_new = PyType_GenericNew,
+};
+
+int register_zmq_io_type(PyObject *module) {
+    if (add_type(module, &FrameType, "Frame") < 0) return -1;
+    return add_type(module, &ZmqIOType, "ZmqIO");
+}
