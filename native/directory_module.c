@@ -1125,6 +1125,8 @@ static PyTypeObject DirectoryType = {
 
 /* --- the owner's fast path for zmq_io.c (module.h) ------------------------------------- */
 
+int directory_check(PyObject *o) { return PyObject_TypeCheck(o, &DirectoryType); }
+
 int directory_owns_request(PyObject *directory, int kind, const carr_t *a) {
     DirectoryObject *self = (DirectoryObject *)directory;
     if (!self->ready || (kind != WIRE_PULL && kind != WIRE_PUSH && kind != WIRE_SET)) return 0;

@@ -114,6 +114,7 @@ PyObject *wire_encode_list(PyObject *specs);
  * rows (a PULL's answer); directory_serve_owned: a PULL's rows gathered into values (floats of
  * them), or a PUSH added / a SET written; the number of keys missing (0: only the engine thread
  * removes keys), or -1 if values is too small. missing: room for a[0].n positions. */
+int directory_check(PyObject *o); /* whether o is a Directory */
 int directory_owns_request(PyObject *directory, int kind, const carr_t *a);
 int64_t directory_request_floats(PyObject *directory, const carr_t *a);
 int64_t directory_serve_owned(PyObject *directory, int kind, const carr_t *a, float *values,

@@ -199,14 +199,13 @@ typedef struct {
     int authenticated;
     Py_ssize_t world;
     void **peers;          /* by rank; NULL: no connection (this node) */
-    PyObject *identities;  /* bytes -> rank (without authentication) */
     zmsg_t *parts;         /* receive scratch: frames of up to POLL_BATCH messages */
     Py_ssize_t cap;
     int *ends;             /* per message: index after its last frame in parts */
     /* The owner's fast path (serve_owned): */
     PyObject *directory;   /* the node's Directory; NULL: off */
     int32_t rank;
-    PyObject **idents;     /* by rank: the identity bytes its connection names (no auth) */
+    PyObject **idents;     /* by rank: the identity its connection names (bytes; no auth) */
     uint8_t *passed;       /* by rank, per poll: a message of it went to Python (order) */
     uint8_t *heard;        /* by rank, per poll: a message of it was served here */
     int64_t *missing;      /* scratch for the store calls */
@@ -246,11 +245,24 @@ static int ZmqIO_init(ZmqIOObject *self, PyObject *args, PyObject *kwds) {
         self->peers[r] = (void *)(uintptr_t)h;
     }
     self->world = world;
+    if (!(self->idents = PyMem_Calloc((size_t)(world ? world : 1), sizeof(PyObject *)))
+        || !(self->passed = PyMem_Calloc((size_t)(world ? world : 1), 1))
+        || !(self->heard = PyMem_Calloc((size_t)(world ? world : 1), 1))) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    PyObject *key, *value;
+    Py_ssize_t at = 0;
+    while (PyDict_Next(identities, &at, &key, &value)) {
+        const long r = PyLong_AsLong(value);
+        if (r == -1 && PyErr_Occurred()) return -1;
+        if (!PyBytes_Check(key) || r < 0 || r >= world) continue;
+        Py_XSETREF(self->idents[r], Py_NewRef(key));
+    }
     self->router = (void *)(uintptr_t)router;
     self->watch = (void *)(uintptr_t)watch;
     self->wake_fd = wake_fd;
     self->authenticated = authenticated;
-    self->identities = Py_NewRef(identities);
     return 0;
 }
 
@@ -274,8 +286,7 @@ static void ZmqIO_dealloc(ZmqIOObject *self) {
     Py_XDECREF(self->directory);
     PyMem_Free(self->peers);
     PyMem_Free(self->ends);
-    PyMem_Free(self->parts);
-    Py_XDECREF(self->identities);
+    PyMem_RawFree(self->parts);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -296,24 +307,6 @@ static int room(ZmqIOObject *self, Py_ssize_t n) {
     return 0;
 }
 
-/* The sender's rank: the ZAP user id of its connection (with authentication), else the rank
- * whose identity the connection named (frame 0); -1 if none. */
-static long sender_of(ZmqIOObject *self, PyObject *identity, zmsg_t *last) {
-    if (self->authenticated) {
-        const char *uid = Z.msg_gets(last, "User-Id");
-        if (!uid || !*uid) return -1;
-        char *end;
-        errno = 0;
-        const long r = strtol(uid, &end, 10);
-        return *end || errno ? -1 : r;
-    }
-    PyObject *rank = PyDict_GetItemWithError(self->identities, identity);
-    if (!rank) return PyErr_Occurred() ? -2 : -1;
-    return PyLong_AsLong(rank);
-}
-
-
-
 /* --- the owner's fast path: a peer's pulls, pushes and sets of keys owned here ------------ */
 
 typedef struct {
@@ -322,9 +315,10 @@ typedef struct {
     carr_t a[3];
 } fast_req_t;
 
-/* The rank whose connection sent the message whose routing id is id and last frame last; -1
- * if none. Without the GIL: the identities are compared as bytes. */
-static int fast_sender(ZmqIOObject *self, zmsg_t *id, zmsg_t *last) {
+/* The rank whose connection sent the message whose routing id is id and last frame last: the
+ * ZAP user id of its connection (with authentication), else the rank whose identity the
+ * connection named; -1 if none. Without the GIL: the identities are compared as bytes. */
+static int sender_of(ZmqIOObject *self, zmsg_t *id, zmsg_t *last) {
     if (self->authenticated) {
         const char *uid = Z.msg_gets(last, "User-Id");
         if (!uid || !*uid) return -1;
@@ -422,7 +416,7 @@ static int serve_fast(ZmqIOObject *self, Py_ssize_t first, Py_ssize_t end, int r
 
 static int try_fast(ZmqIOObject *self, Py_ssize_t first, Py_ssize_t end) {
     if (end - first < 3) return 0;
-    const int rank = fast_sender(self, &self->parts[first], &self->parts[end - 1]);
+    const int rank = sender_of(self, &self->parts[first], &self->parts[end - 1]);
     if (rank < 0 || rank == self->rank || !self->peers[rank]) return 0;
     if (!self->passed[rank] && serve_fast(self, first, end, rank)) return 1;
     /* Python takes it, and every later message of this peer in this poll: they are handled
@@ -510,23 +504,13 @@ static PyObject *ZmqIO_serve_owned(ZmqIOObject *self, PyObject *args) {
     PyObject *directory;
     int rank;
     if (!PyArg_ParseTuple(args, "Oi", &directory, &rank)) return NULL;
+    if (!directory_check(directory)) {
+        PyErr_SetString(PyExc_TypeError, "serve_owned: directory must be a Directory");
+        return NULL;
+    }
     if (rank < 0 || rank >= self->world) {
         PyErr_SetString(PyExc_ValueError, "serve_owned: rank out of range");
         return NULL;
-    }
-    if (!self->idents) {
-        if (!(self->idents = PyMem_Calloc((size_t)self->world, sizeof(PyObject *)))
-            || !(self->passed = PyMem_Calloc((size_t)self->world, 1))
-            || !(self->heard = PyMem_Calloc((size_t)self->world, 1)))
-            return PyErr_NoMemory();
-        PyObject *key, *value;
-        Py_ssize_t at = 0;
-        while (PyDict_Next(self->identities, &at, &key, &value)) {
-            const long r = PyLong_AsLong(value);
-            if (r == -1 && PyErr_Occurred()) return NULL;
-            if (!PyBytes_Check(key) || r < 0 || r >= self->world) continue;
-            Py_XSETREF(self->idents[r], Py_NewRef(key));
-        }
     }
     self->rank = rank;
     Py_XSETREF(self->directory, Py_NewRef(directory));
@@ -670,8 +654,7 @@ again:
                                                    (Py_ssize_t)Z.msg_size(&self->parts[at])))
             || !(frames = PyList_New(end - at - 1)))
             goto fail;
-        const long rank = sender_of(self, identity, &self->parts[end - 1]);
-        if (rank == -2) goto fail;
+        const long rank = sender_of(self, &self->parts[at], &self->parts[end - 1]);
         for (Py_ssize_t i = at + 1; i < end; i++) { /* the frames move into Frame objects */
             FrameObject *f = PyObject_New(FrameObject, &FrameType);
             if (!f) goto fail;

@@ -263,6 +263,33 @@ def test_remote_pull_sees_own_earlier_pushes():
         np.testing.assert_array_equal(final[:, 0], model[[0, 2, 4]], err_msg=f"rank {rank}")
 
 
+def _only_requests_job(node, seconds):
+    """Rank 0 only pulls and pushes keys of rank 1 (served there in C, native/zmq_io.c) for
+    longer than the failure timeout; rank 1's engine never sees one of them."""
+    w = node.worker()
+    node.barrier()
+    if node.rank == 0:
+        remote = np.array([1, 3, 5], np.int64)  # homed on rank 1
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            w.push(remote, np.ones((3, 2), np.float32))
+            w.pull(remote)
+        w.wait()
+    node.barrier()
+    return node.stats()
+
+
+def test_requests_served_in_c_keep_their_sender_alive():
+    """A peer heard from only through requests the transport serves itself is alive: the
+    failure detector is told (rank 0 sends nothing else, not even heartbeats, while it
+    keeps sending requests), so nobody is declared failed."""
+    results = cluster(_only_requests_job, 2, args=(3.0,), num_keys=6, value_length=2,
+                      failure_timeout_s=1.0, management="static_partition")
+    served = results[1]["messages_served_natively"]
+    assert served > 50 and served >= results[1]["messages_received"] - 10, results[1]
+    assert results[0]["remote_push_keys"] > 0
+
+
 def _large_batches_job(node, num_keys, dim):
     w = node.worker()
     keys = np.arange(num_keys)
