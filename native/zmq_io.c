@@ -711,7 +711,7 @@ static int send_frame(void *sock, PyObject *obj, int flags, Py_ssize_t *bytes) {
     if (PyObject_GetBuffer(obj, &view, PyBUF_C_CONTIGUOUS) < 0) return -1;
     *bytes += view.len;
     zmsg_t msg;
-    if (view.len >= 65536) {
+    if (view.len >= WIRE_OWN_FRAME_BYTES) {
         released_t *r = PyMem_RawMalloc(sizeof *r);
         if (!r) {
             PyBuffer_Release(&view);
