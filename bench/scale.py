@@ -1,28 +1,24 @@
-"""A large key space on few nodes: init time, memory per node, and the adaptive workload over it.
+"""The apps on N workers: adapm on N nodes x 1, N/2 x 2 and 2 x N/2 against the baseline 1 x N.
 
-    python bench/scale.py                          # 10^8 keys x 8 floats on 2 nodes, 10,000 clocks
-    python bench/scale.py --num-keys 10000000      # a quicker look
+    python bench/scale.py                               # N = 2, small data: a few minutes here
+    python bench/scale.py --workers 8 --size full       # a 16-core machine: the issue's data
 
-Per node it reports
-- ready (s): from the process's start (Python's own start-up included) to a node that has met
-  its peers: store, directory and engine state for every key, home keys inserted;
-- dense (B/key): bytes of this node's per-key arrays (the store's word per home key, the home
-  table's owner per home key), divided by the number of keys;
-- records, B/record: the records of keys held or active at the end, in the store's held map
-  (keys held beyond the home keys' owner copies: row, version, sync time; native/held.h), the
-  native directory (hints, forward pointers, epochs, the owner's masks; native/records.h) and
-  the intent counts (native/intents.h), and their bytes (maps and spare capacity included) per
-  record;
-- RSS ready / RSS end (GB): resident memory after the first barrier, and after the workload
-  (values included: 32 B per key of 8 floats for the keys held here, committed as written);
-- the workload: ``--clocks`` clocks of ``--batch`` keys per worker, 90% from the node's own
-  partition and 10% from a shared region (10% of the keys), Zipf 1.1 over key ids in both (the
-  structure of bench/adaptive.py, drawn with numpy's zipf instead of an exact finite CDF, which
-  would take 0.4 GB per process at this size); intent ``--ahead`` clocks early; throughput in
-  keys/s and the remote share.
+For each app (KGE, WV, MF; ``--apps``) one generated data set, the same epochs and settings for:
 
-Correctness: afterwards rank 0 pulls every key that was accessed and checks that it equals its
-access count (every access pushes 1 to every float).
+- the baseline: ``--baseline --workers N``, one process, N threads over a plain shared array;
+- adapm with the default management (adaptive) on ``n`` node processes x ``N/n`` worker threads
+  under ``adapm-run``, for n = N, N/2 and 2 (each setup once).
+
+Per run the table shows the mean epoch time and its ratio to the baseline's (>= 1 is faster),
+the app's quality after the last epoch (KGE: filtered MRR on ``--eval-max`` validation triples;
+WV: analogy accuracy; MF: test RMSE), the training remote share (keys pulled or pushed remotely
+over all keys accessed, all nodes), and per node and epoch: the engine thread's CPU seconds and
+its share of the epoch (``engine busy``: 100% means the engine thread never idles), MB sent, and
+the process's CPU seconds. Every figure comes from the apps' own JSON lines.
+
+``full`` is the data of the engine issue's 16-core table: KGE 1M triples asked (990k train),
+ComplEx d=100, 6 negatives per side; WV a 6M-word generated corpus, d=100; MF 200,000 x 50,000
+with 11M entries (9.9M train), rank 10, the columnwise schedule. ``small`` is about a tenth.
 """
 
 from __future__ import annotations
@@ -30,146 +26,118 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
+import tempfile
+from pathlib import Path
 
-import numpy as np
+from app_runs import sh  # bench/ is the script's directory: on sys.path
 
-from adapm.testing import run_cluster
-from adaptive import access_counts  # bench/adaptive.py, next to this script
-
-
-def sequence(o: dict, nodes: int, node: int) -> np.ndarray:
-    """Keys of every batch of node ``node``'s worker: int64 (clocks, batch)."""
-    shared = max(1, o["num_keys"] // 10)
-    part = (o["num_keys"] - shared) // nodes
-    rng = np.random.default_rng([o["seed"], nodes, node])
-    shape = (o["clocks"], o["batch"])
-    own = (rng.zipf(1.1, shape) - 1) % part
-    hot = (rng.zipf(1.1, shape) - 1) % shared
-    local = rng.random(shape) < 0.9
-    return np.where(local, shared + node * part + own, hot).astype(np.int64)
+PY = sys.executable
+SIZES = {  # app -> size -> its generator's size arguments
+    "kge": {"small": ["--triples", "100000"], "full": ["--triples", "1000000"]},
+    "wv": {"small": ["--sentences", "50000"], "full": ["--sentences", "500000"]},
+    "mf": {"small": ["--rows", "20000", "--cols", "5000", "--entries", "1000000"],
+           "full": ["--rows", "200000", "--cols", "50000", "--entries", "11000000"]},
+}
 
 
-def _process_age_s() -> float:
-    """Seconds since this process started (Linux /proc)."""
-    with open("/proc/self/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    with open("/proc/uptime") as f:
-        uptime = float(f.read().split()[0])
-    return uptime - int(fields[19]) / os.sysconf("SC_CLK_TCK")
+def data_and_command(app: str, size: str, epochs: int, eval_max: int, env: dict) -> list[str]:
+    """Generates the app's data once (in the temp dir) and returns its command line, less the
+    setup (baseline or nodes x workers)."""
+    args = SIZES[app][size]
+    data = Path(tempfile.gettempdir()) / f"adapm-bench-scale-{app}-{'-'.join(args[1::2])}"
+    common = ["--epochs", str(epochs), "--progress", "off", "--json", "-"]
+    if app == "kge":
+        if not (data / "train.txt").exists():
+            sh([PY, "-m", "adapm.apps.kge", "generate", str(data), *args, "--seed", "1"], env)
+        return [PY, "-m", "adapm.apps.kge", "--data", str(data), "--dim", "100", "--neg", "6",
+                "--eval-every", "0", "--eval-max", str(eval_max), *common]
+    if app == "wv":
+        if not (data / "corpus.txt").exists():
+            sh([PY, "-m", "adapm.apps.wv", "generate", str(data), *args, "--families", "8",
+                "--pairs", "100", "--seed", "1"], env)
+        return [PY, "-m", "adapm.apps.wv", "--corpus", str(data / "corpus.txt"), "--analogies",
+                str(data / "questions-words.txt"), "--dim", "100", "--eval-every", "0",
+                "--seed", "1", *common]
+    if not (data / "test.mmc").exists():
+        sh([PY, "-m", "adapm.apps.mf", "generate", str(data), *args, "--seed", "1"], env)
+    return [PY, "-m", "adapm.apps.mf", "--train", str(data / "train.mmc"), "--test",
+            str(data / "test.mmc"), "--schedule", "columnwise", *common]
 
 
-def _rss_gb() -> float:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1e6
-    return float("nan")
+QUALITY = {"kge": ("MRR", "mrr"), "wv": ("analogy", "analogy"), "mf": ("RMSE", "rmse")}
 
 
-def _metadata_bytes(node) -> tuple[int, int, int]:
-    """(bytes over the whole key space, records of active keys, their bytes)."""
-    # The store: a word per home key (dense) and the held map of keys beyond those (records).
-    held, store_bytes = node.store.memory()
-    home_words = node.store.home.nbytes
-    records, record_bytes = held, store_bytes - home_words
-    if node.engine is not None:
-        state = node.engine.state
-        dense = 0
-        directory_records, directory_bytes = state.directory.memory()
-        home_table = 4 * len(range(node.rank, node.store.num_keys, node.world_size))
-        dense += home_table
-        records += directory_records
-        record_bytes += directory_bytes - home_table
-        if state.intents is not None:  # intent counts: records of keys with intent
-            counted, count_bytes = state.intents.native.memory()
-            records += counted
-            record_bytes += count_bytes
-    else:
-        dense = 0
-    return home_words + dense, records, record_bytes
+def summarise(app: str, setup: str, lines: list[dict]) -> dict:
+    stats = [s for r in lines for s in r["stats"]]
+    nodes = len(lines[0]["stats"])
+    per_node_epoch = nodes * len(lines)
+    accessed = sum(s.get(k, 0) for s in stats for k in (
+        "local_pull_keys", "waited_pull_keys", "remote_pull_keys", "local_push_keys",
+        "remote_push_keys"))
+    remote = sum(s.get("remote_pull_keys", 0) + s.get("remote_push_keys", 0) for s in stats)
+    epoch_s = sum(r["train_seconds"] for r in lines) / len(lines)
+    engine = sum(s.get("engine_cpu_s", 0.0) for s in stats) / per_node_epoch
+    return {"app": app, "setup": setup, "epoch_s": epoch_s,
+            "quality": lines[-1].get(QUALITY[app][1]),
+            "remote": remote / accessed if accessed else 0.0,
+            "engine_s": engine, "engine_busy": engine / epoch_s if nodes > 1 else None,
+            "mb_sent": sum(s.get("bytes_sent", 0) for s in stats) / per_node_epoch / 1e6,
+            "process_cpu": sum(s.get("process_cpu_s", 0.0) for s in stats) / per_node_epoch}
 
 
-def _job(node, o: dict) -> dict:
-    node.barrier()
-    ready_s, rss_ready = _process_age_s(), _rss_gb()
-    seq = sequence(o, node.world_size, node.rank)
-    w = node.worker()
-    vals = np.empty((o["batch"], o["value_length"]), dtype=np.float32)
-    ones = np.ones_like(vals)
-    ahead, clocks = o["ahead"], o["clocks"]
-    for t in range(min(ahead, clocks)):
-        w.intent(seq[t], t, t + 1)
-    w.wait_sync()
-    node.barrier()
-    start = time.perf_counter()
-    for t in range(clocks):
-        if t + ahead < clocks:
-            w.intent(seq[t + ahead], t + ahead, t + ahead + 1)
-        w.pull(seq[t], out=vals)
-        w.push(seq[t], ones)
-        w.advance_clock()
-    w.wait()
-    elapsed = time.perf_counter() - start
-    stats = node.stats()
-    w.wait_sync()
-    node.barrier()
-    bad = None
-    if node.rank == 0:  # every accessed key equals its access count
-        keys, counts = np.unique(np.concatenate(
-            [sequence(o, node.world_size, r).reshape(-1) for r in range(node.world_size)]),
-            return_counts=True)
-        got = w.pull(keys)
-        wrong = np.flatnonzero(np.any(got != counts[:, None].astype(np.float32), axis=1))
-        bad = int(len(wrong))
-    node.barrier()
-    return {"ready_s": ready_s, "rss_ready": rss_ready, "rss_end": _rss_gb(),
-            "metadata": _metadata_bytes(node), "elapsed": elapsed, "keys": clocks * o["batch"],
-            "stats": stats, "wrong": bad}
+def setups(workers: int) -> list[tuple[int, int]]:
+    """(nodes, threads per node) with nodes x threads = workers: N x 1, N/2 x 2, 2 x N/2."""
+    out = []
+    for nodes in (workers, workers // 2, 2):
+        if nodes >= 2 and workers % nodes == 0 and (nodes, workers // nodes) not in out:
+            out.append((nodes, workers // nodes))
+    return out
 
 
-def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--nodes", type=int, default=2)
-    parser.add_argument("--num-keys", type=int, default=100_000_000)
-    parser.add_argument("--value-length", type=int, default=8)
-    parser.add_argument("--clocks", type=int, default=10_000)
-    parser.add_argument("--batch", type=int, default=100)
-    parser.add_argument("--ahead", type=int, default=100)
-    parser.add_argument("--management", default="adaptive")
-    parser.add_argument("--seed", type=int, default=1)
-    opts = parser.parse_args(argv)
-    o = {"num_keys": opts.num_keys, "value_length": opts.value_length, "clocks": opts.clocks,
-         "batch": opts.batch, "ahead": opts.ahead, "seed": opts.seed}
-    t0 = time.perf_counter()
-    results = run_cluster(_job, world_size=opts.nodes, args=(o,), timeout_s=1800,
-                          config={"num_keys": opts.num_keys, "value_length": opts.value_length,
-                                  "management": opts.management})
-    wall = time.perf_counter() - t0
-    if results[0]["wrong"]:
-        raise SystemExit(f"WRONG VALUES: {results[0]['wrong']} accessed keys differ from their "
-                         "access counts")
-    keys = sum(r["keys"] for r in results)
-    elapsed = max(r["elapsed"] for r in results)
-    st = [r["stats"] for r in results]
-    accessed, remote = access_counts(st)
-    print(f"{opts.num_keys:,} keys x {opts.value_length} floats on {opts.nodes} nodes "
-          f"({opts.management}); {opts.clocks} clocks x {opts.batch} keys per node, intent "
-          f"{opts.ahead} clocks ahead; machine: nproc={os.cpu_count()}, "
-          f"{os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.0f} GiB")
-    print("\n| rank | ready (s) | dense (B/key) | records | B/record | RSS ready (GB) | "
-          "RSS end (GB) |")
-    print("|---:|---:|---:|---:|---:|---:|---:|")
-    for rank, r in enumerate(results):
-        dense, records, record_bytes = r["metadata"]
-        print(f"| {rank} | {r['ready_s']:.1f} | {dense / opts.num_keys:.1f} | {records:,} | "
-              f"{record_bytes / max(records, 1):.0f} | {r['rss_ready']:.2f} | "
-              f"{r['rss_end']:.2f} |")
-    print(f"\nworkload: {keys / elapsed:,.0f} keys/s over all nodes, remote share "
-          f"{remote / accessed:.4%}, relocations {sum(s['relocations_in'] for s in st):,}, "
-          f"replica set-ups {sum(s['replica_setups'] for s in st):,}; every accessed key "
-          f"verified; whole bench {wall:.0f} s")
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--workers", type=int, default=2, help="N: worker threads in all (even)")
+    p.add_argument("--size", choices=("small", "full"), default="small")
+    p.add_argument("--apps", default="kge,wv,mf")
+    p.add_argument("--epochs", type=int, default=2)
+    p.add_argument("--eval-max", type=int, default=500)
+    p.add_argument("--prepare", action="store_true",
+                   help="only generate the data sets that are missing, then exit")
+    opts = p.parse_args()
+    if opts.workers < 2 or opts.workers % 2:
+        p.error("--workers must be an even number >= 2")
+    env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE"}
+    rows = []
+    for app in opts.apps.split(","):
+        if app not in SIZES:
+            p.error(f"--apps: unknown app {app!r} (kge, wv, mf)")
+        cmd = data_and_command(app, opts.size, opts.epochs, opts.eval_max, env)
+        if opts.prepare:
+            continue
+        rows.append(summarise(app, f"baseline 1 x {opts.workers}", sh(
+            [*cmd, "--baseline", "--workers", str(opts.workers)], env)))
+        for nodes, threads in setups(opts.workers):
+            rows.append(summarise(app, f"adapm {nodes} x {threads}", sh(
+                [PY, "-m", "adapm.launch", "-n", str(nodes), *cmd, "--workers", str(threads)],
+                env)))
+    if opts.prepare:
+        return
+    print(f"\n{opts.workers} workers in all, {opts.size} data, {opts.epochs} epochs, "
+          f"{os.cpu_count()} cores\n")
+    print("| app | setup | epoch (s) | vs baseline | quality | remote share | "
+          "engine CPU s/node/epoch | engine busy | MB sent/node/epoch | process CPU s/node/epoch |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    base = None
+    for r in rows:
+        if r["setup"].startswith("baseline"):
+            base = r
+        name, _ = QUALITY[r["app"]]
+        quality = "-" if r["quality"] is None else f"{name} {r['quality']:.4f}"
+        busy = "-" if r["engine_busy"] is None else f"{100 * r['engine_busy']:.0f}%"
+        print(f"| {r['app']} | {r['setup']} | {r['epoch_s']:.2f} | "
+              f"{base['epoch_s'] / r['epoch_s']:.2f}x | {quality} | {100 * r['remote']:.4f}% | "
+              f"{r['engine_s']:.2f} | {busy} | {r['mb_sent']:.1f} | {r['process_cpu']:.2f} |")
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()
