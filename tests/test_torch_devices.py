@@ -74,8 +74,12 @@ def test_a_model_on_a_device_trains_as_torch_does_there(node, device):
             assert got.device.type == torch.device(device).type
             torch.testing.assert_close(got, getattr(twin, name).weight.detach(), rtol=1e-5,
                                        atol=1e-6, msg=f"{name} at step {step}")
+        # On CUDA the rows agree to 1e-5 but not bit for bit (torch's Adagrad kernel there and
+        # ours on the host round differently), and the head's gradient carries that over the
+        # steps: 3.1e-5 relative after 4 steps on an H100.
+        tol = dict(rtol=1e-5, atol=1e-6) if device == "cpu" else dict(rtol=1e-4, atol=1e-5)
         for p, q in zip(ours.head.parameters(), twin.head.parameters()):
-            torch.testing.assert_close(p.detach(), q.detach(), rtol=1e-5, atol=1e-6)
+            torch.testing.assert_close(p.detach(), q.detach(), **tol)
     # the model's state, back to the host
     state = ours.state_dict()
     assert state["emb.weight"].device.type == "cpu"
