@@ -47,6 +47,8 @@ MANAGEMENT_VARIANTS = (
     "static_partition",
     "full_replication",
 )
+# Config.replica_updates: how an owner merges a replica's updates (native/sync_serve.c).
+REPLICA_UPDATES = ("sum", "average")
 
 # A shorter secret could be guessed offline from one recorded handshake; adapm-run's has 43.
 MIN_SECRET_LENGTH = 16
@@ -125,6 +127,13 @@ class Config:
     sampling: Optional[Sampling] = _help(
         "The sampling domain of prepare_sample/pull_sample (adapm.Sampling); None: no sampling.",
         default=None,
+    )
+    replica_updates: str = _help(
+        "How an owner merges a replica's updates: 'sum' (every push adds, exactly: the default) "
+        "or 'average' (a replica's update is divided by the number of nodes that use the key "
+        "at the time: local SGD's model average, for plain SGD, whose summed stale steps "
+        "overshoot when many nodes train the same rows; pushes are then not exact sums).",
+        default="sum",
     )
     max_rounds_per_s: Optional[float] = _help(
         "Optional cap on sync rounds per second; None: next round as soon as the last is answered.",
@@ -208,6 +217,10 @@ class Config:
                     "MASTER_ADDR/MASTER_PORT, or Config(rendezvous=...); adapm-run sets it for you"
                 )
             parse_address(self.rendezvous, "rendezvous")
+        if self.replica_updates not in REPLICA_UPDATES:
+            raise ConfigError(
+                f"replica_updates must be one of {REPLICA_UPDATES}, got {self.replica_updates!r}"
+            )
         if self.management not in MANAGEMENT_VARIANTS:
             raise ConfigError(
                 f"management must be one of {MANAGEMENT_VARIANTS}, got {self.management!r}"

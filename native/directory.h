@@ -31,6 +31,7 @@ typedef struct {
     int32_t *home_owner;             /* per key homed here, by key / world_size */
     int64_t num_home;
     pins_t *pins;                    /* keys the node's workers use now (pins.h) */
+    int average;                     /* Config.replica_updates "average": see sync_serve.c */
 } directory_t;
 
 /* Room for n new records (one per key of a batch). 0, or -1 if out of memory. */

@@ -47,16 +47,16 @@ static int reserve(DirectoryObject *self, int64_t n) {
 }
 
 static int Directory_init(DirectoryObject *self, PyObject *args, PyObject *kwargs) {
-    static char *kwlist[] = {"store", "rank", "world_size", "masks", NULL};
+    static char *kwlist[] = {"store", "rank", "world_size", "masks", "average", NULL};
     PyObject *store;
     long long rank, world_size;
-    int masks;
+    int masks, average = 0;
     if (self->ready) {
         PyErr_SetString(PyExc_RuntimeError, "Directory is already initialised");
         return -1;
     }
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O!LLp", kwlist, &StoreType, &store, &rank,
-                                     &world_size, &masks))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O!LLp|p", kwlist, &StoreType, &store,
+                                     &rank, &world_size, &masks, &average))
         return -1;
     if (world_size < 1 || world_size > INT32_MAX || rank < 0 || rank >= world_size) {
         PyErr_SetString(PyExc_ValueError, "Directory: rank must be in [0, world_size)");
@@ -68,6 +68,7 @@ static int Directory_init(DirectoryObject *self, PyObject *args, PyObject *kwarg
     d->world_size = world_size;
     d->words = (world_size + 63) / 64;
     d->masks = masks;
+    d->average = average;
     const int64_t num_keys = d->store->num_keys;
     d->num_home = num_keys > rank ? (num_keys - rank + world_size - 1) / world_size : 0;
     if (!(d->home_owner = malloc((size_t)(d->num_home ? d->num_home : 1) * sizeof(int32_t)))

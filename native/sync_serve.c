@@ -19,6 +19,28 @@ static inline int64_t entry_key(const sync_request_t *r, int64_t e, int *section
     return r->ckeys[e - r->nd];
 }
 
+/* Config.replica_updates "average": a replica's delta is divided by the number of nodes that
+ * use the key now (signalled intent for it, the S mask; every node under full replication,
+ * which keeps no masks), at least 1. Those nodes each moved the row for a round as if alone,
+ * from the same stale value; summed, plain SGD overshoots by that factor and diverges at 8
+ * nodes (docs/benchmarks.md, the 16-core section): averaged, a round's moves are local SGD's
+ * model average. The owner's own pushes are applied directly and count in full. Returns
+ * whether the delta was divided: the holder's base + its delta is then not the owner's value,
+ * so the answer refreshes the replica. */
+static int average_delta(const directory_t *d, int64_t key, float *row, int64_t len) {
+    int64_t users = 0;
+    if (!d->masks) {
+        users = d->world_size;
+    } else {
+        const uint64_t *m = rec_masks(d->recs, key);
+        for (int64_t i = 0; m && i < d->words; i++) users += __builtin_popcountll(m[i]);
+    }
+    if (users <= 1) return 0;
+    const float scale = 1.0f / (float)users;
+    for (int64_t f = 0; f < len; f++) row[f] *= scale;
+    return 1;
+}
+
 static inline int64_t entry_pos(const sync_request_t *r, int64_t e) {
     if (e < r->ni) return r->ipos[e];
     e -= r->ni;
@@ -116,8 +138,12 @@ int64_t dir_sync_serve(const directory_t *d, const sync_request_t *r, const sync
                 a->skeys[os] = key;
                 spos[os] = pos;
                 svers[os] = store_version(s, key);
+                a->behind[os] = 0;
                 if (section == 1) {
                     memcpy(a->srows + delta_floats, r->drows + row, (size_t)len * sizeof(float));
+                    if (d->average)
+                        a->behind[os] = (uint8_t)average_delta(d, key, a->srows + delta_floats,
+                                                               len);
                     delta_floats += len;
                     ndeltas++;
                 }
@@ -148,7 +174,7 @@ int64_t dir_sync_serve(const directory_t *d, const sync_request_t *r, const sync
     for (int64_t e = r->ni; e < n; e++) {
         if (p->where[e] != SYNC_OWNED) continue;
         const int64_t base = e < r->ni + r->nd ? r->dver[e - r->ni] : r->cver[e - r->ni - r->nd];
-        behind[base_index] = base != svers[base_index];
+        behind[base_index] = behind[base_index] || base != svers[base_index];
         base_index++;
     }
     if (ndeltas && store_scatter(s, a->skeys, ndeltas, a->srows, delta_floats,

@@ -429,3 +429,47 @@ def test_pulls_right_after_intent_are_correct_and_counted(management, lengths):
                       management=management, action_timing=False)
     for pulled, local, waited, remote in results:
         assert local + waited + remote == pulled
+
+
+def _replica_updates_job(node, clocks: int):
+    """Both nodes use keys 0-3 for the whole run (so each key has its owner and a replica on
+    the other node); rank r pushes r + 1 per clock. Returns (this rank's owned keys, values
+    read after wait_sync and a barrier)."""
+    w = node.worker()
+    keys = np.arange(4, dtype=np.int64)
+    w.intent(keys, 0, 10 * clocks)
+    w.wait_sync()
+    node.barrier()
+    ones = np.full((4, 2), node.rank + 1, dtype=np.float32)
+    for _ in range(clocks):
+        w.push(keys, ones)
+        w.advance_clock()
+    w.wait()
+    w.wait_sync()
+    node.barrier()
+    out = np.empty((4, 2), dtype=np.float32)
+    w.pull(keys, out=out)
+    owned = node.store.snapshot()["state"][:4] == OWNER
+    node.barrier()
+    return owned, out
+
+
+@pytest.mark.parametrize("variant", ["adaptive", "full_replication"])
+@pytest.mark.parametrize("mode", ["sum", "average"])
+def test_replica_updates_sum_or_average(variant, mode):
+    """``replica_updates="average"``: the owner divides a replica's update by the number of
+    nodes using the key (both here), and applies its own pushes in full; "sum" adds all."""
+    clocks = 20
+    (owned0, got0), (owned1, got1) = cluster(_replica_updates_job, 2, args=(clocks,),
+                                             num_keys=8, value_length=2, management=variant,
+                                             replica_updates=mode)
+    np.testing.assert_array_equal(got0, got1)
+    assert (owned0 ^ owned1).all(), "each key has one owner"
+    pushed = {0: 1.0 * clocks, 1: 2.0 * clocks}
+    for key in range(4):
+        owner = 0 if owned0[key] else 1
+        if mode == "sum":
+            expect = pushed[0] + pushed[1]
+        else:
+            expect = pushed[owner] + pushed[1 - owner] / 2
+        assert got0[key].tolist() == [expect, expect], (key, owner)

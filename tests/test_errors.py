@@ -416,6 +416,7 @@ CONFIG_CASES = {
     "timing_p 1": (dict(num_keys=5, timing_p=1.0), "timing_p"),
     "timing_lambda0 0": (dict(num_keys=5, timing_lambda0=0), "timing_lambda0"),
     "max_rounds_per_s 0": (dict(num_keys=5, max_rounds_per_s=0), "max_rounds_per_s"),
+    "replica_updates mean": (dict(num_keys=5, replica_updates="mean"), "replica_updates"),
 }
 
 

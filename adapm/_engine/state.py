@@ -109,7 +109,8 @@ class NodeState(Serving, Rounds):
         # for the variants that act on intent) live in the native directory, which serves
         # SYNCs, decides and relocates over them and the store.
         masks = hasattr(self.policy, "variant")
-        self.directory = _native.Directory(store.native, rank, world_size, masks)
+        self.directory = _native.Directory(store.native, rank, world_size, masks,
+                                           average=config.replica_updates == "average")
         self.variant = self.policy.variant if masks else -1  # native/policy.h; -1: no masks
         self.intents = NodeIntents(store.num_keys) if self.policy.runs_rounds else None
         self.requests: dict[int, Outstanding] = {}

@@ -79,7 +79,8 @@ def fingerprint(config: Config) -> list:
     """What all nodes of a job must agree on."""
     lengths = config.value_length
     length_sig = lengths if isinstance(lengths, int) else zlib.crc32(np.asarray(lengths).tobytes())
-    return [config.world_size, config.num_keys, length_sig, config.management]
+    return [config.world_size, config.num_keys, length_sig, config.management,
+            config.replica_updates]
 
 
 def rendezvous(config: Config, my_address: str, context: zmq.Context,
@@ -339,7 +340,7 @@ class _Gathering:
         if theirs != own["fp"]:
             self.identities[-1] = identity
             raise _Refused(f"rank {rank} has configuration {theirs} but rank 0 has {own['fp']} "
-                           "(world_size, num_keys, value lengths, management)")
+                           "(world_size, num_keys, value lengths, management, replica_updates)")
         self.hellos[rank] = hello
         self.identities[rank] = identity
         self.heard[rank] = time.monotonic()

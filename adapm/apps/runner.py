@@ -121,7 +121,8 @@ class Task(Protocol):
     # ``standing_keys(points) -> keys``: keys a worker wants for every batch of an epoch,
     # signalled once per epoch for all its clocks rather than with each batch; and
     # ``after_evaluation(epoch, metrics, keep) -> (fields, stop)`` after each evaluation (extra
-    # fields for the JSON line, and whether to stop training: early stopping).
+    # fields for the JSON line, and whether to stop training: early stopping); and
+    # ``replica_updates``, the node's Config.replica_updates (default "sum").
 
     def export(self, worker, directory: str) -> None: ...
 
@@ -302,6 +303,7 @@ def _start(task: Task, opts):
     node = adapm.init(config=adapm.Config.from_env(
         num_keys=task.num_keys + exchange_keys, value_length=lengths,
         management=opts.management, sampling=task.sampling,
+        replica_updates=getattr(task, "replica_updates", "sum"),
         trace_dir=getattr(opts, "trace_dir", None),
         trace_keys=getattr(opts, "trace_keys", "all")))
     return node, resume

@@ -11,8 +11,11 @@ linearly from ``--lr`` (0.025) to 1e-4 over the run (gensim's alpha and min_alph
 ``--optimizer adagrad`` AdaGrad as the original AdaPM word2vec app (the accumulator lives in each
 key's value, after the vector; measured on real text it learns less: ``bench/quality.py``). Keys: word
 w's input vector is key w, its output vector key V + w (V words), so the output vectors form the
-sampling domain [V, 2V), drawn by the PM's ``local`` sampling (``--sampling naive``: from the
-whole domain, signalled as intent) with unigram^0.75 weights. A data
+sampling domain [V, 2V), drawn with unigram^0.75 weights by the PM's ``naive`` sampling: from
+the whole domain, a batch's draws signalled as intent with its other keys, so that they are
+local when it trains (``--sampling local`` draws among the output vectors held on the node
+instead: on 2 nodes it cost 2-6% of WordSim-353 per epoch against the baseline, naive none, at
+the same speed: docs/quality.md). A data
 point is a sentence (a line, cut every 10,000 tokens); sentences are split randomly across nodes
 and threads, and intent is signalled ``--ahead`` sentences ahead (2000, as the paper).
 
@@ -79,11 +82,15 @@ class WVTask:
         self.dim, self.window, self.neg = opts.dim, opts.window, opts.neg
         self.lr, self.seed = opts.lr, opts.seed
         self.sgd = getattr(opts, "optimizer", "sgd") == "sgd"
+        # Plain SGD on rows that many nodes train at once overshoots when their stale steps are
+        # summed (8 nodes diverged: docs/benchmarks.md, the 16-core section); averaged, they
+        # are local SGD's model average. AdaGrad damps its own steps and keeps exact sums.
+        self.replica_updates = "average" if self.sgd else "sum"
         V = self.vocab_size = len(corpus.words)
         self.num_keys = 2 * V
         self.value_length = 2 * self.dim
         self.sampling = adapm.Sampling(V, 2 * V, weights=corpus.counts ** 0.75,
-                                       scheme=getattr(opts, "sampling", "local"),
+                                       scheme=getattr(opts, "sampling", "naive"),
                                        seed=opts.seed)
         self.keep = wv_data.keep_probabilities(corpus.counts, opts.sample)
         self.starts, self.ends = corpus.starts, corpus.ends
@@ -284,10 +291,12 @@ def parser() -> argparse.ArgumentParser:
                         "1e-4 of itself, the accumulator after each vector)")
     p.add_argument("--lr", type=_argtypes.positive_float, default=0.025,
                    help="starting learning rate (gensim's alpha)")
-    p.add_argument("--sampling", choices=("local", "naive"), default="local",
-                   help="negative sampling scheme (local: never remote; naive: drawn from the "
-                        "whole unigram^0.75 distribution, as the baseline draws, and "
-                        "signalled as intent; both per epoch: bench/quality.py --per-epoch)")
+    p.add_argument("--sampling", choices=("naive", "local"), default="naive",
+                   help="negative sampling scheme (naive: drawn from the whole unigram^0.75 "
+                        "distribution, as the baseline draws, and signalled as intent with the "
+                        "batch's keys; local: drawn among the output vectors held on the node, "
+                        "never remote, but a biased draw on several nodes that costs similarity "
+                        "quality; both per epoch: bench/quality.py --per-epoch wv)")
     p.add_argument("--max-sentence", type=_argtypes.positive_int, default=wv_data.MAX_SENTENCE,
                    help="cut longer lines into sentences of this many tokens")
     p.add_argument("--analogies", metavar="FILE", default=None,
