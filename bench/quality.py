@@ -30,6 +30,12 @@ Tables:
   read back with ``KeyedVectors``): analogy accuracy on ``questions-words.txt``, Spearman on
   WordSim-353 and SimLex-999 (all three ship in gensim's test data).
 
+- ``--staleness`` (on its own): how much the KGE app's quality per epoch depends on the age of
+  the values a batch reads, without threads or nodes: ``--baseline --workers 1`` (one thread,
+  deterministic) with each batch's push held back until ``L`` more batches were pulled (``L`` =
+  0, 1, 2), for all keys, only relations, only entities. A batch then reads values that miss the
+  last ``L`` batches' updates, as a batch on another thread or node misses the updates the
+  others made since its values were read (a concurrent batch; a replica's last sync).
 - ``--per-epoch`` (on its own): KGE and WV quality after each epoch on 2 nodes x 1 (``adapm-run
   -n 2``) against ``--baseline --workers 2`` (the same total workers, data, seed and epochs), a
   pair of runs per seed: mean and range over the seeds, the ratio of the means and the range of
@@ -37,7 +43,7 @@ Tables:
   defaults on a generated KG of 60,000 triples (the demo's size), filtered MRR on 5,000
   validation triples, ``--kge-epochs`` epochs. WV: the ``wv-real`` corpus and settings (the
   app's defaults), analogy accuracy and WordSim-353 Spearman by the app's own evaluation; 2
-  nodes with the default ``local`` sampling and with ``--sampling naive``.
+  nodes with the default ``naive`` sampling and with ``--sampling local``.
 
 Needs the bench extra (``pip install -e '.[bench]'``: torch for the MF peer, gensim for the
 WV peer and its test data).
@@ -397,18 +403,87 @@ def _paired_runs(cmd: list[str], seeds: int,
     return base, dist
 
 
-def per_epoch_kge(opts) -> None:
-    data = CACHE / "kge-60000"
+def kge_data(triples: int) -> Path:
+    data = CACHE / f"kge-{triples}"
     if not (data / "test.txt").exists():
-        sh([PY, "-m", "adapm.apps.kge", "generate", str(data), "--triples", "60000", "--seed",
-            "1"], ENV)
+        sh([PY, "-m", "adapm.apps.kge", "generate", str(data), "--triples", str(triples),
+            "--seed", "1"], ENV)
+    return data
+
+
+def per_epoch_kge(opts) -> None:
+    data = kge_data(opts.kge_triples)
     cmd = [PY, "-m", "adapm.apps.kge", "--data", str(data), "--epochs", str(opts.kge_epochs),
            "--eval-every", "1", "--progress", "off", "--json", "-"]
-    base, (dist,) = _paired_runs(cmd, opts.seeds)
-    _per_epoch_table(
-        f"KGE on a generated KG (60,000 triples asked, seed 1: 54,000 train), the app's defaults "
-        f"(ComplEx d=100, 6 negatives per side, local sampling), filtered MRR on 5,000 "
-        f"validation triples after each epoch; seeds 0..{opts.seeds - 1}", "mrr", base, dist)
+    variants = ([],) + tuple(["--management", m] for m in opts.kge_variants.split(",") if m)
+    base, dists = _paired_runs(cmd, opts.seeds, variants)
+    for dist, extra in zip(dists, variants):
+        label = "2 x 1 " + (extra[1] if extra else "adaptive")
+        _per_epoch_table(
+            f"KGE on a generated KG ({opts.kge_triples:,} triples asked, seed 1), the app's "
+            f"defaults (ComplEx d=100, 6 negatives per side, local sampling), filtered MRR on "
+            f"5,000 validation triples after each epoch, 2 nodes {label[6:]}; seeds "
+            f"0..{opts.seeds - 1}", "mrr", base, dist, label)
+
+
+# The KGE app with each batch's push held back L batches (see --staleness): run as
+# ``python bench/quality.py lagged-kge L WHICH APP-ARGS...`` (WHICH: all, relations, entities).
+def lagged_kge(argv: list[str]) -> int:
+    from collections import deque
+
+    from adapm.apps import kge
+
+    lag, which, args = int(argv[0]), argv[1], argv[2:]
+    step = kge.KGETrainer.step
+
+    class Lagged:
+        """A worker whose pushes reach the table L batches late (the held-back part)."""
+
+        def __init__(self, worker, entities: int) -> None:
+            self.worker, self.entities, self.held = worker, entities, deque()
+
+        def __getattr__(self, name):
+            return getattr(self.worker, name)
+
+        def push(self, keys, updates) -> None:
+            keys = np.asarray(keys)
+            rows = np.asarray(updates).reshape(len(keys), -1)
+            late = {"all": np.ones(len(keys), bool), "relations": keys >= self.entities,
+                    "entities": keys < self.entities}[which]
+            if not late.all():
+                self.worker.push(keys[~late], np.ascontiguousarray(rows[~late]))
+            self.held.append((keys[late], np.array(rows[late])))
+            while len(self.held) > lag:
+                k, u = self.held.popleft()
+                self.worker.push(k, u)
+
+    wrapped: dict = {}
+
+    def lagged_step(self, worker, plan, sample):
+        if id(worker) not in wrapped:
+            wrapped[id(worker)] = Lagged(worker, self.E)
+        return step(self, wrapped[id(worker)], plan, sample)
+
+    kge.KGETrainer.step = lagged_step
+    return kge.main(args)
+
+
+def staleness(opts) -> None:
+    data = kge_data(opts.kge_triples)
+    cmd = [PY, __file__, "lagged-kge"]
+    app = ["--data", str(data), "--epochs", "4", "--eval-every", "1", "--progress", "off",
+           "--json", "-", "--baseline", "--workers", "1"]
+    print(f"\nKGE, one thread (--baseline --workers 1, deterministic), each batch's push held "
+          f"back L batches; the app's defaults on a generated KG ({opts.kge_triples:,} triples "
+          f"asked, seed 1), filtered MRR on 5,000 validation triples after epochs 1-4\n")
+    print("| held back | L | seed | MRR per epoch |")
+    print("|---|---:|---:|---|")
+    for which, lags in (("all", (0, 1, 2)), ("relations", (2,)), ("entities", (2,))):
+        for lag in lags:
+            for seed in range(opts.seeds):
+                lines = sh([*cmd, str(lag), which, *app, "--seed", str(seed)], ENV)
+                mrr = ", ".join(f"{r['mrr']:.4f}" for r in lines)
+                print(f"| {which} | {lag} | {seed} | {mrr} |", flush=True)
 
 
 def per_epoch_wv(opts) -> None:
@@ -418,14 +493,15 @@ def per_epoch_wv(opts) -> None:
     cmd = [PY, "-m", "adapm.apps.wv", "--corpus", str(corpus), "--epochs", str(WV["epochs"]),
            "--analogies", datapath("questions-words.txt"), "--similarity",
            datapath("wordsim353.tsv"), "--eval-every", "1", "--progress", "off", "--json", "-"]
-    base, (local, naive) = _paired_runs(cmd, opts.seeds, ([], ["--sampling", "naive"]))
+    base, (naive, local) = _paired_runs(cmd, opts.seeds, ([], ["--sampling", "local"]))
     title = (f"WV on real English text ({corpus.name}, 1.9M words), the app's defaults (d=100, "
              f"window 5, 5 negatives, min-count 5, sample 1e-3, SGD), after each epoch; seeds "
              f"0..{opts.seeds - 1}")
     for metric, name in (("analogy", "analogy accuracy (questions-words)"),
                          ("similarity", "WordSim-353 Spearman")):
-        for dist, label in ((local, "2 x 1 local"), (naive, "2 x 1 --sampling naive")):
-            _per_epoch_table(f"{title}: {name}, 2 nodes with {label.split()[-1]} sampling",
+        for dist, label, scheme in ((naive, "2 x 1 (naive, the default)", "naive"),
+                                    (local, "2 x 1 --sampling local", "local")):
+            _per_epoch_table(f"{title}: {name}, 2 nodes with {scheme} sampling",
                              metric, base, dist, label)
 
 
@@ -448,7 +524,15 @@ def main() -> None:
                    help="only the per-epoch tables of KGE and WV on 2 nodes x 1 against the "
                         "baseline with 2 threads (of: kge, wv; default both)")
     p.add_argument("--kge-epochs", type=int, default=10, help="epochs of a --per-epoch KGE run")
+    p.add_argument("--kge-triples", type=int, default=60_000,
+                   help="size of the generated KG of --per-epoch kge and --staleness")
+    p.add_argument("--kge-variants", default="", metavar="MANAGEMENT,...",
+                   help="--per-epoch kge: 2-node runs with these --management variants too")
+    p.add_argument("--staleness", action="store_true",
+                   help="only the KGE table of quality against held-back pushes (one thread)")
     opts = p.parse_args()
+    if opts.staleness:
+        return staleness(opts)
     if opts.per_epoch:
         return per_epoch(opts)
     for name in opts.only.split(","):
@@ -456,4 +540,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["lagged-kge"]:
+        sys.exit(lagged_kge(sys.argv[2:]))
     main()

@@ -68,7 +68,10 @@ def test_every_epoch_has_one_json_line_with_every_field(trained):
     for node_stats in trained["two"][-1]["stats"]:
         assert node_stats["local_pull_keys"] > 0
         assert node_stats["sampled_keys"] > 0
-        assert node_stats["sampled_remote_keys"] == 0  # local sampling never goes remote
+        # The default naive sampling signals each batch's draws as intent with its other keys,
+        # a batch pulls them when they are local (0 remote draws in every run measured); the
+        # local scheme's "never remote" is tests/test_sampling.py's.
+        assert node_stats["sampled_remote_keys"] <= 0.001 * node_stats["sampled_keys"]
 
 
 def test_quality_far_above_chance_and_close_to_the_baseline(trained):
@@ -81,7 +84,7 @@ def test_quality_far_above_chance_and_close_to_the_baseline(trained):
     # Two racing threads land on one of two levels, ~0.90 or ~0.98, over six runs of the same
     # command, the baseline as the PM on one node (with one thread both compute exactly the
     # same: test_one_worker_computes_what_the_baseline_computes). Two nodes draw negatives
-    # among the output vectors each holds (local sampling): 0.92 against 0.98 measured once.
+    # from the whole distribution, as the baseline (naive sampling, the default).
     base = trained["baseline"][-1]
     for name, tolerance in (("one", 0.15), ("two", 0.15)):
         last = trained[name][-1]
@@ -94,7 +97,8 @@ def test_quality_far_above_chance_and_close_to_the_baseline(trained):
 
 def test_one_worker_computes_what_the_baseline_computes(trained):
     # The same sentences, order, subsampling, windows and negatives (the baseline draws from
-    # the same streams as the PM's local sampling on one node): the same model.
+    # the same streams, in the same order, as the PM's naive sampling, which draws a batch's
+    # negatives when it signals the batch's intent): the same model.
     for ours, theirs in zip(trained["one1"], trained["baseline1"]):
         for field in ("loss", "analogy", "similarity", "words"):
             assert ours[field] == theirs[field], (field, ours[field], theirs[field])
