@@ -371,6 +371,8 @@ def _per_epoch_table(title: str, metric: str, base: list[list[dict]],
               f"{ratio.max():.3f}] | {100 * share.mean():.4f}% [{100 * share.max():.4f}%] |",
               flush=True)
     later = {e: r for e, r in ratios.items() if e >= 2}
+    if not later:
+        return  # one epoch: nothing from epoch 2 on to judge
     miss = [e for e, r in later.items() if r < 0.98]
     over = [e for e, r in shares.items() if r > 1e-4]
     print(f"\nfrom epoch 2 on: {label} / baseline {min(later.values()):.3f} at worst (epoch "
