@@ -85,7 +85,8 @@ class WVTask:
         # Plain SGD on rows that many nodes train at once overshoots when their stale steps are
         # summed (8 nodes diverged: docs/benchmarks.md, the 16-core section); averaged, they
         # are local SGD's model average. AdaGrad damps its own steps and keeps exact sums.
-        self.replica_updates = "average" if self.sgd else "sum"
+        self.replica_updates = getattr(opts, "replica_updates", None) or (
+            "average" if self.sgd else "sum")
         V = self.vocab_size = len(corpus.words)
         self.num_keys = 2 * V
         self.value_length = 2 * self.dim
@@ -289,6 +290,10 @@ def parser() -> argparse.ArgumentParser:
                    help="sgd: word2vec's and gensim's (the learning rate falls linearly to "
                         "1e-4); adagrad: the original AdaPM app's (the rate falls linearly to "
                         "1e-4 of itself, the accumulator after each vector)")
+    p.add_argument("--replica-updates", choices=("sum", "average"), default=None,
+                   help="how an owner merges the updates of a word's replicas on other nodes "
+                        "(adapm.Config.replica_updates; default: average with sgd, whose "
+                        "summed stale steps diverged on 8 nodes, sum with adagrad)")
     p.add_argument("--lr", type=_argtypes.positive_float, default=0.025,
                    help="starting learning rate (gensim's alpha)")
     p.add_argument("--sampling", choices=("naive", "local"), default="naive",
