@@ -250,6 +250,8 @@ class Rounds:
             # wait_sync sees them served.
             self._acknowledge(ikeys, iflags)
             ikeys, iflags = ikeys[:0], iflags[:0]
+        if not len(ikeys) and not self.directory.replica_count():
+            return []  # nothing to report or to sync: no array work (an idle round)
         # Keys owned here are decided now, without a message to itself (bench/adaptive.py:
         # most reports are about a node's own keys).
         ikeys, iflags = self._decide_owned(ikeys, iflags)
