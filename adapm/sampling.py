@@ -41,6 +41,9 @@ SCHEMES = ("local", "naive")
 # here, or a duplicate without replacement). With a fraction p of the distribution's mass held
 # here, n (1 - p)^rounds keys are still missing: 1000 rounds cover p >= 2% for n = 10^6.
 _MAX_REDRAW_ROUNDS = 1000
+# With weights, redraws are by rejection (from all keys, keeping those held here) this many
+# times, then by weight among the held keys directly (Sampler._draw_held_weighted).
+_WEIGHTED_REJECTIONS = 8
 
 
 def _help(text: str, **kw):
@@ -272,10 +275,12 @@ class WorkerSampler:
 
     def _redraw(self, keys: np.ndarray, bad: np.ndarray, held) -> np.ndarray:
         """Draw again where ``bad`` until every key fits (held here; distinct if asked)."""
-        for _ in range(_MAX_REDRAW_ROUNDS):
+        for attempt in range(_MAX_REDRAW_ROUNDS):
             if held is not None and self._sampling.weights is None:
                 pool = held.sample_pool
                 fresh = pool.keys[self._rng.integers(0, max(pool.count, 1), int(bad.sum()))]
+            elif held is not None and attempt >= _WEIGHTED_REJECTIONS:
+                fresh = self._draw_held_weighted(held, int(bad.sum()))
             else:
                 fresh = self._sampling.draw(self._rng, int(bad.sum()))
             keys[bad] = fresh
@@ -283,6 +288,23 @@ class WorkerSampler:
             if not bad.any():
                 return keys
         raise self._gave_up(len(keys))
+
+    def _draw_held_weighted(self, held, n: int) -> np.ndarray:
+        """n keys by weight among the keys held here that stay (the distribution that drawing
+        from all keys and rejecting the others converges to), for when rejection keeps failing:
+        a node that holds little of a skewed distribution (8 nodes under relocation_only held
+        ~1/8 of WV's output vectors, and drawing 596 of them by rejection gave up). One pass
+        over the held keys of the domain."""
+        s = self._sampling
+        pool = held.sample_pool
+        candidates = pool.keys[:pool.count]
+        if self._worker._staying is not None and len(candidates):
+            candidates = candidates[self._worker._staying(candidates)]
+        weights = s.weights[candidates - s.low] if len(candidates) else candidates
+        total = float(weights.sum()) if len(candidates) else 0.0
+        if not total > 0:
+            raise self._gave_up(n)
+        return self._rng.choice(candidates, n, p=weights / total)
 
     def _unfit(self, keys: np.ndarray, held) -> np.ndarray:
         """Positions to draw again: keys not held here (if ``held``), or held but about to leave

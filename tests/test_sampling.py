@@ -281,3 +281,37 @@ def test_a_local_sample_stays_here_until_its_push():
     assert held1 == DOMAIN  # then they moved: every key rank 0 owned is rank 1's now
     assert stats1["relocations_in"] == DOMAIN // 2 and stats1["replica_setups"] == 0, stats1
     assert values0 == values1 == [float(c) for c in counts]  # every push arrived, once
+
+
+def _skewed_local_job(node):
+    """Nearly all of the weight lies on keys homed at the other node: drawing from the whole
+    distribution and keeping what is held here would almost never succeed."""
+    w = node.worker()
+    node.barrier()
+    keys = draw(w, 500, times=4)
+    held = node.store.snapshot()["state"][keys] != 0
+    return keys.tolist(), bool(held.all()), node.stats()
+
+
+def test_local_draws_by_weight_when_little_of_the_distribution_is_held():
+    # Key k is homed at rank k % 2; the keys of rank 1 carry 10^6 times the weight of rank 0's.
+    weights = np.where(np.arange(DOMAIN) % 2 == 1, 1e6, 1.0)
+    weights[:100] *= np.arange(1, 101)  # and, among the rest, a skew to check the distribution
+    config = dict(num_keys=DOMAIN, value_length=4, management="static_partition",
+                  sampling=adapm.Sampling(0, DOMAIN, weights=weights, seed=7), **FAST)
+    for rank, (keys, held, stats) in enumerate(run_cluster(_skewed_local_job, 2, config=config,
+                                                           timeout_s=90)):
+        keys = np.array(keys)
+        assert held and (keys % 2 == rank).all(), rank
+        assert stats["sampled_remote_keys"] == 0
+        if rank == 0:
+            # By weight among the keys held here: the first 100 even keys weigh 1..100 x.
+            mine = np.arange(0, DOMAIN, 2)
+            p = weights[mine] / weights[mine].sum()
+            counts = np.bincount(keys // 2, minlength=len(mine))
+            first = slice(0, 50)  # keys 0..98, weights 1..99: enough draws each
+            expected = p[first] * len(keys)
+            observed = counts[first]
+            rest_e, rest_o = len(keys) - expected.sum(), len(keys) - observed.sum()
+            chi = scipy_stats.chisquare(np.append(observed, rest_o), np.append(expected, rest_e))
+            assert chi.pvalue > P_MIN, chi
