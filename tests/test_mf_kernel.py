@@ -832,3 +832,133 @@ def test_plan_checks_its_buffers():
     with pytest.raises(ValueError, match="writable"):
         x.flags.writeable = False
         K.mf_plan(*args)
+
+
+# ---- mf_train_table: a run of batches over the baseline's table ----------------------------------
+
+
+def _table_run_inputs(num_rows, num_cols, entries, rank, seed):
+    rows, cols, vals, reg_of = _plan_inputs(num_rows, num_cols, entries, seed)
+    reg_of *= F32(0.1)
+    rng = np.random.default_rng(seed + 1)
+    nkeys, width = num_rows + num_cols, 2 * rank
+    data = np.empty((nkeys, width), F32)
+    data[:, :rank] = rng.normal(0.0, 0.3, (nkeys, rank))
+    data[:, rank:] = rng.uniform(0.0, 0.5, (nkeys, rank))
+    lens = np.full(nkeys, width, np.int64)
+    return rows, cols, vals, reg_of, data.reshape(-1), np.arange(nkeys) * width, lens
+
+
+def _per_batch(rank, lr, bs, rows, cols, vals, num_rows, reg_of, points, data, offsets, lens):
+    """The MF app's per-batch path over the table: plan, pull, step, push (mf.MFTrainer)."""
+    data = data.copy()
+    losses, counts = [], []
+    for start in range(0, len(points), bs):
+        keys, _, w, h, x, reg, _ = _plan(rows, cols, vals, num_rows, reg_of,
+                                         points[start:start + bs])
+        values = np.empty((len(keys), 2 * rank), F32)
+        updates = np.empty_like(values)
+        K.table_gather(data, offsets, lens, keys, values)
+        losses.append(K.mf_train_batch(rank, values, updates, w, h, x, reg, lr))
+        K.table_scatter_add(data, offsets, lens, keys, updates)
+        counts.append(len(keys))
+    return data, losses, counts
+
+
+def _table_run(rank, lr, bs, rows, cols, vals, num_rows, reg_of, points, data, offsets, lens,
+               row_of=None):
+    batches = -(-len(points) // bs)
+    row_of = np.full(len(reg_of), -1, np.int32) if row_of is None else row_of
+    losses, counts = np.full(batches, -1.0), np.full(batches, -1, np.int64)
+    iscratch = np.empty(4 * bs, np.int64)
+    fscratch = np.empty(3 * bs + 8 * bs * rank, F32)
+    got = K.mf_train_table(rank, lr, bs, rows, cols, vals, num_rows, reg_of, row_of, points,
+                           data, offsets, lens, iscratch, fscratch, losses, counts)
+    assert got == batches and (row_of == -1).all()
+    return losses.tolist(), counts.tolist()
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 300), st.integers(1, 300), st.integers(1, 2000), st.integers(0, 900),
+       st.integers(1, 200), st.integers(1, 12), st.sampled_from([0.01, 0.2, 1.0]),
+       st.integers(0, 2**31))
+def test_table_run_is_the_per_batch_path_exactly(num_rows, num_cols, entries, n, bs, rank, lr,
+                                                  seed):
+    """Plan, gather, train and scatter per batch, in one call: the same table, losses and key
+    counts as the calls one by one, bit for bit (the last batch short, repeated points)."""
+    rows, cols, vals, reg_of, data, offsets, lens = _table_run_inputs(num_rows, num_cols,
+                                                                      entries, rank, seed)
+    points = np.random.default_rng(seed).integers(0, entries, n).astype(np.int64)
+    want, want_losses, want_counts = _per_batch(rank, lr, bs, rows, cols, vals, num_rows,
+                                                reg_of, points, data, offsets, lens)
+    losses, counts = _table_run(rank, lr, bs, rows, cols, vals, num_rows, reg_of, points, data,
+                                offsets, lens)
+    assert np.array_equal(data, want)
+    assert losses == want_losses and counts == want_counts
+
+
+@pytest.mark.parametrize("bad", ["point", "row", "col"])
+def test_table_run_checks_every_point_before_training(bad):
+    rows, cols, vals, reg_of, data, offsets, lens = _table_run_inputs(10, 10, 50, 2, 3)
+    points = np.arange(40, dtype=np.int64)
+    if bad == "point":
+        points[37] = 50
+    elif bad == "row":
+        rows[37] = 10
+    else:
+        cols[37] = 10
+    before = data.copy()
+    row_of = np.full(20, -1, np.int32)
+    with pytest.raises(ValueError, match=r"points\[37\].*nothing trained"):
+        _table_run(2, 0.1, 8, rows, cols, vals, 10, reg_of, points, data, offsets, lens, row_of)
+    assert np.array_equal(data, before) and (row_of == -1).all()
+
+
+def test_table_run_checks_its_buffers():
+    rank, bs = 2, 8
+    rows, cols, vals, reg_of, data, offsets, lens = _table_run_inputs(10, 10, 50, rank, 3)
+    points = np.arange(40, dtype=np.int64)
+    args = {"rank": rank, "lr": 0.1, "batch_size": bs, "rows": rows, "cols": cols,
+            "vals": vals, "num_rows": 10, "reg_of": reg_of, "row_of": np.full(20, -1, np.int32),
+            "points": points, "data": data, "key_offset": offsets, "key_len": lens,
+            "iscratch": np.empty(4 * bs, np.int64), "fscratch": np.empty(3 * bs + 8 * bs * rank, F32),
+            "losses": np.empty(5), "keys": np.empty(5, np.int64)}
+    before = data.copy()
+    bad = [({"iscratch": np.empty(4 * bs - 1, np.int64)}, ValueError, "iscratch"),
+           ({"fscratch": np.empty(3 * bs + 8 * bs * rank - 1, F32)}, ValueError, "fscratch"),
+           ({"losses": np.empty(4)}, ValueError, "one item per batch"),
+           ({"keys": np.empty(5, np.int32)}, TypeError, "keys"),
+           ({"losses": np.empty(5, F32)}, TypeError, "losses"),
+           ({"key_len": lens[:-1]}, ValueError, "key_len"),
+           ({"rank": 0}, ValueError, "rank"), ({"batch_size": 0}, ValueError, "batch_size"),
+           ({"fscratch": data}, ValueError, "shares memory"),
+           ({"data": before.copy()[::2]}, ValueError, "contiguous")]
+    for change, exc, match in bad:
+        with pytest.raises(exc, match=match):
+            K.mf_train_table(**dict(args, **change))
+    assert np.array_equal(data, before)
+    # a table whose rows are not 2 * rank floats: the first batch meets it, nothing is trained
+    with pytest.raises(ValueError, match="batch 0"):
+        K.mf_train_table(**dict(args, key_len=np.full(20, 2 * rank + 1, np.int64)))
+    assert np.array_equal(data, before)
+    assert K.mf_train_table(**args) == 5 and not np.array_equal(data, before)
+
+
+def test_table_run_threads_lose_no_update():
+    """The GIL is released: two threads' runs on one table, on disjoint keys (so that neither
+    reads what the other writes), give the sequential result exactly."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    rank, bs = 4, 50
+    rows, cols, vals, reg_of, data, offsets, lens = _table_run_inputs(200, 200, 4000, rank, 5)
+    # thread 0 trains entries of rows < 100 and columns < 100, thread 1 the others
+    low = np.flatnonzero((rows < 100) & (cols < 100)).astype(np.int64)
+    high = np.flatnonzero((rows >= 100) & (cols >= 100)).astype(np.int64)
+    want = data.copy()
+    for points in (low, high):
+        want = _per_batch(rank, 0.1, bs, rows, cols, vals, 200, reg_of, points, want, offsets,
+                          lens)[0]
+    with ThreadPoolExecutor(2) as ex:
+        list(ex.map(lambda p: _table_run(rank, 0.1, bs, rows, cols, vals, 200, reg_of, p, data,
+                                         offsets, lens), [low, high]))
+    assert np.array_equal(data, want)

@@ -15,8 +15,8 @@
 
 enum { F32, I64, I32, F64 };
 
-/* The most buffers one call takes (wv_plan: 10). */
-#define VIEWS_MAX 12
+/* The most buffers one call takes (mf_train_table: 13). */
+#define VIEWS_MAX 16
 
 /* The views of one call; released together by release_views. */
 typedef struct {

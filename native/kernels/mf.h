@@ -10,6 +10,8 @@
 
 #include <stdint.h>
 
+#include "table.h"
+
 /* Largest rank accepted. */
 #define MF_MAX_RANK 4096
 /* AdaGrad's epsilon under the square root, as the original AdaPM MF app (ADAGRAD_EPS). */
@@ -80,5 +82,29 @@ typedef struct {
 
 int64_t mf_plan(const mf_plan_t *p, const int64_t *points, int64_t n, int64_t *keys,
                 int64_t *w_rows, int64_t *h_rows, float *x, float *reg, int64_t *row_keys);
+
+/* A run of batches over the baseline's plain shared table (table.h), in one call: what the
+ * per-batch path does for each batch (mf_plan, table_gather of its keys, mf_train_batch,
+ * table_scatter_add of the updates), in the same order with the same arithmetic, so that the
+ * table ends as that path leaves it. Batch b is points[b * batch_size, min((b + 1) *
+ * batch_size, n)); losses[b] gets its loss (mf_train_batch's) and keys[b] its number of distinct
+ * keys (pulled and pushed once each). The scratch holds one batch of up to batch_size entries:
+ * keys and reg 2 * batch_size items, w_rows, h_rows and x batch_size, values and updates
+ * 2 * batch_size rows of 2 * rank floats. Every point is checked before anything is written
+ * (as mf_plan): returns -1 - i for the first bad points[i]; the table's check of a batch's
+ * rows (table_gather's) fails only for a table that does not cover the plan's keys, and then
+ * returns -1 - n - b for batch b (batches before it trained, nothing of b written). Else 0. */
+typedef struct {
+    mf_plan_t plan;
+    const table_t *table;
+    int64_t rank;
+    float lr;
+    int64_t batch_size;
+    int64_t *scratch_keys, *w_rows, *h_rows;
+    float *x, *reg, *values, *updates;
+} mf_run_t;
+
+int64_t mf_train_table(const mf_run_t *r, const int64_t *points, int64_t n, double *losses,
+                       int64_t *keys);
 
 #endif

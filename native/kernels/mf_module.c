@@ -236,6 +236,126 @@ fail:
     return NULL;
 }
 
+static PyObject *py_mf_train_table(PyObject *module, PyObject *args, PyObject *kwargs) {
+    static const char *fn = "mf_train_table";
+    static char *kwlist[] = {"rank", "lr", "batch_size", "rows", "cols", "vals", "num_rows",
+                             "reg_of", "row_of", "points", "data", "key_offset", "key_len",
+                             "iscratch", "fscratch", "losses", "keys", NULL};
+    long long rank, batch_size, num_rows;
+    double lr;
+    PyObject *o[14];
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "LdLOOOLOOOOOOOOOO", kwlist, &rank, &lr,
+                                     &batch_size, &o[0], &o[1], &o[2], &num_rows, &o[3], &o[4],
+                                     &o[5], &o[6], &o[7], &o[8], &o[9], &o[10], &o[11], &o[12]))
+        return NULL;
+    if (rank < 1 || rank > MF_MAX_RANK)
+        return PyErr_Format(PyExc_ValueError, "%s: rank %lld outside [1, %d]", fn, rank,
+                            MF_MAX_RANK);
+    if (batch_size < 1 || batch_size > (INT64_MAX / 64) / (4 * rank))
+        return PyErr_Format(PyExc_ValueError, "%s: batch_size %lld must be positive (and not "
+                            "absurdly large)", fn, batch_size);
+    views_t vs = {.n = 0};
+    Py_buffer *rows, *cols, *vals, *reg_of, *points, *key_offset, *key_len, *row_of, *data,
+        *iscratch, *fscratch, *losses, *keys;
+    if (!(rows = take(&vs, o[0], fn, "rows", I64, 0, 1)) ||
+        !(cols = take(&vs, o[1], fn, "cols", I64, 0, 1)) ||
+        !(vals = take(&vs, o[2], fn, "vals", F32, 0, 1)) ||
+        !(reg_of = take(&vs, o[3], fn, "reg_of", F32, 0, 1)) ||
+        !(points = take(&vs, o[5], fn, "points", I64, 0, 1)) ||
+        !(key_offset = take(&vs, o[7], fn, "key_offset", I64, 0, 1)) ||
+        !(key_len = take(&vs, o[8], fn, "key_len", I64, 0, 1)) ||
+        !(row_of = take(&vs, o[4], fn, "row_of", I32, 1, 1)) ||
+        !(data = take(&vs, o[6], fn, "data", F32, 1, 0)) ||
+        !(iscratch = take(&vs, o[9], fn, "iscratch", I64, 1, 1)) ||
+        !(fscratch = take(&vs, o[10], fn, "fscratch", F32, 1, 1)) ||
+        !(losses = take(&vs, o[11], fn, "losses", F64, 1, 1)) ||
+        !(keys = take(&vs, o[12], fn, "keys", I64, 1, 1)))
+        goto fail;
+    for (int i = 7; i < vs.n; i++) /* the written buffers: row_of onwards */
+        if (check_no_overlap(&vs, &vs.v[i], fn, "an output") < 0) goto fail;
+    const int64_t ne = count(rows), n = count(points), nkeys = count(reg_of);
+    const int64_t width = 2 * rank, batches = (n + batch_size - 1) / batch_size;
+    if (count(cols) != ne || count(vals) != ne) {
+        PyErr_Format(PyExc_ValueError, "%s: rows, cols and vals need one item per entry, got "
+                     "%lld, %lld, %lld", fn, (long long)ne, (long long)count(cols),
+                     (long long)count(vals));
+        goto fail;
+    }
+    if (num_rows < 0 || num_rows > nkeys || count(row_of) != nkeys || nkeys > INT32_MAX) {
+        PyErr_Format(PyExc_ValueError, "%s: reg_of and row_of need one item per key (got %lld "
+                     "and %lld, at most 2**31 - 1), num_rows %lld of them", fn,
+                     (long long)nkeys, (long long)count(row_of), num_rows);
+        goto fail;
+    }
+    if (count(key_offset) != nkeys || count(key_len) != nkeys) {
+        PyErr_Format(PyExc_ValueError, "%s: key_offset and key_len need one item per key, %lld "
+                     "(got %lld and %lld)", fn, (long long)nkeys, (long long)count(key_offset),
+                     (long long)count(key_len));
+        goto fail;
+    }
+    if (count(iscratch) < 4 * batch_size ||
+        count(fscratch) < 3 * batch_size + 4 * batch_size * width) {
+        PyErr_Format(PyExc_ValueError, "%s: iscratch needs 4 * batch_size = %lld items, "
+                     "fscratch 3 * batch_size + 8 * batch_size * rank = %lld", fn,
+                     4 * batch_size, 3 * batch_size + 4 * batch_size * width);
+        goto fail;
+    }
+    if (count(losses) < batches || count(keys) < batches) {
+        PyErr_Format(PyExc_ValueError, "%s: losses and keys need one item per batch, %lld",
+                     fn, (long long)batches);
+        goto fail;
+    }
+    const table_t table = {.data = data->buf, .data_floats = count(data),
+                           .key_offset = key_offset->buf, .key_len = key_len->buf,
+                           .num_keys = nkeys};
+    int64_t *is = iscratch->buf;
+    float *fs = fscratch->buf;
+    const mf_run_t run = {
+        .plan = {.rows = rows->buf, .cols = cols->buf, .vals = vals->buf, .num_entries = ne,
+                 .num_rows = num_rows, .num_keys = nkeys, .reg_of = reg_of->buf,
+                 .row_of = row_of->buf},
+        .table = &table, .rank = rank, .lr = (float)lr, .batch_size = batch_size,
+        .scratch_keys = is, .w_rows = is + 2 * batch_size, .h_rows = is + 3 * batch_size,
+        .x = fs, .reg = fs + batch_size, .values = fs + 3 * batch_size,
+        .updates = fs + 3 * batch_size + 2 * batch_size * width};
+    int64_t rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = mf_train_table(&run, points->buf, n, losses->buf, keys->buf);
+    Py_END_ALLOW_THREADS
+    if (rc < 0 && -1 - rc < n) {
+        const int64_t i = -1 - rc, e = ((const int64_t *)points->buf)[i];
+        PyErr_Format(PyExc_ValueError, "%s: points[%lld] = %lld is not an entry of the %lld "
+                     "given, or its row or column is outside the %lld x %lld matrix (nothing "
+                     "trained)", fn, (long long)i, (long long)e, (long long)ne, num_rows,
+                     (long long)(nkeys - num_rows));
+        goto fail;
+    }
+    if (rc < 0) {
+        PyErr_Format(PyExc_ValueError, "%s: batch %lld: a key's row (key_offset, key_len) is "
+                     "not inside data, or its length is not 2 * rank (the batches before it "
+                     "were trained)", fn, (long long)(-1 - rc - n));
+        goto fail;
+    }
+    release_views(&vs);
+    return PyLong_FromLongLong(batches);
+fail:
+    release_views(&vs);
+    return NULL;
+}
+
+PyDoc_STRVAR(mf_train_table_doc,
+"mf_train_table(rank, lr, batch_size, rows, cols, vals, num_rows, reg_of, row_of, points,\n"
+"               data, key_offset, key_len, iscratch, fscratch, losses, keys) -> batches\n"
+"\n"
+"A run of MF batches over the baseline's plain shared table (table_gather's data, key_offset,\n"
+"key_len) in one call with the GIL released: for each batch of batch_size points (the last\n"
+"may be shorter), what mf_plan, table_gather, mf_train_batch and table_scatter_add do one\n"
+"after the other, with the same arithmetic (the table ends as that per-batch path leaves it).\n"
+"rows, cols, vals, num_rows, reg_of, row_of: as mf_plan. losses (float64) gets each batch's\n"
+"loss, keys (int64) its number of distinct keys (one item per batch each). Scratch: iscratch,\n"
+"int64, 4 * batch_size items; fscratch, float32, 3 * batch_size + 8 * batch_size * rank.\n"
+"Every point is checked before anything is written (ValueError).");
+
 PyDoc_STRVAR(mf_plan_doc,
 "mf_plan(rows, cols, vals, num_rows, reg_of, row_of, points, keys, w_rows, h_rows, x, reg)\n"
 "    -> (keys written, row keys among them)\n"
@@ -280,6 +400,8 @@ PyMethodDef mf_methods[] = {
      METH_VARARGS | METH_KEYWORDS, mf_train_batch_doc},
     {"mf_plan", (PyCFunction)(void (*)(void))py_mf_plan, METH_VARARGS | METH_KEYWORDS,
      mf_plan_doc},
+    {"mf_train_table", (PyCFunction)(void (*)(void))py_mf_train_table,
+     METH_VARARGS | METH_KEYWORDS, mf_train_table_doc},
     {"mf_parse", (PyCFunction)(void (*)(void))py_mf_parse, METH_VARARGS | METH_KEYWORDS,
      mf_parse_doc},
     {"mf_format", (PyCFunction)(void (*)(void))py_mf_format, METH_VARARGS | METH_KEYWORDS,
