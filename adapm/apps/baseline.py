@@ -117,6 +117,19 @@ class ArrayWorker:
             index = np.repeat(starts - (np.cumsum(lens) - lens), lens) + np.arange(lens.sum())
             node.data[index] = flat
 
+    def table(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(data, key_offset, key_len): the shared array and its layout, for a trainer whose
+        native loop pulls and pushes by itself (``Trainer.chunked``: the table_gather /
+        table_scatter_add of pull and push inside one call); it reports what it accessed with
+        :meth:`count_accesses`."""
+        node = self._node
+        return node.data, node.offsets, node.lens
+
+    def count_accesses(self, pulled: int, pushed: int) -> None:
+        """Counts keys pulled and pushed through :meth:`table`'s arrays, as pull and push do."""
+        self.counters["local_pull_keys"] += pulled
+        self.counters["local_push_keys"] += pushed
+
     def intent(self, keys, start: int, end: Optional[int] = None) -> None:
         """Nothing to do: every key is local."""
 

@@ -55,6 +55,7 @@ import adapm
 from .. import _argtypes
 from .._native_loader import load as _load
 from . import mf_data, runner
+from .baseline import ArrayWorker
 from .datafiles import DataError, write_atomically
 
 _kernels = _load("adapm._kernels")
@@ -167,7 +168,7 @@ class MFTask:
         return rows.reshape(-1)
 
     def trainer(self, batch_size: int, points: np.ndarray, epochs: int) -> "MFTrainer":
-        return MFTrainer(self)
+        return MFTrainer(self, batch_size)
 
     # --- evaluation and export ---------------------------------------------------------------
 
@@ -232,10 +233,13 @@ class MFTask:
 
 
 class MFTrainer:
-    """One worker thread's batches: buffers grown as needed, one kernel call per batch."""
+    """One worker thread's batches: buffers grown as needed, one kernel call per batch; or, over
+    the baseline's array, many batches per native call (:meth:`chunked`)."""
 
-    def __init__(self, task: MFTask) -> None:
+    def __init__(self, task: MFTask, batch_size: int = 1000) -> None:
         self.task = task
+        self.batch_size = batch_size
+        self._scratch: Optional[tuple] = None  # chunked's, allocated on first use
         self.values = np.empty(0, dtype=np.float32)
         self.updates = np.empty(0, dtype=np.float32)
         t = task.train
@@ -257,6 +261,36 @@ class MFTrainer:
         nk, row_keys = _kernels.mf_plan(*self._entries, task.num_rows, task.reg, self._row_of,
                                         points, keys, rows[0], rows[1], x, reg)
         return _Plan(keys[:nk], rows[0], rows[1], x, reg[:nk], keys[row_keys:nk])
+
+    def chunked(self, worker):
+        """Over the baseline's plain shared array (every key local, no intent to signal): a
+        ``run(points, batch_size) -> (losses, steps)`` that trains up to CHUNK_BATCHES batches
+        in one native call with the GIL released (``mf_train_table``: per batch what plan,
+        pull, step and push do, with the same arithmetic); None for a PM worker."""
+        if not isinstance(worker, ArrayWorker) or not hasattr(_kernels, "mf_train_table"):
+            return None  # a PM worker (or a build of the kernels from before the call)
+        task = self.task
+        data, offsets, lens = worker.table()
+        if self._scratch is None:
+            bs, width = self.batch_size, 2 * task.rank
+            self._scratch = (np.empty(4 * bs, dtype=np.int64),
+                             np.empty(3 * bs + 4 * bs * width, dtype=np.float32),
+                             np.empty(runner.CHUNK_BATCHES, dtype=np.float64),
+                             np.empty(runner.CHUNK_BATCHES, dtype=np.int64))
+        iscratch, fscratch, losses, keys = self._scratch
+
+        def run(points: np.ndarray, batch_size: int) -> tuple[list, int]:
+            if batch_size > self.batch_size:
+                raise ValueError(f"batches of {batch_size} entries; this trainer's scratch "
+                                 f"holds {self.batch_size}")
+            batches = _kernels.mf_train_table(
+                task.rank, task.lr, batch_size, *self._entries, task.num_rows, task.reg,
+                self._row_of, points, data, offsets, lens, iscratch, fscratch, losses, keys)
+            touched = int(keys[:batches].sum())
+            worker.count_accesses(touched, touched)
+            return losses[:batches].tolist(), len(points)
+
+        return run
 
     def step(self, worker, plan: _Plan, sample) -> tuple[float, int]:
         width = 2 * self.task.rank
