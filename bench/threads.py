@@ -22,7 +22,8 @@ inside:
   epochs, over the batches trained. The same work with more threads should cost the same CPU;
   more CPU is contention (the GIL's hand-overs, shared cache lines, lock stripes);
 - native / batch (us): the part of it spent inside the project's native calls that release the
-  GIL (the kernels' ``*_train_batch``, ``mf_plan``, ``wv_plan``, ``wv_merge_pool``, the
+  GIL (the kernels' ``*_train_batch``, ``mf_train_table`` (many MF batches a call over the
+  baseline's array), ``mf_plan``, ``wv_plan``, ``wv_merge_pool``, the
   store module's ``unique_inverse`` (KGE's plan), ``table_gather`` /
   ``table_scatter_add``, the store's ``gather_fast`` / ``scatter_*_fast``, and ``gather`` /
   ``scatter_*`` when their batch is large enough to release it: see RELEASE_GIL_FROM);
@@ -42,6 +43,10 @@ inside:
   above the CPU when a thread waits (for the GIL, a core of a busy machine);
 - off-CPU outside native / batch (us): wall time outside those calls and the schedule minus
   its CPU: waiting for the GIL (or descheduled by the OS, on a shared machine).
+
+``--breakdown`` adds a table of each native call's CPU and wall time per batch (the bracket's
+cost included), which shows where native time grows with threads (a shared lock stripe, a
+shared cache line) and how many GIL-releasing calls a batch makes.
 
 Each native call of a worker thread is bracketed by two ``thread_time`` and two
 ``perf_counter`` reads in the child; the cost of that instrumentation, measured in the child
@@ -96,32 +101,44 @@ def child(app: str, argv: list[str]) -> None:
     records: list[dict] = []  # one per worker thread and epoch
     thread_time, perf_counter = time.thread_time, time.perf_counter
 
-    def timed(fn, batch: bool = False, releases=None):
+    def timed(fn, batch=False, releases=None, name: str = "noop"):
         """fn, with its CPU and wall time added to the calling worker thread's record (only
-        when the call releases the GIL: ``releases(*args)`` says, default always)."""
+        when the call releases the GIL: ``releases(*args)`` says, default always), and to the
+        record's per-call-name part (``name``: CPU, wall, calls). ``batch``: the call trains
+        one batch (True) or as many as ``batch(result)`` says."""
         def call(*args, **kwargs):
             rec = getattr(local, "rec", None)
             if rec is None or (releases is not None and not releases(*args)):
                 return fn(*args, **kwargs)
             c, w = thread_time(), perf_counter()
             out = fn(*args, **kwargs)
-            rec[0] += thread_time() - c
-            rec[1] += perf_counter() - w
+            dc, dw = thread_time() - c, perf_counter() - w
+            rec[0] += dc
+            rec[1] += dw
             rec[2] += 1
             if batch:
-                rec[3] += 1
+                rec[3] += 1 if batch is True else batch(out)
+            part = rec[6].get(name)
+            if part is None:
+                part = rec[6][name] = [0.0, 0.0, 0]
+            part[0] += dc
+            part[1] += dw
+            part[2] += 1
             return out
         return call
 
     for name in ("mf_train_batch", "kge_train_batch", "wv_train_batch"):
-        setattr(kernels, name, timed(getattr(kernels, name), batch=True))
+        setattr(kernels, name, timed(getattr(kernels, name), batch=True, name=name))
+    if hasattr(kernels, "mf_train_table"):  # many MF batches a call over the baseline's array
+        kernels.mf_train_table = timed(kernels.mf_train_table, batch=lambda n: n,
+                                       name="mf_train_table")
     for name in ("mf_plan", "wv_plan", "wv_merge_pool", "table_gather", "table_scatter_add"):
         if hasattr(kernels, name):  # a --compare checkout may not have them all
-            setattr(kernels, name, timed(getattr(kernels, name)))
+            setattr(kernels, name, timed(getattr(kernels, name), name=name))
 
     native = load()
     if hasattr(native, "unique_inverse"):  # KGE's plan (O(n), always releases the GIL)
-        native.unique_inverse = timed(native.unique_inverse)
+        native.unique_inverse = timed(native.unique_inverse, name="unique_inverse")
 
     def big(keys, values, missing) -> bool:
         return len(keys) + values.size >= RELEASE_GIL_FROM
@@ -131,13 +148,13 @@ def child(app: str, argv: list[str]) -> None:
     def init(self, config) -> None:
         store_init(self, config)
         for name in ("gather_fast", "scatter_add_fast", "scatter_set_fast"):
-            setattr(self, name, timed(getattr(self, name)))
+            setattr(self, name, timed(getattr(self, name), name=name))
 
     store_module.Store.__init__ = init
     for name in ("gather", "scatter_add", "scatter_set"):
         method = getattr(store_module.Store, name)
         setattr(store_module.Store, name,
-                timed(method, releases=lambda self, k, v, m: big(k, v, m)))
+                timed(method, releases=lambda self, k, v, m: big(k, v, m), name=name))
 
     def scheduled(fn):
         """fn (a task's epoch_order or standing_keys), its CPU and wall time added to the
@@ -162,7 +179,7 @@ def child(app: str, argv: list[str]) -> None:
 
     def measured(self, epoch: int, ahead: int) -> None:
         # native CPU, native wall, native calls, batches, schedule CPU, schedule wall
-        rec = local.rec = [0.0, 0.0, 0, 0, 0.0, 0.0]
+        rec = local.rec = [0.0, 0.0, 0, 0, 0.0, 0.0, {}]
         c, w = thread_time(), perf_counter()
         try:
             run_epoch(self, epoch, ahead)
@@ -171,7 +188,7 @@ def child(app: str, argv: list[str]) -> None:
             local.rec = None
             records.append({"epoch": epoch, "cpu": cpu, "wall": wall, "native_cpu": rec[0],
                             "native_wall": rec[1], "calls": rec[2], "batches": rec[3],
-                            "schedule_cpu": rec[4], "schedule_wall": rec[5]})
+                            "schedule_cpu": rec[4], "schedule_wall": rec[5], "by_call": rec[6]})
 
     runner._Thread._run_epoch = measured
     overhead = _calibrate(timed, local)
@@ -192,7 +209,7 @@ def _calibrate(timed, local) -> dict:
         wrapped = timed(noop)
         arg, n, best_total, best_inside = (), 20000, float("inf"), float("inf")
         for _ in range(5):
-            local.rec = [0.0, 0.0, 0, 0, 0.0, 0.0]
+            local.rec = [0.0, 0.0, 0, 0, 0.0, 0.0, {}]
             c = time.thread_time()
             for _ in range(n):
                 wrapped(arg)
@@ -262,7 +279,17 @@ def run_one(app: str, args: list[str], env: dict, tree: str | None = None) -> di
     outside_cpu = sum(r["cpu"] - r["native_cpu"] - r.get("schedule_cpu", 0.0) for r in recs)
     print(f"  {time.monotonic() - started:6.1f} s  {app} {' '.join(args[-6:])}"
           f"{' (' + tree + ')' if tree else ''}", file=sys.stderr)
-    return {"epoch_s": sum(r["train_seconds"] for r in lines) / len(lines),
+    by_call: dict = {}
+    for r in recs:
+        for name, (c, w, n) in r.get("by_call", {}).items():
+            part = by_call.setdefault(name, [0.0, 0.0, 0])
+            part[0] += c
+            part[1] += w
+            part[2] += n
+    # per batch: CPU and wall (s) of each native call, calls
+    by_call = {name: [c / batches, w / batches, n / batches]
+               for name, (c, w, n) in sorted(by_call.items())}
+    return {"epoch_s": sum(r["train_seconds"] for r in lines) / len(lines), "by_call": by_call,
             "cpu": cpu / batches, "native": native / batches, "held": held / batches,
             "schedule": schedule / batches, "wall": sum(r["wall"] for r in recs) / batches,
             "off": max(0.0, outside_wall - outside_cpu) / batches, "batches": batches,
@@ -282,6 +309,8 @@ def main() -> None:
                    help="also run every setup with the adapm of checkout DIR (built in place)")
     p.add_argument("--tree", metavar="DIR", default=None,
                    help="run 'this' side with the adapm of checkout DIR (built in place)")
+    p.add_argument("--breakdown", action="store_true",
+                   help="also a table of each native call's CPU and wall time per batch")
     p.add_argument("--labels", default="compared,this",
                    help="with --compare: the table's names of the two sides")
     opts = p.parse_args()
@@ -327,6 +356,19 @@ def main() -> None:
               f"{r['wall'] * 1e6:.0f} | {r['off'] * 1e6:.0f} |")
     print("\n* CPU outside the GIL-releasing native calls and the schedule: counts numpy's own "
           "GIL-released loops as held and the native calls' argument checks as released")
+    if opts.breakdown:
+        print("\nNative calls per batch: CPU us (wall us) [calls], bracket included\n")
+        names = sorted({n for *_, r, _ in rows for n in r["by_call"]})
+        print(f"| app | setup | threads {tree_column}| " + " | ".join(names) + " |")
+        print("|---|---|---:|" + ("---|" if opts.compare else "") + "---:|" * len(names))
+        for app, s, t, tree, r, _ in rows:
+            label = opts.labels.split(",")[0 if tree == opts.compare else 1]
+            where = f"| {label} " if opts.compare else ""
+            cells = []
+            for n in names:
+                c = r["by_call"].get(n)
+                cells.append(f"{c[0] * 1e6:.1f} ({c[1] * 1e6:.1f}) [{c[2]:.2f}]" if c else "")
+            print(f"| {app} | {s} | {t} {where}| " + " | ".join(cells) + " |")
 
 
 if __name__ == "__main__":
