@@ -120,7 +120,7 @@ class EngineLoop:
         timeout_s = self.request_timeout_s if timeout_s is None else timeout_s
         if deadline is None:
             deadline = time.monotonic() + timeout_s
-        while not call.event.wait(min(_FAILURE_CHECK_S, max(0.0, deadline - time.monotonic()))):
+        while not call.wait(min(_FAILURE_CHECK_S, max(0.0, deadline - time.monotonic()))):
             if self.error is not None:
                 raise self.error
             if time.monotonic() >= deadline:
