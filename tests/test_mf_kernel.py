@@ -962,3 +962,77 @@ def test_table_run_threads_lose_no_update():
         list(ex.map(lambda p: _table_run(rank, 0.1, bs, rows, cols, vals, 200, reg_of, p, data,
                                          offsets, lens), [low, high]))
     assert np.array_equal(data, want)
+
+
+# ---- mf_plan_batches: the plans of several batches in one call -----------------------------------
+
+
+def _plan_batches(rows, cols, vals, num_rows, reg_of, points, bs, row_of=None):
+    n, batches = len(points), -(-len(points) // bs)
+    row_of = np.full(len(reg_of), -1, np.int32) if row_of is None else row_of
+    keys, reg = np.full((batches, 2 * bs), -7, np.int64), np.full((batches, 2 * bs), -7, F32)
+    w, h, x = np.full(n, -7, np.int64), np.full(n, -7, np.int64), np.full(n, -7, F32)
+    nkeys, nrows = np.full(batches, -7, np.int64), np.full(batches, -7, np.int64)
+    got = K.mf_plan_batches(rows, cols, vals, num_rows, reg_of, row_of, points, bs, keys, w, h,
+                            x, reg, nkeys, nrows)
+    return got, keys, reg, w, h, x, nkeys, nrows, row_of
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.integers(1, 500), st.integers(1, 500), st.integers(1, 3000), st.integers(0, 1500),
+       st.integers(1, 300), st.integers(0, 2**32 - 1))
+def test_plan_batches_is_mf_plan_per_batch(num_rows, num_cols, entries, n, bs, seed):
+    rows, cols, vals, reg_of = _plan_inputs(num_rows, num_cols, entries, seed)
+    points = np.random.default_rng(seed).integers(0, entries, n).astype(np.int64)
+    got, keys, reg, w, h, x, nkeys, nrows, row_of = _plan_batches(rows, cols, vals, num_rows,
+                                                                  reg_of, points, bs)
+    assert got == -(-n // bs) and (row_of == -1).all()
+    for b, start in enumerate(range(0, n, bs)):
+        want = _plan(rows, cols, vals, num_rows, reg_of, points[start:start + bs])
+        end = start + len(want[2])
+        assert nkeys[b] == len(want[0]) and nrows[b] == want[1]
+        assert np.array_equal(keys[b, :nkeys[b]], want[0])
+        assert np.array_equal(reg[b, :nkeys[b]], want[5])
+        assert np.array_equal(w[start:end], want[2]) and np.array_equal(h[start:end], want[3])
+        assert np.array_equal(x[start:end], want[4])
+
+
+def test_plan_batches_checks_every_point_first():
+    rows, cols, vals, reg_of = _plan_inputs(10, 10, 50)
+    points = np.arange(40, dtype=np.int64)
+    points[33] = 50
+    row_of = np.full(20, -1, np.int32)
+    with pytest.raises(ValueError, match=r"points\[33\]"):
+        got, keys, *_ = _plan_batches(rows, cols, vals, 10, reg_of, points, 8, row_of)
+    assert (row_of == -1).all()
+    # nothing written: the first batch's outputs are still the fill
+    n, bs = 40, 8
+    keys, reg = np.full((5, 16), -7, np.int64), np.full((5, 16), -7, F32)
+    w, h, x = np.full(n, -7, np.int64), np.full(n, -7, np.int64), np.full(n, -7, F32)
+    nk, nr = np.full(5, -7, np.int64), np.full(5, -7, np.int64)
+    with pytest.raises(ValueError):
+        K.mf_plan_batches(rows, cols, vals, 10, reg_of, row_of, points, bs, keys, w, h, x, reg,
+                          nk, nr)
+    assert (keys == -7).all() and (w == -7).all() and (nk == -7).all()
+
+
+def test_plan_batches_checks_its_buffers():
+    rows, cols, vals, reg_of = _plan_inputs(10, 10, 50)
+    points = np.arange(20, dtype=np.int64)  # 3 batches of 8: room for 24 entries' keys
+    args = dict(rows=rows, cols=cols, vals=vals, num_rows=10, reg_of=reg_of,
+                row_of=np.full(20, -1, np.int32), points=points, batch_size=8,
+                keys=np.empty(48, np.int64), w_rows=np.empty(20, np.int64),
+                h_rows=np.empty(20, np.int64), x=np.empty(20, F32), reg=np.empty(48, F32),
+                nkeys=np.empty(3, np.int64), row_keys=np.empty(3, np.int64))
+    assert K.mf_plan_batches(**args) == 3
+    for change, exc in [({"keys": np.empty(47, np.int64)}, ValueError),
+                        ({"reg": np.empty(47, F32)}, ValueError),
+                        ({"x": np.empty(19, F32)}, ValueError),
+                        ({"nkeys": np.empty(2, np.int64)}, ValueError),
+                        ({"batch_size": 0}, ValueError),
+                        ({"w_rows": np.empty(20, np.int32)}, TypeError)]:
+        with pytest.raises(exc):
+            K.mf_plan_batches(**dict(args, **change))
+    shared = np.empty(48, np.int64)
+    with pytest.raises(ValueError, match="shares memory"):
+        K.mf_plan_batches(**dict(args, keys=shared, w_rows=shared[:20]))
