@@ -79,37 +79,3 @@ def test_the_runner_advances_one_clock_per_batch(data, tmp_path):
         runner._Thread._run_chunks = original
     assert len(seen) == 4  # 2 workers x 2 epochs
     assert all(advanced == batches == done for advanced, batches, done in seen)
-
-
-def test_one_node_plans_in_blocks_with_each_intent_at_its_time(data, tmp_path, monkeypatch):
-    """A PM worker's plans come PLAN_BLOCK batches a call (mf_plan_batches); the model, and
-    every intent (keys and clock), are those of the plans made one batch at a time."""
-    import adapm.worker
-
-    assert hasattr(K, "mf_plan_batches"), "adapm._kernels built from before mf_plan_batches"
-    intents = {"blocks": [], "single": []}
-    signal = adapm.worker.Worker.intent
-    blocks = []
-    plan_batches = mf.MFTrainer.plan_batches
-
-    def spy_blocks(self, points, batch_size):
-        blocks.append(len(points))
-        return plan_batches(self, points, batch_size)
-
-    def record(into):
-        def intent(self, keys, start, end=None):
-            # the worker's clock when it signals: when, not only what
-            intents[into].append((self.clock, start, end, np.array(keys, copy=True).tobytes()))
-            return signal(self, keys, start, end)
-        return intent
-
-    monkeypatch.setattr(mf.MFTrainer, "plan_batches", spy_blocks)
-    monkeypatch.setattr(adapm.worker.Worker, "intent", record("blocks"))
-    in_blocks = _train(data, tmp_path / "blocks")
-    assert blocks and max(blocks) == runner.PLAN_BLOCK * BATCH
-    monkeypatch.delattr(mf.MFTrainer, "plan_batches")
-    monkeypatch.setattr(adapm.worker.Worker, "intent", record("single"))
-    single = _train(data, tmp_path / "single")
-    assert intents["blocks"] == intents["single"] and len(intents["single"]) > 2 * 150
-    assert _numbers(in_blocks[0]) == _numbers(single[0])
-    assert np.array_equal(in_blocks[1], single[1]) and np.array_equal(in_blocks[2], single[2])

@@ -262,30 +262,6 @@ class MFTrainer:
                                         points, keys, rows[0], rows[1], x, reg)
         return _Plan(keys[:nk], rows[0], rows[1], x, reg[:nk], keys[row_keys:nk])
 
-    def plan_batches(self, points: np.ndarray, batch_size: int) -> list[_Plan]:
-        """:meth:`plan` of each batch of ``points`` (``batch_size`` each, the last maybe fewer),
-        from one native call (``mf_plan_batches``, GIL released): a GIL hand-over and the
-        buffers' allocations per block of batches instead of per batch."""
-        if not hasattr(_kernels, "mf_plan_batches"):  # a build of the kernels from before it
-            return [self.plan(points[i:i + batch_size])
-                    for i in range(0, len(points), batch_size)]
-        task, n = self.task, len(points)
-        batches = -(-n // batch_size)
-        keys = np.empty((batches, 2 * batch_size), dtype=np.int64)
-        rows = np.empty((2, n), dtype=np.int64)
-        x = np.empty(n, dtype=np.float32)
-        reg = np.empty((batches, 2 * batch_size), dtype=np.float32)
-        counts = np.empty((2, batches), dtype=np.int64)
-        _kernels.mf_plan_batches(*self._entries, task.num_rows, task.reg, self._row_of, points,
-                                 batch_size, keys, rows[0], rows[1], x, reg, counts[0],
-                                 counts[1])
-        plans = []
-        for b, (nk, nr) in enumerate(zip(counts[0].tolist(), counts[1].tolist())):
-            lo, hi = b * batch_size, min((b + 1) * batch_size, n)
-            plans.append(_Plan(keys[b, :nk], rows[0, lo:hi], rows[1, lo:hi], x[lo:hi],
-                               reg[b, :nk], keys[b, nr:nk]))
-        return plans
-
     def chunked(self, worker):
         """Over the baseline's plain shared array (every key local, no intent to signal): a
         ``run(points, batch_size) -> (losses, steps)`` that trains up to CHUNK_BATCHES batches

@@ -66,10 +66,6 @@ from .exchange import Exchange, LocalExchange
 # sum, clocks) enters between calls. 64 MF batches of 1,000 entries: ~20 ms.
 CHUNK_BATCHES = 64
 
-# Batches a trainer's plan_batches plans per call (one GIL hand-over, not one per batch).
-# Intent is still signalled for each batch when the per-batch plan would have been made.
-PLAN_BLOCK = 16
-
 # Counters whose per-epoch value is not a difference: means, recomputed from their weights.
 _MEANS = {"mean_round_ms": "rounds", "mean_staleness_ms": "replica_reads"}
 # Counters that are floats (seconds) and grow over the run: an epoch's line shows its own part.
@@ -95,10 +91,6 @@ class Trainer(Protocol):
         """Train one batch: pull, one native kernel call, push. Returns (loss sum, steps), or
         (loss sum, steps, units) for a task with a ``unit`` (e.g. words)."""
 
-    # Optional: ``plan_batches(points, batch_size) -> [Plan]``: plan of each batch of
-    # ``points`` (batch_size each, the last maybe fewer) in one call; the runner then makes
-    # plans PLAN_BLOCK batches at a time (each batch's intent still at its own time).
-    #
     # Optional: ``chunked(worker) -> run or None``: where ``worker`` needs no intent (every
     # key local: the baseline's), ``run(points, batch_size) -> (losses, steps)`` trains many
     # batches of ``points`` (batch_size each, the last maybe fewer) in one native call with the
@@ -593,20 +585,13 @@ class _Thread:
         batches = [order[i:i + bs] for i in range(0, len(order), bs)]
         base = w.clock
         plans: deque = deque()
-        block = getattr(trainer, "plan_batches", None)
-        made: deque = deque()  # plans made PLAN_BLOCK batches at a time, not yet signalled
 
         standing = getattr(self.task, "standing_keys", None)
         if standing is not None and batches:  # wanted for the whole epoch: signalled once
             w.intent(standing(self._data), base, base + len(batches))
 
-        def plan(j: int) -> None:  # called for j = 0, 1, 2, ... in turn
-            if block is None:
-                p = trainer.plan(batches[j])
-            else:
-                if not made:
-                    made.extend(block(order[j * bs:(j + PLAN_BLOCK) * bs], bs))
-                p = made.popleft()
+        def plan(j: int) -> None:
+            p = trainer.plan(batches[j])
             w.intent(getattr(p, "intent_keys", p.keys), base + j)
             sample = w.prepare_sample(p.sample_size, base + j) if p.sample_size else None
             plans.append((p, sample))
