@@ -253,39 +253,18 @@ int64_t mf_format(const int64_t *rows, const int64_t *cols, const float *vals, i
     return at;
 }
 
-static int64_t check_points(const mf_plan_t *p, const int64_t *points, int64_t n) {
-    const int64_t R = p->num_rows;
-    for (int64_t i = 0; i < n; i++) {
-        const int64_t e = points[i];
-        if (e < 0 || e >= p->num_entries || p->rows[e] < 0 || p->rows[e] >= R ||
-            p->cols[e] < 0 || p->cols[e] >= p->num_keys - R)
-            return i;
-    }
-    return -1;
-}
-
-int64_t mf_plan_batches(const mf_plan_t *p, const int64_t *points, int64_t n,
-                        int64_t batch_size, int64_t *keys, int64_t *w_rows, int64_t *h_rows,
-                        float *x, float *reg, int64_t *nkeys, int64_t *row_keys) {
-    const int64_t bad = check_points(p, points, n);
-    if (bad >= 0) return -1 - bad;
-    int64_t b = 0;
-    for (int64_t start = 0; start < n; b++, start += batch_size) {
-        const int64_t m = n - start < batch_size ? n - start : batch_size;
-        nkeys[b] = mf_plan(p, points + start, m, keys + 2 * start, w_rows + start,
-                           h_rows + start, x + start, reg + 2 * start, &row_keys[b]);
-    }
-    return b;
-}
-
 /* ---- a run of batches over the baseline's table ---------------------------------------------- */
 
 int64_t mf_train_table(const mf_run_t *r, const int64_t *points, int64_t n, double *losses,
                        int64_t *keys) {
     const mf_plan_t *p = &r->plan;
-    const int64_t width = 2 * r->rank;
-    const int64_t bad_point = check_points(p, points, n); /* for the whole run, first */
-    if (bad_point >= 0) return -1 - bad_point;
+    const int64_t R = p->num_rows, width = 2 * r->rank;
+    for (int64_t i = 0; i < n; i++) { /* mf_plan's check, for the whole run before any batch */
+        const int64_t e = points[i];
+        if (e < 0 || e >= p->num_entries || p->rows[e] < 0 || p->rows[e] >= R ||
+            p->cols[e] < 0 || p->cols[e] >= p->num_keys - R)
+            return -1 - i;
+    }
     for (int64_t b = 0, start = 0; start < n; b++, start += r->batch_size) {
         const int64_t m = n - start < r->batch_size ? n - start : r->batch_size;
         int64_t row_keys, bad;

@@ -83,16 +83,6 @@ typedef struct {
 int64_t mf_plan(const mf_plan_t *p, const int64_t *points, int64_t n, int64_t *keys,
                 int64_t *w_rows, int64_t *h_rows, float *x, float *reg, int64_t *row_keys);
 
-/* The plans of several batches in one call: batch b is points[b * batch_size, min((b + 1) *
- * batch_size, n)), planned as mf_plan into keys + 2 * b * batch_size, reg + 2 * b * batch_size,
- * w_rows + b * batch_size, h_rows + b * batch_size and x + b * batch_size (keys and reg: room
- * for 2 * n items, rounded up to whole batches; the others n); nkeys[b] and row_keys[b] get
- * mf_plan's results. Every point is checked first: returns -1 - i for the first bad points[i]
- * (nothing written), else the number of batches. */
-int64_t mf_plan_batches(const mf_plan_t *p, const int64_t *points, int64_t n,
-                        int64_t batch_size, int64_t *keys, int64_t *w_rows, int64_t *h_rows,
-                        float *x, float *reg, int64_t *nkeys, int64_t *row_keys);
-
 /* A run of batches over the baseline's plain shared table (table.h), in one call: what the
  * per-batch path does for each batch (mf_plan, table_gather of its keys, mf_train_batch,
  * table_scatter_add of the updates), in the same order with the same arithmetic, so that the

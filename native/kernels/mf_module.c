@@ -236,96 +236,6 @@ fail:
     return NULL;
 }
 
-static PyObject *py_mf_plan_batches(PyObject *module, PyObject *args, PyObject *kwargs) {
-    static const char *fn = "mf_plan_batches";
-    static char *kwlist[] = {"rows", "cols", "vals", "num_rows", "reg_of", "row_of", "points",
-                             "batch_size", "keys", "w_rows", "h_rows", "x", "reg", "nkeys",
-                             "row_keys", NULL};
-    PyObject *o[13];
-    long long num_rows, batch_size;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOLOOOLOOOOOOO", kwlist, &o[0], &o[1],
-                                     &o[2], &num_rows, &o[3], &o[4], &o[5], &batch_size, &o[6],
-                                     &o[7], &o[8], &o[9], &o[10], &o[11], &o[12]))
-        return NULL;
-    if (batch_size < 1)
-        return PyErr_Format(PyExc_ValueError, "%s: batch_size %lld must be positive", fn,
-                            batch_size);
-    views_t vs = {.n = 0};
-    Py_buffer *rows, *cols, *vals, *reg_of, *points, *row_of, *keys, *w_rows, *h_rows, *x, *reg,
-        *nkeys, *row_keys;
-    if (!(rows = take(&vs, o[0], fn, "rows", I64, 0, 1)) ||
-        !(cols = take(&vs, o[1], fn, "cols", I64, 0, 1)) ||
-        !(vals = take(&vs, o[2], fn, "vals", F32, 0, 1)) ||
-        !(reg_of = take(&vs, o[3], fn, "reg_of", F32, 0, 1)) ||
-        !(points = take(&vs, o[5], fn, "points", I64, 0, 1)) ||
-        !(row_of = take(&vs, o[4], fn, "row_of", I32, 1, 1)) ||
-        !(keys = take(&vs, o[6], fn, "keys", I64, 1, 0)) ||
-        !(w_rows = take(&vs, o[7], fn, "w_rows", I64, 1, 0)) ||
-        !(h_rows = take(&vs, o[8], fn, "h_rows", I64, 1, 0)) ||
-        !(x = take(&vs, o[9], fn, "x", F32, 1, 0)) ||
-        !(reg = take(&vs, o[10], fn, "reg", F32, 1, 0)) ||
-        !(nkeys = take(&vs, o[11], fn, "nkeys", I64, 1, 1)) ||
-        !(row_keys = take(&vs, o[12], fn, "row_keys", I64, 1, 1)))
-        goto fail;
-    for (int i = 5; i < vs.n; i++) /* the written buffers: row_of onwards */
-        if (check_no_overlap(&vs, &vs.v[i], fn, "an output") < 0) goto fail;
-    const int64_t ne = count(rows), n = count(points), nk = count(reg_of);
-    const int64_t batches = (n + batch_size - 1) / batch_size, whole = batches * batch_size;
-    if (count(cols) != ne || count(vals) != ne) {
-        PyErr_Format(PyExc_ValueError, "%s: rows, cols and vals need one item per entry, got "
-                     "%lld, %lld, %lld", fn, (long long)ne, (long long)count(cols),
-                     (long long)count(vals));
-        goto fail;
-    }
-    if (num_rows < 0 || num_rows > nk || count(row_of) != nk || nk > INT32_MAX) {
-        PyErr_Format(PyExc_ValueError, "%s: reg_of and row_of need one item per key (got %lld "
-                     "and %lld, at most 2**31 - 1), num_rows %lld of them", fn, (long long)nk,
-                     (long long)count(row_of), num_rows);
-        goto fail;
-    }
-    if (count(keys) < 2 * whole || count(reg) < 2 * whole || count(w_rows) < n ||
-        count(h_rows) < n || count(x) < n || count(nkeys) < batches ||
-        count(row_keys) < batches) {
-        PyErr_Format(PyExc_ValueError, "%s: keys and reg need room for 2 * batch_size per "
-                     "batch (%lld items), w_rows, h_rows and x for len(points) = %lld, nkeys "
-                     "and row_keys one item per batch (%lld)", fn, (long long)(2 * whole),
-                     (long long)n, (long long)batches);
-        goto fail;
-    }
-    const mf_plan_t plan = {.rows = rows->buf, .cols = cols->buf, .vals = vals->buf,
-                            .num_entries = ne, .num_rows = num_rows, .num_keys = nk,
-                            .reg_of = reg_of->buf, .row_of = row_of->buf};
-    int64_t rc;
-    Py_BEGIN_ALLOW_THREADS
-    rc = mf_plan_batches(&plan, points->buf, n, batch_size, keys->buf, w_rows->buf,
-                         h_rows->buf, x->buf, reg->buf, nkeys->buf, row_keys->buf);
-    Py_END_ALLOW_THREADS
-    if (rc < 0) {
-        const int64_t i = -1 - rc, e = ((const int64_t *)points->buf)[i];
-        PyErr_Format(PyExc_ValueError, "%s: points[%lld] = %lld is not an entry of the %lld "
-                     "given, or its row or column is outside the %lld x %lld matrix", fn,
-                     (long long)i, (long long)e, (long long)ne, num_rows,
-                     (long long)(nk - num_rows));
-        goto fail;
-    }
-    release_views(&vs);
-    return PyLong_FromLongLong(rc);
-fail:
-    release_views(&vs);
-    return NULL;
-}
-
-PyDoc_STRVAR(mf_plan_batches_doc,
-"mf_plan_batches(rows, cols, vals, num_rows, reg_of, row_of, points, batch_size, keys, w_rows,\n"
-"                h_rows, x, reg, nkeys, row_keys) -> batches\n"
-"\n"
-"mf_plan for each batch of batch_size points (the last may be shorter) in one call, the GIL\n"
-"released: batch b's keys into keys[2 * b * batch_size:] and its L2 weights into\n"
-"reg[2 * b * batch_size:] (room for 2 * batch_size items per batch each), its entries' rows and\n"
-"values into w_rows, h_rows and x from b * batch_size on (len(points) items), its number of\n"
-"keys into nkeys[b] and of row keys into row_keys[b]. The outputs may have any shape (read\n"
-"flat). Every point is checked first (ValueError, nothing written).");
-
 static PyObject *py_mf_train_table(PyObject *module, PyObject *args, PyObject *kwargs) {
     static const char *fn = "mf_train_table";
     static char *kwlist[] = {"rank", "lr", "batch_size", "rows", "cols", "vals", "num_rows",
@@ -490,8 +400,6 @@ PyMethodDef mf_methods[] = {
      METH_VARARGS | METH_KEYWORDS, mf_train_batch_doc},
     {"mf_plan", (PyCFunction)(void (*)(void))py_mf_plan, METH_VARARGS | METH_KEYWORDS,
      mf_plan_doc},
-    {"mf_plan_batches", (PyCFunction)(void (*)(void))py_mf_plan_batches,
-     METH_VARARGS | METH_KEYWORDS, mf_plan_batches_doc},
     {"mf_train_table", (PyCFunction)(void (*)(void))py_mf_train_table,
      METH_VARARGS | METH_KEYWORDS, mf_train_table_doc},
     {"mf_parse", (PyCFunction)(void (*)(void))py_mf_parse, METH_VARARGS | METH_KEYWORDS,
