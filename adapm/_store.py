@@ -8,7 +8,7 @@ Layout (see native/store.h; the native code does every per-key loop):
   native hash map: its row, version and sync time. So per-key metadata is 4 B per home key plus
   an entry per key held beyond those, not a few words for every key of the space.
 - ``slab``: float32 values; ``delta``: for replicas, updates not yet sent to the owner;
-- ``seqs``: one seqlock word per stripe of keys, each on its own cache line.
+- ``seqs``: one seqlock word per stripe of keys.
 
 ``slab`` and ``delta`` reserve address space for every key (``MAP_NORESERVE``), but memory is only
 committed for slots that are used, and slots are reused through free lists (native/slots.c,
@@ -41,18 +41,9 @@ REPLICA = _native.KEY_REPLICA
 # 2**14 stripes: 128 KiB of sequence words (fits in L2) and, with a few dozen threads, a
 # negligible chance that two writers of different keys meet on one stripe.
 NUM_STRIPES = 1 << 14
-# uint64 words per stripe (native/seqlock.h SEQ_STRIDE): a cache line each, 1 MiB in all.
-SEQ_STRIDE = 8
 # Keys per native call when every key's state is scanned (owned_keys): 9 MiB of scratch; a
 # scan takes ~7 ns a key.
 SCAN_KEYS = 1 << 20
-
-
-def _cache_line_aligned(words: int) -> np.ndarray:
-    """Zeroed uint64 words starting on a 64-byte boundary (numpy guarantees 16)."""
-    buffer = np.zeros(words + 8, dtype=np.uint64)
-    skip = (-buffer.ctypes.data % 64) // 8
-    return buffer[skip:skip + words]
 
 
 def _reserve_floats(count: int) -> tuple[mmap.mmap, np.ndarray]:
@@ -89,7 +80,7 @@ class Store:
                              dtype=np.uint32)
         self._slab_region, self.slab = _reserve_floats(capacity)
         self._delta_region, self.delta = _reserve_floats(capacity)
-        self.seqs = _cache_line_aligned(NUM_STRIPES * SEQ_STRIDE)
+        self.seqs = np.zeros(NUM_STRIPES, dtype=np.uint64)
         # [replica reads, sum of read times (us), sum of their synced_at (us)], kept by gather.
         self.access_stats = np.zeros(3, dtype=np.int64)
         self.native = _native.Store(

@@ -86,10 +86,8 @@ static int Store_init(StoreObject *self, PyObject *args, PyObject *kwargs) {
         PyErr_SetString(PyExc_ValueError, "Store: home/lens or slab/delta sizes differ");
         return -1;
     }
-    const Py_ssize_t nstripes = nseqs / SEQ_STRIDE;
-    if (nseqs % SEQ_STRIDE || nstripes < 1 || (nstripes & (nstripes - 1))) {
-        PyErr_SetString(PyExc_ValueError, "Store: seqs must hold SEQ_STRIDE (8) words per "
-                                          "stripe, a power of two of stripes");
+    if (nseqs < 1 || (nseqs & (nseqs - 1))) {
+        PyErr_SetString(PyExc_ValueError, "Store: number of stripes must be a power of two");
         return -1;
     }
     if ((uniform_len <= 0) != (lens != Py_None)) {
@@ -105,7 +103,7 @@ static int Store_init(StoreObject *self, PyObject *args, PyObject *kwargs) {
             self->s.home_shift++;
     self->s.uniform_len = uniform_len > 0 ? uniform_len : 0;
     self->s.slab_floats = nslab;
-    self->s.stripe_mask = (uint64_t)nstripes - 1;
+    self->s.stripe_mask = (uint64_t)nseqs - 1;
     if (self->s.uniform_len) {
         self->s.home_floats = num_home * self->s.uniform_len;
     } else { /* the home rows back to back, in home order */
@@ -503,8 +501,7 @@ static PyObject *Store_inspect(StoreObject *self, PyObject *args) {
     if (check_keys_in_range(self, keys, n) < 0) goto fail;
     const int token = held_enter(&self->held);
     for (Py_ssize_t i = 0; i < n; i++) {
-        const uint64_t *seq =
-            &self->s.seqs[((uint64_t)keys[i] & self->s.stripe_mask) * SEQ_STRIDE];
+        const uint64_t *seq = &self->s.seqs[(uint64_t)keys[i] & self->s.stripe_mask];
         int state;
         int64_t version, slot;
         double synced;

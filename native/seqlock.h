@@ -17,12 +17,6 @@
  * microsecond, but with more threads than cores the holder may be descheduled. */
 #define SPINS_BEFORE_YIELD 64
 
-/* uint64 words per stripe: each stripe's sequence word has a 64-byte cache line to itself.
- * Packed (8 to a line), two threads writing random keys wrote the same lines all the time: the
- * baseline's table measured 44-45 us per scatter of 1,500 random rows with two threads against
- * 29 us alone when its locks were packed, 29-30 us once spread (native/kernels/table.c). */
-#define SEQ_STRIDE 8
-
 static inline uint64_t read_begin(const uint64_t *seq) {
     int spins = 0;
     for (;;) {
