@@ -167,6 +167,24 @@ fail:
     return NULL;
 }
 
+/* The checks mf_plan and mf_train_table share: one cols and vals item per entry (rows), and
+ * one reg_of and row_of item per key, num_rows of them matrix rows. 0, or -1 with an error. */
+static int check_matrix(const char *fn, int64_t ne, int64_t ncols, int64_t nvals, int64_t nkeys,
+                        int64_t nrow_of, long long num_rows) {
+    if (ncols != ne || nvals != ne) {
+        PyErr_Format(PyExc_ValueError, "%s: rows, cols and vals need one item per entry, got "
+                     "%lld, %lld, %lld", fn, (long long)ne, (long long)ncols, (long long)nvals);
+        return -1;
+    }
+    if (num_rows < 0 || num_rows > nkeys || nrow_of != nkeys || nkeys > INT32_MAX) {
+        PyErr_Format(PyExc_ValueError, "%s: reg_of and row_of need one item per key (got %lld "
+                     "and %lld, at most 2**31 - 1), num_rows %lld of them", fn,
+                     (long long)nkeys, (long long)nrow_of, num_rows);
+        return -1;
+    }
+    return 0;
+}
+
 static PyObject *py_mf_plan(PyObject *module, PyObject *args, PyObject *kwargs) {
     static const char *fn = "mf_plan";
     static char *kwlist[] = {"rows", "cols", "vals", "num_rows", "reg_of", "row_of", "points",
@@ -194,18 +212,8 @@ static PyObject *py_mf_plan(PyObject *module, PyObject *args, PyObject *kwargs) 
     for (int i = 5; i < vs.n; i++) /* the written buffers: row_of onwards */
         if (check_no_overlap(&vs, &vs.v[i], fn, "an output") < 0) goto fail;
     const int64_t ne = count(rows), n = count(points), nkeys = count(reg_of);
-    if (count(cols) != ne || count(vals) != ne) {
-        PyErr_Format(PyExc_ValueError, "%s: rows, cols and vals need one item per entry, got "
-                     "%lld, %lld, %lld", fn, (long long)ne, (long long)count(cols),
-                     (long long)count(vals));
+    if (check_matrix(fn, ne, count(cols), count(vals), nkeys, count(row_of), num_rows) < 0)
         goto fail;
-    }
-    if (num_rows < 0 || num_rows > nkeys || count(row_of) != nkeys || nkeys > INT32_MAX) {
-        PyErr_Format(PyExc_ValueError, "%s: reg_of and row_of need one item per key (got %lld "
-                     "and %lld, at most 2**31 - 1), num_rows %lld of them", fn,
-                     (long long)nkeys, (long long)count(row_of), num_rows);
-        goto fail;
-    }
     if (count(keys) < 2 * n || count(reg) < 2 * n || count(w_rows) < n || count(h_rows) < n ||
         count(x) < n) {
         PyErr_Format(PyExc_ValueError, "%s: keys and reg need room for 2 * len(points) = %lld "
@@ -275,18 +283,8 @@ static PyObject *py_mf_train_table(PyObject *module, PyObject *args, PyObject *k
         if (check_no_overlap(&vs, &vs.v[i], fn, "an output") < 0) goto fail;
     const int64_t ne = count(rows), n = count(points), nkeys = count(reg_of);
     const int64_t width = 2 * rank, batches = (n + batch_size - 1) / batch_size;
-    if (count(cols) != ne || count(vals) != ne) {
-        PyErr_Format(PyExc_ValueError, "%s: rows, cols and vals need one item per entry, got "
-                     "%lld, %lld, %lld", fn, (long long)ne, (long long)count(cols),
-                     (long long)count(vals));
+    if (check_matrix(fn, ne, count(cols), count(vals), nkeys, count(row_of), num_rows) < 0)
         goto fail;
-    }
-    if (num_rows < 0 || num_rows > nkeys || count(row_of) != nkeys || nkeys > INT32_MAX) {
-        PyErr_Format(PyExc_ValueError, "%s: reg_of and row_of need one item per key (got %lld "
-                     "and %lld, at most 2**31 - 1), num_rows %lld of them", fn,
-                     (long long)nkeys, (long long)count(row_of), num_rows);
-        goto fail;
-    }
     if (count(key_offset) != nkeys || count(key_len) != nkeys) {
         PyErr_Format(PyExc_ValueError, "%s: key_offset and key_len need one item per key, %lld "
                      "(got %lld and %lld)", fn, (long long)nkeys, (long long)count(key_offset),
