@@ -42,8 +42,13 @@ Tables:
   the per-seed ratios, and the 2-node remote share per epoch from the JSON lines. KGE: the app's
   defaults on a generated KG of 60,000 triples (the demo's size), filtered MRR on 5,000
   validation triples, ``--kge-epochs`` epochs. WV: the ``wv-real`` corpus and settings (the
-  app's defaults), analogy accuracy and WordSim-353 Spearman by the app's own evaluation; 2
-  nodes with the default ``naive`` sampling and with ``--sampling local``.
+  app's defaults), analogy accuracy, WordSim-353 Spearman (the app's own evaluation) and the
+  training loss; 2 nodes with the default ``naive`` sampling and with ``--sampling local``, or
+  with ``--wv-replica-updates`` one run per way of merging replica updates (``sum``,
+  ``average``, and emulated rules: ``min2``, a replica's update times min(1, 2/users), and
+  ``MERGE*K``, replica pushes times K before MERGE: see ``wv_scaled``); ``--wv-nodes N``
+  compares N nodes x 1 with ``--baseline --workers N``, ``--wv-words`` and ``--wv-epochs``
+  shorten the runs for many nodes on few cores.
 
 Needs the bench extra (``pip install -e '.[bench]'``: torch for the MF peer, gensim for the
 WV peer and its test data).
@@ -351,12 +356,13 @@ def _remote_share(record: dict) -> float:
 
 
 def _per_epoch_table(title: str, metric: str, base: list[list[dict]],
-                     dist: list[list[dict]], label: str = "2 nodes x 1") -> None:
+                     dist: list[list[dict]], label: str = "2 nodes x 1",
+                     base_label: str = "baseline 1 x 2", judge: bool = True) -> None:
     """Print epoch, baseline and 2-node quality (mean [min, max] over seeds), the ratio of the
     means and the range of the per-seed ratios (same seed: same data split and initial values),
     and the 2-node remote share (mean [max])."""
     print(f"\n{title}\n")
-    print(f"| epoch | baseline 1 x 2: {metric} | {label}: {metric} | ratio of means "
+    print(f"| epoch | {base_label}: {metric} | {label}: {metric} | ratio of means "
           f"[per-seed range] | remote share mean [max] |")
     print("|---:|---|---|---|---|")
     ratios, shares = {}, {}
@@ -371,7 +377,7 @@ def _per_epoch_table(title: str, metric: str, base: list[list[dict]],
               f"{ratio.max():.3f}] | {100 * share.mean():.4f}% [{100 * share.max():.4f}%] |",
               flush=True)
     later = {e: r for e, r in ratios.items() if e >= 2}
-    if not later:
+    if not later or not judge:
         return  # one epoch: nothing from epoch 2 on to judge
     miss = [e for e, r in later.items() if r < 0.98]
     over = [e for e, r in shares.items() if r > 1e-4]
@@ -382,14 +388,17 @@ def _per_epoch_table(title: str, metric: str, base: list[list[dict]],
           + ("met" if not over else "missed at epochs " + ", ".join(map(str, over))))
 
 
-def _paired_runs(cmd: list[str], seeds: int,
-                 variants: tuple[list[str], ...] = ([],)) -> tuple[list, list[list]]:
-    """Per seed, the baseline with 2 threads, then 2 nodes x 1 with each variant's extra flags,
-    one after the other (so that a busy spell of the machine hits all of them)."""
+def _paired_runs(cmd: list[str], seeds: int, variants: tuple[list[str], ...] = ([],),
+                 nodes: int = 2, commands: tuple | None = None) -> tuple[list, list[list]]:
+    """Per seed, the baseline with ``nodes`` threads, then ``nodes`` nodes x 1 with each
+    variant's extra flags (and its own command line instead of ``cmd`` where ``commands`` has
+    one), one after the other (so that a busy spell of the machine hits all of them)."""
     base, dist = [], [[] for _ in variants]
     raw = CACHE / "per-epoch"  # every run's JSON lines, for a closer look afterwards
     raw.mkdir(parents=True, exist_ok=True)
     app = cmd[2].rsplit(".", 1)[-1]
+    commands = commands or (None,) * len(variants)
+    launch = [PY, "-m", "adapm.launch", "-n", str(nodes)]
 
     def keep(lines: list[dict], name: str) -> list[dict]:
         (raw / f"{app}-{name}-seed{seed}.json").write_text(
@@ -397,11 +406,13 @@ def _paired_runs(cmd: list[str], seeds: int,
         return lines
 
     for seed in range(seeds):
-        base.append(keep(sh([*cmd, "--seed", str(seed), "--baseline", "--workers", "2"], ENV),
-                         "baseline"))
-        for runs, extra in zip(dist, variants):
-            runs.append(keep(sh([*LAUNCH2, *cmd, "--seed", str(seed), *extra], ENV),
-                             "2x1" + "".join(extra).replace("--", "-")))
+        base.append(keep(sh([*cmd, "--seed", str(seed), "--baseline", "--workers", str(nodes)],
+                            ENV), "baseline" + ("" if nodes == 2 else str(nodes))))
+        for runs, extra, own in zip(dist, variants, commands):
+            name = (f"{nodes}x1" + "".join(extra).replace("--", "-")
+                    + ("-".join(own[2:5]) if own else ""))
+            runs.append(keep(sh([*launch, *(own or cmd), "--seed", str(seed), *extra], ENV),
+                             name))
     return base, dist
 
 
@@ -488,23 +499,105 @@ def staleness(opts) -> None:
                 print(f"| {which} | {lag} | {seed} | {mrr} |", flush=True)
 
 
+def wv_corpus(words: int) -> Path:
+    """The wv-real corpus, or its first lines up to ``words`` words (0: all of it)."""
+    corpus = english_corpus()
+    if not words:
+        return corpus
+    out = CACHE / "english" / f"corpus-shuffled-{words}.txt"
+    if not out.exists():
+        kept, total = [], 0
+        for line in corpus.read_text().splitlines():
+            if total >= words:
+                break
+            kept.append(line)
+            total += len(line.split())
+        out.write_text("\n".join(kept) + "\n")
+    return out
+
+
+# The WV app with each push to a key held here as a replica multiplied by a factor K before it
+# is merged with Config.replica_updates MERGE: ``python bench/quality.py wv-scaled MERGE K
+# APP-ARGS...``. With MERGE average and K 2 the owner's division by the users of the key makes a
+# replica's update count min(1, 2/users) (exact, as sum, at 2 nodes; damped beyond): an
+# emulation, without a change to native code, of scaling a replica's delta by min(1, 2/users)
+# instead of 1/users in native/sync_serve.c's average_delta. With MERGE sum and K < 1 every
+# replica's update is damped by K, however many nodes use the key. Not exact: the state is read
+# when the push is made (a key that turns replica or main copy before the round is scaled as it
+# was), and with average a replica whose key has one user (only its own node) counts K times.
+def wv_scaled(argv: list[str]) -> int:
+    from adapm import _store
+    from adapm.apps import wv
+
+    merge, factor, argv = argv[0], float(argv[1]), argv[2:]
+    step = wv.WVTrainer.step
+
+    class Scaled:
+        def __init__(self, worker) -> None:
+            self.worker = worker
+
+        def __getattr__(self, name):
+            return getattr(self.worker, name)
+
+        def push(self, keys, updates) -> None:
+            keys = np.asarray(keys)
+            replica = self.worker._store.states(keys) == _store.REPLICA
+            counts[0] += len(keys)
+            counts[1] += int(replica.sum())
+            if replica.any():
+                rows = updates.reshape(len(keys), -1)
+                rows[replica] *= factor  # the trainer's scratch buffer: rewritten every batch
+            self.worker.push(keys, updates)
+
+    wrapped: dict = {}
+    counts = [0, 0]  # rows pushed, rows scaled (printed to stderr at the end)
+
+    def scaled_step(self, worker, plan, sample):
+        if id(worker) not in wrapped:
+            wrapped[id(worker)] = Scaled(worker)
+        return step(self, wrapped[id(worker)], plan, sample)
+
+    wv.WVTrainer.step = scaled_step
+    rc = wv.main([*argv, "--replica-updates", merge])
+    print(f"wv-scaled: {counts[1]:,} of {counts[0]:,} pushed rows scaled (replicas)",
+          file=sys.stderr)
+    return rc
+
+
 def per_epoch_wv(opts) -> None:
     from gensim.test.utils import datapath
 
-    corpus = english_corpus()
-    cmd = [PY, "-m", "adapm.apps.wv", "--corpus", str(corpus), "--epochs", str(WV["epochs"]),
-           "--analogies", datapath("questions-words.txt"), "--similarity",
-           datapath("wordsim353.tsv"), "--eval-every", "1", "--progress", "off", "--json", "-"]
-    base, (naive, local) = _paired_runs(cmd, opts.seeds, ([], ["--sampling", "local"]))
-    title = (f"WV on real English text ({corpus.name}, 1.9M words), the app's defaults (d=100, "
-             f"window 5, 5 negatives, min-count 5, sample 1e-3, SGD), after each epoch; seeds "
-             f"0..{opts.seeds - 1}")
-    for metric, name in (("analogy", "analogy accuracy (questions-words)"),
-                         ("similarity", "WordSim-353 Spearman")):
-        for dist, label, scheme in ((naive, "2 x 1 (naive, the default)", "naive"),
-                                    (local, "2 x 1 --sampling local", "local")):
-            _per_epoch_table(f"{title}: {name}, 2 nodes with {scheme} sampling",
-                             metric, base, dist, label)
+    corpus = wv_corpus(opts.wv_words)
+    words = sum(len(line.split()) for line in corpus.read_text().splitlines())
+    n = opts.wv_nodes
+    args = ["--corpus", str(corpus), "--epochs", str(opts.wv_epochs),
+            "--analogies", datapath("questions-words.txt"), "--similarity",
+            datapath("wordsim353.tsv"), "--eval-every", "1", "--progress", "off", "--json", "-"]
+    cmd = [PY, "-m", "adapm.apps.wv", *args]
+    if opts.wv_replica_updates:
+        modes = opts.wv_replica_updates.split(",")
+        scaled = {m: ("average", "2") if m == "min2" else tuple(m.split("*"))
+                  for m in modes if m == "min2" or "*" in m}
+        variants = tuple([] if m in scaled else ["--replica-updates", m] for m in modes)
+        commands = tuple([PY, __file__, "wv-scaled", *scaled[m], *args] if m in scaled
+                         else None for m in modes)
+        labels = [(f"{n} x 1 " + ("min(1, 2/users), emulated" if m == "min2" else
+                                  f"{scaled[m][0]}, replica pushes x{scaled[m][1]}"
+                                  if m in scaled else m), m) for m in modes]
+    else:
+        variants, commands = ([], ["--sampling", "local"]), None
+        labels = [(f"{n} x 1 (naive, the default)", "naive sampling"),
+                  (f"{n} x 1 --sampling local", "local sampling")]
+    base, dists = _paired_runs(cmd, opts.seeds, variants, n, commands)
+    title = (f"WV on real English text ({corpus.name}, {words / 1e6:.2f}M words), the app's "
+             f"defaults (d=100, window 5, 5 negatives, min-count 5, sample 1e-3, SGD, naive "
+             f"sampling), after each epoch; seeds 0..{opts.seeds - 1}")
+    for metric, name, judge in (("analogy", "analogy accuracy (questions-words)", True),
+                                ("similarity", "WordSim-353 Spearman", True),
+                                ("loss", "mean training loss", False)):
+        for dist, (label, what) in zip(dists, labels):
+            _per_epoch_table(f"{title}: {name}, {n} nodes, {what}", metric, base, dist,
+                             label, f"baseline 1 x {n}", judge)
 
 
 def per_epoch(opts) -> None:
@@ -530,6 +623,17 @@ def main() -> None:
                    help="size of the generated KG of --per-epoch kge and --staleness")
     p.add_argument("--kge-variants", default="", metavar="MANAGEMENT,...",
                    help="--per-epoch kge: 2-node runs with these --management variants too")
+    p.add_argument("--wv-replica-updates", default="", metavar="MODE,...",
+                   help="--per-epoch wv: a distributed run per replica-update merge (of: sum, "
+                        "average, min2: average with replica pushes doubled, an emulation of "
+                        "scaling by min(1, 2/users); MERGE*K: MERGE with replica pushes times "
+                        "K) instead of naive and local sampling")
+    p.add_argument("--wv-nodes", type=int, default=2,
+                   help="--per-epoch wv: N nodes x 1 against --baseline --workers N")
+    p.add_argument("--wv-words", type=int, default=0,
+                   help="--per-epoch wv: the corpus's first lines up to this many words (0: all)")
+    p.add_argument("--wv-epochs", type=int, default=WV["epochs"],
+                   help="epochs of a --per-epoch WV run")
     p.add_argument("--staleness", action="store_true",
                    help="only the KGE table of quality against held-back pushes (one thread)")
     opts = p.parse_args()
@@ -544,4 +648,6 @@ def main() -> None:
 if __name__ == "__main__":
     if sys.argv[1:2] == ["lagged-kge"]:
         sys.exit(lagged_kge(sys.argv[2:]))
+    if sys.argv[1:2] == ["wv-scaled"]:
+        sys.exit(wv_scaled(sys.argv[2:]))
     main()

@@ -60,6 +60,20 @@ MIN_SGD_LR = 1e-4
 _INIT_BLOCK = 4096  # keys per deterministic block of initial values
 
 
+# Beyond this many nodes plain SGD merges replica updates averaged (see below).
+SUM_UP_TO_NODES = 4
+
+
+def default_replica_updates(sgd: bool, world_size: int) -> str:
+    """The default of --replica-updates. Plain SGD on rows that many nodes train at once
+    overshoots when their stale steps are summed: 8 nodes diverged (docs/benchmarks.md, the
+    16-core section; docs/quality.md, "replica updates"), so beyond SUM_UP_TO_NODES nodes an
+    owner averages them (local SGD's model average). Up to 4 nodes the sum was stable and
+    learned the most per epoch, and averaging cost quality (at 2 nodes WordSim-353 5-8% below
+    the baseline against 1-2% above summed). AdaGrad damps its own steps: always summed."""
+    return "average" if sgd and world_size > SUM_UP_TO_NODES else "sum"
+
+
 @dataclass
 class _Plan:
     keys: np.ndarray      # the batch's distinct keys, in order of first use
@@ -82,11 +96,8 @@ class WVTask:
         self.dim, self.window, self.neg = opts.dim, opts.window, opts.neg
         self.lr, self.seed = opts.lr, opts.seed
         self.sgd = getattr(opts, "optimizer", "sgd") == "sgd"
-        # Plain SGD on rows that many nodes train at once overshoots when their stale steps are
-        # summed (8 nodes diverged: docs/benchmarks.md, the 16-core section); averaged, they
-        # are local SGD's model average. AdaGrad damps its own steps and keeps exact sums.
-        self.replica_updates = getattr(opts, "replica_updates", None) or (
-            "average" if self.sgd else "sum")
+        self.replica_updates = getattr(opts, "replica_updates", None) or \
+            default_replica_updates(self.sgd, adapm.Config.from_env(num_keys=1).world_size)
         V = self.vocab_size = len(corpus.words)
         self.num_keys = 2 * V
         self.value_length = 2 * self.dim
@@ -292,8 +303,8 @@ def parser() -> argparse.ArgumentParser:
                         "1e-4 of itself, the accumulator after each vector)")
     p.add_argument("--replica-updates", choices=("sum", "average"), default=None,
                    help="how an owner merges the updates of a word's replicas on other nodes "
-                        "(adapm.Config.replica_updates; default: average with sgd, whose "
-                        "summed stale steps diverged on 8 nodes, sum with adagrad)")
+                        "(adapm.Config.replica_updates; default: sum, but average with sgd on "
+                        "more than 4 nodes, where summed stale steps diverged)")
     p.add_argument("--lr", type=_argtypes.positive_float, default=0.025,
                    help="starting learning rate (gensim's alpha)")
     p.add_argument("--sampling", choices=("naive", "local"), default="naive",
