@@ -8,6 +8,7 @@
 #include "check.h"
 #include "directory.h"
 #include "module.h"
+#include "outbox.h"
 #include "policy.h"
 
 typedef struct {
@@ -18,6 +19,7 @@ typedef struct {
     records_t recs;     /* d.recs */
     pins_t pins;        /* d.pins */
     check_scratch_t scratch; /* check_message's and check_sync_answer's */
+    outbox_t outbox;    /* moves decided here, held per peer until sent (outbox.h) */
     int ready;
 } DirectoryObject;
 
@@ -30,6 +32,7 @@ static int refuse_repeated(DirectoryObject *self, const int64_t *keys, int64_t n
 static void Directory_dealloc(DirectoryObject *self) {
     rs_free(&self->held);
     check_scratch_free(&self->scratch);
+    outbox_free(&self->outbox);
     if (self->ready) {
         rec_free(&self->recs);
         pins_free(&self->pins);
@@ -78,7 +81,8 @@ static int Directory_init(DirectoryObject *self, PyObject *args, PyObject *kwarg
         PyErr_NoMemory();
         return -1;
     }
-    if (pins_init(&self->pins) < 0) {
+    if (outbox_init(&self->outbox, world_size, d->words) < 0 || pins_init(&self->pins) < 0) {
+        outbox_free(&self->outbox);
         rec_free(&self->recs);
         free(d->home_owner);
         d->home_owner = NULL;
@@ -184,15 +188,33 @@ static PyObject *new_buffers(int count, const Py_ssize_t *bytes, void **ptrs) {
     return tuple;
 }
 
+/* The n bytearrays as numpy views of the codec's dtypes (roles: check.c's letters): a new
+ * tuple, or NULL with an exception set. A view pins its bytearray's size: resize first. */
+static PyObject *as_views(PyObject *const *bufs, const char *roles, int n) {
+    PyObject *t = PyTuple_New(n);
+    if (!t) return NULL;
+    for (int i = 0; i < n; i++) {
+        const int64_t items = PyByteArray_GET_SIZE(bufs[i]) / wire_itemsize(roles[i]);
+        PyObject *view = wire_view(bufs[i], roles[i], items, 0);
+        if (!view) {
+            Py_DECREF(t);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(t, i, view);
+    }
+    return t;
+}
+
 /* The decision on node's reports for keys[0..n) with flags (keys checked in range, unique):
- * (dropped, relocations, setups, home_updates), see the docstring of decide. NULL with an
- * exception set (nothing changed) if a key is not owned here. */
+ * (dropped, relocated, per_rank), see the docstring of decide; its moves join the peers' held
+ * moves (outbox.h). NULL with an exception set (nothing changed) if a key is not owned here. */
 static PyObject *decide_batch(DirectoryObject *self, int variant, int64_t node,
                               const int64_t *keys, int64_t n, const uint8_t *flags) {
     const directory_t *d = &self->d;
-    PyObject *result = NULL, *groups[3] = {NULL, NULL, NULL};
-    int64_t *relocate_to = NULL, *cursor = NULL, *r_slots = NULL;
-    uint64_t *setup = NULL;
+    PyObject *result = NULL, *relocated = NULL, *per_rank = NULL;
+    int64_t *relocate_to = NULL, *cursor = NULL, *ints = NULL;
+    uint64_t *setup = NULL, *masks = NULL;
+    float *floats = NULL;
     const int64_t w = d->words, world = d->world_size;
     if (!d->masks) {
         PyErr_SetString(PyExc_ValueError, "decide: this directory keeps no intent masks "
@@ -223,52 +245,131 @@ static PyObject *decide_batch(DirectoryObject *self, int variant, int64_t node,
         goto done;
     }
     if (!z.relocations && !z.setups) { /* the common case: nothing moves */
-        result = Py_BuildValue("LOOO", (long long)dropped, Py_None, Py_None, Py_None);
+        result = Py_BuildValue("LOO", (long long)dropped, Py_None, Py_None);
         goto done;
     }
-    decide_out_t o;
-    const Py_ssize_t cb = world * 8, r = z.relocations, sp = z.setups, h = z.home_updates;
-    const Py_ssize_t rbytes[7] = {cb, r * 8, z.relocation_floats * 4, r * 8, r * w * 8,
-                                  r * w * 8, r * 8};
-    void *rp[7];
-    if (!(groups[0] = new_buffers(7, rbytes, rp))) goto done;
-    o.r_count = rp[0]; o.r_keys = rp[1]; o.r_values = rp[2]; o.r_versions = rp[3];
-    o.r_s = rp[4]; o.r_r = rp[5]; o.r_epochs = rp[6];
-    if (!(r_slots = PyMem_Malloc((size_t)(r ? r : 1) * sizeof(int64_t)))) {
+    /* Scratch for the decision (decide_out_t), copied to the held moves after; everything
+     * that can fail comes before dir_decide_execute changes anything. */
+    const int64_t r = z.relocations, sp = z.setups, h = z.home_updates;
+    const int64_t nints = 3 * world + 4 * r + 2 * sp + 3 * h + (world > sp ? world : sp);
+    ints = PyMem_Malloc((size_t)nints * sizeof(int64_t));
+    masks = PyMem_Malloc((size_t)(r ? 2 * r * w : 1) * sizeof(uint64_t));
+    floats = PyMem_Malloc((size_t)(z.relocation_floats + z.setup_floats + 1) * sizeof(float));
+    if (!ints || !masks || !floats) {
         PyErr_NoMemory();
         goto done;
     }
-    o.r_slots = r_slots;
-    const Py_ssize_t sbytes[4] = {cb, sp * 8, z.setup_floats * 4, sp * 8};
-    void *spp[4];
-    if (!(groups[1] = new_buffers(4, sbytes, spp))) goto done;
-    o.s_count = spp[0]; o.s_keys = spp[1]; o.s_values = spp[2]; o.s_versions = spp[3];
-    const Py_ssize_t hbytes[4] = {cb, h * 8, h * 8, h * 8};
-    void *hp[4];
-    if (!(groups[2] = new_buffers(4, hbytes, hp))) goto done;
-    o.h_count = hp[0]; o.h_keys = hp[1]; o.h_owners = hp[2]; o.h_epochs = hp[3];
-    cursor = PyMem_Malloc((size_t)(world > sp ? world : sp) * sizeof(int64_t));
-    if (!cursor) {
+    void *kp;
+    if (r && (!(relocated = new_array(r, 8, &kp)) || !(per_rank = new_array(world, 8, &kp))))
+        goto done;
+    decide_out_t o;
+    int64_t *at = ints;
+    o.r_count = at, at += world;
+    o.s_count = at, at += world;
+    o.h_count = at, at += world;
+    o.r_keys = at, at += r;
+    o.r_versions = at, at += r;
+    o.r_epochs = at, at += r;
+    o.r_slots = at, at += r;
+    o.s_keys = at, at += sp;
+    o.s_versions = at, at += sp;
+    o.h_keys = at, at += h;
+    o.h_owners = at, at += h;
+    o.h_epochs = at, at += h;
+    cursor = at;
+    o.r_s = masks;
+    o.r_r = masks + r * w;
+    o.r_values = floats;
+    o.s_values = floats + z.relocation_floats;
+    if (outbox_reserve_decision(&self->outbox, d, keys, n, relocate_to, setup) < 0) {
         PyErr_NoMemory();
         goto done;
     }
     int64_t ok;
     NOGIL_BEGIN(z.relocation_floats + z.setup_floats + n)
     ok = dir_decide_execute(d, keys, n, relocate_to, setup, &z, &o, cursor);
+    if (ok >= 0) outbox_append_decision(&self->outbox, d, &o, &z);
     NOGIL_END
     if (ok < 0) { /* cannot happen: ownership was checked above, and only this thread moves keys */
         PyErr_SetString(PyExc_RuntimeError, "decide: a key vanished while it was relocated");
         goto done;
     }
-    result = Py_BuildValue("LOOO", (long long)dropped, z.relocations ? groups[0] : Py_None,
-                           z.setups ? groups[1] : Py_None, h ? groups[2] : Py_None);
+    if (r) {
+        memcpy(PyByteArray_AS_STRING(relocated), o.r_keys, (size_t)r * 8);
+        memcpy(PyByteArray_AS_STRING(per_rank), o.r_count, (size_t)world * 8);
+    }
+    result = Py_BuildValue("LOO", (long long)dropped, r ? relocated : Py_None,
+                           r ? per_rank : Py_None);
 done:
-    for (int i = 0; i < 3; i++) Py_XDECREF(groups[i]);
+    Py_XDECREF(relocated);
+    Py_XDECREF(per_rank);
     PyMem_Free(relocate_to);
     PyMem_Free(setup);
-    PyMem_Free(cursor);
-    PyMem_Free(r_slots);
+    PyMem_Free(ints);
+    PyMem_Free(masks);
+    PyMem_Free(floats);
     return result;
+}
+
+/* take_moves(dst) -> None, or the 12 move arrays held for dst (numpy views of one new buffer,
+ * the shared empties where a section is empty); nothing is held for dst afterwards. */
+static PyObject *Directory_take_moves(DirectoryObject *self, PyObject *arg) {
+    const long long dst = PyLong_AsLongLong(arg);
+    if (dst == -1 && PyErr_Occurred()) return NULL;
+    if (dst < 0 || dst >= self->d.world_size) {
+        PyErr_SetString(PyExc_ValueError, "take_moves: rank outside the world");
+        return NULL;
+    }
+    outbox_t *ob = &self->outbox;
+    if (!outbox_holds(ob, dst)) Py_RETURN_NONE;
+    static const char roles[OUTBOX_ARRAYS] = {'k', 'r', 'v', 'm', 'm', 'v',
+                                              'k', 'r', 'v', 'k', 'n', 'v'};
+    int64_t offset[OUTBOX_ARRAYS], total = 0;
+    for (int i = 0; i < OUTBOX_ARRAYS; i++) {
+        offset[i] = total;
+        total += (outbox_bytes(ob, dst, i) + 7) & ~(int64_t)7; /* each view 8-aligned */
+    }
+    void *base;
+    PyObject *buf = new_array(total, 1, &base);
+    if (!buf) return NULL;
+    PyObject *out = PyTuple_New(OUTBOX_ARRAYS);
+    if (!out) {
+        Py_DECREF(buf);
+        return NULL;
+    }
+    for (int i = 0; i < OUTBOX_ARRAYS; i++) {
+        outbox_copy(ob, dst, i, (char *)base + offset[i]);
+        const int64_t items = outbox_bytes(ob, dst, i) / (roles[i] == 'r' ? 4 : 8);
+        PyObject *view = wire_view(buf, roles[i], items, offset[i]);
+        if (!view) {
+            Py_DECREF(out);
+            Py_DECREF(buf);
+            return NULL; /* still held */
+        }
+        PyTuple_SET_ITEM(out, i, view);
+    }
+    Py_DECREF(buf);
+    outbox_clear(ob, dst);
+    return out;
+}
+
+/* held_peers() -> tuple of the ranks moves are held for. */
+static PyObject *Directory_held_peers(DirectoryObject *self, PyObject *unused) {
+    const outbox_t *ob = &self->outbox;
+    int64_t count = 0;
+    for (int64_t r = 0; r < self->d.world_size; r++) count += outbox_holds(ob, r);
+    PyObject *out = PyTuple_New(count);
+    if (!out) return NULL;
+    for (int64_t r = 0, at = 0; r < self->d.world_size && at < count; r++) {
+        if (!outbox_holds(ob, r)) continue;
+        PyObject *rank = PyLong_FromLongLong(r);
+        if (!rank) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(out, at++, rank);
+    }
+    return out;
 }
 
 /* decide(variant, node, keys, has_intent) -> (dropped, relocations, setups, home_updates) */
@@ -399,10 +500,8 @@ static PyObject *Directory_serve_sync(DirectoryObject *self, PyObject *args) {
         || PyByteArray_Resize(arrays[3], a.nvalues * 4) < 0)
         goto done;
     if (oi && !(decision = decide_batch(self, variant, origin, ikeys, oi, iflags))) goto done;
-    PyObject *answer = owned || p.redirects || p.backs
-                           ? PyTuple_Pack(8, arrays[0], arrays[1], arrays[2], arrays[3],
-                                          arrays[4], arrays[5], arrays[6], arrays[7])
-                           : Py_NewRef(Py_None);
+    PyObject *answer = owned || p.redirects || p.backs ? as_views(arrays, "pvprpnpr", 8)
+                                                       : Py_NewRef(Py_None);
     if (!answer) goto done;
     result = Py_BuildValue("NOOO", answer, decision ? decision : Py_None,
                            p.rest ? rest[0] : Py_None, p.rest ? rest[1] : Py_None);
@@ -487,6 +586,7 @@ static PyObject *Directory_round_requests(DirectoryObject *self, PyObject *args)
         || PyByteArray_Resize(out[10], r.nc * 8) < 0 || PyByteArray_Resize(out[11], r.nc * 8) < 0
         || PyByteArray_Resize(out[12], r.nc * 8) < 0)
         Py_CLEAR(result);
+    if (result) Py_SETREF(result, as_views(out, "kckkpfkprvkpv", 13));
 done:
     for (int i = 0; i < 8; i++) PyMem_Free(scratch[i]);
     for (int i = 0; i < got; i++) PyBuffer_Release(&v[i]);
@@ -895,7 +995,8 @@ static PyObject *Directory_dense(DirectoryObject *self, PyObject *unused) {
  * beyond the store (home table, records, their map, the replica set). */
 static PyObject *Directory_memory(DirectoryObject *self, PyObject *unused) {
     const int64_t bytes = self->d.num_home * (int64_t)sizeof(int32_t) + rec_bytes(&self->recs)
-                          + self->held.cap * (int64_t)sizeof(int64_t);
+                          + self->held.cap * (int64_t)sizeof(int64_t)
+                          + outbox_capacity(&self->outbox);
     return Py_BuildValue("LL", (long long)rec_count(&self->recs), (long long)bytes);
 }
 
@@ -1074,7 +1175,7 @@ static PyMethodDef Directory_methods[] = {
      "replica_count() -> int. How many keys are held here as replicas."},
     {"round_requests", (PyCFunction)Directory_round_requests, METH_VARARGS,
      "round_requests(rkeys, rflags) -> (drop_keys, counts, keys, ikeys, ipos, iflags, "
-     "dkeys, dpos, drows, dver, ckeys, cpos, cver), bytearrays. A sync round's "
+     "dkeys, dpos, drows, dver, ckeys, cpos, cver), numpy arrays of the codec's dtypes. A sync round's "
      "SYNC requests (directory.h, dir_round_*): reports rkeys (not owned here, unique; uint8 "
      "flags) and the replicas held here. Replicas whose intent ended are dropped (their "
      "keys; their slots are free again), the others send their delta or their version; every entry "
@@ -1086,21 +1187,26 @@ static PyMethodDef Directory_methods[] = {
      "sections; see directory.h, dir_sync_*): merges the owned deltas, answers owned deltas "
      "and checks, decides on owned intent reports (decision as decide returns it, or None), "
      "redirects reports for keys elsewhere and returns deltas and checks for keys that went "
-     "to origin. answer: the 8 keyed arrays of the SYNC_RESP (bytearrays: positions, "
+     "to origin. answer: the 8 keyed arrays of the SYNC_RESP (numpy arrays: positions, "
      "versions, refresh positions, values, redirect positions, ranks, back positions, rows), "
      "or None when nothing is answered here; rest_index, rest_hop: the entries left (numbered "
      "over the sections) and where they go next (-1: on their way here), or None. Checks "
      "every buffer first (keys in range, intent reports unique, sizes that agree): ValueError "
      "or IndexError, nothing changed."},
     {"decide", (PyCFunction)Directory_decide, METH_VARARGS,
-     "decide(variant, node, keys, has_intent) -> (dropped, relocations, setups, home_updates). "
-     "Node `node` reports whether it has intent for keys (unique, uint8 flags), all owned "
-     "here: the policy decides and its decision is carried out (directory.h, dir_decide_*). "
-     "relocations: (count, keys, values, versions, S, R, epochs), setups: (count, "
-     "keys, values, versions), home_updates: (count, keys, owners, epochs), each a tuple of "
-     "bytearrays (int64, float32, uint64 masks) ordered by destination rank, count[r] entries "
-     "for rank r; None when empty. ValueError (nothing "
-     "changed) if a key is not owned here."},
+     "decide(variant, node, keys, has_intent) -> (dropped, relocated, per_rank). Node `node` "
+     "reports whether it has intent for keys (unique, uint8 flags), all owned here: the "
+     "policy decides and its decision is carried out (directory.h, dir_decide_*). The "
+     "relocations, replica set-ups and home updates it makes join the moves held for each "
+     "peer (take_moves). dropped: replicas dropped; relocated: the keys that left (int64, "
+     "ordered by destination; per_rank: how many went to each rank), both None when none "
+     "left. ValueError (nothing changed) if a key is not owned here."},
+    {"take_moves", (PyCFunction)Directory_take_moves, METH_O,
+     "take_moves(dst) -> None or a tuple of 12 numpy arrays. The moves held for rank dst, as "
+     "a carrier's move sections (protocol.MOVE_SECTIONS; each section's entries in the order "
+     "decided); nothing is held for dst afterwards. Engine thread."},
+    {"held_peers", (PyCFunction)Directory_held_peers, METH_NOARGS,
+     "held_peers() -> tuple of ints. The ranks that moves are held for."},
     {"relocate_in", (PyCFunction)Directory_relocate_in, METH_VARARGS,
      "relocate_in(keys, values, versions, s_in, r_in, epochs, was_replica) -> None. Keys "
      "arrive as main copies (replicas promoted, others get a slot and are inserted). "

@@ -137,4 +137,8 @@ typedef struct {
 
 extern PyTypeObject IntentCountsType;
 
+/* A numpy view (the codec's dtype of role, a letter of check.c) of count items at byte offset
+ * of buf; the shared empty array of role when count is 0 (wire_module.c; after wire_setup). */
+PyObject *wire_view(PyObject *buf, char role, int64_t count, int64_t offset);
+
 #endif

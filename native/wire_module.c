@@ -89,6 +89,14 @@ static PyObject *view_of(PyObject *buf, char role, int64_t count, int64_t offset
     return r;
 }
 
+PyObject *wire_view(PyObject *buf, char role, int64_t count, int64_t offset) {
+    if (!frombuffer) {
+        PyErr_SetString(PyExc_RuntimeError, "wire_view: wire_setup has not run");
+        return NULL;
+    }
+    return view_of(buf, role, count, offset);
+}
+
 static PyObject *malformed(const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);

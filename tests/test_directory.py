@@ -25,11 +25,23 @@ from adapm._engine.timing import ImmediateTimer
 from adapm._engine.routing import Router, group_by_node, home_keys, home_of
 from adapm._engine.state import NodeState
 from adapm._store import NONE, OWNER, REPLICA, Store
-from adapm._engine.native import ROUND as _ROUND_DTYPES
-from adapm._engine.state import _merged
-from adapm._wire.protocol import HOME_UPDATES, NO_MOVES, RELOCATIONS, SETUPS, Kind, Message
+from adapm._wire.protocol import (
+    DTYPES, HOME_UPDATES, MOVE_SECTIONS, NO_MOVES, RELOCATIONS, SETUPS, Kind, Message,
+)
 
 NUM_KEYS = 12
+
+
+def _merged(held: list) -> list:
+    """The flat move arrays of one peer's moves, held per section as a list of array lists:
+    each section's parts concatenated (as the engine sends them)."""
+    out = []
+    for section, parts in zip(MOVE_SECTIONS, held):
+        if not parts:
+            out.extend(np.empty(0, dtype=DTYPES[role]) for role in section)
+        else:
+            out.extend(np.concatenate(column) for column in zip(*parts))
+    return out
 
 
 def _config(world_size: int, rank: int, lengths, management="adaptive") -> adapm.Config:
@@ -283,8 +295,7 @@ def test_native_decisions_and_relocations_match_the_reference(case):
             node._decide(keys, reporter, flags)
             dropped, expected = ref.decide(keys, reporter, flags)
             assert node.counters["replica_drops_at_owner"] - drops == dropped
-            sent = {peer: _merged(held) for peer, held in node._held.items()}
-            node._held.clear()
+            sent = node.held_moves()
             assert sorted(sent) == sorted(expected)
             for peer, arrays in sent.items():
                 for got, want in zip(arrays, expected[peer]):
@@ -417,8 +428,7 @@ def _check_round(node: NodeState, ref: Reference, rng) -> None:
     iflags = rng.integers(0, 2, len(ikeys)).astype(bool)
     held = np.frombuffer(node.directory.replica_keys(), dtype=np.int64).copy()
     drop, expected, keys = ref.round_requests(ikeys, iflags, held)
-    out = [np.frombuffer(b, dtype=t) for b, t in zip(
-        node.directory.round_requests(ikeys, iflags.view(np.uint8)), _ROUND_DTYPES)]
+    out = node.directory.round_requests(ikeys, iflags.view(np.uint8))
     np.testing.assert_array_equal(out[0], drop)
     np.testing.assert_array_equal(out[2], keys)
     counts = out[1].reshape(3, node.world_size)
@@ -472,8 +482,7 @@ def _check_sync(node: NodeState, ref: Reference, rng, world_size: int) -> None:
             np.testing.assert_array_equal(got, want)
     # Every peer's moves were held first, then rode along with the first carrier to it (the
     # answer, or a SYNC forwarded there), or are held still.
-    held = {peer: _merged(h) for peer, h in node._held.items()}
-    node._held.clear()
+    held = node.held_moves()
     for dst, m in out:
         if m.kind in (Kind.SYNC, Kind.SYNC_RESP) and any(len(a) for a in m.moves()):
             assert dst not in held
@@ -507,7 +516,7 @@ def test_deciding_on_a_key_not_owned_changes_nothing():
         node._decide(np.array([0, 1], dtype=np.int64), 0, np.zeros(2, dtype=bool))
     np.testing.assert_array_equal(store.snapshot()["state"], before[0])
     assert node.directory.dense() == before[1]
-    assert not node._held
+    assert not node.held_moves()
     with pytest.raises(ValueError, match="key 2 is owned here already"):
         node._relocate_in(1, np.array([1, 2], dtype=np.int64), np.zeros(4, np.float32),
                           np.zeros(2, np.int64), np.zeros(2, np.uint64), np.zeros(2, np.uint64),

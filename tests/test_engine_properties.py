@@ -294,7 +294,7 @@ def test_returned_deltas_for_keys_that_moved_on_are_sent_on():
                        np.array([4], np.uint64), np.zeros(1, np.uint64), np.ones(1, i64))
     state._decide(np.array([0], i64), 2, np.ones(1, dtype=bool))
     assert state.directory_view()["forward"][0] == 2
-    state._held.clear()
+    state.held_moves()  # taken and dropped
     state._out = out = []
     state._returned(np.array([0]), np.array([5.0, 6.0], dtype=np.float32))
     while state._local:

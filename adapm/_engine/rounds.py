@@ -263,8 +263,8 @@ class Rounds:
         # dropped now and its last delta travels with the report; the other replicas send
         # their delta or version; all grouped by owner (hint).
         (drop_keys, counts, keys, rkeys, rpos, rflags, dkeys, dpos, drows, dver, ckeys, cpos,
-         cver) = native.views(self.directory.round_requests(
-             np.ascontiguousarray(ikeys, dtype=np.int64), iflags.view(np.uint8)), native.ROUND)
+         cver) = self.directory.round_requests(np.ascontiguousarray(ikeys, dtype=np.int64),
+                                               iflags.view(np.uint8))
         if len(drop_keys):
             store.removing(drop_keys)
             self.counters["replica_drops"] += len(drop_keys)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 from .._store import OWNER
-from .._wire.protocol import HOME_UPDATES, NO_MOVES, RELOCATIONS, SETUPS, Kind, Message, subset
+from .._wire.protocol import NO_MOVES, Kind, Message, subset
 from . import native
 from .routing import group_by_node
 from .stream import Event
@@ -66,7 +66,7 @@ class Serving:
         if decision is not None:
             self._decided(decision)
         if answer is not None:
-            arrays = native.views(answer, native.ANSWER)
+            arrays = answer
             if len(arrays[5]):  # redirects to this node: reports deferred (keys pinned here)
                 self.counters["deferred_reports"] += int(np.count_nonzero(arrays[5] == self.rank))
             self._post(msg.header["o"], Kind.SYNC_RESP, msg.req_id, [*arrays, *NO_MOVES])
@@ -142,8 +142,8 @@ class Serving:
     def _decide(self, keys: np.ndarray, node: int, has_intent: np.ndarray) -> None:
         """Node ``node`` reports whether it has intent for ``keys`` (unique, owned here): the
         policy decides, and relocations, replica set-ups and home updates are carried out in
-        one native pass (native/directory.c, ``dir_decide_*``); here they are only handed to
-        the peers' held moves. Its reference in numpy: ``policy.on_intent`` and the pieces of
+        one native pass (native/directory.c, ``dir_decide_*``), which also holds them for the
+        peers (native/outbox.h). Its reference in numpy: ``policy.on_intent`` and the pieces of
         tests/test_directory.py."""
         if self.variant < 0 or not len(keys):  # a variant without masks decides nothing
             return
@@ -152,50 +152,21 @@ class Serving:
             np.ascontiguousarray(has_intent, dtype=bool).view(np.uint8)))
 
     def _decided(self, decision: tuple) -> None:
-        """Hand what ``directory.decide`` (or ``serve_sync``) did to the peers' held moves."""
-        dropped, relocations, setups, homes = decision
+        """What ``directory.decide`` (or ``serve_sync``) did: its moves are held for the peers
+        in the directory already (``take_moves``); here the keys that left stop being sampled
+        and are counted."""
+        dropped, relocated, per_rank = decision
         self.counters["replica_drops_at_owner"] += dropped
-        if relocations is not None:
-            self._relocated_out(*native.views(relocations, native.RELOCATIONS))
-        if setups is not None:
-            count, skeys, values, versions = native.views(setups, native.SETUPS)
-            for dst, a, b, fa, fb in self._runs(count, skeys):
-                self._hold_move(dst, SETUPS, [skeys[a:b], values[fa:fb], versions[a:b]])
-        if homes is not None:
-            count, hkeys, owners, epochs = native.views(homes, native.HOME_UPDATES)
-            for home, a, b, _, _ in self._runs(count, None):
-                self._hold_move(home, HOME_UPDATES, [hkeys[a:b], owners[a:b], epochs[a:b]])
-
-    def _relocated_out(self, count, keys, values, versions, intent, replicas, epochs) -> None:
-        """Keys left (``directory.decide``), ordered by destination: each destination's part
-        waits for a carrier to it."""
-        store, words = self.store, self.policy.words
-        store.removing(keys)
+        if relocated is None:
+            return
+        keys = np.frombuffer(relocated, dtype=native.KEYS)
+        self.store.removing(keys)
         self.counters["relocations_out"] += len(keys)
-        for dst, a, b, fa, fb in self._runs(count, keys):
-            if self.sinks:
-                self._emit(Event.DEALLOC, keys[a:b], dst)
-            self._hold_move(dst, RELOCATIONS,
-                            [keys[a:b], values[fa:fb], versions[a:b],
-                             intent[a * words:b * words], replicas[a * words:b * words],
-                             epochs[a:b]])
-
-    def _runs(self, count: np.ndarray, keys) -> list:
-        """[(rank, first, end, first float, end float)] of each rank's run in entries ordered by
-        rank, ``count[r]`` of them for rank r; the float bounds are over the packed values of
-        ``keys`` (0 when ``keys`` is None: entries without values)."""
-        ranks = np.flatnonzero(count)
-        ends = np.cumsum(count[ranks])
-        starts = ends - count[ranks]
-        if keys is None:
-            first = last = np.zeros(len(ranks), dtype=np.int64)
-        elif self.store.uniform_length:
-            first, last = starts * self.store.uniform_length, ends * self.store.uniform_length
-        else:
-            row_at = np.concatenate(([0], np.cumsum(self.store.lengths_of(keys))))
-            first, last = row_at[starts], row_at[ends]
-        return [(int(r), int(a), int(b), int(fa), int(fb))
-                for r, a, b, fa, fb in zip(ranks, starts, ends, first, last)]
+        if self.sinks:
+            count = np.frombuffer(per_rank, dtype=native.KEYS)
+            ends = np.cumsum(count)
+            for dst in np.flatnonzero(count):
+                self._emit(Event.DEALLOC, keys[ends[dst] - count[dst]:ends[dst]], int(dst))
 
     def _relocate_in(self, src: int, keys, values, versions, intent, replicas, epochs) -> None:
         """Keys relocated here: a replica held here is promoted (its unsent updates are added to

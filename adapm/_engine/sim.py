@@ -149,7 +149,8 @@ class Simulation:
     def settle(self) -> None:
         """Run until no message is in flight and no round runs (rounds may still be due)."""
         self.run_until(lambda: not self.network.links_with_mail()
-                       and not any(e.state._open or e.state._held for e in self.engines),
+                       and not any(e.state._open or e.state.directory.held_peers()
+                                           for e in self.engines),
                        what="settle")
 
     # --- collectives (every node at once) ----------------------------------------------------

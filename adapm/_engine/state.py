@@ -27,7 +27,7 @@ import numpy as np
 from .._native_loader import load as _load_native
 from .._store import NONE, OWNER, REPLICA
 from .._wire.protocol import (
-    ANSWERS, CARRIERS, DTYPES, KEYED, MOVE_SECTIONS, Kind, Message, message, subset,
+    ANSWERS, CARRIERS, KEYED, MOVE_SECTIONS, Kind, Message, message, subset,
 )
 from .._wire.protocol import NO_MOVES as _NO_MOVES
 from ..errors import PeerError, StateError
@@ -43,7 +43,6 @@ from .validate import problem
 _log = logging.getLogger("adapm")
 
 _native = _load_native()
-_EMPTY = {role: np.empty(0, dtype=dtype) for role, dtype in DTYPES.items()}
 
 
 class Outstanding:
@@ -82,19 +81,6 @@ _DIRECTORY_VIEW = (("hint", np.int32), ("forward", np.int32), ("epoch", np.int64
                    ("replicas", np.uint64))
 
 
-def _merged(held: list) -> list:
-    """The flat move arrays of one peer's held moves: each section's parts concatenated."""
-    out = []
-    for section, parts in zip(MOVE_SECTIONS, held):
-        if not parts:
-            out.extend(_EMPTY[role] for role in section)
-        elif len(parts) == 1:
-            out.extend(parts[0])
-        else:
-            out.extend(np.concatenate(column) for column in zip(*parts))
-    return out
-
-
 class NodeState(Serving, Rounds):
     """See the module docstring. Not thread-safe: one thread calls ``handle``; other threads
     may read ``counters`` and ``stats()`` (snapshots)."""
@@ -125,7 +111,6 @@ class NodeState(Serving, Rounds):
         self.now = 0.0
         self._local: collections.deque[Message] = collections.deque()
         self._out: list = []
-        self._held: dict[int, list] = {}  # peer -> moves not yet sent, per move section
         self._arrived = False  # keys came in: retry what waits for them
         self._scratch_buffer = np.empty(1024, dtype=np.int64)
         self.sinks: list = []  # event stream subscribers (see .stream)
@@ -235,43 +220,40 @@ class NodeState(Serving, Rounds):
         if dst == self.rank:
             self._local.append(msg)
         elif msg.kind in CARRIERS:
-            held = self._held.pop(dst, None)
-            if held is not None:  # the moves for dst ride along
-                msg.arrays[-len(_MOVE_ROLES):] = _merged(held)
+            moves = self.directory.take_moves(dst)
+            if moves is not None:  # the moves held for dst ride along
+                msg.arrays[-len(_MOVE_ROLES):] = moves
             self._out.append(Send(dst, msg))
         else:
             self._release(dst)  # moves for dst go first
             self._out.append(Send(dst, msg))
 
-    def _hold_move(self, dst: int, section: int, arrays: list) -> None:
-        """A relocation, replica or home update for ``dst``: held until a message to ``dst``
-        goes out that can carry it (SYNC, SYNC_RESP), or a message that must not overtake it
-        (any other), or the next round starts (see :meth:`_release`)."""
-        held = self._held.get(dst)
-        if held is None:
-            held = self._held[dst] = [[], [], []]
-        held[section].append(arrays)
-
     def _release(self, dst: int) -> None:
         """Send the moves held for ``dst`` on their own (one MOVES message).
 
-        Moves have no request id and their arrays are per key, so all moves for one peer merge
-        into one message. They wait for a message that carries them: every round exchanges a
-        SYNC and a SYNC_RESP with each peer it has business with, so a relocation or replica
-        decided while serving a peer's SYNC goes out with the answer, and home updates with the
-        next round's SYNC (bench/adaptive.py, 2 nodes: ~5.5 messages per node and round when
-        each kind went on its own, one after the other). Held moves for a peer always go before
-        any other message to it (a relocation before the answer that reports it, before a
-        request forwarded to the new owner); and when a round starts, or at a Tick with no
-        round running, whatever waits goes alone, so nothing waits longer than a round.
+        A decision's relocations, replica set-ups and home updates are held per peer in the
+        native directory (native/outbox.h) and wait for a message that carries them: every
+        round exchanges a SYNC and a SYNC_RESP with each peer it has business with, so a
+        relocation or replica decided while serving a peer's SYNC goes out with the answer, and
+        home updates with the next round's SYNC (bench/adaptive.py, 2 nodes: ~5.5 messages per
+        node and round when each kind went on its own, one after the other). Held moves for a
+        peer always go before any other message to it (a relocation before the answer that
+        reports it, before a request forwarded to the new owner); and when a round starts, or
+        at a Tick with no round running, whatever waits goes alone, so nothing waits longer
+        than a round.
         """
-        held = self._held.pop(dst, None)
-        if held is not None:
-            self._out.append(Send(dst, message(Kind.MOVES, self.rank, 0, _merged(held))))
+        moves = self.directory.take_moves(dst)
+        if moves is not None:
+            self._out.append(Send(dst, message(Kind.MOVES, self.rank, 0, moves)))
 
     def _release_all(self) -> None:
-        for dst in list(self._held):
+        for dst in self.directory.held_peers():
             self._release(dst)
+
+    def held_moves(self) -> dict:
+        """Takes the moves held for every peer: {rank: the 12 move arrays} (tests, and the
+        simulator's check that nothing is left to send)."""
+        return {dst: list(self.directory.take_moves(dst)) for dst in self.directory.held_peers()}
 
     def _scratch(self, n: int) -> np.ndarray:
         """Room for the missing positions of a store call (the engine expects none)."""
