@@ -522,30 +522,28 @@ done:
     return result;
 }
 
-/* round_requests(rkeys, rflags) -> (drop_keys, counts, keys, ikeys, ipos, iflags, dkeys, dpos,
- * drows, dver, ckeys, cpos, cver) */
-static PyObject *Directory_round_requests(DirectoryObject *self, PyObject *args) {
-    PyObject *o[2];
-    if (!PyArg_ParseTuple(args, "OO", &o[0], &o[1])) return NULL;
+/* Intent counts of this node's (an IntentCounts), or NULL with an exception set. */
+static intent_counts_t *intent_counts(PyObject *obj, const char *what) {
+    if (!PyObject_TypeCheck(obj, &IntentCountsType) || !((IntentCountsObject *)obj)->ready) {
+        PyErr_Format(PyExc_TypeError, "%s: counts must be an initialised IntentCounts", what);
+        return NULL;
+    }
+    return &((IntentCountsObject *)obj)->c;
+}
+
+/* A round's requests for reports rkeys[0..nr) with rflags (checked in range, unique, not
+ * owned here) and the replicas held here: a new tuple of the 13 bytearrays (drop_keys, counts,
+ * keys, ikeys, ipos, iflags, dkeys, dpos, drows, dver, ckeys, cpos, cver; see the docstring of
+ * round_requests), or NULL with an exception set. */
+static PyObject *round_buffers(DirectoryObject *self, const int64_t *rkeys, const uint8_t *rflags,
+                               int64_t nr) {
     const directory_t *d = &self->d;
-    Py_buffer v[2];
-    const Py_ssize_t sizes[2] = {8, 1};
-    int got = 0;
     PyObject *result = NULL, *out[13] = {NULL};
     void *scratch[8] = {NULL};
-    for (; got < 2; got++)
-        if (borrow(o[got], &v[got], sizes[got], 0, "round_requests") < 0) goto done;
-    round_in_t in = {v[0].buf, v[1].buf, v[0].len / 8};
-    if (v[1].len != in.nr) {
-        PyErr_SetString(PyExc_ValueError, "round_requests: one flag per report");
-        goto done;
-    }
-    if (check_keys(self, in.rkeys, in.nr) < 0
-        || refuse_repeated(self, in.rkeys, in.nr, "round_requests: reports") < 0)
-        goto done;
+    round_in_t in = {rkeys, rflags, nr};
     round_sizes_t z;
     dir_round_sizes(d, &in, &z);
-    const int64_t nr = in.nr, nh = d->held->len, world = d->world_size, most = z.drops + nh;
+    const int64_t nh = d->held->len, world = d->world_size, most = z.drops + nh;
     const Py_ssize_t bytes[13] = {z.drops * 8, 3 * world * 8, (nr + most) * 8, nr * 8, nr * 8,
                                   nr, most * 8, most * 8, (z.drop_floats + z.held_floats) * 4,
                                   most * 8, nh * 8, nh * 8, nh * 8};
@@ -586,20 +584,215 @@ static PyObject *Directory_round_requests(DirectoryObject *self, PyObject *args)
         || PyByteArray_Resize(out[10], r.nc * 8) < 0 || PyByteArray_Resize(out[11], r.nc * 8) < 0
         || PyByteArray_Resize(out[12], r.nc * 8) < 0)
         Py_CLEAR(result);
-    if (result) Py_SETREF(result, as_views(out, "kckkpfkprvkpv", 13));
 done:
     for (int i = 0; i < 8; i++) PyMem_Free(scratch[i]);
-    for (int i = 0; i < got; i++) PyBuffer_Release(&v[i]);
     return result;
 }
 
-/* Intent counts of this node's (an IntentCounts), or NULL with an exception set. */
-static intent_counts_t *intent_counts(PyObject *obj, const char *what) {
-    if (!PyObject_TypeCheck(obj, &IntentCountsType) || !((IntentCountsObject *)obj)->ready) {
-        PyErr_Format(PyExc_TypeError, "%s: counts must be an initialised IntentCounts", what);
+#define ROUND_ROLES "kckkpfkprvkpv"
+
+/* Each rank's SYNC of a round, cut from round_buffers' 13 buffers: a tuple of (dst, entries,
+ * the request's 10 keyed arrays as views), one per rank that gets entries; NULL with an
+ * exception set. */
+static PyObject *round_parts(DirectoryObject *self, PyObject *const *b) {
+    const directory_t *d = &self->d;
+    const int64_t world = d->world_size, *counts = (const int64_t *)PyByteArray_AS_STRING(b[1]);
+    const int64_t *dkeys = (const int64_t *)PyByteArray_AS_STRING(b[6]);
+    int64_t parts = 0;
+    for (int64_t r = 0; r < world; r++)
+        parts += counts[r] + counts[world + r] + counts[2 * world + r] > 0;
+    PyObject *out = PyTuple_New(parts);
+    if (!out) return NULL;
+    int64_t at[3] = {0, 0, 0}, row = 0; /* entries of each section before rank r; drows floats */
+    for (int64_t r = 0, part = 0; r < world; r++) {
+        const int64_t ni = counts[r], nd = counts[world + r], nc = counts[2 * world + r];
+        int64_t floats = 0;
+        for (int64_t i = at[1]; i < at[1] + nd; i++) floats += key_len(d->store, dkeys[i]);
+        if (ni + nd + nc) {
+            PyObject *arrays = PyTuple_New(10);
+            if (!arrays) goto fail;
+            PyObject *v[10] = {
+                wire_view(b[3], 'k', ni, 8 * at[0]), wire_view(b[4], 'p', ni, 8 * at[0]),
+                wire_view(b[5], 'f', ni, at[0]), wire_view(b[6], 'k', nd, 8 * at[1]),
+                wire_view(b[7], 'p', nd, 8 * at[1]), wire_view(b[8], 'r', floats, 4 * row),
+                wire_view(b[9], 'v', nd, 8 * at[1]), wire_view(b[10], 'k', nc, 8 * at[2]),
+                wire_view(b[11], 'p', nc, 8 * at[2]), wire_view(b[12], 'v', nc, 8 * at[2])};
+            int ok = 1;
+            for (int i = 0; i < 10; i++) {
+                ok &= v[i] != NULL;
+                if (v[i]) PyTuple_SET_ITEM(arrays, i, v[i]);
+                else PyTuple_SET_ITEM(arrays, i, Py_NewRef(Py_None));
+            }
+            PyObject *item = ok ? Py_BuildValue("LLN", (long long)r, (long long)(ni + nd + nc),
+                                                arrays)
+                                : NULL;
+            if (!ok) Py_DECREF(arrays);
+            if (!item) goto fail;
+            PyTuple_SET_ITEM(out, part++, item);
+        }
+        at[0] += ni;
+        at[1] += nd;
+        at[2] += nc;
+        row += floats;
+    }
+    return out;
+fail:
+    Py_DECREF(out);
+    return NULL;
+}
+
+/* round_build(counts, variant, reports) -> None, or (deferred, told_keys, told_flags, decided,
+ * decision, reports_sent, drop_keys, deltas, parts, keys, flags): see the method's docstring. */
+static PyObject *Directory_round_build(DirectoryObject *self, PyObject *args) {
+    PyObject *ocounts;
+    int variant, reports;
+    if (!PyArg_ParseTuple(args, "Oip", &ocounts, &variant, &reports)) return NULL;
+    intent_counts_t *c = intent_counts(ocounts, "round_build");
+    if (!c) return NULL;
+    const directory_t *d = &self->d;
+    if (variant >= 0 && (variant < POLICY_ADAPTIVE || variant > POLICY_RELOCATION_ONLY
+                         || !d->masks)) {
+        PyErr_SetString(PyExc_ValueError, "round_build: a variant this directory cannot act on");
         return NULL;
     }
-    return &((IntentCountsObject *)obj)->c;
+    const int64_t n = c->ndirty;
+    if (!n && !d->held->len) Py_RETURN_NONE; /* an idle round: nothing to report or sync */
+    PyObject *result = NULL, *told[2] = {NULL, NULL}, *decision = NULL, *buffers = NULL;
+    PyObject *parts = NULL, *keys_view = NULL, *drops = NULL, *flags_out = NULL;
+    int64_t *keys = PyMem_Malloc((size_t)(n ? n : 1) * 8);
+    uint8_t *flags = PyMem_Malloc((size_t)(n ? n : 1));
+    int64_t *other = PyMem_Malloc((size_t)(n ? n : 1) * 8); /* pinned, then owned keys */
+    uint8_t *other_flags = PyMem_Malloc((size_t)(n ? n : 1));
+    if (!keys || !flags || !other || !other_flags || ic_reserve(c, n) < 0) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    int64_t m = intents_changes(c, keys, flags), deferred = 0, ntold = 0, decided = 0;
+    if (variant >= 0 && m) {
+        /* An intent that ended for a key a worker here has pinned (its local sample, not pushed
+         * yet; NodeState.sample_pins) is reported with the next round: the report would drop
+         * a replica (or relocate an owned key) under the worker's push, which would then go
+         * remote. */
+        int64_t kept = 0;
+        pins_lock(&self->pins);
+        for (int64_t i = 0; i < m; i++) {
+            if (!flags[i] && pins_has(&self->pins, keys[i])) {
+                other[deferred++] = keys[i];
+                continue;
+            }
+            keys[kept] = keys[i];
+            flags[kept++] = flags[i];
+        }
+        pins_unlock(&self->pins);
+        if (deferred && ic_reserve(c, deferred) == 0) ic_report_again(c, other, deferred);
+        else if (deferred) {
+            PyErr_NoMemory();
+            goto done;
+        }
+        m = kept;
+    }
+    if (ic_reserve(c, m) < 0) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    if (!reports) { /* nothing acts on them: taken as told, so that wait_sync sees them served */
+        ic_acknowledge(c, keys, flags, m);
+        memcpy(other, keys, (size_t)m * 8);
+        memcpy(other_flags, flags, (size_t)m);
+        ntold = m;
+        m = 0;
+    } else if (m) {
+        /* Keys owned here are decided now, without a message to itself (bench/adaptive.py: most
+         * reports are about a node's own keys). */
+        int64_t kept = 0;
+        for (int64_t i = 0; i < m; i++) {
+            if (store_state(d->store, keys[i]) == KEY_OWNER) {
+                other[ntold] = keys[i];
+                other_flags[ntold++] = flags[i];
+                continue;
+            }
+            keys[kept] = keys[i];
+            flags[kept++] = flags[i];
+        }
+        m = kept;
+        if (ntold) {
+            decided = ntold;
+            if (variant >= 0
+                && !(decision = decide_batch(self, variant, d->rank, other, ntold, other_flags)))
+                goto done;
+            ic_acknowledge(c, other, other_flags, ntold);
+        }
+    }
+    void *p;
+    if (!(told[0] = new_array(ntold, 8, &p))) goto done;
+    memcpy(p, other, (size_t)ntold * 8);
+    if (!(told[1] = new_array(ntold, 1, &p))) goto done;
+    memcpy(p, other_flags, (size_t)ntold);
+    if (!(flags_out = new_array(m, 1, &p))) goto done;
+    memcpy(p, flags, (size_t)m);
+    int64_t deltas = 0;
+    if (m || d->held->len) {
+        if (!(buffers = round_buffers(self, keys, flags, m))) goto done;
+        PyObject *b[13];
+        for (int i = 0; i < 13; i++) b[i] = PyTuple_GET_ITEM(buffers, i);
+        deltas = PyByteArray_GET_SIZE(b[6]) / 8;
+        if (!(parts = round_parts(self, b)) || !(keys_view = wire_view(b[2], 'k',
+                                                                        PyByteArray_GET_SIZE(b[2]) / 8, 0))
+            || !(drops = wire_view(b[0], 'k', PyByteArray_GET_SIZE(b[0]) / 8, 0)))
+            goto done;
+    } else {
+        if (!(parts = PyTuple_New(0)) || !(keys_view = wire_view(flags_out, 'k', 0, 0))
+            || !(drops = wire_view(flags_out, 'k', 0, 0)))
+            goto done;
+    }
+    result = Py_BuildValue("LOOLOLOLOOO", (long long)deferred, told[0], told[1],
+                           (long long)decided, decision ? decision : Py_None, (long long)m, drops,
+                           (long long)deltas, parts, keys_view, flags_out);
+done:
+    Py_XDECREF(told[0]);
+    Py_XDECREF(told[1]);
+    Py_XDECREF(decision);
+    Py_XDECREF(buffers);
+    Py_XDECREF(parts);
+    Py_XDECREF(keys_view);
+    Py_XDECREF(drops);
+    Py_XDECREF(flags_out);
+    PyMem_Free(keys);
+    PyMem_Free(flags);
+    PyMem_Free(other);
+    PyMem_Free(other_flags);
+    return result;
+}
+
+/* round_requests(rkeys, rflags) -> (drop_keys, counts, keys, ikeys, ipos, iflags, dkeys, dpos,
+ * drows, dver, ckeys, cpos, cver) */
+static PyObject *Directory_round_requests(DirectoryObject *self, PyObject *args) {
+    PyObject *o[2];
+    if (!PyArg_ParseTuple(args, "OO", &o[0], &o[1])) return NULL;
+    Py_buffer v[2];
+    const Py_ssize_t sizes[2] = {8, 1};
+    int got = 0;
+    PyObject *result = NULL;
+    for (; got < 2; got++)
+        if (borrow(o[got], &v[got], sizes[got], 0, "round_requests") < 0) goto done;
+    const int64_t nr = v[0].len / 8;
+    if (v[1].len != nr) {
+        PyErr_SetString(PyExc_ValueError, "round_requests: one flag per report");
+        goto done;
+    }
+    if (check_keys(self, v[0].buf, nr) < 0
+        || refuse_repeated(self, v[0].buf, nr, "round_requests: reports") < 0)
+        goto done;
+    PyObject *buffers = round_buffers(self, v[0].buf, v[1].buf, nr);
+    if (buffers) {
+        PyObject *b[13];
+        for (int i = 0; i < 13; i++) b[i] = PyTuple_GET_ITEM(buffers, i);
+        result = as_views(b, ROUND_ROLES, 13);
+        Py_DECREF(buffers);
+    }
+done:
+    for (int i = 0; i < got; i++) PyBuffer_Release(&v[i]);
+    return result;
 }
 
 /* setup_in(src, keys, values, versions, counts, now) -> bytearray of the keys taken */
@@ -1113,6 +1306,83 @@ static PyObject *Directory_pinned(DirectoryObject *self, PyObject *okeys) {
     return out;
 }
 
+/* moves_in(src, moves, counts, now) -> None or (relocated, inserted, taken, discarded) */
+static PyObject *Directory_moves_in(DirectoryObject *self, PyObject *args) {
+    long long src;
+    double now;
+    PyObject *omoves, *ocounts;
+    if (!PyArg_ParseTuple(args, "LOOd", &src, &omoves, &ocounts, &now)) return NULL;
+    PyObject *seq = PySequence_Fast(omoves, "moves_in: moves must be a sequence of 12 arrays");
+    if (!seq) return NULL;
+    PyObject *result = NULL, *was = NULL, *taken = NULL, *inserted = NULL, *r = NULL;
+    if (PySequence_Fast_GET_SIZE(seq) != 12) {
+        PyErr_SetString(PyExc_ValueError, "moves_in: moves must be a sequence of 12 arrays");
+        goto done;
+    }
+    PyObject **m = PySequence_Fast_ITEMS(seq);
+    Py_ssize_t n[3];
+    for (int i = 0; i < 3; i++) {
+        Py_buffer kv;
+        if (borrow(m[(int[]){0, 6, 9}[i]], &kv, 8, 0, "moves_in: keys") < 0) goto done;
+        n[i] = kv.len / 8;
+        PyBuffer_Release(&kv);
+    }
+    if (!n[0] && !n[1] && !n[2]) {
+        result = Py_NewRef(Py_None);
+        goto done;
+    }
+    /* In the order a carrier's moves are taken in: relocations (a promoted replica's unsent
+     * updates join the value that came), replica set-ups, home updates. */
+    void *p;
+    if (!(was = new_array(n[0], 1, &p))) goto done;
+    if (n[0]) {
+        PyObject *a = Py_BuildValue("(OOOOOOO)", m[0], m[1], m[2], m[3], m[4], m[5], was);
+        r = a ? Directory_relocate_in(self, a) : NULL;
+        Py_XDECREF(a);
+        if (!r) goto done;
+        Py_CLEAR(r);
+    }
+    if (n[1]) {
+        PyObject *a = Py_BuildValue("(LOOOOd)", src, m[6], m[7], m[8], ocounts, now);
+        taken = a ? Directory_setup_in(self, a) : NULL;
+        Py_XDECREF(a);
+        if (!taken) goto done;
+    } else if (!(taken = new_array(0, 8, &p))) {
+        goto done;
+    }
+    if (n[2]) {
+        PyObject *a = Py_BuildValue("(OOO)", m[9], m[10], m[11]);
+        r = a ? Directory_update_home(self, a) : NULL;
+        Py_XDECREF(a);
+        if (!r) goto done;
+        Py_CLEAR(r);
+    }
+    /* The keys new in the store: those relocated here that were not replicas, and the
+     * replicas taken. */
+    const Py_ssize_t ntaken = PyByteArray_GET_SIZE(taken) / 8;
+    const int8_t *promoted = (const int8_t *)PyByteArray_AS_STRING(was);
+    Py_ssize_t fresh = 0;
+    for (Py_ssize_t i = 0; i < n[0]; i++) fresh += !promoted[i];
+    if (!(inserted = new_array(fresh + ntaken, 8, &p))) goto done;
+    int64_t *out = p;
+    if (fresh) {
+        Py_buffer kv;
+        if (borrow(m[0], &kv, 8, 0, "moves_in: keys") < 0) goto done;
+        const int64_t *keys = kv.buf;
+        for (Py_ssize_t i = 0; i < n[0]; i++)
+            if (!promoted[i]) *out++ = keys[i];
+        PyBuffer_Release(&kv);
+    }
+    memcpy(out, PyByteArray_AS_STRING(taken), (size_t)ntaken * 8);
+    result = Py_BuildValue("OOOn", m[0], inserted, taken, n[1] - ntaken);
+done:
+    Py_XDECREF(was);
+    Py_XDECREF(taken);
+    Py_XDECREF(inserted);
+    Py_DECREF(seq);
+    return result;
+}
+
 static PyMethodDef Directory_methods[] = {
     {"pinned", (PyCFunction)Directory_pinned, METH_O,
      "pinned(keys) -> bytearray. Per key: 1 if a worker has it pinned now (repin)."},
@@ -1173,6 +1443,20 @@ static PyMethodDef Directory_methods[] = {
      "replica_keys() -> bytearray. The keys held here as replicas, ascending (int64)."},
     {"replica_count", (PyCFunction)Directory_replica_count, METH_NOARGS,
      "replica_count() -> int. How many keys are held here as replicas."},
+    {"round_build", (PyCFunction)Directory_round_build, METH_VARARGS,
+     "round_build(counts, variant, reports) -> None or (deferred, told_keys, told_flags, "
+     "decided, decision, reports_sent, drop_keys, deltas, parts, keys, flags). A sync round "
+     "after its workers' intents were collected into counts (this node's IntentCounts), in "
+     "one call: the keys whose intent state changed, less those deferred (an ended intent for "
+     "a key a worker here has pinned: reported again next round; deferred says how many); "
+     "with reports false (nothing acts on intent) all are taken as told; else the keys owned "
+     "here are decided on (variant; decision as decide returns it, or None) and taken as told "
+     "(decided: how many), and the others (reports_sent of them) go with the replicas' "
+     "deltas and checks into each owner's SYNC (round_requests). told_keys, told_flags: "
+     "bytearrays (int64, uint8) of the keys taken as told here; drop_keys: the replicas "
+     "dropped; deltas: how many deltas are sent; parts: per rank with entries (rank, entries, "
+     "the SYNC's 10 keyed arrays); keys: every entry's key; flags: the sent reports' flags "
+     "(uint8 bytearray). None when nothing changed and no replica is held (an idle round)."},
     {"round_requests", (PyCFunction)Directory_round_requests, METH_VARARGS,
      "round_requests(rkeys, rflags) -> (drop_keys, counts, keys, ikeys, ipos, iflags, "
      "dkeys, dpos, drows, dver, ckeys, cpos, cver), numpy arrays of the codec's dtypes. A sync round's "
@@ -1201,6 +1485,14 @@ static PyMethodDef Directory_methods[] = {
      "peer (take_moves). dropped: replicas dropped; relocated: the keys that left (int64, "
      "ordered by destination; per_rank: how many went to each rank), both None when none "
      "left. ValueError (nothing changed) if a key is not owned here."},
+    {"moves_in", (PyCFunction)Directory_moves_in, METH_VARARGS,
+     "moves_in(src, moves, counts, now) -> None or (relocated, inserted, taken, discarded). A "
+     "carrier's 12 move arrays from src taken in, in one call: relocations (relocate_in), "
+     "replica set-ups (setup_in, with this node's IntentCounts or None), home updates "
+     "(update_home), raising as those do. relocated: the relocations' keys (the array "
+     "given); inserted: the keys new in the store (relocated keys that were not replicas, "
+     "and the replicas taken; int64 bytearray); taken: the replicas taken (int64 bytearray); "
+     "discarded: the set-ups not taken. None when every section is empty."},
     {"take_moves", (PyCFunction)Directory_take_moves, METH_O,
      "take_moves(dst) -> None or a tuple of 12 numpy arrays. The moves held for rank dst, as "
      "a carrier's move sections (protocol.MOVE_SECTIONS; each section's entries in the order "

@@ -30,7 +30,6 @@ import numpy as np
 
 from .._store import OWNER
 from .._wire.protocol import NO_MOVES, Kind, Message
-from . import native
 from .events import Finish
 from .intents import WorkerIntents
 from .stream import Event, RoundRecord
@@ -224,7 +223,17 @@ class Rounds:
         self._waiters = still
 
     def _build_round(self, clocks: list[int]) -> list:
-        """This round's requests: [(owner, SYNC arrays, number of entries, _Round)]."""
+        """This round's requests: [(owner, SYNC arrays, number of entries, _Round)].
+
+        Each worker's intents are collected (the action timer says which to act on now); the
+        rest is one native pass (``Directory.round_build``): the keys whose intent state
+        changed are reported, except an ended intent for a key a worker here has pinned (its
+        local sample, not pushed yet; NodeState.sample_pins), which is reported with the next
+        round (the report would drop a replica, or relocate an owned key, under the worker's
+        push, which would then go remote); keys owned here are decided at once, without a
+        message to itself (bench/adaptive.py: most reports are about a node's own keys); a
+        replica whose intent ended is dropped and its last delta travels with the report; the
+        other replicas send their delta or version; all grouped by owner (hint)."""
         store, intents = self.store, self.intents
         for index, worker in enumerate(list(self.worker_intents)):
             clock = clocks[index] if index < len(clocks) else 0
@@ -233,65 +242,33 @@ class Rounds:
                 self._quiet = False
             self.counters["intents_acted"] += acted
         self._forced.clear()
-        ikeys, iflags = intents.changes()
         again, self._deferred_again = self._deferred_again, 0
-        if self.variant >= 0 and len(ikeys) and not iflags.all():
-            # An intent that ended for a key a worker here has pinned (its local sample, not
-            # pushed yet; NodeState.sample_pins) is reported with the next round: the report
-            # would drop a replica (or relocate an owned key) under the worker's push, which
-            # would then go remote.
-            pinned = np.frombuffer(self.directory.pinned(ikeys), dtype=bool) & (iflags == 0)
-            if pinned.any():
-                intents.report_again(ikeys[pinned])
-                self._deferred_again += int(pinned.sum())
-                ikeys, iflags = ikeys[~pinned], iflags[~pinned]
-        if not self.policy.reports_intents:
-            # Nothing acts on them (every key is everywhere already): taken as told, so that
-            # wait_sync sees them served.
-            self._acknowledge(ikeys, iflags)
-            ikeys, iflags = ikeys[:0], iflags[:0]
-        if not len(ikeys) and not self.directory.replica_count():
+        built = self.directory.round_build(intents.native, self.variant,
+                                           self.policy.reports_intents)
+        if built is None:
             return []  # nothing to report or to sync: no array work (an idle round)
-        # Keys owned here are decided now, without a message to itself (bench/adaptive.py:
-        # most reports are about a node's own keys).
-        ikeys, iflags = self._decide_owned(ikeys, iflags)
-        if len(ikeys) > again:
+        (deferred, told_keys, told_flags, decided, decision, reports, drop_keys, deltas, parts,
+         keys, flags) = built
+        self._deferred_again += deferred
+        if decision is not None:
+            self._decided(decision)
+        if decided:
+            self._arrived = True
+        if self.sinks and len(told_keys):
+            self._emit_intents(np.frombuffer(told_keys, dtype=np.int64),
+                               np.frombuffer(told_flags, dtype=bool))
+        if reports > again or deltas:
             self._quiet = False
-        if not (len(ikeys) or self.directory.replica_count()):
-            return []
-        # The rest in one native pass (native/round_build.c): a replica whose intent ended is
-        # dropped now and its last delta travels with the report; the other replicas send
-        # their delta or version; all grouped by owner (hint).
-        (drop_keys, counts, keys, rkeys, rpos, rflags, dkeys, dpos, drows, dver, ckeys, cpos,
-         cver) = self.directory.round_requests(np.ascontiguousarray(ikeys, dtype=np.int64),
-                                               iflags.view(np.uint8))
         if len(drop_keys):
             store.removing(drop_keys)
             self.counters["replica_drops"] += len(drop_keys)
             if self.sinks:
                 self._emit(Event.REPLICA_DROP, drop_keys)
-        if len(dkeys):
-            self._quiet = False
-        if not len(keys):
+        if not parts:
             return []
-        # Each section is ordered by owner: cut out each owner's part of each.
-        context_flags = iflags.astype(bool)
-        counts = counts.reshape(3, self.world_size)
-        ends = np.cumsum(counts, axis=1)
-        if store.uniform_length:
-            row_at = np.arange(len(dkeys) + 1) * store.uniform_length
-        else:
-            row_at = np.concatenate(([0], np.cumsum(store.lengths_of(dkeys))))
-        requests = []
-        for dst in np.flatnonzero(counts.sum(axis=0)):
-            (ia, ib), (da, db), (ca, cb) = ((int(e - c), int(e))
-                                            for c, e in zip(counts[:, dst], ends[:, dst]))
-            arrays = [rkeys[ia:ib], rpos[ia:ib], rflags[ia:ib],
-                      dkeys[da:db], dpos[da:db], drows[row_at[da]:row_at[db]], dver[da:db],
-                      ckeys[ca:cb], cpos[ca:cb], cver[ca:cb]]
-            requests.append((int(dst), arrays, (ib - ia) + (db - da) + (cb - ca),
-                             _Round(keys, len(ikeys), len(dkeys), context_flags)))
-        return requests
+        flags = np.frombuffer(flags, dtype=bool)
+        return [(dst, arrays, count, _Round(keys, reports, deltas, flags))
+                for dst, count, arrays in parts]
 
     def _apply_sync_answer(self, context: _Round, msg: Message) -> None:
         """A (partial) SYNC_RESP: intent reports taken in or redirected; replicas' versions and
