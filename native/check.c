@@ -202,18 +202,30 @@ int check_sync_answer(const directory_t *d, const int64_t *keys, int64_t n, int6
         if (!within(a[which[i]].p, a[which[i]].n, n))
             return unfit(why, "sync answer: %s position outside the round's %lld entries",
                          names[i], (long long)n);
+    /* Each entry is answered once: served, redirected or returned. */
+    if (n > s->marks_cap) {
+        uint8_t *grown = realloc(s->marks, (size_t)n);
+        if (!grown) return -1;
+        s->marks = grown;
+        s->marks_cap = n;
+    }
+    memset(s->marks, 0, (size_t)n);
+    for (int64_t i = 0; i < a[0].n; i++) {
+        if (s->marks[pos[i]]) return unfit(why, "sync answer: an entry answered twice");
+        s->marks[pos[i]] = 1;
+    }
+    for (int64_t i = 0; i < a[4].n; i++) {
+        if (s->marks[moved[i]]) return unfit(why, "sync answer: an entry answered twice");
+        s->marks[moved[i]] = 2;
+    }
+    for (int64_t i = 0; i < a[6].n; i++) {
+        if (s->marks[back[i]]) return unfit(why, "sync answer: an entry answered twice");
+        s->marks[back[i]] = 2;
+    }
     if (a[2].n) {
         /* Each refresh must be of an answered entry past the intent reports (a replica's). */
-        if (n > s->marks_cap) {
-            uint8_t *grown = realloc(s->marks, (size_t)n);
-            if (!grown) return -1;
-            s->marks = grown;
-            s->marks_cap = n;
-        }
-        memset(s->marks, 0, (size_t)n);
-        for (int64_t i = 0; i < a[0].n; i++) s->marks[pos[i]] = 1;
         for (int64_t i = 0; i < a[2].n; i++)
-            if (refresh[i] < num_intents || !s->marks[refresh[i]])
+            if (refresh[i] < num_intents || s->marks[refresh[i]] != 1)
                 return unfit(why, "sync answer: a refresh of an entry that is not an answered "
                                   "replica entry");
     }

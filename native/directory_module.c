@@ -1383,6 +1383,170 @@ done:
     return result;
 }
 
+/* redirected(keys, flags, ranks, src, counts, variant) -> (deferred, again, owned_keys,
+ * owned_flags, decision): see the method's docstring. */
+static PyObject *Directory_redirected(DirectoryObject *self, PyObject *args) {
+    PyObject *okeys, *oflags, *oranks, *ocounts;
+    long long src;
+    int variant;
+    if (!PyArg_ParseTuple(args, "OOOLOi", &okeys, &oflags, &oranks, &src, &ocounts, &variant))
+        return NULL;
+    intent_counts_t *c = intent_counts(ocounts, "redirected");
+    if (!c) return NULL;
+    const directory_t *d = &self->d;
+    if (src < 0 || src >= d->world_size) {
+        PyErr_SetString(PyExc_ValueError, "redirected: src outside the ranks");
+        return NULL;
+    }
+    Py_buffer kv, rv, fv;
+    if (keyed_buffers(self, okeys, &kv, oranks, &rv, 8, "redirected") < 0) return NULL;
+    PyObject *result = NULL, *owned[2] = {NULL, NULL}, *decision = NULL;
+    int64_t *again = NULL, *mine = NULL;
+    uint8_t *mine_flags = NULL;
+    const int64_t n = kv.len / 8, *keys = kv.buf, *ranks = rv.buf;
+    if (borrow(oflags, &fv, 1, 0, "redirected: flags") < 0) goto release;
+    const uint8_t *flags = fv.buf;
+    if (fv.len != n) {
+        PyErr_SetString(PyExc_ValueError, "redirected: one flag per key");
+        goto done;
+    }
+    for (int64_t i = 0; i < n; i++)
+        if (ranks[i] < 0 || ranks[i] >= d->world_size) {
+            PyErr_Format(PyExc_ValueError, "redirected: rank %lld of key %lld is outside the "
+                         "ranks", (long long)ranks[i], (long long)keys[i]);
+            goto done;
+        }
+    if (refuse_repeated(self, keys, n, "redirected") < 0) goto done;
+    again = PyMem_Malloc((size_t)(n ? n : 1) * 8);
+    mine = PyMem_Malloc((size_t)(n ? n : 1) * 8);
+    mine_flags = PyMem_Malloc((size_t)(n ? n : 1));
+    if (!again || !mine || !mine_flags || reserve(self, n) < 0 || ic_reserve(c, n) < 0) {
+        if (!PyErr_Occurred()) PyErr_NoMemory();
+        goto done;
+    }
+    /* Where the owner says they are; keys owned here by now (the relocation came with the
+     * answer) are decided at once, the rest are reported again by the next round. */
+    int64_t deferred = 0, na = 0, nm = 0;
+    for (int64_t i = 0; i < n; i++) {
+        rec_set_hint(&self->recs, keys[i], ranks[i]);
+        deferred += ranks[i] == src;
+        if (store_state(d->store, keys[i]) == KEY_OWNER) {
+            mine[nm] = keys[i];
+            mine_flags[nm++] = flags[i];
+        } else {
+            again[na++] = keys[i];
+        }
+    }
+    if (nm) {
+        if (variant >= 0 && !(decision = decide_batch(self, variant, d->rank, mine, nm, mine_flags)))
+            goto done;
+        ic_acknowledge(c, mine, mine_flags, nm);
+    }
+    if (na) ic_report_again(c, again, na);
+    void *p;
+    if (!(owned[0] = new_array(nm, 8, &p))) goto done;
+    memcpy(p, mine, (size_t)nm * 8);
+    if (!(owned[1] = new_array(nm, 1, &p))) goto done;
+    memcpy(p, mine_flags, (size_t)nm);
+    result = Py_BuildValue("LLOOO", (long long)deferred, (long long)na, owned[0], owned[1],
+                           decision ? decision : Py_None);
+done:
+    PyBuffer_Release(&fv);
+release:
+    PyBuffer_Release(&kv);
+    PyBuffer_Release(&rv);
+    Py_XDECREF(owned[0]);
+    Py_XDECREF(owned[1]);
+    Py_XDECREF(decision);
+    PyMem_Free(again);
+    PyMem_Free(mine);
+    PyMem_Free(mine_flags);
+    return result;
+}
+
+/* route_own(keys, is_set, counts) -> (here, coming, queued, groups): see the docstring. */
+static PyObject *Directory_route_own(DirectoryObject *self, PyObject *args) {
+    PyObject *okeys, *ocounts;
+    int is_set;
+    if (!PyArg_ParseTuple(args, "OpO", &okeys, &is_set, &ocounts)) return NULL;
+    const intent_counts_t *c = NULL;
+    if (ocounts != Py_None && !(c = intent_counts(ocounts, "route_own"))) return NULL;
+    Py_buffer kv;
+    if (keyed_buffers(self, okeys, &kv, NULL, NULL, 0, "route_own") < 0) return NULL;
+    const directory_t *d = &self->d;
+    const int64_t n = kv.len / 8, *keys = kv.buf, world = d->world_size;
+    PyObject *result = NULL, *bufs[3] = {NULL, NULL, NULL}, *groups = NULL;
+    int64_t *hop = NULL, *count = NULL;
+    int64_t nhere = 0;
+    for (int64_t i = 0; i < n; i++) {
+        const int st = store_state(d->store, keys[i]);
+        nhere += is_set ? st == KEY_OWNER : st != KEY_NONE;
+    }
+    if (nhere == n) { /* the usual case with intent: everything is here */
+        result = Py_BuildValue("OOOO", Py_True, Py_None, Py_None, Py_None);
+        goto done;
+    }
+    hop = PyMem_Malloc((size_t)(n ? n : 1) * 8);
+    count = PyMem_Calloc((size_t)world + 3, 8); /* per rank, then here, coming, queued */
+    if (!hop || !count) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    /* -1 here, -2 on its way here as this node's intent is answered (an owner answers a
+     * report only after sending the key: wait here rather than chase it), -3 on its way here
+     * (a relocation not received yet: queued), else the rank to send it to. */
+    for (int64_t i = 0; i < n; i++) {
+        const int64_t key = keys[i];
+        const int st = store_state(d->store, key);
+        if (is_set ? st == KEY_OWNER : st != KEY_NONE) {
+            hop[i] = -1;
+        } else {
+            int32_t r = c ? km_get(&c->map, key) : -1;
+            if (r >= 0 && c->count[r] > 0 && !c->told[r]) {
+                hop[i] = -2;
+            } else {
+                const int64_t hint = rec_hint(d->recs, key);
+                const int64_t h = hint == d->rank ? dir_next_hop(d, key) : hint;
+                hop[i] = h < 0 ? -3 : h;
+            }
+        }
+        count[hop[i] < 0 ? world - 1 - hop[i] : hop[i]]++;
+    }
+    void *p[3];
+    for (int k = 0; k < 3; k++)
+        if (!(bufs[k] = new_array(count[world + k], 8, &p[k]))) goto done;
+    int64_t at[3] = {0, 0, 0}, parts = 0;
+    for (int64_t i = 0; i < n; i++)
+        if (hop[i] < 0) ((int64_t *)p[-1 - hop[i]])[at[-1 - hop[i]]++] = i;
+    for (int64_t r = 0; r < world; r++) parts += count[r] > 0;
+    if (!(groups = PyTuple_New(parts))) goto done;
+    for (int64_t r = 0, part = 0; r < world; r++) {
+        if (!count[r]) continue;
+        int64_t *idx;
+        PyObject *b = new_array(count[r], 8, (void **)&idx);
+        if (!b) goto done;
+        for (int64_t i = 0, j = 0; i < n; i++)
+            if (hop[i] == r) idx[j++] = i;
+        PyObject *view = wire_view(b, 'k', count[r], 0);
+        Py_DECREF(b);
+        PyObject *item = view ? Py_BuildValue("LN", (long long)r, view) : NULL;
+        if (!item) goto done;
+        PyTuple_SET_ITEM(groups, part++, item);
+    }
+    PyObject *v[3];
+    for (int k = 0; k < 3; k++) v[k] = wire_view(bufs[k], 'k', count[world + k], 0);
+    if (v[0] && v[1] && v[2]) result = Py_BuildValue("NNNO", v[0], v[1], v[2], groups);
+    else
+        for (int k = 0; k < 3; k++) Py_XDECREF(v[k]);
+done:
+    for (int k = 0; k < 3; k++) Py_XDECREF(bufs[k]);
+    Py_XDECREF(groups);
+    PyMem_Free(hop);
+    PyMem_Free(count);
+    PyBuffer_Release(&kv);
+    return result;
+}
+
 static PyMethodDef Directory_methods[] = {
     {"pinned", (PyCFunction)Directory_pinned, METH_O,
      "pinned(keys) -> bytearray. Per key: 1 if a worker has it pinned now (repin)."},
@@ -1493,6 +1657,24 @@ static PyMethodDef Directory_methods[] = {
      "given); inserted: the keys new in the store (relocated keys that were not replicas, "
      "and the replicas taken; int64 bytearray); taken: the replicas taken (int64 bytearray); "
      "discarded: the set-ups not taken. None when every section is empty."},
+    {"redirected", (PyCFunction)Directory_redirected, METH_VARARGS,
+     "redirected(keys, flags, ranks, src, counts, variant) -> (deferred, again, owned_keys, "
+     "owned_flags, decision). Intent reports (unique keys, uint8 flags) that src answered "
+     "with where to report them (ranks): the keys' hints point there; keys owned here by now "
+     "(the relocation came with the answer) are decided on (variant; decision as decide "
+     "returns it, or None) and taken as told in counts (this node's IntentCounts); the others "
+     "(again of them) are reported again by the next round. deferred: how many ranks name "
+     "src itself (it deferred them: a worker there uses the key now); owned_keys, "
+     "owned_flags: bytearrays (int64, uint8) of the keys decided here."},
+    {"route_own", (PyCFunction)Directory_route_own, METH_VARARGS,
+     "route_own(keys, is_set, counts) -> (here, coming, queued, groups). Where this node's own "
+     "keyed request for keys goes, in one pass: here (True when every key is: held here, or "
+     "owned here for a set) or the indices of those held here; coming: of those not here "
+     "whose intent this node reported and the owner has not answered yet (counts, this "
+     "node's IntentCounts, or None: none; the key comes with the answer, so the request waits "
+     "here); queued: of those on their way here (a relocation not received yet); groups: "
+     "((rank, indices), ...) of the rest, by the rank to send them to (the hint, else the next "
+     "hop). Indices ascend (int64 arrays); None for each when here is True."},
     {"take_moves", (PyCFunction)Directory_take_moves, METH_O,
      "take_moves(dst) -> None or a tuple of 12 numpy arrays. The moves held for rank dst, as "
      "a carrier's move sections (protocol.MOVE_SECTIONS; each section's entries in the order "

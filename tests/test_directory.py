@@ -32,6 +32,16 @@ from adapm._wire.protocol import (
 NUM_KEYS = 12
 
 
+def _moves(relocations=(), setups=()) -> list:
+    """A carrier's 12 move arrays with these sections, the others empty."""
+    out = list(NO_MOVES)
+    if relocations:
+        out[0:6] = relocations
+    if setups:
+        out[6:9] = setups
+    return out
+
+
 def _merged(held: list) -> list:
     """The flat move arrays of one peer's moves, held per section as a list of array lists:
     each section's parts concatenated (as the engine sends them)."""
@@ -342,7 +352,7 @@ def test_native_decisions_and_relocations_match_the_reference(case):
             r = _masks(rng, n, world_size)
             epochs = rng.integers(0, 20, n)
             src = int(rng.choice(others))
-            node._relocate_in(src, keys, values, versions, s, r, epochs)
+            node._take_moves(src, _moves(relocations=(keys, values, versions, s, r, epochs)))
             ref.relocate_in(keys, values, versions, s, r, epochs)
         elif what == "replica":
             free = np.flatnonzero(state == NONE)
@@ -365,7 +375,7 @@ def test_native_decisions_and_relocations_match_the_reference(case):
             node.intents = _wanting(np.flatnonzero(wanted))
             src = int(rng.choice(others))
             node.now = float(seed)
-            node._setup_in(src, keys, values, versions)
+            node._take_moves(src, _moves(setups=(keys, values, versions)))
             taken = ref.setup_in(src, keys, values, versions, wanted, float(seed))
             np.testing.assert_array_equal(store.synced_at(taken), ref.store.synced_at(taken))
             node.intents = NodeIntents(NUM_KEYS)
@@ -518,9 +528,9 @@ def test_deciding_on_a_key_not_owned_changes_nothing():
     assert node.directory.dense() == before[1]
     assert not node.held_moves()
     with pytest.raises(ValueError, match="key 2 is owned here already"):
-        node._relocate_in(1, np.array([1, 2], dtype=np.int64), np.zeros(4, np.float32),
-                          np.zeros(2, np.int64), np.zeros(2, np.uint64), np.zeros(2, np.uint64),
-                          np.ones(2, np.int64))
+        node._take_moves(1, _moves(relocations=(
+            np.array([1, 2], dtype=np.int64), np.zeros(4, np.float32), np.zeros(2, np.int64),
+            np.zeros(2, np.uint64), np.zeros(2, np.uint64), np.ones(2, np.int64))))
     np.testing.assert_array_equal(store.snapshot()["state"], before[0])
 
 
@@ -702,3 +712,28 @@ def test_apply_answer_refuses_an_answer_that_does_not_fit_the_round():
     assert not node.intents.dense()[1].any()
     assert answer((0, 1, 2), (-1, 7, 8), (2,), (4, 4)) == 1  # a fitting answer is taken in
     assert node.intents.dense()[1][5] and store.versions(np.array([1, 3])).tolist() == [7, 8]
+
+
+def test_a_sync_answer_that_answers_an_entry_twice_is_refused():
+    """Each entry of a round's request is answered once (served, redirected or returned): an
+    answer naming one twice is dropped before it is applied (validate.problem, native
+    check_sync_answer), since it would decide on or re-report the same key twice."""
+    from adapm._engine.rounds import _Round
+    from adapm._engine.validate import problem
+
+    config = _config(2, 0, 2)
+    store = Store(config)
+    store.insert(home_keys(0, NUM_KEYS, 2), OWNER)
+    node = NodeState(0, 2, store, config)
+    keys = np.array([1, 3], np.int64)  # homed at rank 1: two intent reports to it
+    req_id = node._new_round_request(2, _Round(keys, 2, 0, np.ones(2, dtype=bool)))
+    none, no_rows = np.empty(0, np.int64), np.empty(0, np.float32)
+
+    def redirecting(entries):
+        arrays = [none, none, none, no_rows, np.array(entries, np.int64),
+                  np.ones(len(entries), np.int64), none, no_rows, *NO_MOVES]
+        return Message(Kind.SYNC_RESP, 1, req_id, {"k": int(Kind.SYNC_RESP), "s": 1,
+                                                    "i": req_id}, arrays)
+
+    assert problem(redirecting([0, 1]), node) is None
+    assert "answered twice" in problem(redirecting([0, 0]), node)

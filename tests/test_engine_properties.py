@@ -30,6 +30,7 @@ import adapm
 from adapm._engine.sim import Simulation
 from adapm._engine.stream import Event
 from adapm._store import NONE, OWNER, REPLICA
+from adapm._wire.protocol import NO_MOVES
 
 VARIANTS = ["adaptive", "relocation_only", "replication_only", "static_partition",
             "full_replication"]
@@ -290,8 +291,10 @@ def test_returned_deltas_for_keys_that_moved_on_are_sent_on():
     state = NodeState(1, 3, store, config)
     # key 0 (homed at rank 0) came here, and went on to rank 2, the only node with intent
     i64 = np.int64
-    state._relocate_in(0, np.array([0], i64), np.zeros(2, np.float32), np.zeros(1, i64),
-                       np.array([4], np.uint64), np.zeros(1, np.uint64), np.ones(1, i64))
+    moves = list(NO_MOVES)
+    moves[0:6] = (np.array([0], i64), np.zeros(2, np.float32), np.zeros(1, i64),
+                  np.array([4], np.uint64), np.zeros(1, np.uint64), np.ones(1, i64))
+    state._take_moves(0, moves)
     state._decide(np.array([0], i64), 2, np.ones(1, dtype=bool))
     assert state.directory_view()["forward"][0] == 2
     state.held_moves()  # taken and dropped

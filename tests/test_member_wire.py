@@ -131,6 +131,19 @@ def sync_answer_inconsistent(node, rng):
     return out
 
 
+def sync_answer_repeated(node, rng):
+    """A SYNC_RESP to a live round that redirects its first entry twice (an entry is answered
+    once: the second would decide on or re-report the same key twice)."""
+    out = []
+    for rid in _round_ids(node):
+        none = np.empty(0, _I8)
+        twice = np.zeros(2, _I8)
+        arrays = [none, none, none, _rows(0), twice, np.ones(2, _I8), none, _rows(0),
+                  *NO_MOVES]
+        out.append(message(Kind.SYNC_RESP, ATTACKER, rid, arrays))
+    return out
+
+
 # Kinds whose random contents cannot be a consistent lie that changes the sums (a random PUSH,
 # SET or MOVES can be a well-formed write; GOODBYE and FAILED are a member's to send).
 _RANDOM_KINDS = (Kind.PULL, Kind.PULL_RESP, Kind.ACK, Kind.ERROR, Kind.FORWARDED,
@@ -168,7 +181,7 @@ def any_kind(node, rng):
 
 FUZZ_SHAPES = {**SHAPES, **{f.__name__: f for f in (answer_unknown, future_collective,
                                                      replica_twice, sync_answer_inconsistent,
-                                                     any_kind)}}
+                                                     sync_answer_repeated, any_kind)}}
 
 
 def _attack(node, shapes: list, seed: int, stop: threading.Event, sent: list) -> None:

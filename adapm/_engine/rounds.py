@@ -323,24 +323,6 @@ class Rounds:
                     rows, np.full(n, -1, dtype=np.int64), none, none, none, *NO_MOVES],
                    o=self.rank)
 
-    def _decide_owned(self, keys: np.ndarray, flags: np.ndarray) -> tuple:
-        """This node's intent state for ``keys``: where it owns a key, decide here and take it
-        as told; returns the keys (and flags) owned elsewhere, to report."""
-        owned = self.store.states(keys) == OWNER
-        if not owned.any():
-            return keys, flags
-        mine, mine_flags = keys[owned], flags[owned]
-        self._decide(mine, self.rank, mine_flags)
-        self._acknowledge(mine, mine_flags)
-        self._arrived = True
-        return keys[~owned], flags[~owned]
-
-    def _acknowledge(self, keys: np.ndarray, has_intent: np.ndarray) -> None:
-        """The owner took in this node's intent state for ``keys`` (or it decided here)."""
-        self.intents.acknowledge(keys, has_intent)
-        if self.sinks and len(keys):
-            self._emit_intents(keys, has_intent)
-
     def _emit_intents(self, keys: np.ndarray, has_intent: np.ndarray) -> None:
         self._emit(Event.INTENT_START, keys[has_intent])
         self._emit(Event.INTENT_STOP, keys[~has_intent])
@@ -353,15 +335,20 @@ class Rounds:
         starts at once, unless ``src`` only deferred them (a redirect to itself: a worker there
         uses the key now; see ``SYNC_REDIRECT`` in native/directory.h): those go with the next
         round that is due anyway (an extra round for each deferral doubled the rounds of a
-        2-node KGE run and slowed its epochs)."""
+        2-node KGE run and slowed its epochs). One native pass (``Directory.redirected``)."""
         self.counters["redirected_keys"] += len(keys)
-        self.directory.set_hints(keys, ranks)
-        deferred = int(np.count_nonzero(ranks == src))
-        keys, flags = self._decide_owned(keys, flags)
-        if len(keys):
-            self.intents.report_again(keys)
+        deferred, again, owned_keys, owned_flags, decision = self.directory.redirected(
+            keys, flags.view(np.uint8), ranks, src, self.intents.native, self.variant)
+        if len(owned_keys):
+            if decision is not None:
+                self._decided(decision)
+            self._arrived = True
+            if self.sinks:
+                self._emit_intents(np.frombuffer(owned_keys, dtype=np.int64),
+                                   np.frombuffer(owned_flags, dtype=bool))
+        if again:
             self._deferred_again += deferred
-            self._redirected_now = self._redirected_now or len(keys) > deferred
+            self._redirected_now = self._redirected_now or again > deferred
 
     # --- queries -----------------------------------------------------------------------------
 

@@ -168,33 +168,31 @@ class Serving:
             for dst in np.flatnonzero(count):
                 self._emit(Event.DEALLOC, keys[ends[dst] - count[dst]:ends[dst]], int(dst))
 
-    def _relocate_in(self, src: int, keys, values, versions, intent, replicas, epochs) -> None:
-        """Keys relocated here: a replica held here is promoted (its unsent updates are added to
-        the value that came), others are inserted; masks, epochs, hints and the home table
-        change in the same native pass (native/directory.c)."""
-        promoted = np.empty(len(keys), dtype=np.int8)
-        self.directory.relocate_in(keys, values, versions, intent, replicas, epochs, promoted)
-        promoted = promoted.view(bool)
-        self.store.inserted(keys[~promoted] if promoted.any() else keys)
-        self.counters["relocations_in"] += len(keys)
-        if self.sinks:
-            self._emit(Event.ALLOC, keys, src)
-        self._arrived = True
-        if self.queued:
-            self._retry_queued()
-
-    def _setup_in(self, src: int, keys, values, versions) -> None:
-        """Replicas from the owner: those this node still wants are installed, in one native
-        pass (``Directory.setup_in``: synced_at first, a slot, the value, the replica set,
-        and ``src`` as the hint of the batch's keys not owned here)."""
-        # a node that runs no rounds wants no replica
+    def _take_moves(self, src: int, moves) -> None:
+        """A carrier's moves from ``src`` (its 12 move arrays), in one native pass
+        (``Directory.moves_in``): keys relocated here (a replica held here is promoted: its
+        unsent updates are added to the value that came; others are inserted; masks, epochs,
+        hints and the home table change in the same pass), replicas from their owner that
+        this node still wants, and home updates."""
         counts = self.intents.native if self.intents is not None else None
-        taken = np.frombuffer(self.directory.setup_in(src, keys, values, versions, counts,
-                                                      self.now), dtype=native.KEYS)
-        if len(taken):
-            self.store.inserted(taken)
-            if self.sinks:
+        got = self.directory.moves_in(src, moves, counts, self.now)
+        if got is None:
+            return
+        relocated, inserted, taken, discarded = got
+        inserted = np.frombuffer(inserted, dtype=native.KEYS)
+        taken = np.frombuffer(taken, dtype=native.KEYS)
+        if len(inserted):
+            self.store.inserted(inserted)
+        counters = self.counters
+        counters["relocations_in"] += len(relocated)
+        counters["replica_setups"] += len(taken)
+        counters["replica_setups_discarded"] += discarded
+        if self.sinks:
+            if len(relocated):
+                self._emit(Event.ALLOC, relocated, src)
+            if len(taken):
                 self._emit(Event.REPLICA_SETUP, taken, src)
+        if len(relocated) or len(taken):
             self._arrived = True
-        self.counters["replica_setups"] += len(taken)
-        self.counters["replica_setups_discarded"] += len(keys) - len(taken)
+        if len(relocated) and self.queued:
+            self._retry_queued()

@@ -293,13 +293,7 @@ class NodeState(Serving, Rounds):
         moves = msg.moves()
         if moves[0] is _NO_MOVES[0]:  # the decoder's empties: nothing moved (the usual case)
             return
-        relocations, setups, homes = moves[:6], moves[6:9], moves[9:]
-        if len(relocations[0]):
-            self._relocate_in(msg.src, *relocations)
-        if len(setups[0]):
-            self._setup_in(msg.src, *setups)
-        if len(homes[0]):
-            self.directory.update_home(*homes)
+        self._take_moves(msg.src, moves)
 
     # --- requests of this node's workers -----------------------------------------------------
 
