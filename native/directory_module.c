@@ -736,8 +736,8 @@ static PyObject *Directory_round_build(DirectoryObject *self, PyObject *args) {
         PyObject *b[13];
         for (int i = 0; i < 13; i++) b[i] = PyTuple_GET_ITEM(buffers, i);
         deltas = PyByteArray_GET_SIZE(b[6]) / 8;
-        if (!(parts = round_parts(self, b)) || !(keys_view = wire_view(b[2], 'k',
-                                                                        PyByteArray_GET_SIZE(b[2]) / 8, 0))
+        const int64_t nkeys = PyByteArray_GET_SIZE(b[2]) / 8;
+        if (!(parts = round_parts(self, b)) || !(keys_view = wire_view(b[2], 'k', nkeys, 0))
             || !(drops = wire_view(b[0], 'k', PyByteArray_GET_SIZE(b[0]) / 8, 0)))
             goto done;
     } else {
@@ -1438,7 +1438,8 @@ static PyObject *Directory_redirected(DirectoryObject *self, PyObject *args) {
         }
     }
     if (nm) {
-        if (variant >= 0 && !(decision = decide_batch(self, variant, d->rank, mine, nm, mine_flags)))
+        if (variant >= 0
+            && !(decision = decide_batch(self, variant, d->rank, mine, nm, mine_flags)))
             goto done;
         ic_acknowledge(c, mine, mine_flags, nm);
     }
@@ -1547,6 +1548,67 @@ done:
     return result;
 }
 
+/* check_answer(asked, keys, positions, remaining, floats) -> None or why: see the docstring. */
+static PyObject *Directory_check_answer(DirectoryObject *self, PyObject *args) {
+    PyObject *oasked, *okeys, *opos;
+    long long remaining, floats;
+    if (!PyArg_ParseTuple(args, "OOOLL", &oasked, &okeys, &opos, &remaining, &floats))
+        return NULL;
+    Py_buffer av, kv, pv;
+    if (borrow(oasked, &av, 8, 0, "check_answer: asked") < 0) return NULL;
+    if (borrow(okeys, &kv, 8, 0, "check_answer: keys") < 0) {
+        PyBuffer_Release(&av);
+        return NULL;
+    }
+    if (borrow(opos, &pv, 8, 0, "check_answer: positions") < 0) {
+        PyBuffer_Release(&av);
+        PyBuffer_Release(&kv);
+        return NULL;
+    }
+    const int64_t na = av.len / 8, n = pv.len / 8, *asked = av.buf, *keys = kv.buf,
+                  *pos = pv.buf;
+    PyObject *result = NULL;
+    if (kv.len / 8 != na) {
+        PyErr_SetString(PyExc_ValueError, "check_answer: one key per asked position");
+        goto done;
+    }
+    if (n > remaining) {
+        result = PyUnicode_FromString("more answers than the request waits for");
+        goto done;
+    }
+    int64_t need = 0;
+    for (int64_t i = 0; i < n; i++) {
+        int64_t lo = 0, hi = na; /* asked ascends: the first entry >= pos[i] */
+        while (lo < hi) {
+            const int64_t mid = lo + (hi - lo) / 2;
+            if (asked[mid] < pos[i]) lo = mid + 1;
+            else hi = mid;
+        }
+        if (lo == na || asked[lo] != pos[i]) {
+            result = PyUnicode_FromString("answer positions that the request did not ask for");
+            goto done;
+        }
+        if (floats >= 0) {
+            const int64_t key = keys[lo];
+            if (key < 0 || key >= self->d.store->num_keys) {
+                PyErr_SetString(PyExc_ValueError, "check_answer: a key outside the key space");
+                goto done;
+            }
+            need += key_len(self->d.store, key);
+        }
+    }
+    if (floats >= 0 && need != floats)
+        result = PyUnicode_FromFormat("%lld floats for %lld keys that hold %lld", floats,
+                                      (long long)n, (long long)need);
+    else
+        result = Py_NewRef(Py_None);
+done:
+    PyBuffer_Release(&av);
+    PyBuffer_Release(&kv);
+    PyBuffer_Release(&pv);
+    return result;
+}
+
 static PyMethodDef Directory_methods[] = {
     {"pinned", (PyCFunction)Directory_pinned, METH_O,
      "pinned(keys) -> bytearray. Per key: 1 if a worker has it pinned now (repin)."},
@@ -1623,8 +1685,8 @@ static PyMethodDef Directory_methods[] = {
      "(uint8 bytearray). None when nothing changed and no replica is held (an idle round)."},
     {"round_requests", (PyCFunction)Directory_round_requests, METH_VARARGS,
      "round_requests(rkeys, rflags) -> (drop_keys, counts, keys, ikeys, ipos, iflags, "
-     "dkeys, dpos, drows, dver, ckeys, cpos, cver), numpy arrays of the codec's dtypes. A sync round's "
-     "SYNC requests (directory.h, dir_round_*): reports rkeys (not owned here, unique; uint8 "
+     "dkeys, dpos, drows, dver, ckeys, cpos, cver), numpy arrays of the codec's dtypes. A sync "
+     "round's SYNC requests (directory.h, dir_round_*): reports rkeys (not owned here, unique; uint8 "
      "flags) and the replicas held here. Replicas whose intent ended are dropped (their "
      "keys; their slots are free again), the others send their delta or their version; every entry "
      "(keys: all, numbered intents, deltas, checks) is grouped by its hint: counts[section * "
@@ -1675,6 +1737,11 @@ static PyMethodDef Directory_methods[] = {
      "here); queued: of those on their way here (a relocation not received yet); groups: "
      "((rank, indices), ...) of the rest, by the rank to send them to (the hint, else the next "
      "hop). Indices ascend (int64 arrays); None for each when here is True."},
+    {"check_answer", (PyCFunction)Directory_check_answer, METH_VARARGS,
+     "check_answer(asked, keys, positions, remaining, floats) -> None or str. Whether an "
+     "answer's positions (int64) answer a worker's request of this node that asked for keys "
+     "at positions asked (ascending), at most remaining of them, and (floats >= 0: a pull's "
+     "answer) whether its values hold the floats those keys need; the reason if not."},
     {"take_moves", (PyCFunction)Directory_take_moves, METH_O,
      "take_moves(dst) -> None or a tuple of 12 numpy arrays. The moves held for rank dst, as "
      "a carrier's move sections (protocol.MOVE_SECTIONS; each section's entries in the order "

@@ -324,49 +324,38 @@ class NodeState(Serving, Rounds):
 
     def _route_own(self, msg: Message, retry: bool = False) -> None:
         """A worker's keyed request: serve what is here now, hold what is on its way here, send
-        the rest to where we believe its owner is. ``retry``: it waited for keys in flight
-        (counted then)."""
-        keys = msg.arrays[0]
-        state = self.store.states(keys)
-        # A replica serves pulls and pushes (its delta goes to the owner with the next round);
-        # a set goes to the main copy.
-        here = state == OWNER if msg.kind == Kind.SET else state != NONE
-        if here.all():
+        the rest to where we believe its owner is (one native pass, ``Directory.route_own``,
+        says which keys go where). ``retry``: it waited for keys in flight (counted then).
+
+        A replica serves pulls and pushes (its delta goes to the owner with the next round); a
+        set goes to the main copy. A key whose intent this node reported, and whose owner has
+        not answered yet, comes with that answer (the owner answers only after sending it,
+        relocation or replica): the request waits here for it rather than chase it
+        (bench/adaptive.py: most late pulls were forwarded back to their origin)."""
+        counts = self.intents.native if self.intents is not None else None
+        here, coming, queued, groups = self.directory.route_own(
+            msg.arrays[0], msg.kind == Kind.SET, counts)
+        if here is True:
             self._serve(msg)
             return
-        if here.any():
-            self._serve(subset(msg, np.flatnonzero(here), self.store))
-            msg = subset(msg, np.flatnonzero(~here), self.store)
-            keys = msg.arrays[0]
-        if self.intents is not None:
-            coming = self.intents.in_flight(keys)
-            if coming.any():
-                # Its owner answers our intent report only after sending it (relocation or
-                # replica), so it comes within this round: wait here rather than chase it
-                # (bench/adaptive.py: most late pulls were forwarded back to their origin).
-                self.awaiting.append(msg if coming.all()
-                                     else subset(msg, np.flatnonzero(coming), self.store))
-                if not retry:
-                    self.counters["awaited_keys"] += int(coming.sum())
-                call = self.requests[msg.req_id].call
-                call.waiting_for = keys[coming]
-                if coming.all():
-                    return
-                msg = subset(msg, np.flatnonzero(~coming), self.store)
-                keys = msg.arrays[0]
-        dst = np.frombuffer(self.directory.first_hop(keys), dtype=np.int64)
-        here = np.flatnonzero(dst < 0)
-        if len(here):  # on its way here (a relocation we have not received yet)
-            self.queued.append(subset(msg, here, self.store))
-            self.counters["queued_keys"] += len(here)
-        onward = np.flatnonzero(dst >= 0)
-        if not len(onward):
+        store = self.store
+        if len(here):
+            self._serve(subset(msg, here, store))
+        if len(coming):
+            self.awaiting.append(subset(msg, coming, store))
+            if not retry:
+                self.counters["awaited_keys"] += len(coming)
+            self.requests[msg.req_id].call.waiting_for = msg.arrays[0][coming]
+        if len(queued):  # on its way here (a relocation we have not received yet)
+            self.queued.append(subset(msg, queued, store))
+            self.counters["queued_keys"] += len(queued)
+        if not groups:
             return
         at = self.requests[msg.req_id].at
-        for peer, positions in group_by_node(dst[onward]):
-            part = (msg if len(positions) == len(keys)
-                    else subset(msg, onward[positions], self.store))
-            at[peer] = at.get(peer, 0) + len(positions)
+        n = len(msg.arrays[0])
+        for peer, index in groups:
+            part = msg if len(index) == n else subset(msg, index, store)
+            at[peer] = at.get(peer, 0) + len(index)
             self._post_message(peer, part)
 
     def _retry_awaiting(self) -> None:

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 from typing import Optional
 
-import numpy as np
 
 from .._wire.protocol import ANSWERS, CARRIERS, KEYED, Kind, Message
 
@@ -123,19 +122,14 @@ def _answer_problem(msg: Message, state) -> Optional[str]:
         return _sync_answer_problem(msg, req.round, state)
     if msg.kind == Kind.SYNC_RESP:
         return "a SYNC_RESP answers a worker's request"
-    asked = req.positions
-    if asked is None:
+    if req.positions is None:
         return f"{msg.kind.name} answers request {msg.req_id}, which asked for no keys"
-    at = np.searchsorted(asked, positions)
-    if len(positions) and (int(at.max()) >= len(asked) or np.any(asked[at] != positions)):
-        return f"answer positions that request {msg.req_id} did not ask for"
-    if len(positions) > req.remaining:
-        return f"more answers than request {msg.req_id} waits for"
-    if msg.kind == Kind.PULL_RESP:
-        need = state.store.floats_for(req.keys[at])
-        if len(msg.arrays[1]) != need:
-            return f"{len(msg.arrays[1])} floats for {len(positions)} keys that hold {need}"
-    return None
+    # Positions it asked for, no more than it waits for, and a pull's values as long as their
+    # keys': one native pass.
+    why = state.directory.check_answer(
+        req.positions, req.keys, positions, req.remaining,
+        len(msg.arrays[1]) if msg.kind == Kind.PULL_RESP else -1)
+    return None if why is None else f"request {msg.req_id}: {why}"
 
 
 def _sync_answer_problem(msg: Message, context, state) -> Optional[str]:
