@@ -5,27 +5,13 @@
  * batch buffers, reserves the records its pass may create, and makes one call into
  * directory.c.
  */
-#include "check.h"
-#include "directory.h"
-#include "module.h"
-#include "outbox.h"
+#include "directory_object.h"
 #include "policy.h"
 
-typedef struct {
-    PyObject_HEAD
-    directory_t d;
-    PyObject *store; /* the StoreObject whose store_t d.store points into */
-    replica_set_t held; /* the keys held here as replicas (d.held) */
-    records_t recs;     /* d.recs */
-    pins_t pins;        /* d.pins */
-    check_scratch_t scratch; /* check_message's and check_sync_answer's */
-    outbox_t outbox;    /* moves decided here, held per peer until sent (outbox.h) */
-    int ready;
-} DirectoryObject;
 
 /* The store's repeated-key check (module.h) for this directory's batches. */
-static int refuse_repeated(DirectoryObject *self, const int64_t *keys, int64_t n,
-                           const char *what) {
+int dm_refuse_repeated(DirectoryObject *self, const int64_t *keys, int64_t n,
+                       const char *what) {
     return refuse_repeats((StoreObject *)self->store, keys, n, what);
 }
 
@@ -43,7 +29,7 @@ static void Directory_dealloc(DirectoryObject *self) {
 }
 
 /* Room for n new records, or MemoryError. */
-static int reserve(DirectoryObject *self, int64_t n) {
+int dm_reserve(DirectoryObject *self, int64_t n) {
     if (dir_reserve(&self->d, n) == 0) return 0;
     PyErr_NoMemory();
     return -1;
@@ -100,7 +86,7 @@ static int Directory_init(DirectoryObject *self, PyObject *args, PyObject *kwarg
     return 0;
 }
 
-static int check_keys(const DirectoryObject *self, const int64_t *keys, int64_t n) {
+int dm_check_keys(const DirectoryObject *self, const int64_t *keys, int64_t n) {
     const int64_t bad = store_check_keys(keys, n, self->d.store->num_keys);
     if (bad >= 0) {
         PyErr_Format(PyExc_IndexError, "keys[%lld] = %lld is outside [0, %lld)", (long long)bad,
@@ -111,7 +97,7 @@ static int check_keys(const DirectoryObject *self, const int64_t *keys, int64_t 
 }
 
 /* relocate_in(keys, values, versions, s_in, r_in, epochs, slots, was_replica) -> None */
-static PyObject *Directory_relocate_in(DirectoryObject *self, PyObject *args) {
+PyObject *Directory_relocate_in(DirectoryObject *self, PyObject *args) {
     PyObject *o[7];
     if (!PyArg_ParseTuple(args, "OOOOOOO", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5], &o[6]))
         return NULL;
@@ -130,7 +116,8 @@ static PyObject *Directory_relocate_in(DirectoryObject *self, PyObject *args) {
                                           "per key, masks words per key");
         goto done;
     }
-    if (check_keys(self, v[0].buf, n) < 0 || refuse_repeated(self, v[0].buf, n, "relocate_in") < 0)
+    if (dm_check_keys(self, v[0].buf, n) < 0
+        || dm_refuse_repeated(self, v[0].buf, n, "relocate_in") < 0)
         goto done;
     if (!self->d.masks) {
         PyErr_SetString(PyExc_ValueError, "relocate_in: this directory keeps no intent masks "
@@ -146,7 +133,7 @@ static PyObject *Directory_relocate_in(DirectoryObject *self, PyObject *args) {
         PyErr_NoMemory();
         goto done;
     }
-    if (reserve(self, n) < 0) goto done;
+    if (dm_reserve(self, n) < 0) goto done;
     int64_t r;
     NOGIL_BEGIN(v[1].len / 4)
     r = dir_relocate_in(&self->d, v[0].buf, n, v[1].buf, v[1].len / 4, v[2].buf, v[3].buf,
@@ -167,18 +154,18 @@ done:
 }
 
 /* A new bytearray of n entries of itemsize bytes; its data in *ptr. */
-static PyObject *new_array(Py_ssize_t n, Py_ssize_t itemsize, void **ptr) {
+PyObject *dm_new_array(Py_ssize_t n, Py_ssize_t itemsize, void **ptr) {
     PyObject *b = PyByteArray_FromStringAndSize(NULL, n * itemsize);
     if (b) *ptr = PyByteArray_AS_STRING(b);
     return b;
 }
 
 /* A tuple of `count` new bytearrays of the given byte sizes, their data pointers in ptrs. */
-static PyObject *new_buffers(int count, const Py_ssize_t *bytes, void **ptrs) {
+PyObject *dm_new_buffers(int count, const Py_ssize_t *bytes, void **ptrs) {
     PyObject *tuple = PyTuple_New(count);
     if (!tuple) return NULL;
     for (int i = 0; i < count; i++) {
-        PyObject *b = new_array(bytes[i], 1, &ptrs[i]);
+        PyObject *b = dm_new_array(bytes[i], 1, &ptrs[i]);
         if (!b) {
             Py_DECREF(tuple);
             return NULL;
@@ -190,7 +177,7 @@ static PyObject *new_buffers(int count, const Py_ssize_t *bytes, void **ptrs) {
 
 /* The n bytearrays as numpy views of the codec's dtypes (roles: check.c's letters): a new
  * tuple, or NULL with an exception set. A view pins its bytearray's size: resize first. */
-static PyObject *as_views(PyObject *const *bufs, const char *roles, int n) {
+PyObject *dm_as_views(PyObject *const *bufs, const char *roles, int n) {
     PyObject *t = PyTuple_New(n);
     if (!t) return NULL;
     for (int i = 0; i < n; i++) {
@@ -205,325 +192,8 @@ static PyObject *as_views(PyObject *const *bufs, const char *roles, int n) {
     return t;
 }
 
-/* The decision on node's reports for keys[0..n) with flags (keys checked in range, unique):
- * (dropped, relocated, per_rank), see the docstring of decide; its moves join the peers' held
- * moves (outbox.h). NULL with an exception set (nothing changed) if a key is not owned here. */
-static PyObject *decide_batch(DirectoryObject *self, int variant, int64_t node,
-                              const int64_t *keys, int64_t n, const uint8_t *flags) {
-    const directory_t *d = &self->d;
-    PyObject *result = NULL, *relocated = NULL, *per_rank = NULL;
-    int64_t *relocate_to = NULL, *cursor = NULL, *ints = NULL;
-    uint64_t *setup = NULL, *masks = NULL;
-    float *floats = NULL;
-    const int64_t w = d->words, world = d->world_size;
-    if (!d->masks) {
-        PyErr_SetString(PyExc_ValueError, "decide: this directory keeps no intent masks "
-                                          "(the variant does not act on intent)");
-        return NULL;
-    }
-    for (int64_t i = 0; i < n; i++) /* before anything changes */
-        if (store_state(d->store, keys[i]) != KEY_OWNER) {
-            PyErr_Format(PyExc_ValueError, "decide: key %lld is not owned here",
-                         (long long)keys[i]);
-            return NULL;
-        }
-    relocate_to = PyMem_Malloc((size_t)(n ? n : 1) * sizeof(int64_t));
-    setup = PyMem_Malloc((size_t)(n ? n * w : 1) * sizeof(uint64_t));
-    if (!relocate_to || !setup) {
-        PyErr_NoMemory();
-        goto done;
-    }
-    if (reserve(self, n) < 0) goto done; /* the keys' masks, then their forward pointers */
-    int64_t dropped;
-    decide_sizes_t z;
-    NOGIL_BEGIN(n * w)
-    dropped = dir_policy_decide(d, variant, node, keys, n, flags, relocate_to, setup);
-    dir_decide_sizes(d, keys, n, relocate_to, setup, &z);
-    NOGIL_END
-    if (z.relocations < 0) { /* masks only name real ranks (relocate_in checks them) */
-        PyErr_SetString(PyExc_RuntimeError, "decide: a mask named a rank outside the world");
-        goto done;
-    }
-    if (!z.relocations && !z.setups) { /* the common case: nothing moves */
-        result = Py_BuildValue("LOO", (long long)dropped, Py_None, Py_None);
-        goto done;
-    }
-    /* Scratch for the decision (decide_out_t), copied to the held moves after; everything
-     * that can fail comes before dir_decide_execute changes anything. */
-    const int64_t r = z.relocations, sp = z.setups, h = z.home_updates;
-    const int64_t nints = 3 * world + 4 * r + 2 * sp + 3 * h + (world > sp ? world : sp);
-    ints = PyMem_Malloc((size_t)nints * sizeof(int64_t));
-    masks = PyMem_Malloc((size_t)(r ? 2 * r * w : 1) * sizeof(uint64_t));
-    floats = PyMem_Malloc((size_t)(z.relocation_floats + z.setup_floats + 1) * sizeof(float));
-    if (!ints || !masks || !floats) {
-        PyErr_NoMemory();
-        goto done;
-    }
-    void *kp;
-    if (r && (!(relocated = new_array(r, 8, &kp)) || !(per_rank = new_array(world, 8, &kp))))
-        goto done;
-    decide_out_t o;
-    int64_t *at = ints;
-    o.r_count = at, at += world;
-    o.s_count = at, at += world;
-    o.h_count = at, at += world;
-    o.r_keys = at, at += r;
-    o.r_versions = at, at += r;
-    o.r_epochs = at, at += r;
-    o.r_slots = at, at += r;
-    o.s_keys = at, at += sp;
-    o.s_versions = at, at += sp;
-    o.h_keys = at, at += h;
-    o.h_owners = at, at += h;
-    o.h_epochs = at, at += h;
-    cursor = at;
-    o.r_s = masks;
-    o.r_r = masks + r * w;
-    o.r_values = floats;
-    o.s_values = floats + z.relocation_floats;
-    if (outbox_reserve_decision(&self->outbox, d, keys, n, relocate_to, setup) < 0) {
-        PyErr_NoMemory();
-        goto done;
-    }
-    int64_t ok;
-    NOGIL_BEGIN(z.relocation_floats + z.setup_floats + n)
-    ok = dir_decide_execute(d, keys, n, relocate_to, setup, &z, &o, cursor);
-    if (ok >= 0) outbox_append_decision(&self->outbox, d, &o, &z);
-    NOGIL_END
-    if (ok < 0) { /* cannot happen: ownership was checked above, and only this thread moves keys */
-        PyErr_SetString(PyExc_RuntimeError, "decide: a key vanished while it was relocated");
-        goto done;
-    }
-    if (r) {
-        memcpy(PyByteArray_AS_STRING(relocated), o.r_keys, (size_t)r * 8);
-        memcpy(PyByteArray_AS_STRING(per_rank), o.r_count, (size_t)world * 8);
-    }
-    result = Py_BuildValue("LOO", (long long)dropped, r ? relocated : Py_None,
-                           r ? per_rank : Py_None);
-done:
-    Py_XDECREF(relocated);
-    Py_XDECREF(per_rank);
-    PyMem_Free(relocate_to);
-    PyMem_Free(setup);
-    PyMem_Free(ints);
-    PyMem_Free(masks);
-    PyMem_Free(floats);
-    return result;
-}
-
-/* take_moves(dst) -> None, or the 12 move arrays held for dst (numpy views of one new buffer,
- * the shared empties where a section is empty); nothing is held for dst afterwards. */
-static PyObject *Directory_take_moves(DirectoryObject *self, PyObject *arg) {
-    const long long dst = PyLong_AsLongLong(arg);
-    if (dst == -1 && PyErr_Occurred()) return NULL;
-    if (dst < 0 || dst >= self->d.world_size) {
-        PyErr_SetString(PyExc_ValueError, "take_moves: rank outside the world");
-        return NULL;
-    }
-    outbox_t *ob = &self->outbox;
-    if (!outbox_holds(ob, dst)) Py_RETURN_NONE;
-    static const char roles[OUTBOX_ARRAYS] = {'k', 'r', 'v', 'm', 'm', 'v',
-                                              'k', 'r', 'v', 'k', 'n', 'v'};
-    int64_t offset[OUTBOX_ARRAYS], total = 0;
-    for (int i = 0; i < OUTBOX_ARRAYS; i++) {
-        offset[i] = total;
-        total += (outbox_bytes(ob, dst, i) + 7) & ~(int64_t)7; /* each view 8-aligned */
-    }
-    void *base;
-    PyObject *buf = new_array(total, 1, &base);
-    if (!buf) return NULL;
-    PyObject *out = PyTuple_New(OUTBOX_ARRAYS);
-    if (!out) {
-        Py_DECREF(buf);
-        return NULL;
-    }
-    for (int i = 0; i < OUTBOX_ARRAYS; i++) {
-        outbox_copy(ob, dst, i, (char *)base + offset[i]);
-        const int64_t items = outbox_bytes(ob, dst, i) / (roles[i] == 'r' ? 4 : 8);
-        PyObject *view = wire_view(buf, roles[i], items, offset[i]);
-        if (!view) {
-            Py_DECREF(out);
-            Py_DECREF(buf);
-            return NULL; /* still held */
-        }
-        PyTuple_SET_ITEM(out, i, view);
-    }
-    Py_DECREF(buf);
-    outbox_clear(ob, dst);
-    return out;
-}
-
-/* held_peers() -> tuple of the ranks moves are held for. */
-static PyObject *Directory_held_peers(DirectoryObject *self, PyObject *unused) {
-    const outbox_t *ob = &self->outbox;
-    int64_t count = 0;
-    for (int64_t r = 0; r < self->d.world_size; r++) count += outbox_holds(ob, r);
-    PyObject *out = PyTuple_New(count);
-    if (!out) return NULL;
-    for (int64_t r = 0, at = 0; r < self->d.world_size && at < count; r++) {
-        if (!outbox_holds(ob, r)) continue;
-        PyObject *rank = PyLong_FromLongLong(r);
-        if (!rank) {
-            Py_DECREF(out);
-            return NULL;
-        }
-        PyTuple_SET_ITEM(out, at++, rank);
-    }
-    return out;
-}
-
-/* decide(variant, node, keys, has_intent) -> (dropped, relocations, setups, home_updates) */
-static PyObject *Directory_decide(DirectoryObject *self, PyObject *args) {
-    int variant;
-    long long node;
-    PyObject *okeys, *oflags;
-    if (!PyArg_ParseTuple(args, "iLOO", &variant, &node, &okeys, &oflags)) return NULL;
-    if (variant < POLICY_ADAPTIVE || variant > POLICY_RELOCATION_ONLY || node < 0
-        || node >= self->d.world_size) {
-        PyErr_SetString(PyExc_ValueError, "decide: bad variant, or node outside the ranks");
-        return NULL;
-    }
-    Py_buffer kv, fv;
-    if (borrow(okeys, &kv, 8, 0, "decide: keys") < 0) return NULL;
-    if (borrow(oflags, &fv, 1, 0, "decide: has_intent") < 0) {
-        PyBuffer_Release(&kv);
-        return NULL;
-    }
-    PyObject *result = NULL;
-    const int64_t n = kv.len / 8;
-    if (fv.len != n)
-        PyErr_SetString(PyExc_ValueError, "decide: has_intent needs one entry per key");
-    else if (check_keys(self, kv.buf, n) == 0 && refuse_repeated(self, kv.buf, n, "decide") == 0)
-        result = decide_batch(self, variant, node, kv.buf, n, fv.buf);
-    PyBuffer_Release(&kv);
-    PyBuffer_Release(&fv);
-    return result;
-}
-
-/* serve_sync(variant, origin, ikeys, ipos, iflags, dkeys, dpos, drows, dver, ckeys, cpos, cver)
- *   -> (answer, decision, rest_index, rest_hop) */
-static PyObject *Directory_serve_sync(DirectoryObject *self, PyObject *args) {
-    int variant;
-    long long origin;
-    PyObject *o[10];
-    if (!PyArg_ParseTuple(args, "iLOOOOOOOOOO", &variant, &origin, &o[0], &o[1], &o[2], &o[3],
-                          &o[4], &o[5], &o[6], &o[7], &o[8], &o[9]))
-        return NULL;
-    const directory_t *d = &self->d;
-    const store_t *st = d->store;
-    if (origin < 0 || origin >= d->world_size) {
-        PyErr_SetString(PyExc_ValueError, "serve_sync: origin outside the ranks");
-        return NULL;
-    }
-    Py_buffer v[10]; /* ikeys ipos iflags dkeys dpos drows dver ckeys cpos cver */
-    const Py_ssize_t sizes[10] = {8, 8, 1, 8, 8, 4, 8, 8, 8, 8};
-    int got = 0;
-    PyObject *result = NULL, *arrays[8] = {NULL}, *decision = NULL, *rest[2] = {NULL, NULL};
-    int8_t *where = NULL;
-    int64_t *hop = NULL, *skeys = NULL, *missing = NULL, *ikeys = NULL;
-    uint8_t *iflags = NULL, *behind = NULL;
-    float *srows = NULL;
-    for (; got < 10; got++)
-        if (borrow(o[got], &v[got], sizes[got], 0, "serve_sync") < 0) goto done;
-    sync_request_t r = {origin, v[0].buf, v[1].buf, v[2].buf, v[0].len / 8,
-                        v[3].buf, v[4].buf, v[6].buf, v[5].buf, v[3].len / 8,
-                        v[7].buf, v[8].buf, v[9].buf, v[7].len / 8, variant};
-    /* A SYNC comes from the network: check it all before anything changes. */
-    if (v[1].len / 8 != r.ni || v[2].len != r.ni || v[4].len / 8 != r.nd
-        || v[6].len / 8 != r.nd || v[8].len / 8 != r.nc || v[9].len / 8 != r.nc) {
-        PyErr_SetString(PyExc_ValueError, "serve_sync: every section needs one position, flag "
-                                          "and version per key");
-        goto done;
-    }
-    if (check_keys(self, r.ikeys, r.ni) < 0 || check_keys(self, r.dkeys, r.nd) < 0
-        || check_keys(self, r.ckeys, r.nc) < 0
-        || refuse_repeated(self, r.ikeys, r.ni, "serve_sync: intent reports") < 0)
-        goto done;
-    int64_t row_floats = 0;
-    for (int64_t i = 0; i < r.nd; i++) row_floats += key_len(st, r.dkeys[i]);
-    if (row_floats != v[5].len / 4) {
-        PyErr_Format(PyExc_ValueError, "serve_sync: the deltas' rows hold %lld floats, their "
-                     "keys need %lld", (long long)(v[5].len / 4), (long long)row_floats);
-        goto done;
-    }
-    if (r.ni && (variant < POLICY_ADAPTIVE || variant > POLICY_RELOCATION_ONLY || !d->masks)) {
-        PyErr_SetString(PyExc_ValueError, "serve_sync: intent reports, but this directory's "
-                                          "variant does not act on intent");
-        goto done;
-    }
-    if (reserve(self, r.ni) < 0) goto done; /* the decision on the owned reports */
-    const int64_t n = r.ni + r.nd + r.nc;
-    where = PyMem_Malloc((size_t)(n ? n : 1));
-    hop = PyMem_Malloc((size_t)(n ? n : 1) * sizeof(int64_t));
-    if (!where || !hop) {
-        PyErr_NoMemory();
-        goto done;
-    }
-    sync_plan_t p = {where, hop};
-    dir_sync_plan(d, &r, &p);
-    const int64_t os = p.owned_syncs, oi = p.owned_intents, owned = oi + os;
-    sync_answer_t a;
-    memset(&a, 0, sizeof(a));
-    skeys = PyMem_Malloc((size_t)(os ? os : 1) * sizeof(int64_t));
-    missing = PyMem_Malloc((size_t)(os ? os : 1) * sizeof(int64_t));
-    behind = PyMem_Malloc((size_t)(os ? os : 1));
-    srows = PyMem_Malloc((size_t)(p.owned_sync_floats ? p.owned_sync_floats : 1) * sizeof(float));
-    ikeys = PyMem_Malloc((size_t)(oi ? oi : 1) * sizeof(int64_t));
-    iflags = PyMem_Malloc((size_t)(oi ? oi : 1));
-    if (!skeys || !missing || !behind || !srows || !ikeys || !iflags) {
-        PyErr_NoMemory();
-        goto done;
-    }
-    a.skeys = skeys; a.missing = missing; a.behind = behind; a.srows = srows;
-    a.ikeys = ikeys; a.iflags = iflags;
-    void *ptr[8];
-    const Py_ssize_t counts[8] = {owned, owned, os, p.owned_sync_floats, p.redirects,
-                                  p.redirects, p.backs, p.back_floats};
-    for (int i = 0; i < 8; i++)
-        if (!(arrays[i] = new_array(counts[i], i == 3 || i == 7 ? 4 : 8, &ptr[i]))) goto done;
-    a.positions = ptr[0]; a.versions = ptr[1]; a.refresh_pos = ptr[2]; a.values = ptr[3];
-    a.redirect_pos = ptr[4]; a.redirect_ranks = ptr[5]; a.back_pos = ptr[6];
-    a.back_rows = ptr[7];
-    void *rp[2];
-    if (!(rest[0] = new_array(p.rest, 8, &rp[0])) || !(rest[1] = new_array(p.rest, 8, &rp[1])))
-        goto done;
-    a.rest_index = rp[0]; a.rest_hop = rp[1];
-    int64_t ok;
-    NOGIL_BEGIN(n + p.owned_sync_floats)
-    ok = dir_sync_serve(d, &r, &p, &a);
-    NOGIL_END
-    if (ok < 0) {
-        PyErr_SetString(PyExc_RuntimeError, "serve_sync: an owned key vanished while serving");
-        goto done;
-    }
-    if (PyByteArray_Resize(arrays[2], a.nrefresh * 8) < 0
-        || PyByteArray_Resize(arrays[3], a.nvalues * 4) < 0)
-        goto done;
-    if (oi && !(decision = decide_batch(self, variant, origin, ikeys, oi, iflags))) goto done;
-    PyObject *answer = owned || p.redirects || p.backs ? as_views(arrays, "pvprpnpr", 8)
-                                                       : Py_NewRef(Py_None);
-    if (!answer) goto done;
-    result = Py_BuildValue("NOOO", answer, decision ? decision : Py_None,
-                           p.rest ? rest[0] : Py_None, p.rest ? rest[1] : Py_None);
-done:
-    for (int i = 0; i < 8; i++) Py_XDECREF(arrays[i]);
-    Py_XDECREF(decision);
-    Py_XDECREF(rest[0]);
-    Py_XDECREF(rest[1]);
-    PyMem_Free(where);
-    PyMem_Free(hop);
-    PyMem_Free(skeys);
-    PyMem_Free(missing);
-    PyMem_Free(behind);
-    PyMem_Free(srows);
-    PyMem_Free(ikeys);
-    PyMem_Free(iflags);
-    for (int i = 0; i < got; i++) PyBuffer_Release(&v[i]);
-    return result;
-}
-
 /* Intent counts of this node's (an IntentCounts), or NULL with an exception set. */
-static intent_counts_t *intent_counts(PyObject *obj, const char *what) {
+intent_counts_t *dm_intent_counts(PyObject *obj, const char *what) {
     if (!PyObject_TypeCheck(obj, &IntentCountsType) || !((IntentCountsObject *)obj)->ready) {
         PyErr_Format(PyExc_TypeError, "%s: counts must be an initialised IntentCounts", what);
         return NULL;
@@ -531,279 +201,15 @@ static intent_counts_t *intent_counts(PyObject *obj, const char *what) {
     return &((IntentCountsObject *)obj)->c;
 }
 
-/* A round's requests for reports rkeys[0..nr) with rflags (checked in range, unique, not
- * owned here) and the replicas held here: a new tuple of the 13 bytearrays (drop_keys, counts,
- * keys, ikeys, ipos, iflags, dkeys, dpos, drows, dver, ckeys, cpos, cver; see the docstring of
- * round_requests), or NULL with an exception set. */
-static PyObject *round_buffers(DirectoryObject *self, const int64_t *rkeys, const uint8_t *rflags,
-                               int64_t nr) {
-    const directory_t *d = &self->d;
-    PyObject *result = NULL, *out[13] = {NULL};
-    void *scratch[8] = {NULL};
-    round_in_t in = {rkeys, rflags, nr};
-    round_sizes_t z;
-    dir_round_sizes(d, &in, &z);
-    const int64_t nh = d->held->len, world = d->world_size, most = z.drops + nh;
-    const Py_ssize_t bytes[13] = {z.drops * 8, 3 * world * 8, (nr + most) * 8, nr * 8, nr * 8,
-                                  nr, most * 8, most * 8, (z.drop_floats + z.held_floats) * 4,
-                                  most * 8, nh * 8, nh * 8, nh * 8};
-    void *p[13];
-    if (!(result = new_buffers(13, bytes, p))) goto done;
-    for (int i = 0; i < 13; i++) out[i] = PyTuple_GET_ITEM(result, i);
-    round_out_t r = {p[0], NULL, p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[9], p[8], p[10],
-                     p[11], p[12]};
-    const size_t scratch_bytes[8] = {(size_t)nh * 8, (size_t)(nr + nh) * 8,
-                                     (size_t)(nr + nh) * 8, (size_t)(nr + nh) * 8,
-                                     (size_t)world * 8, (size_t)nh,
-                                     (size_t)(z.drop_floats + z.held_floats) * 4,
-                                     (size_t)z.drops * 8};
-    for (int i = 0; i < 8; i++)
-        if (!(scratch[i] = PyMem_Malloc(scratch_bytes[i] ? scratch_bytes[i] : 1))) {
-            PyErr_NoMemory();
-            Py_CLEAR(result);
-            goto done;
-        }
-    r.s_live = scratch[0]; r.s_ver = scratch[1]; r.s_at = scratch[2]; r.s_off = scratch[3];
-    r.s_cursor = scratch[4]; r.s_nonzero = scratch[5]; r.s_rows = scratch[6];
-    r.drop_slots = scratch[7];
-    int64_t ok;
-    NOGIL_BEGIN(nr + nh + z.held_floats)
-    ok = dir_round_build(d, &in, &z, &r);
-    NOGIL_END
-    if (ok < 0) {
-        PyErr_SetString(PyExc_RuntimeError, "round_requests: a location hint names a rank "
-                                            "outside the world");
-        Py_CLEAR(result);
-        goto done;
-    }
-    /* Sections of unknown size were allocated for the most they could hold. */
-    if (PyByteArray_Resize(out[2], (nr + r.nd + r.nc) * 8) < 0
-        || PyByteArray_Resize(out[6], r.nd * 8) < 0 || PyByteArray_Resize(out[7], r.nd * 8) < 0
-        || PyByteArray_Resize(out[8], r.delta_floats * 4) < 0
-        || PyByteArray_Resize(out[9], r.nd * 8) < 0
-        || PyByteArray_Resize(out[10], r.nc * 8) < 0 || PyByteArray_Resize(out[11], r.nc * 8) < 0
-        || PyByteArray_Resize(out[12], r.nc * 8) < 0)
-        Py_CLEAR(result);
-done:
-    for (int i = 0; i < 8; i++) PyMem_Free(scratch[i]);
-    return result;
-}
-
-#define ROUND_ROLES "kckkpfkprvkpv"
-
-/* Each rank's SYNC of a round, cut from round_buffers' 13 buffers: a tuple of (dst, entries,
- * the request's 10 keyed arrays as views), one per rank that gets entries; NULL with an
- * exception set. */
-static PyObject *round_parts(DirectoryObject *self, PyObject *const *b) {
-    const directory_t *d = &self->d;
-    const int64_t world = d->world_size, *counts = (const int64_t *)PyByteArray_AS_STRING(b[1]);
-    const int64_t *dkeys = (const int64_t *)PyByteArray_AS_STRING(b[6]);
-    int64_t parts = 0;
-    for (int64_t r = 0; r < world; r++)
-        parts += counts[r] + counts[world + r] + counts[2 * world + r] > 0;
-    PyObject *out = PyTuple_New(parts);
-    if (!out) return NULL;
-    int64_t at[3] = {0, 0, 0}, row = 0; /* entries of each section before rank r; drows floats */
-    for (int64_t r = 0, part = 0; r < world; r++) {
-        const int64_t ni = counts[r], nd = counts[world + r], nc = counts[2 * world + r];
-        int64_t floats = 0;
-        for (int64_t i = at[1]; i < at[1] + nd; i++) floats += key_len(d->store, dkeys[i]);
-        if (ni + nd + nc) {
-            PyObject *arrays = PyTuple_New(10);
-            if (!arrays) goto fail;
-            PyObject *v[10] = {
-                wire_view(b[3], 'k', ni, 8 * at[0]), wire_view(b[4], 'p', ni, 8 * at[0]),
-                wire_view(b[5], 'f', ni, at[0]), wire_view(b[6], 'k', nd, 8 * at[1]),
-                wire_view(b[7], 'p', nd, 8 * at[1]), wire_view(b[8], 'r', floats, 4 * row),
-                wire_view(b[9], 'v', nd, 8 * at[1]), wire_view(b[10], 'k', nc, 8 * at[2]),
-                wire_view(b[11], 'p', nc, 8 * at[2]), wire_view(b[12], 'v', nc, 8 * at[2])};
-            int ok = 1;
-            for (int i = 0; i < 10; i++) {
-                ok &= v[i] != NULL;
-                if (v[i]) PyTuple_SET_ITEM(arrays, i, v[i]);
-                else PyTuple_SET_ITEM(arrays, i, Py_NewRef(Py_None));
-            }
-            PyObject *item = ok ? Py_BuildValue("LLN", (long long)r, (long long)(ni + nd + nc),
-                                                arrays)
-                                : NULL;
-            if (!ok) Py_DECREF(arrays);
-            if (!item) goto fail;
-            PyTuple_SET_ITEM(out, part++, item);
-        }
-        at[0] += ni;
-        at[1] += nd;
-        at[2] += nc;
-        row += floats;
-    }
-    return out;
-fail:
-    Py_DECREF(out);
-    return NULL;
-}
-
-/* round_build(counts, variant, reports) -> None, or (deferred, told_keys, told_flags, decided,
- * decision, reports_sent, drop_keys, deltas, parts, keys, flags): see the method's docstring. */
-static PyObject *Directory_round_build(DirectoryObject *self, PyObject *args) {
-    PyObject *ocounts;
-    int variant, reports;
-    if (!PyArg_ParseTuple(args, "Oip", &ocounts, &variant, &reports)) return NULL;
-    intent_counts_t *c = intent_counts(ocounts, "round_build");
-    if (!c) return NULL;
-    const directory_t *d = &self->d;
-    if (variant >= 0 && (variant < POLICY_ADAPTIVE || variant > POLICY_RELOCATION_ONLY
-                         || !d->masks)) {
-        PyErr_SetString(PyExc_ValueError, "round_build: a variant this directory cannot act on");
-        return NULL;
-    }
-    const int64_t n = c->ndirty;
-    if (!n && !d->held->len) Py_RETURN_NONE; /* an idle round: nothing to report or sync */
-    PyObject *result = NULL, *told[2] = {NULL, NULL}, *decision = NULL, *buffers = NULL;
-    PyObject *parts = NULL, *keys_view = NULL, *drops = NULL, *flags_out = NULL;
-    int64_t *keys = PyMem_Malloc((size_t)(n ? n : 1) * 8);
-    uint8_t *flags = PyMem_Malloc((size_t)(n ? n : 1));
-    int64_t *other = PyMem_Malloc((size_t)(n ? n : 1) * 8); /* pinned, then owned keys */
-    uint8_t *other_flags = PyMem_Malloc((size_t)(n ? n : 1));
-    if (!keys || !flags || !other || !other_flags || ic_reserve(c, n) < 0) {
-        PyErr_NoMemory();
-        goto done;
-    }
-    int64_t m = intents_changes(c, keys, flags), deferred = 0, ntold = 0, decided = 0;
-    if (variant >= 0 && m) {
-        /* An intent that ended for a key a worker here has pinned (its local sample, not pushed
-         * yet; NodeState.sample_pins) is reported with the next round: the report would drop
-         * a replica (or relocate an owned key) under the worker's push, which would then go
-         * remote. */
-        int64_t kept = 0;
-        pins_lock(&self->pins);
-        for (int64_t i = 0; i < m; i++) {
-            if (!flags[i] && pins_has(&self->pins, keys[i])) {
-                other[deferred++] = keys[i];
-                continue;
-            }
-            keys[kept] = keys[i];
-            flags[kept++] = flags[i];
-        }
-        pins_unlock(&self->pins);
-        if (deferred && ic_reserve(c, deferred) == 0) ic_report_again(c, other, deferred);
-        else if (deferred) {
-            PyErr_NoMemory();
-            goto done;
-        }
-        m = kept;
-    }
-    if (ic_reserve(c, m) < 0) {
-        PyErr_NoMemory();
-        goto done;
-    }
-    if (!reports) { /* nothing acts on them: taken as told, so that wait_sync sees them served */
-        ic_acknowledge(c, keys, flags, m);
-        memcpy(other, keys, (size_t)m * 8);
-        memcpy(other_flags, flags, (size_t)m);
-        ntold = m;
-        m = 0;
-    } else if (m) {
-        /* Keys owned here are decided now, without a message to itself (bench/adaptive.py: most
-         * reports are about a node's own keys). */
-        int64_t kept = 0;
-        for (int64_t i = 0; i < m; i++) {
-            if (store_state(d->store, keys[i]) == KEY_OWNER) {
-                other[ntold] = keys[i];
-                other_flags[ntold++] = flags[i];
-                continue;
-            }
-            keys[kept] = keys[i];
-            flags[kept++] = flags[i];
-        }
-        m = kept;
-        if (ntold) {
-            decided = ntold;
-            if (variant >= 0
-                && !(decision = decide_batch(self, variant, d->rank, other, ntold, other_flags)))
-                goto done;
-            ic_acknowledge(c, other, other_flags, ntold);
-        }
-    }
-    void *p;
-    if (!(told[0] = new_array(ntold, 8, &p))) goto done;
-    memcpy(p, other, (size_t)ntold * 8);
-    if (!(told[1] = new_array(ntold, 1, &p))) goto done;
-    memcpy(p, other_flags, (size_t)ntold);
-    if (!(flags_out = new_array(m, 1, &p))) goto done;
-    memcpy(p, flags, (size_t)m);
-    int64_t deltas = 0;
-    if (m || d->held->len) {
-        if (!(buffers = round_buffers(self, keys, flags, m))) goto done;
-        PyObject *b[13];
-        for (int i = 0; i < 13; i++) b[i] = PyTuple_GET_ITEM(buffers, i);
-        deltas = PyByteArray_GET_SIZE(b[6]) / 8;
-        const int64_t nkeys = PyByteArray_GET_SIZE(b[2]) / 8;
-        if (!(parts = round_parts(self, b)) || !(keys_view = wire_view(b[2], 'k', nkeys, 0))
-            || !(drops = wire_view(b[0], 'k', PyByteArray_GET_SIZE(b[0]) / 8, 0)))
-            goto done;
-    } else {
-        if (!(parts = PyTuple_New(0)) || !(keys_view = wire_view(flags_out, 'k', 0, 0))
-            || !(drops = wire_view(flags_out, 'k', 0, 0)))
-            goto done;
-    }
-    result = Py_BuildValue("LOOLOLOLOOO", (long long)deferred, told[0], told[1],
-                           (long long)decided, decision ? decision : Py_None, (long long)m, drops,
-                           (long long)deltas, parts, keys_view, flags_out);
-done:
-    Py_XDECREF(told[0]);
-    Py_XDECREF(told[1]);
-    Py_XDECREF(decision);
-    Py_XDECREF(buffers);
-    Py_XDECREF(parts);
-    Py_XDECREF(keys_view);
-    Py_XDECREF(drops);
-    Py_XDECREF(flags_out);
-    PyMem_Free(keys);
-    PyMem_Free(flags);
-    PyMem_Free(other);
-    PyMem_Free(other_flags);
-    return result;
-}
-
-/* round_requests(rkeys, rflags) -> (drop_keys, counts, keys, ikeys, ipos, iflags, dkeys, dpos,
- * drows, dver, ckeys, cpos, cver) */
-static PyObject *Directory_round_requests(DirectoryObject *self, PyObject *args) {
-    PyObject *o[2];
-    if (!PyArg_ParseTuple(args, "OO", &o[0], &o[1])) return NULL;
-    Py_buffer v[2];
-    const Py_ssize_t sizes[2] = {8, 1};
-    int got = 0;
-    PyObject *result = NULL;
-    for (; got < 2; got++)
-        if (borrow(o[got], &v[got], sizes[got], 0, "round_requests") < 0) goto done;
-    const int64_t nr = v[0].len / 8;
-    if (v[1].len != nr) {
-        PyErr_SetString(PyExc_ValueError, "round_requests: one flag per report");
-        goto done;
-    }
-    if (check_keys(self, v[0].buf, nr) < 0
-        || refuse_repeated(self, v[0].buf, nr, "round_requests: reports") < 0)
-        goto done;
-    PyObject *buffers = round_buffers(self, v[0].buf, v[1].buf, nr);
-    if (buffers) {
-        PyObject *b[13];
-        for (int i = 0; i < 13; i++) b[i] = PyTuple_GET_ITEM(buffers, i);
-        result = as_views(b, ROUND_ROLES, 13);
-        Py_DECREF(buffers);
-    }
-done:
-    for (int i = 0; i < got; i++) PyBuffer_Release(&v[i]);
-    return result;
-}
-
 /* setup_in(src, keys, values, versions, counts, now) -> bytearray of the keys taken */
-static PyObject *Directory_setup_in(DirectoryObject *self, PyObject *args) {
+PyObject *Directory_setup_in(DirectoryObject *self, PyObject *args) {
     long long src;
     double now;
     PyObject *o[3], *ocounts;
     if (!PyArg_ParseTuple(args, "LOOOOd", &src, &o[0], &o[1], &o[2], &ocounts, &now))
         return NULL;
     const intent_counts_t *counts = NULL;
-    if (ocounts != Py_None && !(counts = intent_counts(ocounts, "setup_in"))) return NULL;
+    if (ocounts != Py_None && !(counts = dm_intent_counts(ocounts, "setup_in"))) return NULL;
     const directory_t *d = &self->d;
     if (src < 0 || src >= d->world_size) {
         PyErr_SetString(PyExc_ValueError, "setup_in: src outside the ranks");
@@ -821,7 +227,7 @@ static PyObject *Directory_setup_in(DirectoryObject *self, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "setup_in: one version per key");
         goto done;
     }
-    if (check_keys(self, keys, n) < 0 || refuse_repeated(self, keys, n, "setup_in") < 0)
+    if (dm_check_keys(self, keys, n) < 0 || dm_refuse_repeated(self, keys, n, "setup_in") < 0)
         goto done;
     int64_t floats = 0;
     for (int64_t i = 0; i < n; i++) floats += key_len(d->store, keys[i]);
@@ -831,7 +237,7 @@ static PyObject *Directory_setup_in(DirectoryObject *self, PyObject *args) {
         goto done;
     }
     void *taken_ptr;
-    if (reserve(self, n) < 0 || !(result = new_array(n, 8, &taken_ptr))) goto done;
+    if (dm_reserve(self, n) < 0 || !(result = dm_new_array(n, 8, &taken_ptr))) goto done;
     const size_t bytes[4] = {(size_t)floats * 4, (size_t)n * 8, (size_t)n * 8, (size_t)n};
     for (int i = 0; i < 4; i++)
         if (!(scratch[i] = PyMem_Malloc(bytes[i] ? bytes[i] : 1))) {
@@ -867,13 +273,13 @@ static PyObject *Directory_replicas_added(DirectoryObject *self, PyObject *args)
     if (borrow(okeys, &kv, 8, 0, "replicas_added") < 0) return NULL;
     PyObject *result = NULL;
     const int64_t n = kv.len / 8, *keys = kv.buf;
-    if (check_keys(self, keys, n) == 0) {
+    if (dm_check_keys(self, keys, n) == 0) {
         int64_t i = 0;
         while (i < n && store_state(self->d.store, keys[i]) == KEY_REPLICA) i++;
         if (i < n)
             PyErr_Format(PyExc_ValueError, "replicas_added: key %lld is not a replica here",
                          (long long)keys[i]);
-        else if (refuse_repeated(self, keys, n, "replicas_added") == 0) {
+        else if (dm_refuse_repeated(self, keys, n, "replicas_added") == 0) {
             /* keys already in the set stay once: take them out first */
             rs_remove(&self->held, keys, n);
             if (rs_add(&self->held, keys, n) < 0) PyErr_NoMemory();
@@ -892,88 +298,12 @@ static PyObject *Directory_replica_count(DirectoryObject *self, PyObject *unused
     return PyLong_FromLongLong(self->held.len);
 }
 
-/* apply_answer(keys, flags, ni, src, pos, versions, refresh, values, counts, now) -> reports */
-static PyObject *Directory_apply_answer(DirectoryObject *self, PyObject *args) {
-    long long ni, src;
-    double now;
-    PyObject *o[6], *ocounts;
-    if (!PyArg_ParseTuple(args, "OOLLOOOOOd", &o[0], &o[1], &ni, &src, &o[2], &o[3], &o[4],
-                          &o[5], &ocounts, &now))
-        return NULL;
-    intent_counts_t *told = intent_counts(ocounts, "apply_answer");
-    if (!told) return NULL;
-    const directory_t *d = &self->d;
-    Py_buffer v[6]; /* keys flags pos versions refresh values */
-    const Py_ssize_t sizes[6] = {8, 1, 8, 8, 8, 4};
-    int got = 0;
-    PyObject *result = NULL;
-    int64_t *by_pos = NULL;
-    for (; got < 6; got++)
-        if (borrow(o[got], &v[got], sizes[got], 0, "apply_answer") < 0) goto done;
-    const int64_t nkeys = v[0].len / 8, n = v[2].len / 8, nr = v[4].len / 8;
-    const int64_t *keys = v[0].buf, *pos = v[2].buf, *refresh = v[4].buf;
-    if (ni < 0 || ni > nkeys || v[1].len < ni || v[3].len / 8 != n || src < 0
-        || src >= d->world_size) {
-        PyErr_SetString(PyExc_ValueError, "apply_answer: a flag per report, a version per "
-                                          "position, src a rank");
-        goto done;
-    }
-    if (check_keys(self, keys, nkeys) < 0) goto done;
-    /* An answer comes from the network: its positions must name entries of this round, and
-     * a refresh an answered replica entry (not a report), with the values its keys need. */
-    if (!(by_pos = PyMem_Malloc((size_t)(nkeys ? nkeys : 1) * sizeof(int64_t)))) {
-        PyErr_NoMemory();
-        goto done;
-    }
-    memset(by_pos, 0xff, (size_t)nkeys * sizeof(int64_t)); /* -1: not answered here */
-    for (int64_t i = 0; i < n; i++) {
-        if (pos[i] < 0 || pos[i] >= nkeys) {
-            PyErr_Format(PyExc_ValueError, "apply_answer: position %lld outside the round's "
-                         "%lld entries", (long long)pos[i], (long long)nkeys);
-            goto done;
-        }
-        if (pos[i] >= ni) by_pos[pos[i]] = 1;
-    }
-    int64_t floats = 0;
-    for (int64_t j = 0; j < nr; j++) {
-        if (refresh[j] < ni || refresh[j] >= nkeys || by_pos[refresh[j]] != 1) {
-            PyErr_Format(PyExc_ValueError, "apply_answer: refresh position %lld is not an "
-                         "answered replica entry", (long long)refresh[j]);
-            goto done;
-        }
-        floats += key_len(d->store, keys[refresh[j]]);
-    }
-    if (floats != v[5].len / 4) {
-        PyErr_Format(PyExc_ValueError, "apply_answer: the values hold %lld floats, the "
-                     "refreshed keys need %lld", (long long)(v[5].len / 4), (long long)floats);
-        goto done;
-    }
-    if (reserve(self, n) < 0) goto done;
-    if (ic_reserve(told, n) < 0) {
-        PyErr_NoMemory();
-        goto done;
-    }
-    int64_t reports;
-    NOGIL_BEGIN(n + floats)
-    reports = dir_apply_answer(d, keys, nkeys, v[1].buf, ni, src, pos, v[3].buf, n, refresh,
-                               nr, v[5].buf, floats, now, by_pos);
-    NOGIL_END
-    /* Reports acknowledged, with the GIL (the counts' methods keep it: any thread may call). */
-    for (int64_t i = 0; i < n; i++)
-        if (pos[i] < ni) ic_acknowledge(told, &keys[pos[i]], (const uint8_t *)v[1].buf + pos[i], 1);
-    result = PyLong_FromLongLong(reports);
-done:
-    PyMem_Free(by_pos);
-    for (int i = 0; i < got; i++) PyBuffer_Release(&v[i]);
-    return result;
-}
-
 /* Borrows keys (int64, checked in range) and, if `other` is not NULL, a second buffer of
  * `itemsize` bytes per key; 0, or -1 with an exception set (nothing borrowed). */
-static int keyed_buffers(DirectoryObject *self, PyObject *okeys, Py_buffer *kv, PyObject *other,
-                         Py_buffer *ov, Py_ssize_t itemsize, const char *what) {
+int dm_keyed_buffers(DirectoryObject *self, PyObject *okeys, Py_buffer *kv, PyObject *other,
+                     Py_buffer *ov, Py_ssize_t itemsize, const char *what) {
     if (borrow(okeys, kv, 8, 0, what) < 0) return -1;
-    if (check_keys(self, kv->buf, kv->len / 8) < 0) {
+    if (dm_check_keys(self, kv->buf, kv->len / 8) < 0) {
         PyBuffer_Release(kv);
         return -1;
     }
@@ -994,11 +324,11 @@ static int keyed_buffers(DirectoryObject *self, PyObject *okeys, Py_buffer *kv, 
 /* first_hop(keys) / next_hop(keys) -> bytearray of int64 ranks (-1: on its way here) */
 static PyObject *hops(DirectoryObject *self, PyObject *okeys, int first) {
     Py_buffer kv;
-    if (keyed_buffers(self, okeys, &kv, NULL, NULL, 0, first ? "first_hop" : "next_hop") < 0)
+    if (dm_keyed_buffers(self, okeys, &kv, NULL, NULL, 0, first ? "first_hop" : "next_hop") < 0)
         return NULL;
     const int64_t n = kv.len / 8, *keys = kv.buf;
     int64_t *out;
-    PyObject *result = new_array(n, 8, (void **)&out);
+    PyObject *result = dm_new_array(n, 8, (void **)&out);
     if (result) {
         const directory_t *d = &self->d;
         for (int64_t i = 0; i < n; i++) {
@@ -1029,10 +359,10 @@ static PyObject *Directory_learn(DirectoryObject *self, PyObject *args) {
         return NULL;
     }
     Py_buffer kv;
-    if (keyed_buffers(self, okeys, &kv, NULL, NULL, 0, "learn") < 0) return NULL;
+    if (dm_keyed_buffers(self, okeys, &kv, NULL, NULL, 0, "learn") < 0) return NULL;
     const int64_t n = kv.len / 8, *keys = kv.buf;
     PyObject *result = NULL;
-    if (reserve(self, n) == 0) {
+    if (dm_reserve(self, n) == 0) {
         for (int64_t i = 0; i < n; i++)
             if (store_state(self->d.store, keys[i]) != KEY_OWNER)
                 rec_set_hint(&self->recs, keys[i], rank);
@@ -1047,7 +377,7 @@ static PyObject *Directory_set_hints(DirectoryObject *self, PyObject *args) {
     PyObject *okeys, *oranks;
     if (!PyArg_ParseTuple(args, "OO", &okeys, &oranks)) return NULL;
     Py_buffer kv, rv;
-    if (keyed_buffers(self, okeys, &kv, oranks, &rv, 8, "set_hints") < 0) return NULL;
+    if (dm_keyed_buffers(self, okeys, &kv, oranks, &rv, 8, "set_hints") < 0) return NULL;
     const int64_t n = kv.len / 8, *keys = kv.buf, *ranks = rv.buf;
     PyObject *result = NULL;
     int64_t bad = -1;
@@ -1056,7 +386,7 @@ static PyObject *Directory_set_hints(DirectoryObject *self, PyObject *args) {
     if (bad >= 0)
         PyErr_Format(PyExc_ValueError, "set_hints: rank %lld of key %lld is outside the ranks",
                      (long long)ranks[bad], (long long)keys[bad]);
-    else if (reserve(self, n) == 0) {
+    else if (dm_reserve(self, n) == 0) {
         for (int64_t i = 0; i < n; i++) rec_set_hint(&self->recs, keys[i], ranks[i]);
         result = Py_NewRef(Py_None);
     }
@@ -1067,11 +397,11 @@ static PyObject *Directory_set_hints(DirectoryObject *self, PyObject *args) {
 
 /* update_home(keys, owners, epochs) -> None: home updates for keys homed here; the newest
  * epoch wins (updates from old and new owners may cross). */
-static PyObject *Directory_update_home(DirectoryObject *self, PyObject *args) {
+PyObject *Directory_update_home(DirectoryObject *self, PyObject *args) {
     PyObject *okeys, *oowners, *oepochs;
     if (!PyArg_ParseTuple(args, "OOO", &okeys, &oowners, &oepochs)) return NULL;
     Py_buffer kv, ov, ev;
-    if (keyed_buffers(self, okeys, &kv, oowners, &ov, 8, "update_home") < 0) return NULL;
+    if (dm_keyed_buffers(self, okeys, &kv, oowners, &ov, 8, "update_home") < 0) return NULL;
     PyObject *result = NULL;
     const directory_t *d = &self->d;
     const int64_t n = kv.len / 8, *keys = kv.buf, *owners = ov.buf;
@@ -1090,7 +420,7 @@ static PyObject *Directory_update_home(DirectoryObject *self, PyObject *args) {
             goto release;
         }
     }
-    if (reserve(self, n) < 0) goto release;
+    if (dm_reserve(self, n) < 0) goto release;
     for (int64_t i = 0; i < n; i++) {
         if (epochs[i] <= rec_home_epoch(d->recs, keys[i])) continue;
         const int32_t r = rec_get(d->recs, keys[i]);
@@ -1116,7 +446,7 @@ static PyObject *Directory_set_masks(DirectoryObject *self, PyObject *args) {
         return NULL;
     }
     Py_buffer kv, sv, rv;
-    if (keyed_buffers(self, okeys, &kv, NULL, NULL, 0, "set_masks") < 0) return NULL;
+    if (dm_keyed_buffers(self, okeys, &kv, NULL, NULL, 0, "set_masks") < 0) return NULL;
     PyObject *result = NULL;
     const int64_t n = kv.len / 8, w = self->d.words, *keys = kv.buf;
     if (borrow(os, &sv, 8, 0, "set_masks") < 0) goto done;
@@ -1128,7 +458,7 @@ static PyObject *Directory_set_masks(DirectoryObject *self, PyObject *args) {
         || stray_rank_bits(&self->d, sv.buf, n) || stray_rank_bits(&self->d, rv.buf, n))
         PyErr_SetString(PyExc_ValueError, "set_masks: masks need `words` words per key and "
                                           "only bits of ranks in the world");
-    else if (refuse_repeated(self, keys, n, "set_masks") == 0 && reserve(self, n) == 0) {
+    else if (dm_refuse_repeated(self, keys, n, "set_masks") == 0 && dm_reserve(self, n) == 0) {
         for (int64_t i = 0; i < n; i++) {
             const int32_t r = rec_get(&self->recs, keys[i]);
             uint64_t *m = self->recs.masks + (int64_t)r * 2 * w;
@@ -1153,7 +483,7 @@ static PyObject *Directory_dense(DirectoryObject *self, PyObject *unused) {
     const int64_t k = d->store->num_keys, h = d->num_home, w = d->words;
     const Py_ssize_t bytes[7] = {k * 4, k * 4, k * 8, h * 4, h * 8, k * w * 8, k * w * 8};
     void *p[7];
-    PyObject *result = new_buffers(7, bytes, p);
+    PyObject *result = dm_new_buffers(7, bytes, p);
     if (!result) return NULL;
     int32_t *hint = p[0], *forward = p[1];
     int64_t *epoch = p[2], *home_epoch = p[4];
@@ -1279,7 +609,8 @@ static PyObject *Directory_repin(DirectoryObject *self, PyObject *args) {
         return NULL;
     }
     PyObject *result = NULL;
-    if (check_keys(self, rv.buf, rv.len / 8) == 0 && check_keys(self, tv.buf, tv.len / 8) == 0) {
+    if (dm_check_keys(self, rv.buf, rv.len / 8) == 0
+        && dm_check_keys(self, tv.buf, tv.len / 8) == 0) {
         if (pins_change(&self->pins, rv.buf, rv.len / 8, tv.buf, tv.len / 8) < 0)
             PyErr_NoMemory();
         else
@@ -1304,309 +635,6 @@ static PyObject *Directory_pinned(DirectoryObject *self, PyObject *okeys) {
     }
     PyBuffer_Release(&kv);
     return out;
-}
-
-/* moves_in(src, moves, counts, now) -> None or (relocated, inserted, taken, discarded) */
-static PyObject *Directory_moves_in(DirectoryObject *self, PyObject *args) {
-    long long src;
-    double now;
-    PyObject *omoves, *ocounts;
-    if (!PyArg_ParseTuple(args, "LOOd", &src, &omoves, &ocounts, &now)) return NULL;
-    PyObject *seq = PySequence_Fast(omoves, "moves_in: moves must be a sequence of 12 arrays");
-    if (!seq) return NULL;
-    PyObject *result = NULL, *was = NULL, *taken = NULL, *inserted = NULL, *r = NULL;
-    if (PySequence_Fast_GET_SIZE(seq) != 12) {
-        PyErr_SetString(PyExc_ValueError, "moves_in: moves must be a sequence of 12 arrays");
-        goto done;
-    }
-    PyObject **m = PySequence_Fast_ITEMS(seq);
-    Py_ssize_t n[3];
-    for (int i = 0; i < 3; i++) {
-        Py_buffer kv;
-        if (borrow(m[(int[]){0, 6, 9}[i]], &kv, 8, 0, "moves_in: keys") < 0) goto done;
-        n[i] = kv.len / 8;
-        PyBuffer_Release(&kv);
-    }
-    if (!n[0] && !n[1] && !n[2]) {
-        result = Py_NewRef(Py_None);
-        goto done;
-    }
-    /* In the order a carrier's moves are taken in: relocations (a promoted replica's unsent
-     * updates join the value that came), replica set-ups, home updates. */
-    void *p;
-    if (!(was = new_array(n[0], 1, &p))) goto done;
-    if (n[0]) {
-        PyObject *a = Py_BuildValue("(OOOOOOO)", m[0], m[1], m[2], m[3], m[4], m[5], was);
-        r = a ? Directory_relocate_in(self, a) : NULL;
-        Py_XDECREF(a);
-        if (!r) goto done;
-        Py_CLEAR(r);
-    }
-    if (n[1]) {
-        PyObject *a = Py_BuildValue("(LOOOOd)", src, m[6], m[7], m[8], ocounts, now);
-        taken = a ? Directory_setup_in(self, a) : NULL;
-        Py_XDECREF(a);
-        if (!taken) goto done;
-    } else if (!(taken = new_array(0, 8, &p))) {
-        goto done;
-    }
-    if (n[2]) {
-        PyObject *a = Py_BuildValue("(OOO)", m[9], m[10], m[11]);
-        r = a ? Directory_update_home(self, a) : NULL;
-        Py_XDECREF(a);
-        if (!r) goto done;
-        Py_CLEAR(r);
-    }
-    /* The keys new in the store: those relocated here that were not replicas, and the
-     * replicas taken. */
-    const Py_ssize_t ntaken = PyByteArray_GET_SIZE(taken) / 8;
-    const int8_t *promoted = (const int8_t *)PyByteArray_AS_STRING(was);
-    Py_ssize_t fresh = 0;
-    for (Py_ssize_t i = 0; i < n[0]; i++) fresh += !promoted[i];
-    if (!(inserted = new_array(fresh + ntaken, 8, &p))) goto done;
-    int64_t *out = p;
-    if (fresh) {
-        Py_buffer kv;
-        if (borrow(m[0], &kv, 8, 0, "moves_in: keys") < 0) goto done;
-        const int64_t *keys = kv.buf;
-        for (Py_ssize_t i = 0; i < n[0]; i++)
-            if (!promoted[i]) *out++ = keys[i];
-        PyBuffer_Release(&kv);
-    }
-    memcpy(out, PyByteArray_AS_STRING(taken), (size_t)ntaken * 8);
-    result = Py_BuildValue("OOOn", m[0], inserted, taken, n[1] - ntaken);
-done:
-    Py_XDECREF(was);
-    Py_XDECREF(taken);
-    Py_XDECREF(inserted);
-    Py_DECREF(seq);
-    return result;
-}
-
-/* redirected(keys, flags, ranks, src, counts, variant) -> (deferred, again, owned_keys,
- * owned_flags, decision): see the method's docstring. */
-static PyObject *Directory_redirected(DirectoryObject *self, PyObject *args) {
-    PyObject *okeys, *oflags, *oranks, *ocounts;
-    long long src;
-    int variant;
-    if (!PyArg_ParseTuple(args, "OOOLOi", &okeys, &oflags, &oranks, &src, &ocounts, &variant))
-        return NULL;
-    intent_counts_t *c = intent_counts(ocounts, "redirected");
-    if (!c) return NULL;
-    const directory_t *d = &self->d;
-    if (src < 0 || src >= d->world_size) {
-        PyErr_SetString(PyExc_ValueError, "redirected: src outside the ranks");
-        return NULL;
-    }
-    Py_buffer kv, rv, fv;
-    if (keyed_buffers(self, okeys, &kv, oranks, &rv, 8, "redirected") < 0) return NULL;
-    PyObject *result = NULL, *owned[2] = {NULL, NULL}, *decision = NULL;
-    int64_t *again = NULL, *mine = NULL;
-    uint8_t *mine_flags = NULL;
-    const int64_t n = kv.len / 8, *keys = kv.buf, *ranks = rv.buf;
-    if (borrow(oflags, &fv, 1, 0, "redirected: flags") < 0) goto release;
-    const uint8_t *flags = fv.buf;
-    if (fv.len != n) {
-        PyErr_SetString(PyExc_ValueError, "redirected: one flag per key");
-        goto done;
-    }
-    for (int64_t i = 0; i < n; i++)
-        if (ranks[i] < 0 || ranks[i] >= d->world_size) {
-            PyErr_Format(PyExc_ValueError, "redirected: rank %lld of key %lld is outside the "
-                         "ranks", (long long)ranks[i], (long long)keys[i]);
-            goto done;
-        }
-    if (refuse_repeated(self, keys, n, "redirected") < 0) goto done;
-    again = PyMem_Malloc((size_t)(n ? n : 1) * 8);
-    mine = PyMem_Malloc((size_t)(n ? n : 1) * 8);
-    mine_flags = PyMem_Malloc((size_t)(n ? n : 1));
-    if (!again || !mine || !mine_flags || reserve(self, n) < 0 || ic_reserve(c, n) < 0) {
-        if (!PyErr_Occurred()) PyErr_NoMemory();
-        goto done;
-    }
-    /* Where the owner says they are; keys owned here by now (the relocation came with the
-     * answer) are decided at once, the rest are reported again by the next round. */
-    int64_t deferred = 0, na = 0, nm = 0;
-    for (int64_t i = 0; i < n; i++) {
-        rec_set_hint(&self->recs, keys[i], ranks[i]);
-        deferred += ranks[i] == src;
-        if (store_state(d->store, keys[i]) == KEY_OWNER) {
-            mine[nm] = keys[i];
-            mine_flags[nm++] = flags[i];
-        } else {
-            again[na++] = keys[i];
-        }
-    }
-    if (nm) {
-        if (variant >= 0
-            && !(decision = decide_batch(self, variant, d->rank, mine, nm, mine_flags)))
-            goto done;
-        ic_acknowledge(c, mine, mine_flags, nm);
-    }
-    if (na) ic_report_again(c, again, na);
-    void *p;
-    if (!(owned[0] = new_array(nm, 8, &p))) goto done;
-    memcpy(p, mine, (size_t)nm * 8);
-    if (!(owned[1] = new_array(nm, 1, &p))) goto done;
-    memcpy(p, mine_flags, (size_t)nm);
-    result = Py_BuildValue("LLOOO", (long long)deferred, (long long)na, owned[0], owned[1],
-                           decision ? decision : Py_None);
-done:
-    PyBuffer_Release(&fv);
-release:
-    PyBuffer_Release(&kv);
-    PyBuffer_Release(&rv);
-    Py_XDECREF(owned[0]);
-    Py_XDECREF(owned[1]);
-    Py_XDECREF(decision);
-    PyMem_Free(again);
-    PyMem_Free(mine);
-    PyMem_Free(mine_flags);
-    return result;
-}
-
-/* route_own(keys, is_set, counts) -> (here, coming, queued, groups): see the docstring. */
-static PyObject *Directory_route_own(DirectoryObject *self, PyObject *args) {
-    PyObject *okeys, *ocounts;
-    int is_set;
-    if (!PyArg_ParseTuple(args, "OpO", &okeys, &is_set, &ocounts)) return NULL;
-    const intent_counts_t *c = NULL;
-    if (ocounts != Py_None && !(c = intent_counts(ocounts, "route_own"))) return NULL;
-    Py_buffer kv;
-    if (keyed_buffers(self, okeys, &kv, NULL, NULL, 0, "route_own") < 0) return NULL;
-    const directory_t *d = &self->d;
-    const int64_t n = kv.len / 8, *keys = kv.buf, world = d->world_size;
-    PyObject *result = NULL, *bufs[3] = {NULL, NULL, NULL}, *groups = NULL;
-    int64_t *hop = NULL, *count = NULL;
-    int64_t nhere = 0;
-    for (int64_t i = 0; i < n; i++) {
-        const int st = store_state(d->store, keys[i]);
-        nhere += is_set ? st == KEY_OWNER : st != KEY_NONE;
-    }
-    if (nhere == n) { /* the usual case with intent: everything is here */
-        result = Py_BuildValue("OOOO", Py_True, Py_None, Py_None, Py_None);
-        goto done;
-    }
-    hop = PyMem_Malloc((size_t)(n ? n : 1) * 8);
-    count = PyMem_Calloc((size_t)world + 3, 8); /* per rank, then here, coming, queued */
-    if (!hop || !count) {
-        PyErr_NoMemory();
-        goto done;
-    }
-    /* -1 here, -2 on its way here as this node's intent is answered (an owner answers a
-     * report only after sending the key: wait here rather than chase it), -3 on its way here
-     * (a relocation not received yet: queued), else the rank to send it to. */
-    for (int64_t i = 0; i < n; i++) {
-        const int64_t key = keys[i];
-        const int st = store_state(d->store, key);
-        if (is_set ? st == KEY_OWNER : st != KEY_NONE) {
-            hop[i] = -1;
-        } else {
-            int32_t r = c ? km_get(&c->map, key) : -1;
-            if (r >= 0 && c->count[r] > 0 && !c->told[r]) {
-                hop[i] = -2;
-            } else {
-                const int64_t hint = rec_hint(d->recs, key);
-                const int64_t h = hint == d->rank ? dir_next_hop(d, key) : hint;
-                hop[i] = h < 0 ? -3 : h;
-            }
-        }
-        count[hop[i] < 0 ? world - 1 - hop[i] : hop[i]]++;
-    }
-    void *p[3];
-    for (int k = 0; k < 3; k++)
-        if (!(bufs[k] = new_array(count[world + k], 8, &p[k]))) goto done;
-    int64_t at[3] = {0, 0, 0}, parts = 0;
-    for (int64_t i = 0; i < n; i++)
-        if (hop[i] < 0) ((int64_t *)p[-1 - hop[i]])[at[-1 - hop[i]]++] = i;
-    for (int64_t r = 0; r < world; r++) parts += count[r] > 0;
-    if (!(groups = PyTuple_New(parts))) goto done;
-    for (int64_t r = 0, part = 0; r < world; r++) {
-        if (!count[r]) continue;
-        int64_t *idx;
-        PyObject *b = new_array(count[r], 8, (void **)&idx);
-        if (!b) goto done;
-        for (int64_t i = 0, j = 0; i < n; i++)
-            if (hop[i] == r) idx[j++] = i;
-        PyObject *view = wire_view(b, 'k', count[r], 0);
-        Py_DECREF(b);
-        PyObject *item = view ? Py_BuildValue("LN", (long long)r, view) : NULL;
-        if (!item) goto done;
-        PyTuple_SET_ITEM(groups, part++, item);
-    }
-    PyObject *v[3];
-    for (int k = 0; k < 3; k++) v[k] = wire_view(bufs[k], 'k', count[world + k], 0);
-    if (v[0] && v[1] && v[2]) result = Py_BuildValue("NNNO", v[0], v[1], v[2], groups);
-    else
-        for (int k = 0; k < 3; k++) Py_XDECREF(v[k]);
-done:
-    for (int k = 0; k < 3; k++) Py_XDECREF(bufs[k]);
-    Py_XDECREF(groups);
-    PyMem_Free(hop);
-    PyMem_Free(count);
-    PyBuffer_Release(&kv);
-    return result;
-}
-
-/* check_answer(asked, keys, positions, remaining, floats) -> None or why: see the docstring. */
-static PyObject *Directory_check_answer(DirectoryObject *self, PyObject *args) {
-    PyObject *oasked, *okeys, *opos;
-    long long remaining, floats;
-    if (!PyArg_ParseTuple(args, "OOOLL", &oasked, &okeys, &opos, &remaining, &floats))
-        return NULL;
-    Py_buffer av, kv, pv;
-    if (borrow(oasked, &av, 8, 0, "check_answer: asked") < 0) return NULL;
-    if (borrow(okeys, &kv, 8, 0, "check_answer: keys") < 0) {
-        PyBuffer_Release(&av);
-        return NULL;
-    }
-    if (borrow(opos, &pv, 8, 0, "check_answer: positions") < 0) {
-        PyBuffer_Release(&av);
-        PyBuffer_Release(&kv);
-        return NULL;
-    }
-    const int64_t na = av.len / 8, n = pv.len / 8, *asked = av.buf, *keys = kv.buf,
-                  *pos = pv.buf;
-    PyObject *result = NULL;
-    if (kv.len / 8 != na) {
-        PyErr_SetString(PyExc_ValueError, "check_answer: one key per asked position");
-        goto done;
-    }
-    if (n > remaining) {
-        result = PyUnicode_FromString("more answers than the request waits for");
-        goto done;
-    }
-    int64_t need = 0;
-    for (int64_t i = 0; i < n; i++) {
-        int64_t lo = 0, hi = na; /* asked ascends: the first entry >= pos[i] */
-        while (lo < hi) {
-            const int64_t mid = lo + (hi - lo) / 2;
-            if (asked[mid] < pos[i]) lo = mid + 1;
-            else hi = mid;
-        }
-        if (lo == na || asked[lo] != pos[i]) {
-            result = PyUnicode_FromString("answer positions that the request did not ask for");
-            goto done;
-        }
-        if (floats >= 0) {
-            const int64_t key = keys[lo];
-            if (key < 0 || key >= self->d.store->num_keys) {
-                PyErr_SetString(PyExc_ValueError, "check_answer: a key outside the key space");
-                goto done;
-            }
-            need += key_len(self->d.store, key);
-        }
-    }
-    if (floats >= 0 && need != floats)
-        result = PyUnicode_FromFormat("%lld floats for %lld keys that hold %lld", floats,
-                                      (long long)n, (long long)need);
-    else
-        result = Py_NewRef(Py_None);
-done:
-    PyBuffer_Release(&av);
-    PyBuffer_Release(&kv);
-    PyBuffer_Release(&pv);
-    return result;
 }
 
 static PyMethodDef Directory_methods[] = {
@@ -1686,8 +714,9 @@ static PyMethodDef Directory_methods[] = {
     {"round_requests", (PyCFunction)Directory_round_requests, METH_VARARGS,
      "round_requests(rkeys, rflags) -> (drop_keys, counts, keys, ikeys, ipos, iflags, "
      "dkeys, dpos, drows, dver, ckeys, cpos, cver), numpy arrays of the codec's dtypes. A sync "
-     "round's SYNC requests (directory.h, dir_round_*): reports rkeys (not owned here, unique; uint8 "
-     "flags) and the replicas held here. Replicas whose intent ended are dropped (their "
+     "round's SYNC requests (directory.h, dir_round_*): reports rkeys (not owned here, "
+     "unique; uint8 flags) and the replicas held here. Replicas whose intent ended are "
+     "dropped (their "
      "keys; their slots are free again), the others send their delta or their version; every entry "
      "(keys: all, numbered intents, deltas, checks) is grouped by its hint: counts[section * "
      "world_size + rank] entries of each section go to each rank."},
@@ -1774,8 +803,8 @@ static PyTypeObject DirectoryType = {
 /* --- the owner's fast path for zmq_io.c (module.h) ------------------------------------- */
 
 int directory_check(PyObject *o) { return PyObject_TypeCheck(o, &DirectoryType); }
-
-int directory_owns_request(PyObject *directory, int kind, const carr_t *a) {
+                    
+                    int directory_owns_request(PyObject *directory, int kind, const carr_t *a) {
     DirectoryObject *self = (DirectoryObject *)directory;
     if (!self->ready || (kind != WIRE_PULL && kind != WIRE_PUSH && kind != WIRE_SET)) return 0;
     char why[CHECK_WHY];

@@ -1,0 +1,70 @@
+/* The Directory object (adapm._native.Directory) and what its three binding files share:
+ * directory_module.c (the type, its state and the single passes: relocations in, replicas in,
+ * hints, homes, checks), serve_module.c (the owner's side and a worker's own request: decide and
+ * hold moves, serve a SYNC, take a carrier's moves in, route a request, check its answer) and
+ * round_module.c (a node's sync round: build it, take its answers and redirects in). */
+#ifndef ADAPM_DIRECTORY_OBJECT_H
+#define ADAPM_DIRECTORY_OBJECT_H
+
+#include "check.h"
+#include "directory.h"
+#include "module.h"
+#include "outbox.h"
+
+typedef struct {
+    PyObject_HEAD
+    directory_t d;
+    PyObject *store;         /* the StoreObject whose store_t d.store points into */
+    replica_set_t held;      /* the keys held here as replicas (d.held) */
+    records_t recs;          /* d.recs */
+    pins_t pins;             /* d.pins */
+    check_scratch_t scratch; /* check_message's and check_sync_answer's */
+    outbox_t outbox;         /* moves decided here, held per peer until sent (outbox.h) */
+    int ready;
+} DirectoryObject;
+
+/* --- helpers (directory_module.c) ------------------------------------------------------- */
+
+/* The store's repeated-key check (module.h) for this directory's batches. */
+int dm_refuse_repeated(DirectoryObject *self, const int64_t *keys, int64_t n, const char *what);
+/* Room for n new records, or MemoryError (-1). */
+int dm_reserve(DirectoryObject *self, int64_t n);
+/* 0, or -1 with IndexError naming the first key outside the key space. */
+int dm_check_keys(const DirectoryObject *self, const int64_t *keys, int64_t n);
+/* A new bytearray of n entries of itemsize bytes; its data in *ptr. */
+PyObject *dm_new_array(Py_ssize_t n, Py_ssize_t itemsize, void **ptr);
+/* A tuple of count new bytearrays of the given byte sizes, their data pointers in ptrs. */
+PyObject *dm_new_buffers(int count, const Py_ssize_t *bytes, void **ptrs);
+/* The n bytearrays as numpy views of the codec's dtypes (roles: check.c's letters). */
+PyObject *dm_as_views(PyObject *const *bufs, const char *roles, int n);
+/* Intent counts of this node's (an IntentCounts), or NULL with an exception set. */
+intent_counts_t *dm_intent_counts(PyObject *obj, const char *what);
+/* Borrows keys (int64, checked in range) and, if other is not NULL, a second buffer of itemsize
+ * bytes per key; 0, or -1 with an exception set (nothing borrowed). */
+int dm_keyed_buffers(DirectoryObject *self, PyObject *okeys, Py_buffer *kv, PyObject *other,
+                     Py_buffer *ov, Py_ssize_t itemsize, const char *what);
+
+/* The decision on node's reports for keys[0..n) (serve_module.c): see Directory.decide. */
+PyObject *dm_decide_batch(DirectoryObject *self, int variant, int64_t node, const int64_t *keys,
+                          int64_t n, const uint8_t *flags);
+
+/* --- methods defined outside directory_module.c (their docstrings are in its table) ------- */
+
+PyObject *Directory_relocate_in(DirectoryObject *self, PyObject *args);
+PyObject *Directory_setup_in(DirectoryObject *self, PyObject *args);
+PyObject *Directory_update_home(DirectoryObject *self, PyObject *args);
+
+PyObject *Directory_take_moves(DirectoryObject *self, PyObject *arg);
+PyObject *Directory_held_peers(DirectoryObject *self, PyObject *unused);
+PyObject *Directory_decide(DirectoryObject *self, PyObject *args);
+PyObject *Directory_serve_sync(DirectoryObject *self, PyObject *args);
+PyObject *Directory_moves_in(DirectoryObject *self, PyObject *args);
+PyObject *Directory_route_own(DirectoryObject *self, PyObject *args);
+PyObject *Directory_check_answer(DirectoryObject *self, PyObject *args);
+
+PyObject *Directory_round_build(DirectoryObject *self, PyObject *args);
+PyObject *Directory_round_requests(DirectoryObject *self, PyObject *args);
+PyObject *Directory_apply_answer(DirectoryObject *self, PyObject *args);
+PyObject *Directory_redirected(DirectoryObject *self, PyObject *args);
+
+#endif
