@@ -324,12 +324,38 @@ static PyObject *IntentCounts_memory(IntentCountsObject *self, PyObject *unused)
     return Py_BuildValue("LL", (long long)self->c.map.live, (long long)ic_bytes(&self->c));
 }
 
+/* activity(queues) -> int: bit 0 keys wait for changes(), bit 1 a queue of queues (a tuple of
+ * IntentQueue) had a batch signalled since its last collect, bit 2 every queue is empty. */
+static PyObject *IntentCounts_activity(IntentCountsObject *self, PyObject *queues) {
+    if (counts_ready(self) < 0) return NULL;
+    if (!PyTuple_Check(queues)) {
+        PyErr_SetString(PyExc_TypeError, "activity: queues must be a tuple of IntentQueue");
+        return NULL;
+    }
+    long bits = self->c.ndirty > 0 ? 1 : 0, empty = 4;
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(queues); i++) {
+        PyObject *q = PyTuple_GET_ITEM(queues, i);
+        if (!PyObject_TypeCheck(q, &IntentQueueType)) {
+            PyErr_SetString(PyExc_TypeError, "activity: queues must be a tuple of IntentQueue");
+            return NULL;
+        }
+        const intent_queue_t *iq = &((IntentQueueObject *)q)->q;
+        if (iq->signalled > 0) bits |= 2;
+        if (iq->pending.len || iq->acted.len) empty = 0;
+    }
+    return PyLong_FromLong(bits | empty);
+}
+
 static PyMethodDef IntentCounts_methods[] = {
     {"collect", (PyCFunction)IntentCounts_collect, METH_VARARGS,
      "collect(queue, clock, horizon) -> (acted keys, changed). A round at the worker's clock "
      "(queue: its IntentQueue): acts on batches with start < horizon and expires acted ones "
      "with end <= clock, counting their keys in and out; keys whose count crossed zero are "
      "collected for changes()."},
+    {"activity", (PyCFunction)IntentCounts_activity, METH_O,
+     "activity(queues) -> int. What a round would find, in one call: bit 0 keys wait for "
+     "changes() (pending), bit 1 a queue of queues (a tuple of the node's IntentQueues) had a "
+     "batch signalled since its last collect (fresh), bit 2 every queue is empty."},
     {"changes", (PyCFunction)IntentCounts_changes, METH_NOARGS,
      "changes() -> (keys, flags). The collected keys whose state (count > 0) differs from "
      "what owners were told, each once, in the order they were collected (int64, uint8 "

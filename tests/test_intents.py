@@ -232,3 +232,24 @@ def test_counts_keep_records_only_for_keys_with_intent():
     with pytest.raises(ValueError, match="one flag per key"):
         node.native.acknowledge(arr(1, 2), np.ones(1, np.uint8))
     assert node.native.memory()[0] == 0  # nothing changed
+
+
+def test_activity_says_in_one_call_what_a_round_would_find():
+    """IntentCounts.activity: bit 0 keys wait for changes(), bit 1 a queue had intents signalled
+    since its last collect, bit 2 every queue is empty (the engine's per-pass check)."""
+    node = NodeIntents(10)
+    a, b = WorkerIntents(ImmediateTimer(0), 10), WorkerIntents(ImmediateTimer(0), 10)
+    queues = (a.queue, b.queue)
+    assert node.native.activity(queues) == 4  # idle
+    a.signal(np.array([1, 2], dtype=np.int64), 0, 5)
+    assert node.native.activity(queues) == 2  # signalled, so not empty
+    node.collect(a, 0)  # acted on: keys 1 and 2 crossed zero
+    assert node.native.activity(queues) == 1
+    node.changes()
+    assert node.native.activity(queues) == 0  # acted on, not over yet
+    node.collect(a, 5)  # over: counted out, so keys 1 and 2 cross zero again
+    assert node.native.activity(queues) == 1 | 4
+    with pytest.raises(TypeError, match="tuple of IntentQueue"):
+        node.native.activity([a.queue])
+    with pytest.raises(TypeError, match="tuple of IntentQueue"):
+        node.native.activity((a.queue, 3))

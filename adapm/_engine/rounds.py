@@ -45,6 +45,9 @@ MAX_IDLE_GAP_S = 0.2
 CLOCK_POLL_S = 0.005
 # Longest sleep while a round runs (how quickly the loop notices a stop request).
 IDLE_POLL_S = 0.05
+# IntentCounts.activity's bits: keys wait for changes(), a queue had intents signalled since its
+# last collect, every queue is empty.
+_PENDING, _FRESH, _EMPTY = 1, 2, 4
 
 
 class _Round:
@@ -94,6 +97,9 @@ class Rounds:
         # the next round due anyway instead of keeping rounds back to back.
         self._deferred_again = 0
         self._waiters: list[_Waiter] = []
+        # The workers' intent queues, for IntentCounts.activity (a tuple: replaced whole when a
+        # worker registers, so the engine thread reads a consistent one).
+        self._queues: tuple = ()
         self._last_clocks: list[int] = []
         self._min_gap = 1.0 / config.max_rounds_per_s if config.max_rounds_per_s else 0.0
 
@@ -112,6 +118,7 @@ class Rounds:
             timer = ImmediateTimer(clock)
         intents = WorkerIntents(timer, self.store.num_keys)
         self.worker_intents.append(intents)  # list.append is atomic
+        self._queues = (*self._queues, intents.queue)
         return intents
 
     # --- replicas held here ------------------------------------------------------------------
@@ -130,8 +137,8 @@ class Rounds:
         """How long the loop may sleep before the next :class:`Tick` is worth handling."""
         if not self.policy.runs_rounds or self._open or self.closing:
             return IDLE_POLL_S
-        if not (self._waiters or self.directory.replica_count() or self.intents.pending()) and all(
-                w.empty() for w in list(self.worker_intents)):
+        if not (self._waiters or self.directory.replica_count()) and (
+                self.intents.native.activity(self._queues) & (_PENDING | _EMPTY)) == _EMPTY:
             return IDLE_POLL_S  # nothing depends on clocks; intent() wakes the loop
         wait = self._next_round_at - now
         return min(wait, CLOCK_POLL_S) if wait > 0 else CLOCK_POLL_S
@@ -173,9 +180,8 @@ class Rounds:
     def _round_needed(self, clocks: list[int]) -> bool:
         if self._waiters or self.directory.replica_count() or clocks != self._last_clocks:
             return True
-        if self.intents.pending():  # reports to send again (redirected)
-            return True
-        return any(w.fresh() for w in list(self.worker_intents))
+        # Reports to send (again, if redirected), or intents signalled since the last round.
+        return bool(self.intents.native.activity(self._queues) & (_PENDING | _FRESH))
 
     def _round_request_done(self, req_id: int) -> None:
         self._open.discard(req_id)
