@@ -570,6 +570,38 @@ def test_native_directory_checks_its_buffers():
     with pytest.raises(TypeError):
         directory.decide(0, 1, owned.astype(np.int32), flags)
     assert not dense(node)["intent"].any()  # nothing was decided
+    before = directory.dense()
+    counts = node.intents.native
+    with pytest.raises(TypeError, match="IntentCounts"):
+        directory.round_build(None, 0, True)
+    with pytest.raises(ValueError, match="variant"):
+        directory.round_build(counts, 9, True)
+    with pytest.raises(ValueError, match="rank 3 of key 1"):
+        directory.redirected(keys, np.ones(1, np.uint8), np.array([3], np.int64), 1, counts, 0)
+    with pytest.raises(ValueError, match="one flag per key"):
+        directory.redirected(keys, np.ones(2, np.uint8), np.array([2], np.int64), 1, counts, 0)
+    with pytest.raises(ValueError, match="src outside"):
+        directory.redirected(keys, np.ones(1, np.uint8), np.array([2], np.int64), 5, counts, 0)
+    with pytest.raises(IndexError):
+        directory.route_own(np.array([NUM_KEYS], np.int64), False, counts)
+    with pytest.raises(TypeError, match="IntentCounts"):
+        directory.route_own(keys, False, 3)
+    with pytest.raises(ValueError, match="12 arrays"):
+        directory.moves_in(1, list(NO_MOVES)[:11], counts, 0.0)
+    with pytest.raises(ValueError, match="rank outside"):
+        directory.take_moves(3)
+    with pytest.raises(ValueError, match="one key per asked position"):
+        directory.check_answer(np.arange(2, dtype=np.int64), keys, keys, 1, -1)
+    assert directory.check_answer(np.array([4, 7], np.int64), np.array([1, 2], np.int64),
+                                  np.array([7], np.int64), 1, 2) is None
+    assert "did not ask for" in directory.check_answer(
+        np.array([4, 7], np.int64), np.array([1, 2], np.int64), np.array([5], np.int64), 1, 2)
+    assert "waits for" in directory.check_answer(
+        np.array([4, 7], np.int64), np.array([1, 2], np.int64), np.array([4, 7], np.int64), 1,
+        -1)
+    assert "3 floats" in directory.check_answer(
+        np.array([4, 7], np.int64), np.array([1, 2], np.int64), np.array([7], np.int64), 1, 3)
+    assert directory.dense() == before  # none of them changed anything
 
 
 def test_serve_sync_refuses_a_malformed_sync_before_changing_anything():
