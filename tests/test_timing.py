@@ -6,13 +6,26 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy.stats import poisson
 
-from adapm._engine.timing import ActionTimer, ImmediateTimer, poisson_quantile
+from adapm._engine.timing import ActionTimer, ImmediateTimer, poisson_quantile, quantile_bracket
 
 
 @given(st.floats(1e-6, 1 - 1e-9), st.floats(0.0, 5000.0))
 @settings(max_examples=300, deadline=None)
 def test_quantile_matches_scipy(p, mu):
     assert poisson_quantile(p, mu) == int(poisson.ppf(p, mu))
+
+
+@given(st.floats(1e-6, 1 - 1e-9), st.floats(0.0, 5000.0), st.floats(-1.0, 1.0))
+@settings(max_examples=300, deadline=None)
+def test_the_quantile_is_the_same_over_its_bracket(p, mu, where):
+    """The timer reuses a quantile for every mu in its bracket: any mu there has it."""
+    k = poisson_quantile(p, mu)
+    lo, hi = quantile_bracket(p, k)
+    if mu > 0:  # mu's quantile is k: mu lies in k's bracket (up to the bracket's margins)
+        assert lo * (1 - 1e-6) <= mu <= hi * (1 + 1e-6), (lo, mu, hi)
+    inside = lo + (hi - lo) * (0.5 + 0.5 * where) if hi > lo else hi
+    if lo < inside <= hi:
+        assert poisson_quantile(p, inside) == k
 
 
 def test_first_round_uses_lambda0():

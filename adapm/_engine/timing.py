@@ -35,6 +35,18 @@ def poisson_quantile(p: float, mu: float) -> int:
     return below if special.pdtr(below, mu) >= p else k
 
 
+def quantile_bracket(p: float, k: int) -> tuple[float, float]:
+    """(lo, hi): the quantile is k for every mu with lo < mu <= hi (a slightly narrower range
+    than the exact one, so that rounding in the inversion never makes it wrong; NaN bounds
+    hold for no mu). Q(mu) = k exactly when P[Poisson(mu) <= k] >= p and, for k > 0,
+    P[Poisson(mu) <= k - 1] < p; both sides are decreasing in mu, and ``pdtri`` inverts them."""
+    from scipy import special
+
+    hi = float(special.pdtri(k, p)) * (1.0 - 1e-9)
+    lo = float(special.pdtri(k - 1, p)) * (1.0 + 1e-9) if k > 0 else 0.0
+    return lo, hi
+
+
 class ActionTimer:
     """λ estimate and action horizon of one worker. Not thread-safe (the sync loop owns it)."""
 
@@ -46,11 +58,13 @@ class ActionTimer:
         self.p = p
         self.lam = float(lambda0)
         self.last_clock = clock
-        # (mu, quantile): λ rarely changes between idle rounds. Filled now, on the thread that
-        # creates the worker: the quantile's first call imports scipy (a third of a second),
-        # which in the engine thread's first round stalled every node's engine (bench/engine.py).
-        mu = 2.0 * self.lam
-        self._cache = (mu, poisson_quantile(p, mu))
+        # (lo, hi, quantile): the quantile is the same for every mu in (lo, hi], and λ moves a
+        # little every busy round (an incomplete-gamma call per worker and round was ~3% of a
+        # 2-node KGE run's engine thread). Filled now, on the thread that creates the worker:
+        # the quantile's first call imports scipy (a third of a second), which in the engine
+        # thread's first round stalled every node's engine (bench/engine.py).
+        k = poisson_quantile(p, 2.0 * self.lam)
+        self._cache = (*quantile_bracket(p, k), k)
 
     def horizon(self, clock: int) -> int:
         """Round with the worker at ``clock``: update λ, return h. Act on intents with start < h."""
@@ -59,9 +73,11 @@ class ActionTimer:
         if delta > 0:
             self.lam = (1.0 - self.alpha) * self.lam + self.alpha * delta
         mu = 2.0 * max(self.lam, float(max(delta, 0)))
-        if self._cache[0] != mu:
-            self._cache = (mu, poisson_quantile(self.p, mu))
-        return clock + self._cache[1]
+        lo, hi, k = self._cache
+        if not lo < mu <= hi:
+            k = poisson_quantile(self.p, mu)
+            self._cache = (*quantile_bracket(self.p, k), k)
+        return clock + k
 
 
 class ImmediateTimer:
