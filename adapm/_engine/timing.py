@@ -47,6 +47,9 @@ def quantile_bracket(p: float, k: int) -> tuple[float, float]:
     return lo, hi
 
 
+_BRACKETS = 8  # quantile brackets an ActionTimer keeps
+
+
 class ActionTimer:
     """λ estimate and action horizon of one worker. Not thread-safe (the sync loop owns it)."""
 
@@ -58,13 +61,13 @@ class ActionTimer:
         self.p = p
         self.lam = float(lambda0)
         self.last_clock = clock
-        # (lo, hi, quantile): the quantile is the same for every mu in (lo, hi], and λ moves a
+        # [(lo, hi, quantile)]: the quantile is the same for every mu in (lo, hi], and λ moves a
         # little every busy round (an incomplete-gamma call per worker and round was ~3% of a
         # 2-node KGE run's engine thread). Filled now, on the thread that creates the worker:
         # the quantile's first call imports scipy (a third of a second), which in the engine
         # thread's first round stalled every node's engine (bench/engine.py).
         k = poisson_quantile(p, 2.0 * self.lam)
-        self._cache = (*quantile_bracket(p, k), k)
+        self._cache = [(*quantile_bracket(p, k), k)]
 
     def horizon(self, clock: int) -> int:
         """Round with the worker at ``clock``: update λ, return h. Act on intents with start < h."""
@@ -73,10 +76,13 @@ class ActionTimer:
         if delta > 0:
             self.lam = (1.0 - self.alpha) * self.lam + self.alpha * delta
         mu = 2.0 * max(self.lam, float(max(delta, 0)))
-        lo, hi, k = self._cache
-        if not lo < mu <= hi:
-            k = poisson_quantile(self.p, mu)
-            self._cache = (*quantile_bracket(self.p, k), k)
+        for lo, hi, k in self._cache:
+            if lo < mu <= hi:
+                return clock + k
+        k = poisson_quantile(self.p, mu)
+        # A few brackets: mu follows the clocks a round advanced (Δ) when they exceed λ, so
+        # it moves among a few quantiles from round to round.
+        self._cache = [(*quantile_bracket(self.p, k), k), *self._cache[:_BRACKETS - 1]]
         return clock + k
 
 
