@@ -444,6 +444,11 @@ PyObject *Directory_route_own(DirectoryObject *self, PyObject *args) {
             } else {
                 const int64_t hint = rec_hint(d->recs, key);
                 const int64_t h = hint == d->rank ? dir_next_hop(d, key) : hint;
+                if (h >= world) { /* hints and forward pointers only ever name ranks */
+                    PyErr_SetString(PyExc_RuntimeError, "route_own: a hint names a rank "
+                                                        "outside the world");
+                    goto done;
+                }
                 hop[i] = h < 0 ? -3 : h;
             }
         }
