@@ -14,7 +14,8 @@ ratio to the baseline's, triples/s, filtered MRR on the first ``--eval-max`` val
 after the last epoch, the training remote-access share (keys pulled or pushed remotely over all
 keys accessed, all nodes), MB sent per node per epoch, and CPU seconds per node and epoch of
 the worker threads and of the whole process (the difference is the PM's communication thread
-and ZeroMQ). Every figure comes from the apps' own JSON lines.
+and ZeroMQ), and each node's sync rounds per epoch with its engine thread's CPU per round.
+Every figure comes from the apps' own JSON lines.
 """
 
 from __future__ import annotations
@@ -45,10 +46,14 @@ def summarise(name: str, lines: list[dict], nodes: int, threads: int) -> dict:
     per_node_epoch = nodes * len(lines)
     worker_cpu = sum(s.get("worker_cpu_s", 0.0) for s in stats) / per_node_epoch
     process_cpu = sum(s.get("process_cpu_s", 0.0) for s in stats) / per_node_epoch
+    # Engine thread CPU per sync round (each node's own rounds; the baseline runs none).
+    rounds = sum(s.get("rounds", 0) for s in stats)
+    round_us = 1e6 * sum(s.get("engine_cpu_s", 0.0) for s in stats) / rounds if rounds else 0.0
     return {"name": name, "setup": f"{nodes} x {threads}", "epoch_s": sum(seconds) / len(seconds),
             "triples_s": points / sum(seconds), "mrr": lines[-1]["mrr"],
             "remote": remote / accessed if accessed else 0.0, "mb_sent": sent / 1e6,
-            "worker_cpu": worker_cpu, "process_cpu": process_cpu}
+            "worker_cpu": worker_cpu, "process_cpu": process_cpu, "round_us": round_us,
+            "rounds": rounds / per_node_epoch}
 
 
 def main() -> None:
@@ -81,13 +86,15 @@ def main() -> None:
     print(f"\nKG: {data} ({triples:,} triples asked), ComplEx d={opts.dim}, {opts.neg} negatives "
           f"per side, {epochs} epochs, MRR on {opts.eval_max} validation triples\n")
     print("| run | nodes x threads | epoch (s) | vs baseline | triples/s | MRR | "
-          "remote share | MB sent/node/epoch | CPU s/node/epoch: workers, process |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
+          "remote share | MB sent/node/epoch | CPU s/node/epoch: workers, process | "
+          "rounds/node/epoch | engine CPU/round (us) |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
+        rounds = f"{r['rounds']:.0f} | {r['round_us']:.0f}" if r["rounds"] else "- | -"
         print(f"| {r['name']} | {r['setup']} | {r['epoch_s']:.2f} | "
               f"{r['epoch_s'] / base['epoch_s']:.2f}x | {r['triples_s']:,.0f} | {r['mrr']:.4f} | "
               f"{100 * r['remote']:.4f}% | {r['mb_sent']:.1f} | "
-              f"{r['worker_cpu']:.1f}, {r['process_cpu']:.1f} |")
+              f"{r['worker_cpu']:.1f}, {r['process_cpu']:.1f} | {rounds} |")
 
 
 if __name__ == "__main__":
