@@ -321,31 +321,17 @@ int dm_keyed_buffers(DirectoryObject *self, PyObject *okeys, Py_buffer *kv, PyOb
     return 0;
 }
 
-/* first_hop(keys) / next_hop(keys) -> bytearray of int64 ranks (-1: on its way here) */
-static PyObject *hops(DirectoryObject *self, PyObject *okeys, int first) {
+/* next_hop(keys) -> bytearray of int64 ranks (-1: on its way here) */
+static PyObject *Directory_next_hop(DirectoryObject *self, PyObject *okeys) {
     Py_buffer kv;
-    if (dm_keyed_buffers(self, okeys, &kv, NULL, NULL, 0, first ? "first_hop" : "next_hop") < 0)
-        return NULL;
+    if (dm_keyed_buffers(self, okeys, &kv, NULL, NULL, 0, "next_hop") < 0) return NULL;
     const int64_t n = kv.len / 8, *keys = kv.buf;
     int64_t *out;
     PyObject *result = dm_new_array(n, 8, (void **)&out);
-    if (result) {
-        const directory_t *d = &self->d;
-        for (int64_t i = 0; i < n; i++) {
-            const int64_t hint = first ? rec_hint(d->recs, keys[i]) : d->rank;
-            out[i] = hint == d->rank ? dir_next_hop(d, keys[i]) : hint;
-        }
-    }
+    if (result)
+        for (int64_t i = 0; i < n; i++) out[i] = dir_next_hop(&self->d, keys[i]);
     PyBuffer_Release(&kv);
     return result;
-}
-
-static PyObject *Directory_first_hop(DirectoryObject *self, PyObject *okeys) {
-    return hops(self, okeys, 1);
-}
-
-static PyObject *Directory_next_hop(DirectoryObject *self, PyObject *okeys) {
-    return hops(self, okeys, 0);
 }
 
 /* learn(keys, rank) -> None: rank answered for keys; their hint points there, except for
@@ -369,29 +355,6 @@ static PyObject *Directory_learn(DirectoryObject *self, PyObject *args) {
         result = Py_NewRef(Py_None);
     }
     PyBuffer_Release(&kv);
-    return result;
-}
-
-/* set_hints(keys, ranks) -> None: where others say keys are (int64 ranks, checked). */
-static PyObject *Directory_set_hints(DirectoryObject *self, PyObject *args) {
-    PyObject *okeys, *oranks;
-    if (!PyArg_ParseTuple(args, "OO", &okeys, &oranks)) return NULL;
-    Py_buffer kv, rv;
-    if (dm_keyed_buffers(self, okeys, &kv, oranks, &rv, 8, "set_hints") < 0) return NULL;
-    const int64_t n = kv.len / 8, *keys = kv.buf, *ranks = rv.buf;
-    PyObject *result = NULL;
-    int64_t bad = -1;
-    for (int64_t i = 0; i < n && bad < 0; i++)
-        if (ranks[i] < 0 || ranks[i] >= self->d.world_size) bad = i;
-    if (bad >= 0)
-        PyErr_Format(PyExc_ValueError, "set_hints: rank %lld of key %lld is outside the ranks",
-                     (long long)ranks[bad], (long long)keys[bad]);
-    else if (dm_reserve(self, n) == 0) {
-        for (int64_t i = 0; i < n; i++) rec_set_hint(&self->recs, keys[i], ranks[i]);
-        result = Py_NewRef(Py_None);
-    }
-    PyBuffer_Release(&kv);
-    PyBuffer_Release(&rv);
     return result;
 }
 
@@ -621,25 +584,7 @@ static PyObject *Directory_repin(DirectoryObject *self, PyObject *args) {
     return result;
 }
 
-/* pinned(keys) -> bytearray: 1 per key pinned now (a snapshot). */
-static PyObject *Directory_pinned(DirectoryObject *self, PyObject *okeys) {
-    Py_buffer kv;
-    if (borrow(okeys, &kv, 8, 0, "pinned") < 0) return NULL;
-    const int64_t n = kv.len / 8, *keys = kv.buf;
-    PyObject *out = PyByteArray_FromStringAndSize(NULL, n);
-    if (out) {
-        uint8_t *flags = (uint8_t *)PyByteArray_AS_STRING(out);
-        pins_lock(&self->pins);
-        for (int64_t i = 0; i < n; i++) flags[i] = (uint8_t)pins_has(&self->pins, keys[i]);
-        pins_unlock(&self->pins);
-    }
-    PyBuffer_Release(&kv);
-    return out;
-}
-
 static PyMethodDef Directory_methods[] = {
-    {"pinned", (PyCFunction)Directory_pinned, METH_O,
-     "pinned(keys) -> bytearray. Per key: 1 if a worker has it pinned now (repin)."},
     {"repin", (PyCFunction)Directory_repin, METH_VARARGS,
      "repin(release, take) -> None. Release one pin of each key of release (int64), then pin "
      "each key of take once. An intent report that would relocate a pinned key owned here is "
@@ -654,9 +599,6 @@ static PyMethodDef Directory_methods[] = {
      "check_sync_answer(keys, num_intents, num_deltas, remaining, req_id, arrays) -> None or "
      "str. Whether a SYNC_RESP's 8 answer arrays fit the round request they answer (its "
      "entries' keys, how many are intent reports and deltas, how many are unanswered)."},
-    {"first_hop", (PyCFunction)Directory_first_hop, METH_O,
-     "first_hop(keys) -> bytearray (int64). Where a request of this node's own for keys (not "
-     "owned here) goes first: the hint, unless it names this node; then next_hop."},
     {"next_hop", (PyCFunction)Directory_next_hop, METH_O,
      "next_hop(keys) -> bytearray (int64). Where to pass requests for keys not owned here: "
      "keys homed here to the owner the home table names, others to where this node sent "
@@ -664,9 +606,6 @@ static PyMethodDef Directory_methods[] = {
     {"learn", (PyCFunction)Directory_learn, METH_VARARGS,
      "learn(keys, rank) -> None. rank answered for keys: their hints point there, except for "
      "keys owned here."},
-    {"set_hints", (PyCFunction)Directory_set_hints, METH_VARARGS,
-     "set_hints(keys, ranks) -> None. Hints where others say keys are (ValueError for a rank "
-     "outside the world, nothing changed)."},
     {"update_home", (PyCFunction)Directory_update_home, METH_VARARGS,
      "update_home(keys, owners, epochs) -> None. Home updates for keys homed here (int64 "
      "each); the newest epoch wins. ValueError (nothing changed) for a key homed elsewhere or "
