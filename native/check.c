@@ -89,18 +89,9 @@ static int keys_unfit(const directory_t *d, const char *prefix, const int64_t *k
                  (long long)num_keys);
 }
 
-/* Floats the values of keys hold (keys checked). */
-static int64_t floats_for(const directory_t *d, const int64_t *keys, int64_t n) {
-    const store_t *st = d->store;
-    if (st->uniform_len) return n * st->uniform_len;
-    int64_t f = 0;
-    for (int64_t i = 0; i < n; i++) f += st->lens[keys[i]];
-    return f;
-}
-
 static int rows_unfit(const directory_t *d, const char *prefix, const int64_t *keys, int64_t n,
                       int64_t floats, char *why) {
-    const int64_t need = floats_for(d, keys, n);
+    const int64_t need = store_floats_of(d->store, keys, n);
     if (floats == need) return 0;
     return unfit(why, "%s%lld floats for %lld keys that hold %lld", prefix, (long long)floats,
                  (long long)n, (long long)need);

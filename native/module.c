@@ -313,13 +313,6 @@ static PyObject *Store_scatter_set_fast(StoreObject *self, PyObject *args) { ret
 static PyObject *Store_scatter_add(StoreObject *self, PyObject *args) { return scatter(self, args, 0); }
 static PyObject *Store_scatter_set(StoreObject *self, PyObject *args) { return scatter(self, args, 1); }
 
-/* Floats of the values of keys[0..n) back to back. */
-static int64_t floats_of(const store_t *s, const int64_t *keys, int64_t n) {
-    if (s->uniform_len) return n * s->uniform_len;
-    int64_t total = 0;
-    for (int64_t i = 0; i < n; i++) total += s->lens[keys[i]];
-    return total;
-}
 
 /* insert(keys, state, vals_or_None, versions_or_None, now) */
 static PyObject *Store_insert(StoreObject *self, PyObject *args) {
@@ -341,7 +334,7 @@ static PyObject *Store_insert(StoreObject *self, PyObject *args) {
     if (check_keys_in_range(self, keys, n) < 0
         || refuse_repeats(self, keys, n, "insert") < 0)
         goto fail;
-    if ((versions && nversions != n) || (vals && nvals != floats_of(&self->s, keys, n))
+    if ((versions && nversions != n) || (vals && nvals != store_floats_of(&self->s, keys, n))
         || (new_state != KEY_OWNER && new_state != KEY_REPLICA)) {
         PyErr_SetString(PyExc_ValueError, "insert: values and versions must match the keys; "
                                           "state owner or replica");
@@ -448,7 +441,7 @@ static PyObject *Store_remove(StoreObject *self, PyObject *args) {
     if (check_keys_in_range(self, keys, n) < 0
         || refuse_repeats(self, keys, n, "remove") < 0)
         goto fail;
-    const int64_t need = floats_of(&self->s, keys, n);
+    const int64_t need = store_floats_of(&self->s, keys, n);
     if ((vals && nvals < need) || (deltas && ndeltas < need)) {
         PyErr_SetString(PyExc_ValueError, "remove: output buffers too small");
         goto fail;

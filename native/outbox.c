@@ -73,13 +73,6 @@ static void put(outbox_buf_t *b, const void *src, int64_t bytes) {
     b->len += bytes;
 }
 
-static int64_t floats_of(const store_t *s, const int64_t *keys, int64_t n) {
-    if (s->uniform_len) return n * s->uniform_len;
-    int64_t f = 0;
-    for (int64_t i = 0; i < n; i++) f += s->lens[keys[i]];
-    return f;
-}
-
 void outbox_append_decision(outbox_t *ob, const directory_t *d, const decide_out_t *o,
                             const decide_sizes_t *sizes) {
     const int64_t world = ob->world_size, w = ob->words;
@@ -88,7 +81,7 @@ void outbox_append_decision(outbox_t *ob, const directory_t *d, const decide_out
         outbox_buf_t *a = ob->peers[dst].a;
         const int64_t m = sizes->relocations ? o->r_count[dst] : 0;
         if (m) {
-            const int64_t f = floats_of(d->store, o->r_keys + r_at, m);
+            const int64_t f = store_floats_of(d->store, o->r_keys + r_at, m);
             put(&a[0], o->r_keys + r_at, 8 * m);
             put(&a[1], o->r_values + r_floats, 4 * f);
             put(&a[2], o->r_versions + r_at, 8 * m);
@@ -100,7 +93,7 @@ void outbox_append_decision(outbox_t *ob, const directory_t *d, const decide_out
         }
         const int64_t sp = sizes->setups ? o->s_count[dst] : 0;
         if (sp) {
-            const int64_t f = floats_of(d->store, o->s_keys + s_at, sp);
+            const int64_t f = store_floats_of(d->store, o->s_keys + s_at, sp);
             put(&a[6], o->s_keys + s_at, 8 * sp);
             put(&a[7], o->s_values + s_floats, 4 * f);
             put(&a[8], o->s_versions + s_at, 8 * sp);

@@ -79,8 +79,7 @@ static PyObject *round_parts(DirectoryObject *self, PyObject *const *b) {
     int64_t at[3] = {0, 0, 0}, row = 0; /* entries of each section before rank r; drows floats */
     for (int64_t r = 0, part = 0; r < world; r++) {
         const int64_t ni = counts[r], nd = counts[world + r], nc = counts[2 * world + r];
-        int64_t floats = 0;
-        for (int64_t i = at[1]; i < at[1] + nd; i++) floats += key_len(d->store, dkeys[i]);
+        const int64_t floats = store_floats_of(d->store, dkeys + at[1], nd);
         if (ni + nd + nc) {
             PyObject *arrays = PyTuple_New(10);
             if (!arrays) goto fail;

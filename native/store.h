@@ -134,6 +134,14 @@ static inline int64_t key_len(const store_t *s, int64_t key) {
     return s->uniform_len ? s->uniform_len : s->lens[key];
 }
 
+/* Floats of the values of keys[0..n) (checked) back to back. */
+static inline int64_t store_floats_of(const store_t *s, const int64_t *keys, int64_t n) {
+    if (s->uniform_len) return n * s->uniform_len;
+    int64_t total = 0;
+    for (int64_t i = 0; i < n; i++) total += s->lens[keys[i]];
+    return total;
+}
+
 /* Index of the first key outside [0, num_keys), or -1 when all are valid. The functions below
  * expect checked keys (they prefetch directory entries of keys ahead of the one they work on). */
 int64_t store_check_keys(const int64_t *keys, int64_t n, int64_t num_keys);
