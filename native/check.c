@@ -126,13 +126,15 @@ static int moves_unfit(const directory_t *d, const carr_t *a, check_scratch_t *s
         if (stray_rank_bits(d, a[3].p, n) || stray_rank_bits(d, a[4].p, n))
             return unfit(why, "relocation: a mask names a rank outside the job");
     }
-    const int64_t *hkeys = a[9].p, *ranks = a[10].p, nh = a[9].n;
+    const int64_t *hkeys = a[9].p, *ranks = a[10].p, *epochs = a[11].p, nh = a[9].n;
     if (keys_unfit(d, "home update: ", hkeys, nh, why)) return 1;
     if (a[10].n != nh || a[11].n != nh)
         return unfit(why, "home update: ranks or epochs do not match its keys");
     for (int64_t i = 0; i < nh; i++)
-        if (hkeys[i] % d->world_size != d->rank || ranks[i] < 0 || ranks[i] >= d->world_size)
-            return unfit(why, "home update for a key homed elsewhere, or to a rank not in the job");
+        if (hkeys[i] % d->world_size != d->rank || ranks[i] < 0 || ranks[i] >= d->world_size
+            || epochs[i] < 0)
+            return unfit(why, "home update for a key homed elsewhere, to a rank not in the job, "
+                              "or with a negative epoch");
     return 0;
 }
 

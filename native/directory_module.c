@@ -19,6 +19,10 @@ static void Directory_dealloc(DirectoryObject *self) {
     rs_free(&self->held);
     check_scratch_free(&self->scratch);
     outbox_free(&self->outbox);
+    for (size_t i = 0; i < sizeof self->decide_buf / sizeof self->decide_buf[0]; i++)
+        scratch_free(&self->decide_buf[i]);
+    sync_fast_free(&self->fast);
+    Py_XDECREF((PyObject *)self->fast.counts_obj);
     if (self->ready) {
         rec_free(&self->recs);
         pins_free(&self->pins);
@@ -710,6 +714,19 @@ static PyMethodDef Directory_methods[] = {
      "answer's positions (int64) answer a worker's request of this node that asked for keys "
      "at positions asked (ascending), at most remaining of them, and (floats >= 0: a pull's "
      "answer) whether its values hold the floats those keys need; the reason if not."},
+    {"serve_syncs", (PyCFunction)Directory_serve_syncs, METH_VARARGS,
+     "serve_syncs(variant, counts=None) -> None. Lets the transport serve a peer's SYNC "
+     "itself, without Python (native/sync_fast.h: which qualify), deciding its reports by "
+     "variant (policy.h; -1: none acts on intent) and taking replicas this node still wants by "
+     "counts (this node's IntentCounts, which cannot change later). serve_syncs(None): no "
+     "more (while sinks listen, every event must pass through NodeState). What a served "
+     "SYNC leaves for NodeState: native_taken()."},
+    {"native_taken", (PyCFunction)Directory_native_taken, METH_NOARGS,
+     "native_taken() -> None if no SYNC was served natively since the last call, else "
+     "(journal, counters, arrived, relocated_in): journal (int64) the keys that joined the "
+     "store (a segment of +n, then n keys) or left it (-n), in order; counters {NodeState "
+     "counter name: to add}; arrived: keys came in (relocated or replicated); relocated_in: "
+     "some were relocated here. Engine thread."},
     {"take_moves", (PyCFunction)Directory_take_moves, METH_O,
      "take_moves(dst) -> None or a tuple of 12 numpy arrays. The moves held for rank dst, as "
      "a carrier's move sections (protocol.MOVE_SECTIONS; each section's entries in the order "
@@ -742,8 +759,8 @@ static PyTypeObject DirectoryType = {
 /* --- the owner's fast path for zmq_io.c (module.h) ------------------------------------- */
 
 int directory_check(PyObject *o) { return PyObject_TypeCheck(o, &DirectoryType); }
-                    
-                    int directory_owns_request(PyObject *directory, int kind, const carr_t *a) {
+
+int directory_owns_request(PyObject *directory, int kind, const carr_t *a) {
     DirectoryObject *self = (DirectoryObject *)directory;
     if (!self->ready || (kind != WIRE_PULL && kind != WIRE_PUSH && kind != WIRE_SET)) return 0;
     char why[CHECK_WHY];

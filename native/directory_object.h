@@ -8,8 +8,10 @@
 
 #include "check.h"
 #include "directory.h"
+#include "growable.h"
 #include "module.h"
 #include "outbox.h"
+#include "sync_fast.h"
 
 typedef struct {
     PyObject_HEAD
@@ -20,6 +22,8 @@ typedef struct {
     pins_t pins;             /* d.pins */
     check_scratch_t scratch; /* check_message's and check_sync_answer's */
     outbox_t outbox;         /* moves decided here, held per peer until sent (outbox.h) */
+    scratch_buf_t decide_buf[5]; /* dm_decide's */
+    sync_fast_t fast;        /* SYNCs served inside the transport (sync_fast.h) */
     int ready;
 } DirectoryObject;
 
@@ -44,6 +48,21 @@ intent_counts_t *dm_intent_counts(PyObject *obj, const char *what);
 int dm_keyed_buffers(DirectoryObject *self, PyObject *okeys, Py_buffer *kv, PyObject *other,
                      Py_buffer *ov, Py_ssize_t itemsize, const char *what);
 
+/* A decision carried out by dm_decide: replicas dropped; keys relocated away, grouped by
+ * destination (per_rank: world_size counts). The arrays live in the directory's scratch until
+ * its next decision. */
+typedef struct {
+    int64_t dropped, relocated;
+    const int64_t *keys, *per_rank;
+} dm_decision_t;
+
+/* The policy's verdict on node's reports for keys[0..n) (owned here, unique) with flags,
+ * carried out: relocations and replica set-ups executed and their moves held for the peers
+ * (outbox.h). No Python: callable without the GIL (engine thread). 0; -1 out of memory, -2 a
+ * mask named a rank outside the world, -3 a key was not owned here (callers check first). */
+int dm_decide(DirectoryObject *self, int variant, int64_t node, const int64_t *keys, int64_t n,
+              const uint8_t *flags, dm_decision_t *out);
+
 /* The decision on node's reports for keys[0..n) (serve_module.c): see Directory.decide. */
 PyObject *dm_decide_batch(DirectoryObject *self, int variant, int64_t node, const int64_t *keys,
                           int64_t n, const uint8_t *flags);
@@ -61,6 +80,10 @@ PyObject *Directory_serve_sync(DirectoryObject *self, PyObject *args);
 PyObject *Directory_moves_in(DirectoryObject *self, PyObject *args);
 PyObject *Directory_route_own(DirectoryObject *self, PyObject *args);
 PyObject *Directory_check_answer(DirectoryObject *self, PyObject *args);
+
+void sync_fast_free(sync_fast_t *f); /* sync_fast.c */
+PyObject *Directory_serve_syncs(DirectoryObject *self, PyObject *args);
+PyObject *Directory_native_taken(DirectoryObject *self, PyObject *unused);
 
 PyObject *Directory_round_build(DirectoryObject *self, PyObject *args);
 PyObject *Directory_round_requests(DirectoryObject *self, PyObject *args);

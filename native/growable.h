@@ -26,4 +26,31 @@ static inline int grow_to(void **items, int64_t cap, size_t itemsize) {
     return 0;
 }
 
+/* A reusable buffer for scratch that outlives one call (its contents are not kept when it
+ * grows). */
+typedef struct {
+    void *p;
+    int64_t cap; /* bytes */
+} scratch_buf_t;
+
+/* Room for at least `bytes` in b (its old contents are lost if it grows): the buffer, or NULL
+ * if out of memory (b unchanged). */
+static inline void *scratch_room(scratch_buf_t *b, int64_t bytes) {
+    if (b->p && bytes <= b->cap) return b->p;
+    int64_t cap = b->cap ? b->cap : 256;
+    while (cap < bytes) cap *= 2;
+    void *p = malloc((size_t)cap);
+    if (!p) return NULL;
+    free(b->p);
+    b->p = p;
+    b->cap = cap;
+    return p;
+}
+
+static inline void scratch_free(scratch_buf_t *b) {
+    free(b->p);
+    b->p = NULL;
+    b->cap = 0;
+}
+
 #endif

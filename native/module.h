@@ -11,6 +11,7 @@
 #include "slots.h"
 #include "intents.h"
 #include "store.h"
+#include "sync_fast.h"
 
 /* Short calls keep the GIL. Releasing it is cheap, but taking it back waits until the thread
  * that took it lets go, and on a busy machine that costs far more than the call: in
@@ -119,6 +120,17 @@ int directory_owns_request(PyObject *directory, int kind, const carr_t *a);
 int64_t directory_request_floats(PyObject *directory, const carr_t *a);
 int64_t directory_serve_owned(PyObject *directory, int kind, const carr_t *a, float *values,
                               int64_t floats, int64_t *missing);
+
+/* A peer's SYNC served without Python (sync_fast.c; sync_fast.h says which qualify), for
+ * zmq_io.c. a: the message's arrays (narrays 10, or 22 with its moves), from origin. Returns
+ * 1 if served (*out holds the answer: call directory_sync_sent once it is sent), 0 if Python is
+ * to take the message (nothing changed), -1 if the node cannot go on (*fatal says why: out of
+ * memory, or a broken invariant). Engine thread only, without the GIL. */
+int directory_sync_fast(PyObject *directory, int64_t origin, const carr_t *a, int narrays,
+                        sync_fast_answer_t *out, const char **fatal);
+/* The answer directory_sync_fast made for origin was sent: the moves it carried are no longer
+ * held. */
+void directory_sync_sent(PyObject *directory, int64_t origin);
 
 /* Adds the ZmqIO and Frame types (zmq_io.c) to the module; 0 on success. */
 int register_zmq_io_type(PyObject *module);

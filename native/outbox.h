@@ -19,6 +19,7 @@
 
 #define OUTBOX_ARRAYS 12 /* relocations 6 (keys, values, versions, S, R, epochs), set-ups 3
                           * (keys, values, versions), home updates 3 (keys, owners, epochs) */
+#define OUTBOX_ROLES "krvmmvkrvknv" /* their role letters (check.h) */
 
 typedef struct {
     uint8_t *p;

@@ -5,63 +5,30 @@
 #include "directory_object.h"
 #include "policy.h"
 
-/* The decision on node's reports for keys[0..n) with flags (keys checked in range, unique):
- * (dropped, relocated, per_rank), see the docstring of decide; its moves join the peers' held
- * moves (outbox.h). NULL with an exception set (nothing changed) if a key is not owned here. */
-PyObject *dm_decide_batch(DirectoryObject *self, int variant, int64_t node,
-                          const int64_t *keys, int64_t n, const uint8_t *flags) {
+int dm_decide(DirectoryObject *self, int variant, int64_t node, const int64_t *keys, int64_t n,
+              const uint8_t *flags, dm_decision_t *out) {
     const directory_t *d = &self->d;
-    PyObject *result = NULL, *relocated = NULL, *per_rank = NULL;
-    int64_t *relocate_to = NULL, *cursor = NULL, *ints = NULL;
-    uint64_t *setup = NULL, *masks = NULL;
-    float *floats = NULL;
     const int64_t w = d->words, world = d->world_size;
-    if (!d->masks) {
-        PyErr_SetString(PyExc_ValueError, "decide: this directory keeps no intent masks "
-                                          "(the variant does not act on intent)");
-        return NULL;
-    }
-    for (int64_t i = 0; i < n; i++) /* before anything changes */
-        if (store_state(d->store, keys[i]) != KEY_OWNER) {
-            PyErr_Format(PyExc_ValueError, "decide: key %lld is not owned here",
-                         (long long)keys[i]);
-            return NULL;
-        }
-    relocate_to = PyMem_Malloc((size_t)(n ? n : 1) * sizeof(int64_t));
-    setup = PyMem_Malloc((size_t)(n ? n * w : 1) * sizeof(uint64_t));
-    if (!relocate_to || !setup) {
-        PyErr_NoMemory();
-        goto done;
-    }
-    if (dm_reserve(self, n) < 0) goto done; /* the keys' masks, then their forward pointers */
-    int64_t dropped;
+    scratch_buf_t *b = self->decide_buf;
+    memset(out, 0, sizeof *out);
+    int64_t *relocate_to = scratch_room(&b[0], (n ? n : 1) * (int64_t)sizeof(int64_t));
+    uint64_t *setup = scratch_room(&b[1], (n ? n * w : 1) * (int64_t)sizeof(uint64_t));
+    if (!relocate_to || !setup || dir_reserve(d, n) < 0) return -1; /* the keys' masks, then
+                                                                     * their forward pointers */
+    out->dropped = dir_policy_decide(d, variant, node, keys, n, flags, relocate_to, setup);
     decide_sizes_t z;
-    NOGIL_BEGIN(n * w)
-    dropped = dir_policy_decide(d, variant, node, keys, n, flags, relocate_to, setup);
     dir_decide_sizes(d, keys, n, relocate_to, setup, &z);
-    NOGIL_END
-    if (z.relocations < 0) { /* masks only name real ranks (relocate_in checks them) */
-        PyErr_SetString(PyExc_RuntimeError, "decide: a mask named a rank outside the world");
-        goto done;
-    }
-    if (!z.relocations && !z.setups) { /* the common case: nothing moves */
-        result = Py_BuildValue("LOO", (long long)dropped, Py_None, Py_None);
-        goto done;
-    }
+    if (z.relocations < 0) return -2; /* masks only name real ranks (relocate_in checks them) */
+    if (!z.relocations && !z.setups) return 0; /* the common case: nothing moves */
     /* Scratch for the decision (decide_out_t), copied to the held moves after; everything
      * that can fail comes before dir_decide_execute changes anything. */
     const int64_t r = z.relocations, sp = z.setups, h = z.home_updates;
     const int64_t nints = 3 * world + 4 * r + 2 * sp + 3 * h + (world > sp ? world : sp);
-    ints = PyMem_Malloc((size_t)nints * sizeof(int64_t));
-    masks = PyMem_Malloc((size_t)(r ? 2 * r * w : 1) * sizeof(uint64_t));
-    floats = PyMem_Malloc((size_t)(z.relocation_floats + z.setup_floats + 1) * sizeof(float));
-    if (!ints || !masks || !floats) {
-        PyErr_NoMemory();
-        goto done;
-    }
-    void *kp;
-    if (r && (!(relocated = dm_new_array(r, 8, &kp)) || !(per_rank = dm_new_array(world, 8, &kp))))
-        goto done;
+    int64_t *ints = scratch_room(&b[2], nints * (int64_t)sizeof(int64_t));
+    uint64_t *masks = scratch_room(&b[3], (r ? 2 * r * w : 1) * (int64_t)sizeof(uint64_t));
+    float *floats = scratch_room(&b[4], (z.relocation_floats + z.setup_floats + 1)
+                                            * (int64_t)sizeof(float));
+    if (!ints || !masks || !floats) return -1;
     decide_out_t o;
     int64_t *at = ints;
     o.r_count = at, at += world;
@@ -76,39 +43,62 @@ PyObject *dm_decide_batch(DirectoryObject *self, int variant, int64_t node,
     o.h_keys = at, at += h;
     o.h_owners = at, at += h;
     o.h_epochs = at, at += h;
-    cursor = at;
+    int64_t *cursor = at;
     o.r_s = masks;
     o.r_r = masks + r * w;
     o.r_values = floats;
     o.s_values = floats + z.relocation_floats;
-    if (outbox_reserve_decision(&self->outbox, d, keys, n, relocate_to, setup) < 0) {
-        PyErr_NoMemory();
-        goto done;
+    if (outbox_reserve_decision(&self->outbox, d, keys, n, relocate_to, setup) < 0) return -1;
+    if (dir_decide_execute(d, keys, n, relocate_to, setup, &z, &o, cursor) < 0) return -3;
+    outbox_append_decision(&self->outbox, d, &o, &z);
+    out->relocated = r;
+    out->keys = o.r_keys;
+    out->per_rank = o.r_count;
+    return 0;
+}
+
+/* The decision on node's reports for keys[0..n) with flags (keys checked in range, unique):
+ * (dropped, relocated, per_rank), see the docstring of decide; its moves join the peers' held
+ * moves (outbox.h). NULL with an exception set (nothing changed) if a key is not owned here. */
+PyObject *dm_decide_batch(DirectoryObject *self, int variant, int64_t node,
+                          const int64_t *keys, int64_t n, const uint8_t *flags) {
+    const directory_t *d = &self->d;
+    if (!d->masks) {
+        PyErr_SetString(PyExc_ValueError, "decide: this directory keeps no intent masks "
+                                          "(the variant does not act on intent)");
+        return NULL;
     }
-    int64_t ok;
-    NOGIL_BEGIN(z.relocation_floats + z.setup_floats + n)
-    ok = dir_decide_execute(d, keys, n, relocate_to, setup, &z, &o, cursor);
-    if (ok >= 0) outbox_append_decision(&self->outbox, d, &o, &z);
+    for (int64_t i = 0; i < n; i++) /* before anything changes */
+        if (store_state(d->store, keys[i]) != KEY_OWNER) {
+            PyErr_Format(PyExc_ValueError, "decide: key %lld is not owned here",
+                         (long long)keys[i]);
+            return NULL;
+        }
+    dm_decision_t got;
+    int ok;
+    NOGIL_BEGIN(n * d->words)
+    ok = dm_decide(self, variant, node, keys, n, flags, &got);
     NOGIL_END
+    if (ok == -1) return PyErr_NoMemory();
+    if (ok == -2) {
+        PyErr_SetString(PyExc_RuntimeError, "decide: a mask named a rank outside the world");
+        return NULL;
+    }
     if (ok < 0) { /* cannot happen: ownership was checked above, and only this thread moves keys */
         PyErr_SetString(PyExc_RuntimeError, "decide: a key vanished while it was relocated");
-        goto done;
+        return NULL;
     }
-    if (r) {
-        memcpy(PyByteArray_AS_STRING(relocated), o.r_keys, (size_t)r * 8);
-        memcpy(PyByteArray_AS_STRING(per_rank), o.r_count, (size_t)world * 8);
+    if (!got.relocated) return Py_BuildValue("LOO", (long long)got.dropped, Py_None, Py_None);
+    void *kp, *rp;
+    PyObject *relocated = dm_new_array(got.relocated, 8, &kp);
+    PyObject *per_rank = relocated ? dm_new_array(d->world_size, 8, &rp) : NULL;
+    if (!per_rank) {
+        Py_XDECREF(relocated);
+        return NULL;
     }
-    result = Py_BuildValue("LOO", (long long)dropped, r ? relocated : Py_None,
-                           r ? per_rank : Py_None);
-done:
-    Py_XDECREF(relocated);
-    Py_XDECREF(per_rank);
-    PyMem_Free(relocate_to);
-    PyMem_Free(setup);
-    PyMem_Free(ints);
-    PyMem_Free(masks);
-    PyMem_Free(floats);
-    return result;
+    memcpy(kp, got.keys, (size_t)got.relocated * 8);
+    memcpy(rp, got.per_rank, (size_t)d->world_size * 8);
+    return Py_BuildValue("LNN", (long long)got.dropped, relocated, per_rank);
 }
 
 /* take_moves(dst) -> None, or the 12 move arrays held for dst (numpy views of one new buffer,
@@ -122,8 +112,7 @@ PyObject *Directory_take_moves(DirectoryObject *self, PyObject *arg) {
     }
     outbox_t *ob = &self->outbox;
     if (!outbox_holds(ob, dst)) Py_RETURN_NONE;
-    static const char roles[OUTBOX_ARRAYS] = {'k', 'r', 'v', 'm', 'm', 'v',
-                                              'k', 'r', 'v', 'k', 'n', 'v'};
+    static const char roles[] = OUTBOX_ROLES;
     int64_t offset[OUTBOX_ARRAYS], total = 0;
     for (int i = 0; i < OUTBOX_ARRAYS; i++) {
         offset[i] = total;

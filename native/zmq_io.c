@@ -182,6 +182,7 @@ enum {
     C_WIRE_IN, C_MSGS_IN, C_BYTES_IN, C_WIRE_OUT, C_MSGS_OUT, C_BYTES_OUT,
     C_PULL_IN, C_PULL_IN_BYTES, C_PUSH_IN, C_PUSH_IN_BYTES, C_SET_IN, C_SET_IN_BYTES,
     C_PULL_RESP_OUT, C_PULL_RESP_OUT_BYTES, C_ACK_OUT, C_ACK_OUT_BYTES, C_SERVED,
+    C_SYNC_IN, C_SYNC_IN_BYTES, C_SYNC_RESP_OUT, C_SYNC_RESP_OUT_BYTES, C_SYNCS_SERVED,
     FAST_COUNTERS
 };
 static const char *const counter_names[FAST_COUNTERS] = {
@@ -190,6 +191,8 @@ static const char *const counter_names[FAST_COUNTERS] = {
     "messages_received_push", "bytes_received_push", "messages_received_set",
     "bytes_received_set", "messages_sent_pull_resp", "bytes_sent_pull_resp",
     "messages_sent_ack", "bytes_sent_ack", "messages_served_natively",
+    "messages_received_sync", "bytes_received_sync", "messages_sent_sync_resp",
+    "bytes_sent_sync_resp", "syncs_served_natively",
 };
 
 typedef struct {
@@ -210,7 +213,10 @@ typedef struct {
     uint8_t *heard;        /* by rank, per poll: a message of it was served here */
     int64_t *missing;      /* scratch for the store calls */
     int64_t missing_cap;
-    int send_failed;       /* errno of a fast answer libzmq refused (0: none) */
+    int send_failed;       /* errno of a fast answer libzmq refused (0: none; -1 keys vanished,
+                            * -2 a served SYNC failed: fatal says why) */
+    const char *fatal;
+    int synced;            /* a SYNC was served in this poll: Python has things to take up */
     int64_t counts[FAST_COUNTERS];
 } ZmqIOObject;
 
@@ -337,6 +343,34 @@ static int sender_of(ZmqIOObject *self, zmsg_t *id, zmsg_t *last) {
     return -1;
 }
 
+/* The arrays of the message whose header is w into a[]: inline in the payload pl (plen bytes,
+ * from *pat on) or in frames of their own (f[*own] on). Their bytes, or -1 if the framing is
+ * not what the decoder wants. */
+static int64_t take_arrays(const wire_header_t *w, zmsg_t *f, int nf, const uint8_t *pl,
+                           size_t plen, size_t *pat, int *own, carr_t *a) {
+    const char *role = wire_roles(w->kind);
+    int64_t total = 0;
+    for (int i = 0; i < w->narrays; i++, role++) {
+        if (*role == '|') role++;
+        const int64_t len = wire_get64(w->lengths + 8 * i), item = wire_itemsize(*role);
+        if (len == INT64_MIN) return -1;
+        const int64_t bytes = len < 0 ? -len : len;
+        if (bytes % item) return -1;
+        if (len < 0) {
+            if (*own >= nf || Z.msg_size(&f[*own]) != (size_t)bytes) return -1;
+            a[i].p = Z.msg_data(&f[(*own)++]);
+        } else {
+            if ((size_t)bytes > plen - *pat) return -1;
+            a[i].p = pl + *pat;
+            *pat += (size_t)bytes + (bytes ? (size_t)(-bytes & 7) : 0);
+            if (*pat > plen) *pat = plen;
+        }
+        a[i].n = bytes / item;
+        total += bytes;
+    }
+    return total;
+}
+
 /* Parses the wire message in frames f[0..nf) (header, payload, own frames) into requests the
  * fast path may take: only pulls, pushes and sets sent by rank from its own workers (origin
  * rank, no hop, no extra fields), framed exactly as the decoder wants them. Returns their
@@ -357,28 +391,33 @@ static int fast_parse(zmsg_t *f, int nf, int rank, fast_req_t *out) {
         fast_req_t *q = &out[n++];
         q->kind = w.kind;
         q->req = w.req;
-        q->nbytes = (int64_t)w.size;
-        const char *role = wire_roles(w.kind);
-        for (int i = 0; i < w.narrays; i++, role++) {
-            const int64_t len = wire_get64(w.lengths + 8 * i), item = wire_itemsize(*role);
-            if (len == INT64_MIN) return 0;
-            const int64_t bytes = len < 0 ? -len : len;
-            if (bytes % item) return 0;
-            if (len < 0) {
-                if (own >= nf || Z.msg_size(&f[own]) != (size_t)bytes) return 0;
-                q->a[i].p = Z.msg_data(&f[own++]);
-            } else {
-                if ((size_t)bytes > plen - pat) return 0;
-                q->a[i].p = pl + pat;
-                pat += (size_t)bytes + (bytes ? (size_t)(-bytes & 7) : 0);
-                if (pat > plen) pat = plen;
-            }
-            q->a[i].n = bytes / item;
-            q->nbytes += bytes;
-        }
+        const int64_t bytes = take_arrays(&w, f, nf, pl, plen, &pat, &own, q->a);
+        if (bytes < 0) return 0;
+        q->nbytes = (int64_t)w.size + bytes;
         at += w.size;
     }
     return own == nf ? n : 0;
+}
+
+/* A wire message of one SYNC from rank's own round (origin rank, no hop, no extra fields):
+ * its arrays into a (10, or 22 with moves), their number returned with its request id and
+ * size (header and arrays) in *req and *nbytes; 0 if the message is anything else. */
+static int sync_parse(zmsg_t *f, int nf, int rank, carr_t *a, int64_t *req, int64_t *nbytes) {
+    if (nf < 2) return 0;
+    const uint8_t *h = Z.msg_data(&f[0]), *pl = Z.msg_data(&f[1]);
+    const size_t hlen = Z.msg_size(&f[0]), plen = Z.msg_size(&f[1]);
+    wire_header_t w;
+    if (wire_header(h, hlen, &w) < 0 || w.size != hlen || w.kind != WIRE_SYNC || w.extra
+        || (w.narrays != 10 && w.narrays != 22) || w.src != rank || w.origin != rank || w.hops
+        || w.req < 0)
+        return 0;
+    size_t pat = 0;
+    int own = 2;
+    const int64_t bytes = take_arrays(&w, f, nf, pl, plen, &pat, &own, a);
+    if (bytes < 0 || own != nf) return 0;
+    *req = w.req;
+    *nbytes = (int64_t)w.size + bytes;
+    return w.narrays;
 }
 
 static int grow_missing(ZmqIOObject *self, int64_t n) {
@@ -414,15 +453,47 @@ static size_t padded(size_t bytes) { return bytes + (-bytes & 7); }
  * and every key they concern stays here. */
 static int serve_fast(ZmqIOObject *self, Py_ssize_t first, Py_ssize_t end, int rank);
 
+static int serve_sync(ZmqIOObject *self, Py_ssize_t first, Py_ssize_t end, int rank);
+
 static int try_fast(ZmqIOObject *self, Py_ssize_t first, Py_ssize_t end) {
     if (end - first < 3) return 0;
     const int rank = sender_of(self, &self->parts[first], &self->parts[end - 1]);
     if (rank < 0 || rank == self->rank || !self->peers[rank]) return 0;
-    if (!self->passed[rank] && serve_fast(self, first, end, rank)) return 1;
+    if (!self->passed[rank]
+        && (serve_fast(self, first, end, rank) || serve_sync(self, first, end, rank)))
+        return 1;
     /* Python takes it, and every later message of this peer in this poll: they are handled
      * in the order they came (a worker's push before its next pull of the same key). */
     self->passed[rank] = 1;
     return 0;
+}
+
+/* Counts a wire message in (the parts first+1..end) and its answer out, both served here, as
+ * `messages` requests of counter `served`. */
+static void count_served(ZmqIOObject *self, Py_ssize_t first, Py_ssize_t end, int rank,
+                         int64_t messages, int64_t out_bytes, int served) {
+    int64_t wire_in = 0;
+    for (Py_ssize_t i = first + 1; i < end; i++) wire_in += (int64_t)Z.msg_size(&self->parts[i]);
+    self->counts[C_WIRE_IN]++;
+    self->counts[C_MSGS_IN] += messages;
+    self->counts[C_BYTES_IN] += wire_in;
+    self->counts[C_WIRE_OUT]++;
+    self->counts[C_MSGS_OUT] += messages;
+    self->counts[C_BYTES_OUT] += out_bytes;
+    self->counts[served] += messages;
+    self->heard[rank] = 1;
+}
+
+/* Sends the two frames of an answer to rank (libzmq owns them either way). */
+static void send_answer(ZmqIOObject *self, zmsg_t *hm, zmsg_t *pm, int rank) {
+    if (Z.msg_send(hm, self->peers[rank], Z_SNDMORE) < 0) {
+        self->send_failed = Z.errno_();
+        Z.msg_close(hm);
+        Z.msg_close(pm);
+    } else if (Z.msg_send(pm, self->peers[rank], 0) < 0) {
+        self->send_failed = Z.errno_();
+        Z.msg_close(pm);
+    }
 }
 
 static int serve_fast(ZmqIOObject *self, Py_ssize_t first, Py_ssize_t end, int rank) {
@@ -477,24 +548,70 @@ static int serve_fast(ZmqIOObject *self, Py_ssize_t first, Py_ssize_t end, int r
         self->counts[o]++;
         self->counts[o + 1] += answer_bytes;
     }
-    int64_t wire_in = 0;
-    for (Py_ssize_t i = first + 1; i < end; i++) wire_in += (int64_t)Z.msg_size(&self->parts[i]);
-    if (Z.msg_send(&hm, self->peers[rank], Z_SNDMORE) < 0) {
-        self->send_failed = Z.errno_();
-        Z.msg_close(&hm);
-        Z.msg_close(&pm);
-    } else if (Z.msg_send(&pm, self->peers[rank], 0) < 0) {
-        self->send_failed = Z.errno_();
-        Z.msg_close(&pm);
+    send_answer(self, &hm, &pm, rank);
+    count_served(self, first, end, rank, n, (int64_t)(hsize + psize), C_SERVED);
+    return 1;
+}
+
+/* serve_sync: serves the ZeroMQ message in parts[first..end) here if it is one SYNC of rank's
+ * round that the directory can answer without Python (directory_sync_fast; the Python path,
+ * NodeState._sync, would answer it just so): its SYNC_RESP, with the moves held for rank, is
+ * encoded and sent. 1 if served or failed (send_failed then says why), 0 if Python is to take
+ * it (nothing changed). Without the GIL. */
+static int serve_sync(ZmqIOObject *self, Py_ssize_t first, Py_ssize_t end, int rank) {
+    carr_t a[22];
+    int64_t req, in_bytes;
+    const int narr = sync_parse(&self->parts[first + 1], (int)(end - first - 1), rank, a, &req,
+                                &in_bytes);
+    if (!narr) return 0;
+    sync_fast_answer_t ans;
+    const char *fatal = "";
+    const int got = directory_sync_fast(self->directory, rank, a, narr, &ans, &fatal);
+    if (got <= 0) {
+        if (got < 0) {
+            self->send_failed = -2;
+            self->fatal = fatal;
+        }
+        return got < 0;
     }
-    self->counts[C_WIRE_IN]++;
-    self->counts[C_MSGS_IN] += n;
-    self->counts[C_BYTES_IN] += wire_in;
-    self->counts[C_WIRE_OUT]++;
-    self->counts[C_MSGS_OUT] += n;
-    self->counts[C_BYTES_OUT] += (int64_t)(hsize + psize);
-    self->counts[C_SERVED] += n;
-    self->heard[rank] = 1;
+    /* From here on the SYNC is served: its answer must go out. */
+    const char *role = wire_roles(WIRE_SYNC_RESP);
+    int64_t lengths[20], arrays = 0;
+    size_t psize = 0;
+    for (int i = 0; i < ans.narrays; i++, role++) {
+        if (*role == '|') role++;
+        lengths[i] = ans.a[i].n * wire_itemsize(*role);
+        arrays += lengths[i];
+        psize += padded((size_t)lengths[i]);
+    }
+    const size_t hsize = WIRE_HEADER_BYTES + 8 * (size_t)ans.narrays;
+    zmsg_t hm, pm;
+    if (Z.msg_init_size(&hm, hsize) < 0) {
+        self->send_failed = -2;
+        self->fatal = "out of memory for the answer to a SYNC";
+        return 1;
+    }
+    if (Z.msg_init_size(&pm, psize) < 0) {
+        Z.msg_close(&hm);
+        self->send_failed = -2;
+        self->fatal = "out of memory for the answer to a SYNC";
+        return 1;
+    }
+    put_header(Z.msg_data(&hm), WIRE_SYNC_RESP, ans.narrays, self->rank, req, lengths);
+    uint8_t *pp = Z.msg_data(&pm);
+    for (int i = 0; i < ans.narrays; i++) {
+        if (lengths[i]) memcpy(pp, ans.a[i].p, (size_t)lengths[i]);
+        memset(pp + lengths[i], 0, padded((size_t)lengths[i]) - (size_t)lengths[i]);
+        pp += padded((size_t)lengths[i]);
+    }
+    directory_sync_sent(self->directory, rank);
+    send_answer(self, &hm, &pm, rank);
+    self->synced = 1;
+    self->counts[C_SYNC_IN]++;
+    self->counts[C_SYNC_IN_BYTES] += in_bytes;
+    self->counts[C_SYNC_RESP_OUT]++;
+    self->counts[C_SYNC_RESP_OUT_BYTES] += (int64_t)hsize + arrays;
+    count_served(self, first, end, rank, 1, (int64_t)(hsize + psize), C_SYNCS_SERVED);
     return 1;
 }
 
@@ -534,7 +651,8 @@ static PyObject *ZmqIO_counters(ZmqIOObject *self, PyObject *unused) {
 }
 
 /* poll(timeout_ms) -> (events, received, heard). events: bit 0 the eventfd was written (and is
- * read now), bit 1 the handshake monitor has something. received: per ZeroMQ message, (sender
+ * read now), bit 1 the handshake monitor has something, bit 2 a SYNC was served here (serve_sync).
+ * received: per ZeroMQ message, (sender
  * rank or -1, connection identity bytes, messages or None, why or None, wire bytes): messages
  * as wire_decode parses them (None with why when the framing is bad). heard: the ranks whose
  * messages were served here (serve_owned), for the failure detector. */
@@ -552,6 +670,7 @@ static PyObject *ZmqIO_poll(ZmqIOObject *self, PyObject *arg) {
         memset(self->passed, 0, (size_t)self->world);
         memset(self->heard, 0, (size_t)self->world);
     }
+    self->synced = 0;
     /* Requests served here need nothing of Python: go on waiting (the time left) until
      * something does, so that the engine loop does not run a pass per served request. */
     const double deadline = timeout >= 0 ? now_s() + timeout / 1000.0 : 0.0;
@@ -610,7 +729,9 @@ again:
                 self->ends[nmsg++] = (int)nparts;
             }
         }
-        if (!nmsg && !events && !failed && !self->send_failed) {
+        /* A served SYNC leaves NodeState work (Directory.native_taken: keys that arrived or
+         * left, moves held for other peers): not worth waiting on. */
+        if (!nmsg && !events && !failed && !self->send_failed && !self->synced) {
             if (timeout < 0) goto again;
             const double left = deadline - now_s();
             if (left > 0) {
@@ -622,6 +743,7 @@ again:
         }
     }
     Py_END_ALLOW_THREADS
+    if (self->synced) events |= 4;
     if (rc < 0) {
         if (Z.errno_() == EINTR) return Py_BuildValue("(i[][])", 0);
         return zmq_failed("zmq_poll");
@@ -630,7 +752,9 @@ again:
         const int e = self->send_failed;
         self->send_failed = 0;
         close_parts(self, 0, nparts);
-        if (e < 0)
+        if (e == -2)
+            PyErr_Format(PyExc_RuntimeError, "serving a SYNC: %s", self->fatal);
+        else if (e < 0)
             PyErr_SetString(PyExc_RuntimeError, "keys owned here vanished while served");
         else
             PyErr_Format(PyExc_OSError, "sending an answer: %s", Z.strerror(e));
@@ -775,11 +899,13 @@ static PyMethodDef ZmqIO_methods[] = {
      "poll(timeout_ms) -> (events, received, heard). Blocks up to timeout_ms (GIL released) "
      "until a message, a wake-up or a monitor event; receives up to 256 waiting messages. "
      "events: bit 0 woken through the eventfd (read now), bit 1 the monitor socket is "
-     "readable. received: per message (sender rank or -1, identity, messages or None, why or "
-     "None, wire bytes). heard: ranks whose requests poll served itself (serve_owned)."},
+     "readable, bit 2 a SYNC was served here (Directory.native_taken has its aftermath). "
+     "received: per message (sender rank or -1, identity, messages or None, why or None, "
+     "wire bytes). heard: ranks whose requests poll served itself (serve_owned)."},
     {"serve_owned", (PyCFunction)ZmqIO_serve_owned, METH_VARARGS,
      "serve_owned(directory, rank) -> None. From now on poll() serves a peer's pulls, pushes "
-     "and sets of keys all owned here itself (checks, store, answer), without Python."},
+     "and sets of keys all owned here itself (checks, store, answer), without Python; and "
+     "its SYNCs, while the directory allows (Directory.serve_syncs)."},
     {"counters", (PyCFunction)ZmqIO_counters, METH_NOARGS,
      "counters() -> dict. What poll() served itself, in the transport's counter names."},
     {"send", (PyCFunction)ZmqIO_send, METH_VARARGS,

@@ -94,8 +94,22 @@ def error_to_round(node, rng):
     return [message(Kind.ERROR, ATTACKER, rid, msg="no") for rid in _round_ids(node)]
 
 
+def home_update_negative_epoch(node, rng):
+    """A home update with a negative epoch, alone and riding on a SYNC (which the transport
+    may serve without Python): update_home refused it and stopped the node."""
+    key = np.array([rng.choice(STATIC_AT_0)], _I8)
+    homes = [key, np.ones(1, _I8), np.array([-int(rng.integers(1, 1 << 40))], _I8)]
+    moves = [*NO_MOVES[:9], *homes]
+    none = np.empty(0, _I8)
+    sync = [none, none, np.empty(0, np.int8), none, none, _rows(0), none, key,
+            np.zeros(1, _I8), np.zeros(1, _I8), *moves]
+    return [message(Kind.MOVES, ATTACKER, 0, moves),
+            message(Kind.SYNC, ATTACKER, int(rng.integers(1 << 40, 1 << 41)), sync, o=1, h=0)]
+
+
 SHAPES = {f.__name__: f for f in (relocate_owned, relocate_twice, relocate_stray_mask,
-                                  sync_repeated_intent, self_origin_pull, error_to_round)}
+                                  sync_repeated_intent, self_origin_pull, error_to_round,
+                                  home_update_negative_epoch)}
 
 
 # More inconsistent messages for the fuzzer: answers to requests that are unknown or finished,

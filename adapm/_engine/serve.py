@@ -107,6 +107,26 @@ class Serving:
         self._post(rest.header["o"], Kind.FORWARDED, rest.req_id,
                    [np.array(ranks, dtype=np.int64), np.array(counts, dtype=np.int64)])
 
+    def _native_served(self, journal: np.ndarray, counters: dict, arrived: bool,
+                       relocated_in: bool) -> None:
+        """What the SYNCs the transport served without Python (native/sync_fast.h) leave for
+        this object: the keys that joined (``+n`` then n keys) or left (``-n``) the store, in
+        order, for the local sampler's pool; the counters; and, where keys arrived, the
+        requests that wait for them go on (as :meth:`_take_moves` would)."""
+        at, end, store = 0, len(journal), self.store
+        while at < end:
+            n = int(journal[at])
+            keys = journal[at + 1:at + 1 + abs(n)]
+            (store.inserted if n > 0 else store.removing)(keys)
+            at += 1 + abs(n)
+        mine = self.counters
+        for name, value in counters.items():
+            mine[name] += value
+        if relocated_in and self.queued:
+            self._retry_queued()
+        if arrived:
+            self._arrived = True
+
     def _retry_queued(self) -> None:
         """Keys arrived: serve (or pass on) what waited for them."""
         queued, self.queued = self.queued, []

@@ -116,6 +116,10 @@ class NodeState(Serving, Rounds):
         self.sinks: list = []  # event stream subscribers (see .stream)
         self.clock = 0  # smallest worker clock at the last Tick (kept while a sink listens)
         Rounds.__init__(self)
+        # A transport that can serves a peer's SYNC itself (native/sync_fast.h; what it leaves
+        # for this object is taken up at the next event, _native_served).
+        self.directory.serve_syncs(self.variant,
+                                   self.intents.native if self.intents is not None else None)
 
     def sample_pins(self):
         """``repin(release, take)`` for this node's workers (any thread): the keys of a local
@@ -158,7 +162,10 @@ class NodeState(Serving, Rounds):
 
     def subscribe(self, sink) -> None:
         """Report events to ``sink`` from now on (an :class:`~.stream.EventSink`). Any thread
-        (list.append is atomic); the sink is called on the engine thread."""
+        (list.append is atomic); the sink is called on the engine thread. The transport stops
+        serving SYNCs itself first (their events would pass this object by); one it is serving
+        at this moment is not reported."""
+        self.directory.serve_syncs(None)
         self.sinks.append(sink)
 
     def _emit(self, event: Event, keys: np.ndarray, peer: int = -1, clock=None) -> None:
@@ -178,6 +185,9 @@ class NodeState(Serving, Rounds):
         """
         self.now = now
         out = self._out = []
+        taken = self.directory.native_taken()
+        if taken is not None:  # SYNCs the transport served since the last event
+            self._native_served(*taken)
         kind = type(event)
         if kind is Received:
             self._dispatch(event.message)

@@ -90,6 +90,8 @@ ROUND_STATS = {
     "wire_messages_received": "wire messages received",
     "messages_served_natively": "peers' pulls, pushes and sets of keys owned here, served by "
                                 "the transport in C without the engine loop",
+    "syncs_served_natively": "peers' sync-round requests answered by the transport in C "
+                             "without the engine loop (moves, deltas, checks and reports)",
     "forwarded_keys": "request entries forwarded to where their key went",
     "queued_keys": "request entries held here until their key arrived",
     "awaited_keys": "local requests that waited for a key already on its way here",

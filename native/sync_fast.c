@@ -1,0 +1,277 @@
+/* A peer's SYNC served inside the transport's receive call (sync_fast.h), and the two Directory
+ * methods around it: serve_syncs (on, off) and native_taken (what NodeState does after). */
+#define _GNU_SOURCE /* clock_gettime */
+#include <time.h>
+
+#include "directory_object.h"
+#include "policy.h"
+
+/* Scratch buffers of one served SYNC (sync_fast_t.buf). */
+enum {
+    B_WHERE, B_HOP, B_POS, B_VERS, B_REFRESH, B_VALUES, B_RPOS, B_RRANKS, B_BPOS, B_BROWS,
+    B_REST, B_RHOP, B_IKEYS, B_IFLAGS, B_SKEYS, B_SROWS, B_MISSING, B_BEHIND, B_RSLOTS, B_WAS,
+    B_TAKEN, B_TROWS, B_TVERS, B_TSLOTS, B_WANTED
+};
+
+static double monotonic_s(void) { /* the clock of Python's time.monotonic */
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+/* Whether key is among keys[0..n). */
+static int among(const int64_t *keys, int64_t n, int64_t key) {
+    for (int64_t i = 0; i < n; i++)
+        if (keys[i] == key) return 1;
+    return 0;
+}
+
+/* Whether every entry of r is answered here once the message's moves (a[10..22)) are in:
+ * owned now or relocated here by them, or a report with a next hop to redirect it to, or a
+ * delta or check for a key that went to the origin (returned). The moves change the routing
+ * only of their own keys, so an entry whose key a set-up or home update names is not judged:
+ * Python takes the message. Changes nothing. */
+static int answered_here(const directory_t *d, const sync_request_t *r, const carr_t *a) {
+    const store_t *s = d->store;
+    const int64_t *rk = a[10].p, *sk = a[16].p, *hk = a[19].p;
+    const int64_t nr = a[10].n, ns = a[16].n, nh = a[19].n;
+    int64_t scanned = 0; /* key comparisons against the moves: bounded */
+    for (int64_t e = 0, n = r->ni + r->nd + r->nc; e < n; e++) {
+        const int section = e < r->ni ? 0 : e < r->ni + r->nd ? 1 : 2;
+        const int64_t key = section == 0 ? r->ikeys[e]
+                            : section == 1 ? r->dkeys[e - r->ni] : r->ckeys[e - r->ni - r->nd];
+        if (store_state(s, key) == KEY_OWNER) continue;
+        if ((scanned += nr + ns + nh) > (1 << 16)) return 0;
+        if (among(rk, nr, key)) continue;
+        if (among(sk, ns, key) || among(hk, nh, key)) return 0;
+        const int64_t nxt = dir_next_hop(d, key);
+        if (section == 0 ? nxt < 0 : nxt != r->origin) return 0;
+    }
+    return 1;
+}
+
+/* Room for a segment of n keys (and its count) in the journal. */
+static int journal_room(sync_fast_t *f, int64_t more) {
+    if (f->jlen + more <= f->jcap) return 0;
+    int64_t cap = f->jcap ? 2 * f->jcap : 1024;
+    while (cap < f->jlen + more) cap *= 2;
+    int64_t *grown = realloc(f->journal, (size_t)cap * sizeof(int64_t));
+    if (!grown) return -1;
+    f->journal = grown;
+    f->jcap = cap;
+    return 0;
+}
+
+/* Appends keys that joined (sign 1) or left (-1) the store; room was made by journal_room. */
+static void journal_put(sync_fast_t *f, int sign, const int64_t *keys, int64_t n) {
+    if (!n) return;
+    f->journal[f->jlen++] = sign * n;
+    memcpy(f->journal + f->jlen, keys, (size_t)n * sizeof(int64_t));
+    f->jlen += n;
+    f->changed = 1;
+}
+
+#define ROOM(i, bytes) scratch_room(&f->buf[i], (int64_t)(bytes))
+
+int directory_sync_fast(PyObject *directory, int64_t origin, const carr_t *in, int narrays,
+                        sync_fast_answer_t *out, const char **fatal) {
+    DirectoryObject *self = (DirectoryObject *)directory;
+    sync_fast_t *f = &self->fast;
+    const directory_t *d = &self->d;
+    const store_t *st = d->store;
+    if (!self->ready || !f->on || (narrays != 10 && narrays != 22) || origin < 0
+        || origin >= d->world_size || origin == d->rank)
+        return 0;
+    carr_t a[22];
+    memset(a, 0, sizeof a);
+    memcpy(a, in, (size_t)narrays * sizeof(carr_t));
+    char why[CHECK_WHY];
+    if (check_message(d, WIRE_SYNC, a, &self->scratch, why) != 0) return 0; /* Python drops it */
+    const sync_request_t r = {origin, a[0].p, a[1].p, a[2].p, a[0].n,
+                              a[3].p, a[4].p, a[6].p, a[5].p, a[3].n,
+                              a[7].p, a[8].p, a[9].p, a[7].n, f->variant};
+    const int64_t n = r.ni + r.nd + r.nc, nr = a[10].n, ns = a[16].n;
+    if (!n || (r.ni && f->variant < 0) || !answered_here(d, &r, a)) return 0;
+    /* Everything that can fail short of the store's own room, before anything changes. */
+    int64_t floats = a[5].n; /* the deltas' rows, then the checks' */
+    for (int64_t i = 0; i < r.nc; i++) floats += key_len(st, r.ckeys[i]);
+    const int64_t n8 = 8 * n;
+    int8_t *where = ROOM(B_WHERE, n);
+    int64_t *hop = ROOM(B_HOP, n8);
+    sync_answer_t s = {.positions = ROOM(B_POS, n8), .versions = ROOM(B_VERS, n8),
+                       .refresh_pos = ROOM(B_REFRESH, n8), .values = ROOM(B_VALUES, 4 * floats),
+                       .redirect_pos = ROOM(B_RPOS, n8), .redirect_ranks = ROOM(B_RRANKS, n8),
+                       .back_pos = ROOM(B_BPOS, n8), .back_rows = ROOM(B_BROWS, 4 * a[5].n),
+                       .rest_index = ROOM(B_REST, n8), .rest_hop = ROOM(B_RHOP, n8),
+                       .ikeys = ROOM(B_IKEYS, n8), .iflags = ROOM(B_IFLAGS, n),
+                       .skeys = ROOM(B_SKEYS, n8), .srows = ROOM(B_SROWS, 4 * floats),
+                       .missing = ROOM(B_MISSING, n8), .behind = ROOM(B_BEHIND, n)};
+    int64_t *rslots = ROOM(B_RSLOTS, 8 * nr), *taken = ROOM(B_TAKEN, 8 * ns);
+    int8_t *was = ROOM(B_WAS, nr);
+    float *trows = ROOM(B_TROWS, 4 * a[17].n);
+    int64_t *tvers = ROOM(B_TVERS, 8 * ns), *tslots = ROOM(B_TSLOTS, 8 * ns);
+    uint8_t *wanted = ROOM(B_WANTED, ns);
+    if (!where || !hop || !s.positions || !s.versions || !s.refresh_pos || !s.values
+        || !s.redirect_pos || !s.redirect_ranks || !s.back_pos || !s.back_rows || !s.rest_index
+        || !s.rest_hop || !s.ikeys || !s.iflags || !s.skeys || !s.srows || !s.missing
+        || !s.behind || !rslots || !taken || !was || !trows || !tvers || !tslots || !wanted
+        || dir_reserve(d, nr + ns + a[19].n + r.ni) < 0
+        || journal_room(f, 4 + nr + ns + r.ni) < 0)
+        return 0; /* out of memory: Python tries, and says so */
+    int64_t *counters = f->counters;
+    /* The moves first (NodeState._moves_in): relocations, replica set-ups, home updates. */
+    if (nr) {
+        const int64_t *keys = a[10].p;
+        if (dir_relocate_in(d, keys, nr, a[11].p, a[11].n, a[12].p, a[13].p, a[14].p, a[15].p,
+                            rslots, was) < 0) {
+            *fatal = "out of memory taking a relocation in";
+            return -1;
+        }
+        int64_t fresh = 0; /* the keys new in the store: those that were not replicas */
+        for (int64_t i = 0; i < nr; i++)
+            if (!was[i]) rslots[fresh++] = keys[i];
+        journal_put(f, 1, rslots, fresh);
+        counters[SF_RELOCATIONS_IN] += nr;
+        f->arrived = f->relocated_in = f->changed = 1;
+    }
+    if (ns) {
+        const int64_t *keys = a[16].p;
+        for (int64_t i = 0; i < ns && f->counts; i++) wanted[i] = ic_count(f->counts, keys[i]) > 0;
+        const int64_t m = dir_setup_in(d, origin, keys, ns, a[17].p, a[18].p,
+                                       f->counts ? wanted : NULL, monotonic_s(), taken, trows,
+                                       tvers, tslots);
+        if (m < 0) {
+            *fatal = "out of memory taking a replica in";
+            return -1;
+        }
+        journal_put(f, 1, taken, m);
+        counters[SF_REPLICA_SETUPS] += m;
+        counters[SF_SETUPS_DISCARDED] += ns - m;
+        f->arrived |= m > 0;
+        f->changed = 1;
+    }
+    const int64_t *hkeys = a[19].p, *howners = a[20].p, *hepochs = a[21].p;
+    for (int64_t i = 0; i < a[19].n; i++) { /* Directory.update_home: the newest epoch wins */
+        if (hepochs[i] <= rec_home_epoch(d->recs, hkeys[i])) continue;
+        const int32_t rec = rec_get(d->recs, hkeys[i]);
+        d->recs->home_epoch[rec] = hepochs[i];
+        d->home_owner[hkeys[i] / d->world_size] = (int32_t)howners[i];
+    }
+    /* The entries (NodeState._sync). */
+    sync_plan_t p = {.where = where, .hop = hop};
+    dir_sync_plan(d, &r, &p);
+    if (p.rest) {
+        *fatal = "a SYNC judged answerable here needs forwarding (sync_fast.c: answered_here)";
+        return -1;
+    }
+    if (dir_sync_serve(d, &r, &p, &s) < 0) {
+        *fatal = "an owned key vanished while a SYNC was served";
+        return -1;
+    }
+    counters[SF_DEFERRED] += p.deferred;
+    f->changed = 1;
+    if (p.owned_intents) {
+        dm_decision_t dec;
+        const int ok = dm_decide(self, f->variant, origin, s.ikeys, p.owned_intents, s.iflags,
+                                 &dec);
+        if (ok < 0) {
+            *fatal = ok == -1 ? "out of memory deciding on a SYNC's reports"
+                              : "a decision on a SYNC's reports broke an invariant";
+            return -1;
+        }
+        journal_put(f, -1, dec.keys, dec.relocated);
+        counters[SF_RELOCATIONS_OUT] += dec.relocated;
+        counters[SF_DROPS_AT_OWNER] += dec.dropped;
+    }
+    /* The answer: positions and versions of the owned entries, refreshed values, redirects,
+     * returned deltas; then the moves held for the origin. */
+    const int64_t owned = p.owned_intents + p.owned_syncs;
+    const carr_t answer[8] = {{s.positions, owned}, {s.versions, owned},
+                              {s.refresh_pos, s.nrefresh}, {s.values, s.nvalues},
+                              {s.redirect_pos, p.redirects}, {s.redirect_ranks, p.redirects},
+                              {s.back_pos, p.backs}, {s.back_rows, p.back_floats}};
+    memcpy(out->a, answer, sizeof answer);
+    out->narrays = 8;
+    const outbox_t *ob = &self->outbox;
+    if (outbox_holds(ob, origin)) {
+        static const char roles[] = OUTBOX_ROLES;
+        for (int i = 0; i < OUTBOX_ARRAYS; i++)
+            out->a[8 + i] = (carr_t){ob->peers[origin].a[i].p,
+                                     outbox_bytes(ob, origin, i) / wire_itemsize(roles[i])};
+        out->narrays = 20;
+    }
+    return 1;
+}
+
+void directory_sync_sent(PyObject *directory, int64_t origin) {
+    DirectoryObject *self = (DirectoryObject *)directory;
+    if (outbox_holds(&self->outbox, origin)) outbox_clear(&self->outbox, origin);
+}
+
+void sync_fast_free(sync_fast_t *f) {
+    for (int i = 0; i < SF_BUFS; i++) scratch_free(&f->buf[i]);
+    free(f->journal);
+    f->journal = NULL;
+    f->jlen = f->jcap = 0;
+}
+
+/* serve_syncs(variant, counts) -> None: see the method table. */
+PyObject *Directory_serve_syncs(DirectoryObject *self, PyObject *args) {
+    PyObject *ovariant, *ocounts = Py_None;
+    if (!PyArg_ParseTuple(args, "O|O", &ovariant, &ocounts)) return NULL;
+    sync_fast_t *f = &self->fast;
+    if (ovariant == Py_None) { /* off; the counts stay referenced (the engine may be serving) */
+        f->on = 0;
+        Py_RETURN_NONE;
+    }
+    const long variant = PyLong_AsLong(ovariant);
+    if (variant == -1 && PyErr_Occurred()) return NULL;
+    if (variant < -1 || variant > POLICY_RELOCATION_ONLY || (variant >= 0 && !self->d.masks)) {
+        PyErr_SetString(PyExc_ValueError, "serve_syncs: a variant of policy.h that this "
+                                          "directory keeps masks for, or -1");
+        return NULL;
+    }
+    const intent_counts_t *counts = NULL;
+    if (ocounts != Py_None && !(counts = dm_intent_counts(ocounts, "serve_syncs"))) return NULL;
+    if (f->counts_obj && f->counts_obj != (void *)ocounts) {
+        PyErr_SetString(PyExc_ValueError, "serve_syncs: the intent counts cannot change");
+        return NULL;
+    }
+    if (!f->counts_obj && counts) f->counts_obj = Py_NewRef(ocounts);
+    f->counts = counts;
+    f->variant = (int)variant;
+    f->on = 1;
+    Py_RETURN_NONE;
+}
+
+/* native_taken() -> None, or (journal, counters, arrived, relocated_in): see the method table. */
+PyObject *Directory_native_taken(DirectoryObject *self, PyObject *unused) {
+    sync_fast_t *f = &self->fast;
+    if (!f->changed) Py_RETURN_NONE;
+    void *p;
+    PyObject *buf = dm_new_array(f->jlen, 8, &p);
+    if (!buf) return NULL;
+    if (f->jlen) memcpy(p, f->journal, (size_t)f->jlen * 8);
+    PyObject *journal = wire_view(buf, 'k', f->jlen, 0);
+    Py_DECREF(buf);
+    if (!journal) return NULL;
+    static const char *names[SF_COUNTERS] = SF_COUNTER_NAMES;
+    PyObject *counters = PyDict_New();
+    for (int i = 0; counters && i < SF_COUNTERS; i++) {
+        if (!f->counters[i]) continue;
+        PyObject *v = PyLong_FromLongLong(f->counters[i]);
+        if (!v || PyDict_SetItemString(counters, names[i], v) < 0) Py_CLEAR(counters);
+        Py_XDECREF(v);
+    }
+    if (!counters) {
+        Py_DECREF(journal);
+        return NULL;
+    }
+    PyObject *result = Py_BuildValue("NNOO", journal, counters, f->arrived ? Py_True : Py_False,
+                                     f->relocated_in ? Py_True : Py_False);
+    if (!result) return NULL;
+    f->jlen = 0;
+    memset(f->counters, 0, sizeof f->counters);
+    f->arrived = f->relocated_in = f->changed = 0;
+    return result;
+}
