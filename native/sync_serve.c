@@ -119,6 +119,10 @@ int64_t dir_sync_serve(const directory_t *d, const sync_request_t *r, const sync
     int64_t oi = 0, os = 0, rd = 0, bk = 0, rest = 0, back_floats = 0, delta_floats = 0;
     int64_t row = 0; /* float offset of delta e's row in drows */
     int64_t ndeltas = 0;
+    /* When every delta is owned here and none is scaled (averaged), the request's rows are
+     * merged as they came: no copy of them (the usual case; a copy per SYNC otherwise). */
+    int direct = !d->average;
+    for (int64_t e = r->ni; direct && e < r->ni + r->nd; e++) direct = p->where[e] == SYNC_OWNED;
     /* Owned deltas and checks are answered after the owned intents, in entry order. */
     int64_t *svers = a->versions + p->owned_intents;
     int64_t *spos = a->positions + p->owned_intents;
@@ -140,7 +144,9 @@ int64_t dir_sync_serve(const directory_t *d, const sync_request_t *r, const sync
                 svers[os] = store_version(s, key);
                 a->behind[os] = 0;
                 if (section == 1) {
-                    memcpy(a->srows + delta_floats, r->drows + row, (size_t)len * sizeof(float));
+                    if (!direct)
+                        memcpy(a->srows + delta_floats, r->drows + row,
+                               (size_t)len * sizeof(float));
                     if (d->average)
                         a->behind[os] = (uint8_t)average_delta(d, key, a->srows + delta_floats,
                                                                len);
@@ -177,8 +183,8 @@ int64_t dir_sync_serve(const directory_t *d, const sync_request_t *r, const sync
         behind[base_index] = behind[base_index] || base != svers[base_index];
         base_index++;
     }
-    if (ndeltas && store_scatter(s, a->skeys, ndeltas, a->srows, delta_floats,
-                                 a->missing, 0) != 0)
+    if (ndeltas && store_scatter(s, a->skeys, ndeltas, direct ? r->drows : a->srows,
+                                 delta_floats, a->missing, 0) != 0)
         return -1;
     for (int64_t j = 0; j < ndeltas; j++) /* the holder's base + its delta */
         svers[j] = (svers[j] + 1) & VERSION_MASK;
