@@ -18,7 +18,7 @@ import numpy as np
 from . import args
 from ._engine import routing
 from ._engine.events import Call, Op, Request
-from .errors import AdaPMError, InvalidArgument, StateError
+from .errors import AdaPMError, AdaPMTimeout, InvalidArgument, PeerError, StateError
 from .sampling import WorkerSampler
 
 if TYPE_CHECKING:
@@ -26,6 +26,11 @@ if TYPE_CHECKING:
 
 # Pushes may be issued without waiting; answered ones are pruned once this many are pending.
 _PRUNE_OUTSTANDING = 1024
+
+# How often a worker waiting in a native pull checks whether the engine thread failed.
+_FAILURE_CHECK_S = 0.5
+# PullCall.wait's states (native/zmq_pull.c)
+_PULL_DONE, _PULL_DECLINED, _PULL_FAILED = 2, 3, 4
 
 # op -> (operation name for errors, local counter, remote counter)
 _UPDATE_NAMES = {
@@ -350,11 +355,20 @@ class Worker:
         if self._engine is None:
             raise StateError("a single node holds every key; nothing should be remote")
         engine = self._engine
-        call = engine.submit(Request(Op.PULL, keys[positions], positions, worker=self.index,
-                                     clock=self.clock),
-                             f"PULL of {len(positions)} keys")
-        flat = out.reshape(-1)
+        what = f"PULL of {len(positions)} keys"
         store = self._store
+        # Through the transport, without the engine loop (native/zmq_pull.c), unless a push or
+        # set of this worker is still on the loop's path: a pull must not overtake it.
+        native = engine.native
+        if native is not None and store.uniform_length and not self._requests_open():
+            call = native.pull(keys[positions], positions, out, store.uniform_length)
+            if call is not None and self._await_native(call, what):
+                self.counters["waited_pull_keys"] += call.waited
+                self.counters["remote_pull_keys"] += len(positions) - call.waited
+                return
+        call = engine.submit(Request(Op.PULL, keys[positions], positions, worker=self.index,
+                                     clock=self.clock), what)
+        flat = out.reshape(-1)
         offsets = self._row_offsets(keys) if not store.uniform_length else None
         rank, waited = self._node.rank, 0
         for part in engine.wait(call):
@@ -367,6 +381,37 @@ class Worker:
                 flat[routing.segment_index(offsets[pos], store.lens[keys[pos]])] = values
         self.counters["waited_pull_keys"] += waited
         self.counters["remote_pull_keys"] += len(positions) - waited
+
+    def _requests_open(self) -> bool:
+        """Whether a push or set of this worker still waits for its answer."""
+        return any(not call.done for call in self._outstanding)
+
+    def _await_native(self, call, what: str) -> bool:
+        """Wait for a pull the transport serves (``ZmqIO.pull``): True when ``out`` holds every
+        row, False if it was declined (nothing was sent: the engine's path takes it). Raises
+        the engine's error if it failed meanwhile, PeerError if an owner could not serve it,
+        and AdaPMTimeout (naming the ranks waited for) after ``Config.request_timeout_s``."""
+        engine = self._engine
+        timeout_s = engine.request_timeout_s
+        deadline = time.monotonic() + timeout_s
+        while True:
+            state = call.wait(min(_FAILURE_CHECK_S, max(0.0, deadline - time.monotonic())))
+            if state == _PULL_DONE:
+                return True
+            if state == _PULL_DECLINED:
+                return False
+            engine.raise_if_failed()
+            if state == _PULL_FAILED:
+                if engine.native_error is not None:  # the node was shut down meanwhile
+                    raise engine.native_error
+                raise PeerError(call.error)
+            if time.monotonic() >= deadline:
+                call.abandon()
+                ranks = call.waiting_on()
+                via = " (passed on there by another node)" if call.forwarded else ""
+                who = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {ranks}"
+                raise AdaPMTimeout(f"rank {self._node.rank}: no answer from {who}{via} to "
+                                   f"{what} within {timeout_s:g}s")
 
     def _row_offsets(self, keys: np.ndarray) -> np.ndarray:
         lengths = self._store.lens[keys]

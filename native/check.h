@@ -59,7 +59,7 @@ static inline int stray_rank_bits(const directory_t *d, const uint64_t *masks, i
 /* Message kinds (adapm/_wire/protocol.py, Kind) whose arrays are checked here. */
 enum {
     WIRE_PULL = 1, WIRE_PUSH = 2, WIRE_SET = 3, WIRE_SYNC = 4, WIRE_PULL_RESP = 10,
-    WIRE_ACK = 11, WIRE_SYNC_RESP = 12, WIRE_FORWARDED = 14, WIRE_MOVES = 20
+    WIRE_ACK = 11, WIRE_SYNC_RESP = 12, WIRE_ERROR = 13, WIRE_FORWARDED = 14, WIRE_MOVES = 20
 };
 
 /* The arrays of a kind, flat over its sections, one letter per array: k keys, p positions,

@@ -132,6 +132,18 @@ int directory_sync_fast(PyObject *directory, int64_t origin, const carr_t *a, in
  * held. */
 void directory_sync_sent(PyObject *directory, int64_t origin);
 
+/* A worker's pull for the transport (zmq_pull.c, sync_fast.c), engine thread, without the GIL.
+ * directory_route_pull: for keys[0..n) (not held here a moment ago) hop[i] = -1 if held here
+ * now, else the rank to ask (Directory.route_own's choice); returns how many are held here, or
+ * -1 if the pull must take the Python path (a key whose intent this node reported and whose
+ * owner has not answered, one on its way here, a key out of range, or native work is off
+ * while sinks listen). directory_gather_one: key's row (floats of it) into row; 0, or -1 if
+ * it is not held here. directory_learn_native: rank answered for keys (Directory.learn); 0, or
+ * -1 if out of memory. */
+int64_t directory_route_pull(PyObject *directory, const int64_t *keys, int64_t n, int64_t *hop);
+int directory_gather_one(PyObject *directory, int64_t key, float *row, int64_t floats);
+int directory_learn_native(PyObject *directory, const int64_t *keys, int64_t n, int64_t rank);
+
 /* Adds the ZmqIO and Frame types (zmq_io.c) to the module; 0 on success. */
 int register_zmq_io_type(PyObject *module);
 

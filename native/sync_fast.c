@@ -1,5 +1,7 @@
-/* A peer's SYNC served inside the transport's receive call (sync_fast.h), and the two Directory
- * methods around it: serve_syncs (on, off) and native_taken (what NodeState does after). */
+/* The directory's work for the transport without Python: a peer's SYNC served inside the
+ * transport's receive call (sync_fast.h) and the two Directory methods around it, serve_syncs
+ * (on, off) and native_taken (what NodeState does after); a worker's pull routed, served where
+ * its keys arrived, and its answers' hints learnt (zmq_pull.c). */
 #define _GNU_SOURCE /* clock_gettime */
 #include <time.h>
 
@@ -274,4 +276,44 @@ PyObject *Directory_native_taken(DirectoryObject *self, PyObject *unused) {
     memset(f->counters, 0, sizeof f->counters);
     f->arrived = f->relocated_in = f->changed = 0;
     return result;
+}
+
+/* --- a worker's pull routed for the transport (zmq_pull.c) ------------------------------- */
+
+int64_t directory_route_pull(PyObject *directory, const int64_t *keys, int64_t n, int64_t *hop) {
+    DirectoryObject *self = (DirectoryObject *)directory;
+    const directory_t *d = &self->d;
+    const intent_counts_t *c = self->fast.counts;
+    if (!self->ready || !self->fast.on) return -1;
+    int64_t here = 0;
+    for (int64_t i = 0; i < n; i++) { /* as Directory.route_own, for a pull */
+        const int64_t key = keys[i];
+        if (key < 0 || key >= d->store->num_keys) return -1;
+        if (store_state(d->store, key) != KEY_NONE) {
+            hop[i] = -1;
+            here++;
+            continue;
+        }
+        const int32_t r = c ? km_get(&c->map, key) : -1;
+        if (r >= 0 && c->count[r] > 0 && !c->told[r]) return -1; /* coming with an answer */
+        const int64_t hint = rec_hint(d->recs, key);
+        const int64_t h = hint == d->rank ? dir_next_hop(d, key) : hint;
+        if (h < 0 || h >= d->world_size) return -1; /* on its way here (queued), or no rank */
+        hop[i] = h;
+    }
+    return here;
+}
+
+int directory_gather_one(PyObject *directory, int64_t key, float *row, int64_t floats) {
+    const store_t *s = ((DirectoryObject *)directory)->d.store;
+    int64_t missing;
+    return store_gather(s, &key, 1, row, floats, &missing) == 0 ? 0 : -1;
+}
+
+int directory_learn_native(PyObject *directory, const int64_t *keys, int64_t n, int64_t rank) {
+    DirectoryObject *self = (DirectoryObject *)directory;
+    if (dir_reserve(&self->d, n) < 0) return -1;
+    for (int64_t i = 0; i < n; i++) /* Directory.learn */
+        if (store_state(self->d.store, keys[i]) != KEY_OWNER) rec_set_hint(&self->recs, keys[i], rank);
+    return 0;
 }

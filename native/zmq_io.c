@@ -25,41 +25,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "module.h"
-#include "wire.h"
+#include "zmq_io.h"
 
-/* libzmq's ABI (zmq.h, stable since 4.x). */
-typedef struct {
-    void *socket;
-    int fd;
-    short events, revents;
-} zpollitem_t;
-typedef struct {
-    _Alignas(void *) unsigned char _[64];
-} zmsg_t;
-#define Z_POLLIN 1
-#define Z_DONTWAIT 1
-#define Z_SNDMORE 2
-#define Z_EVENTS 15
-typedef void(zfree_fn)(void *data, void *hint);
-
-static struct {
-    int (*poll)(zpollitem_t *, int, long);
-    int (*msg_init)(zmsg_t *);
-    int (*msg_init_size)(zmsg_t *, size_t);
-    int (*msg_init_data)(zmsg_t *, void *, size_t, zfree_fn *, void *);
-    int (*msg_recv)(zmsg_t *, void *, int);
-    int (*msg_send)(zmsg_t *, void *, int);
-    int (*msg_close)(zmsg_t *);
-    int (*msg_move)(zmsg_t *, zmsg_t *);
-    void *(*msg_data)(zmsg_t *);
-    size_t (*msg_size)(const zmsg_t *);
-    int (*msg_more)(const zmsg_t *);
-    const char *(*msg_gets)(const zmsg_t *, const char *);
-    int (*getsockopt)(void *, int, void *, size_t *);
-    int (*errno_)(void);
-    const char *(*strerror)(int);
-} Z;
+zapi_t Z;
 static int z_loaded; /* 1 loaded, -1 looked for in vain */
 
 static int find_libzmq(struct dl_phdr_info *info, size_t size, void *data) {
@@ -174,51 +142,39 @@ static PyTypeObject FrameType = {
 /* --- ZmqIO ------------------------------------------------------------------------------ */
 
 #define POLL_BATCH 256 /* messages per poll at most: a busy peer cannot starve the loop */
-#define FAST_MAX 32     /* requests per wire message the fast path takes at most */
 
-/* Counters of the fast path, in the transport's names (adapm/_wire/traffic.py), added to its
- * own by Transport.stats. */
-enum {
-    C_WIRE_IN, C_MSGS_IN, C_BYTES_IN, C_WIRE_OUT, C_MSGS_OUT, C_BYTES_OUT,
-    C_PULL_IN, C_PULL_IN_BYTES, C_PUSH_IN, C_PUSH_IN_BYTES, C_SET_IN, C_SET_IN_BYTES,
-    C_PULL_RESP_OUT, C_PULL_RESP_OUT_BYTES, C_ACK_OUT, C_ACK_OUT_BYTES, C_SERVED,
-    C_SYNC_IN, C_SYNC_IN_BYTES, C_SYNC_RESP_OUT, C_SYNC_RESP_OUT_BYTES, C_SYNCS_SERVED,
-    FAST_COUNTERS
-};
-static const char *const counter_names[FAST_COUNTERS] = {
+const char *const counter_names[FAST_COUNTERS] = {
     "wire_messages_received", "messages_received", "bytes_received", "wire_messages_sent",
     "messages_sent", "bytes_sent", "messages_received_pull", "bytes_received_pull",
     "messages_received_push", "bytes_received_push", "messages_received_set",
     "bytes_received_set", "messages_sent_pull_resp", "bytes_sent_pull_resp",
     "messages_sent_ack", "bytes_sent_ack", "messages_served_natively",
     "messages_received_sync", "bytes_received_sync", "messages_sent_sync_resp",
-    "bytes_sent_sync_resp", "syncs_served_natively",
+    "bytes_sent_sync_resp", "syncs_served_natively", "messages_sent_pull", "bytes_sent_pull",
+    "messages_received_pull_resp", "bytes_received_pull_resp", "pulls_sent_natively",
 };
 
-typedef struct {
-    PyObject_HEAD
-    void *router, *watch;
-    int wake_fd;
-    int authenticated;
-    Py_ssize_t world;
-    void **peers;          /* by rank; NULL: no connection (this node) */
-    zmsg_t *parts;         /* receive scratch: frames of up to POLL_BATCH messages */
-    Py_ssize_t cap;
-    int *ends;             /* per message: index after its last frame in parts */
-    /* The owner's fast path (serve_owned): */
-    PyObject *directory;   /* the node's Directory; NULL: off */
-    int32_t rank;
-    PyObject **idents;     /* by rank: the identity its connection names (bytes; no auth) */
-    uint8_t *passed;       /* by rank, per poll: a message of it went to Python (order) */
-    uint8_t *heard;        /* by rank, per poll: a message of it was served here */
-    int64_t *missing;      /* scratch for the store calls */
-    int64_t missing_cap;
-    int send_failed;       /* errno of a fast answer libzmq refused (0: none; -1 keys vanished,
-                            * -2 a served SYNC failed: fatal says why) */
-    const char *fatal;
-    int synced;            /* a SYNC was served in this poll: Python has things to take up */
-    int64_t counts[FAST_COUNTERS];
-} ZmqIOObject;
+/* The rank whose connection sent the message whose routing id is id and last frame last: the
+ * ZAP user id of its connection (with authentication), else the rank whose identity the
+ * connection named; -1 if none. Without the GIL: the identities are compared as bytes. */
+int sender_of(ZmqIOObject *self, zmsg_t *id, zmsg_t *last) {
+    if (self->authenticated) {
+        const char *uid = Z.msg_gets(last, "User-Id");
+        if (!uid || !*uid) return -1;
+        char *end;
+        errno = 0;
+        const long r = strtol(uid, &end, 10);
+        return *end || errno || r < 0 || r >= self->world ? -1 : (int)r;
+    }
+    const size_t len = Z.msg_size(id);
+    const void *data = Z.msg_data(id);
+    for (Py_ssize_t r = 0; r < self->world; r++) {
+        PyObject *b = self->idents[r];
+        if (b && (size_t)PyBytes_GET_SIZE(b) == len && !memcmp(PyBytes_AS_STRING(b), data, len))
+            return (int)r;
+    }
+    return -1;
+}
 
 static int ZmqIO_init(ZmqIOObject *self, PyObject *args, PyObject *kwds) {
     static char *kwlist[] = {"router", "wake_fd", "watch", "peers", "identities",
@@ -265,6 +221,10 @@ static int ZmqIO_init(ZmqIOObject *self, PyObject *args, PyObject *kwds) {
         if (!PyBytes_Check(key) || r < 0 || r >= world) continue;
         Py_XSETREF(self->idents[r], Py_NewRef(key));
     }
+    if (!self->pull_lock_ready && pulls_init(self) < 0) {
+        PyErr_SetFromErrno(PyExc_OSError);
+        return -1;
+    }
     self->router = (void *)(uintptr_t)router;
     self->watch = (void *)(uintptr_t)watch;
     self->wake_fd = wake_fd;
@@ -283,6 +243,7 @@ static void close_parts(ZmqIOObject *self, Py_ssize_t from, Py_ssize_t to) {
 }
 
 static void ZmqIO_dealloc(ZmqIOObject *self) {
+    pulls_free(self);
     if (self->idents)
         for (Py_ssize_t r = 0; r < self->world; r++) Py_XDECREF(self->idents[r]);
     PyMem_Free(self->idents);
@@ -311,308 +272,6 @@ static int room(ZmqIOObject *self, Py_ssize_t n) {
     self->parts = grown;
     self->cap = cap;
     return 0;
-}
-
-/* --- the owner's fast path: a peer's pulls, pushes and sets of keys owned here ------------ */
-
-typedef struct {
-    int kind;
-    int64_t req, nbytes; /* nbytes: the request's share of the wire (header and arrays) */
-    carr_t a[3];
-} fast_req_t;
-
-/* The rank whose connection sent the message whose routing id is id and last frame last: the
- * ZAP user id of its connection (with authentication), else the rank whose identity the
- * connection named; -1 if none. Without the GIL: the identities are compared as bytes. */
-static int sender_of(ZmqIOObject *self, zmsg_t *id, zmsg_t *last) {
-    if (self->authenticated) {
-        const char *uid = Z.msg_gets(last, "User-Id");
-        if (!uid || !*uid) return -1;
-        char *end;
-        errno = 0;
-        const long r = strtol(uid, &end, 10);
-        return *end || errno || r < 0 || r >= self->world ? -1 : (int)r;
-    }
-    const size_t len = Z.msg_size(id);
-    const void *data = Z.msg_data(id);
-    for (Py_ssize_t r = 0; r < self->world; r++) {
-        PyObject *b = self->idents[r];
-        if (b && (size_t)PyBytes_GET_SIZE(b) == len && !memcmp(PyBytes_AS_STRING(b), data, len))
-            return (int)r;
-    }
-    return -1;
-}
-
-/* The arrays of the message whose header is w into a[]: inline in the payload pl (plen bytes,
- * from *pat on) or in frames of their own (f[*own] on). Their bytes, or -1 if the framing is
- * not what the decoder wants. */
-static int64_t take_arrays(const wire_header_t *w, zmsg_t *f, int nf, const uint8_t *pl,
-                           size_t plen, size_t *pat, int *own, carr_t *a) {
-    const char *role = wire_roles(w->kind);
-    int64_t total = 0;
-    for (int i = 0; i < w->narrays; i++, role++) {
-        if (*role == '|') role++;
-        const int64_t len = wire_get64(w->lengths + 8 * i), item = wire_itemsize(*role);
-        if (len == INT64_MIN) return -1;
-        const int64_t bytes = len < 0 ? -len : len;
-        if (bytes % item) return -1;
-        if (len < 0) {
-            if (*own >= nf || Z.msg_size(&f[*own]) != (size_t)bytes) return -1;
-            a[i].p = Z.msg_data(&f[(*own)++]);
-        } else {
-            if ((size_t)bytes > plen - *pat) return -1;
-            a[i].p = pl + *pat;
-            *pat += (size_t)bytes + (bytes ? (size_t)(-bytes & 7) : 0);
-            if (*pat > plen) *pat = plen;
-        }
-        a[i].n = bytes / item;
-        total += bytes;
-    }
-    return total;
-}
-
-/* Parses the wire message in frames f[0..nf) (header, payload, own frames) into requests the
- * fast path may take: only pulls, pushes and sets sent by rank from its own workers (origin
- * rank, no hop, no extra fields), framed exactly as the decoder wants them. Returns their
- * number, or 0 if the message is not one for the fast path. */
-static int fast_parse(zmsg_t *f, int nf, int rank, fast_req_t *out) {
-    if (nf < 2) return 0;
-    const uint8_t *h = Z.msg_data(&f[0]), *pl = Z.msg_data(&f[1]);
-    const size_t hlen = Z.msg_size(&f[0]), plen = Z.msg_size(&f[1]);
-    size_t at = 0, pat = 0;
-    int own = 2, n = 0;
-    while (at < hlen) {
-        wire_header_t w;
-        if (n == FAST_MAX || wire_header(h + at, hlen - at, &w) < 0) return 0;
-        if ((w.kind != WIRE_PULL && w.kind != WIRE_PUSH && w.kind != WIRE_SET) || w.extra
-            || w.narrays != wire_count(w.kind) || w.src != rank || w.origin != rank || w.hops
-            || w.req < 0)
-            return 0;
-        fast_req_t *q = &out[n++];
-        q->kind = w.kind;
-        q->req = w.req;
-        const int64_t bytes = take_arrays(&w, f, nf, pl, plen, &pat, &own, q->a);
-        if (bytes < 0) return 0;
-        q->nbytes = (int64_t)w.size + bytes;
-        at += w.size;
-    }
-    return own == nf ? n : 0;
-}
-
-/* A wire message of one SYNC from rank's own round (origin rank, no hop, no extra fields):
- * its arrays into a (10, or 22 with moves), their number returned with its request id and
- * size (header and arrays) in *req and *nbytes; 0 if the message is anything else. */
-static int sync_parse(zmsg_t *f, int nf, int rank, carr_t *a, int64_t *req, int64_t *nbytes) {
-    if (nf < 2) return 0;
-    const uint8_t *h = Z.msg_data(&f[0]), *pl = Z.msg_data(&f[1]);
-    const size_t hlen = Z.msg_size(&f[0]), plen = Z.msg_size(&f[1]);
-    wire_header_t w;
-    if (wire_header(h, hlen, &w) < 0 || w.size != hlen || w.kind != WIRE_SYNC || w.extra
-        || (w.narrays != 10 && w.narrays != 22) || w.src != rank || w.origin != rank || w.hops
-        || w.req < 0)
-        return 0;
-    size_t pat = 0;
-    int own = 2;
-    const int64_t bytes = take_arrays(&w, f, nf, pl, plen, &pat, &own, a);
-    if (bytes < 0 || own != nf) return 0;
-    *req = w.req;
-    *nbytes = (int64_t)w.size + bytes;
-    return w.narrays;
-}
-
-static int grow_missing(ZmqIOObject *self, int64_t n) {
-    if (n <= self->missing_cap) return 0;
-    int64_t *grown = PyMem_RawRealloc(self->missing, (size_t)n * sizeof(int64_t));
-    if (!grown) return -1;
-    self->missing = grown;
-    self->missing_cap = n;
-    return 0;
-}
-
-static void put_header(uint8_t *p, int kind, int narrays, int32_t src, int64_t req,
-                       const int64_t *lengths) {
-    p[0] = WIRE_MAGIC;
-    p[1] = (uint8_t)kind;
-    p[2] = (uint8_t)narrays;
-    p[3] = 0;
-    const int32_t origin = -1, hops = 0;
-    memcpy(p + 4, &src, 4);
-    memcpy(p + 8, &req, 8);
-    memcpy(p + 16, &origin, 4);
-    memcpy(p + 20, &hops, 4);
-    memcpy(p + WIRE_HEADER_BYTES, lengths, 8 * (size_t)narrays);
-}
-
-static size_t padded(size_t bytes) { return bytes + (-bytes & 7); }
-
-/* try_fast: serves the ZeroMQ message in parts[first..end) here if it is a peer's pulls, pushes or sets
- * of keys all owned here (the Python path would serve it just so, _serve in serve.py): checks,
- * store, the answers (PULL_RESP, ACK) encoded and sent to the peer. 1 if served (the caller
- * closes the parts), 0 if Python is to take it. Without the GIL. Answers do not wait for moves
- * this node holds for the peer (NodeState._release): they report nothing about keys that move,
- * and every key they concern stays here. */
-static int serve_fast(ZmqIOObject *self, Py_ssize_t first, Py_ssize_t end, int rank);
-
-static int serve_sync(ZmqIOObject *self, Py_ssize_t first, Py_ssize_t end, int rank);
-
-static int try_fast(ZmqIOObject *self, Py_ssize_t first, Py_ssize_t end) {
-    if (end - first < 3) return 0;
-    const int rank = sender_of(self, &self->parts[first], &self->parts[end - 1]);
-    if (rank < 0 || rank == self->rank || !self->peers[rank]) return 0;
-    if (!self->passed[rank]
-        && (serve_fast(self, first, end, rank) || serve_sync(self, first, end, rank)))
-        return 1;
-    /* Python takes it, and every later message of this peer in this poll: they are handled
-     * in the order they came (a worker's push before its next pull of the same key). */
-    self->passed[rank] = 1;
-    return 0;
-}
-
-/* Counts a wire message in (the parts first+1..end) and its answer out, both served here, as
- * `messages` requests of counter `served`. */
-static void count_served(ZmqIOObject *self, Py_ssize_t first, Py_ssize_t end, int rank,
-                         int64_t messages, int64_t out_bytes, int served) {
-    int64_t wire_in = 0;
-    for (Py_ssize_t i = first + 1; i < end; i++) wire_in += (int64_t)Z.msg_size(&self->parts[i]);
-    self->counts[C_WIRE_IN]++;
-    self->counts[C_MSGS_IN] += messages;
-    self->counts[C_BYTES_IN] += wire_in;
-    self->counts[C_WIRE_OUT]++;
-    self->counts[C_MSGS_OUT] += messages;
-    self->counts[C_BYTES_OUT] += out_bytes;
-    self->counts[served] += messages;
-    self->heard[rank] = 1;
-}
-
-/* Sends the two frames of an answer to rank (libzmq owns them either way). */
-static void send_answer(ZmqIOObject *self, zmsg_t *hm, zmsg_t *pm, int rank) {
-    if (Z.msg_send(hm, self->peers[rank], Z_SNDMORE) < 0) {
-        self->send_failed = Z.errno_();
-        Z.msg_close(hm);
-        Z.msg_close(pm);
-    } else if (Z.msg_send(pm, self->peers[rank], 0) < 0) {
-        self->send_failed = Z.errno_();
-        Z.msg_close(pm);
-    }
-}
-
-static int serve_fast(ZmqIOObject *self, Py_ssize_t first, Py_ssize_t end, int rank) {
-    fast_req_t q[FAST_MAX];
-    const int n = fast_parse(&self->parts[first + 1], (int)(end - first - 1), rank, q);
-    if (!n) return 0;
-    size_t hsize = 0, psize = 0;
-    int64_t floats[FAST_MAX], most = 0;
-    for (int i = 0; i < n; i++) {
-        if (directory_owns_request(self->directory, q[i].kind, q[i].a) != 1) return 0;
-        const int64_t keys = q[i].a[0].n;
-        most = keys > most ? keys : most;
-        floats[i] = q[i].kind == WIRE_PULL ? directory_request_floats(self->directory, q[i].a) : 0;
-        hsize += WIRE_HEADER_BYTES + 8 * (q[i].kind == WIRE_PULL ? 2 : 1);
-        psize += padded(8 * (size_t)keys) + padded(4 * (size_t)floats[i]);
-    }
-    if (grow_missing(self, most) < 0) return 0;
-    /* From here on the message is this path's: a push is applied at once. */
-    zmsg_t hm, pm;
-    if (Z.msg_init_size(&hm, hsize) < 0) return 0;
-    if (Z.msg_init_size(&pm, psize) < 0) {
-        Z.msg_close(&hm);
-        return 0;
-    }
-    uint8_t *hp = Z.msg_data(&hm), *pp = Z.msg_data(&pm);
-    for (int i = 0; i < n; i++) {
-        const fast_req_t *r = &q[i];
-        const int64_t keys = r->a[0].n, pos_bytes = 8 * keys;
-        memcpy(pp, r->a[1].p, (size_t)pos_bytes); /* the positions, echoed */
-        memset(pp + pos_bytes, 0, padded((size_t)pos_bytes) - (size_t)pos_bytes);
-        uint8_t *values = pp + padded((size_t)pos_bytes);
-        const int64_t nmiss = directory_serve_owned(self->directory, r->kind, r->a,
-                                                    (float *)values, floats[i], self->missing);
-        if (nmiss) self->send_failed = -1; /* cannot be: only this thread removes keys */
-        int64_t lengths[2] = {pos_bytes, 4 * floats[i]};
-        const int answer = r->kind == WIRE_PULL ? WIRE_PULL_RESP : WIRE_ACK;
-        const int narr = answer == WIRE_PULL_RESP ? 2 : 1;
-        if (narr == 2) {
-            memset(values + lengths[1], 0, padded((size_t)lengths[1]) - (size_t)lengths[1]);
-            pp = values + padded((size_t)lengths[1]);
-        } else {
-            pp = values;
-        }
-        put_header(hp, answer, narr, self->rank, r->req, lengths);
-        hp += WIRE_HEADER_BYTES + 8 * narr;
-        const int64_t answer_bytes = WIRE_HEADER_BYTES + 8 * narr + lengths[0]
-                                     + (narr == 2 ? lengths[1] : 0);
-        const int k = r->kind == WIRE_PULL ? C_PULL_IN : r->kind == WIRE_PUSH ? C_PUSH_IN : C_SET_IN;
-        self->counts[k]++;
-        self->counts[k + 1] += r->nbytes;
-        const int o = narr == 2 ? C_PULL_RESP_OUT : C_ACK_OUT;
-        self->counts[o]++;
-        self->counts[o + 1] += answer_bytes;
-    }
-    send_answer(self, &hm, &pm, rank);
-    count_served(self, first, end, rank, n, (int64_t)(hsize + psize), C_SERVED);
-    return 1;
-}
-
-/* serve_sync: serves the ZeroMQ message in parts[first..end) here if it is one SYNC of rank's
- * round that the directory can answer without Python (directory_sync_fast; the Python path,
- * NodeState._sync, would answer it just so): its SYNC_RESP, with the moves held for rank, is
- * encoded and sent. 1 if served or failed (send_failed then says why), 0 if Python is to take
- * it (nothing changed). Without the GIL. */
-static int serve_sync(ZmqIOObject *self, Py_ssize_t first, Py_ssize_t end, int rank) {
-    carr_t a[22];
-    int64_t req, in_bytes;
-    const int narr = sync_parse(&self->parts[first + 1], (int)(end - first - 1), rank, a, &req,
-                                &in_bytes);
-    if (!narr) return 0;
-    sync_fast_answer_t ans;
-    const char *fatal = "";
-    const int got = directory_sync_fast(self->directory, rank, a, narr, &ans, &fatal);
-    if (got <= 0) {
-        if (got < 0) {
-            self->send_failed = -2;
-            self->fatal = fatal;
-        }
-        return got < 0;
-    }
-    /* From here on the SYNC is served: its answer must go out. */
-    const char *role = wire_roles(WIRE_SYNC_RESP);
-    int64_t lengths[20], arrays = 0;
-    size_t psize = 0;
-    for (int i = 0; i < ans.narrays; i++, role++) {
-        if (*role == '|') role++;
-        lengths[i] = ans.a[i].n * wire_itemsize(*role);
-        arrays += lengths[i];
-        psize += padded((size_t)lengths[i]);
-    }
-    const size_t hsize = WIRE_HEADER_BYTES + 8 * (size_t)ans.narrays;
-    zmsg_t hm, pm;
-    if (Z.msg_init_size(&hm, hsize) < 0) {
-        self->send_failed = -2;
-        self->fatal = "out of memory for the answer to a SYNC";
-        return 1;
-    }
-    if (Z.msg_init_size(&pm, psize) < 0) {
-        Z.msg_close(&hm);
-        self->send_failed = -2;
-        self->fatal = "out of memory for the answer to a SYNC";
-        return 1;
-    }
-    put_header(Z.msg_data(&hm), WIRE_SYNC_RESP, ans.narrays, self->rank, req, lengths);
-    uint8_t *pp = Z.msg_data(&pm);
-    for (int i = 0; i < ans.narrays; i++) {
-        if (lengths[i]) memcpy(pp, ans.a[i].p, (size_t)lengths[i]);
-        memset(pp + lengths[i], 0, padded((size_t)lengths[i]) - (size_t)lengths[i]);
-        pp += padded((size_t)lengths[i]);
-    }
-    directory_sync_sent(self->directory, rank);
-    send_answer(self, &hm, &pm, rank);
-    self->synced = 1;
-    self->counts[C_SYNC_IN]++;
-    self->counts[C_SYNC_IN_BYTES] += in_bytes;
-    self->counts[C_SYNC_RESP_OUT]++;
-    self->counts[C_SYNC_RESP_OUT_BYTES] += (int64_t)hsize + arrays;
-    count_served(self, first, end, rank, 1, (int64_t)(hsize + psize), C_SYNCS_SERVED);
-    return 1;
 }
 
 /* serve_owned(directory, rank): from now on, a peer's pulls, pushes and sets of keys all owned
@@ -660,9 +319,12 @@ static PyObject *ZmqIO_poll(ZmqIOObject *self, PyObject *arg) {
     const long timeout = PyLong_AsLong(arg);
     if (timeout == -1 && PyErr_Occurred()) return NULL;
     drain_released();
-    zpollitem_t items[3] = {{self->router, 0, Z_POLLIN, 0}, {NULL, self->wake_fd, Z_POLLIN, 0},
-                            {self->watch, 0, Z_POLLIN, 0}};
-    const int nitems = self->watch ? 3 : 2;
+    pulls_settle(self);
+    /* The router, the eventfd the engine loop is woken by, workers' pulls (zmq_pull.c), and
+     * the handshake monitor if any. */
+    zpollitem_t items[4] = {{self->router, 0, Z_POLLIN, 0}, {NULL, self->wake_fd, Z_POLLIN, 0},
+                            {NULL, self->pull_fd, Z_POLLIN, 0}, {self->watch, 0, Z_POLLIN, 0}};
+    const int nitems = self->watch ? 4 : 3;
     int rc, nmsg = 0, failed = 0, events = 0;
     Py_ssize_t nparts = 0;
     const int fast = self->directory != NULL;
@@ -676,6 +338,7 @@ static PyObject *ZmqIO_poll(ZmqIOObject *self, PyObject *arg) {
     const double deadline = timeout >= 0 ? now_s() + timeout / 1000.0 : 0.0;
     long wait = timeout;
     Py_BEGIN_ALLOW_THREADS
+    if (fast) pulls_send(self); /* workers' pulls queued since the last poll */
 again:
     rc = Z.poll(items, nitems, wait);
     if (rc > 0) {
@@ -685,7 +348,8 @@ again:
             }
             events |= 1;
         }
-        if (nitems == 3 && items[2].revents & Z_POLLIN) events |= 2;
+        if (fast && items[2].revents & Z_POLLIN) pulls_send(self); /* nothing for Python */
+        if (nitems == 4 && items[3].revents & Z_POLLIN) events |= 2;
         if (items[0].revents & Z_POLLIN) {
             for (int taken = 0; nmsg < POLL_BATCH && taken < 4 * POLL_BATCH; taken++) {
                 if (taken) { /* the first is there (the poll said so); the others: ask */
@@ -743,6 +407,7 @@ again:
         }
     }
     Py_END_ALLOW_THREADS
+    pulls_settle(self);
     if (self->synced) events |= 4;
     if (rc < 0) {
         if (Z.errno_() == EINTR) return Py_BuildValue("(i[][])", 0);
@@ -906,6 +571,22 @@ static PyMethodDef ZmqIO_methods[] = {
      "serve_owned(directory, rank) -> None. From now on poll() serves a peer's pulls, pushes "
      "and sets of keys all owned here itself (checks, store, answer), without Python; and "
      "its SYNCs, while the directory allows (Directory.serve_syncs)."},
+    {"pull", (PyCFunction)ZmqIO_pull, METH_VARARGS,
+     "pull(keys, positions, out, row) -> PullCall or None. A worker's pull of keys (int64) not "
+     "held here a moment ago, at ascending positions of its batch (int64), into out (float32 "
+     "rows of row floats, writable; row p at p * row), served without the engine loop "
+     "(native/zmq_pull.c): the engine thread routes it inside poll, serves what arrived "
+     "meanwhile, asks the owners and fills out from their answers. None where it cannot (no "
+     "directory, an unusual request). Any thread, with the GIL; never blocks. Wait on the "
+     "call (PullCall.wait); keys, positions and out must not change until it ends."},
+    {"native_answer", (PyCFunction)ZmqIO_native_answer, METH_VARARGS,
+     "native_answer(kind, req_id, src, arrays, text, apply) -> None, a reason (str) or "
+     "False. An answer to a pull of ZmqIO.pull that reached the engine loop (a PULL_RESP, an "
+     "ERROR with text, a FORWARDED notice): checked (apply false: None if fit, else why) or "
+     "taken in (apply true). False: no such pull is open (a late answer). Engine thread."},
+    {"fail_native", (PyCFunction)ZmqIO_fail_native, METH_O,
+     "fail_native(text) -> None. Every pull of ZmqIO.pull still queued or open fails with "
+     "text (the engine stopped); their waiters wake."},
     {"counters", (PyCFunction)ZmqIO_counters, METH_NOARGS,
      "counters() -> dict. What poll() served itself, in the transport's counter names."},
     {"send", (PyCFunction)ZmqIO_send, METH_VARARGS,
@@ -930,6 +611,7 @@ static PyTypeObject ZmqIOType = {
 };
 
 int register_zmq_io_type(PyObject *module) {
-    if (add_type(module, &FrameType, "Frame") < 0) return -1;
+    if (add_type(module, &FrameType, "Frame") < 0 || register_pull_call_type(module) < 0)
+        return -1;
     return add_type(module, &ZmqIOType, "ZmqIO");
 }

@@ -22,7 +22,7 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from adapm._wire.protocol import NO_MOVES, Kind, encode, message
+from adapm._wire.protocol import NATIVE_REQUESTS, NO_MOVES, Kind, encode, message
 from adapm.testing import rss_bytes, run_cluster
 
 SECRET = "member-wire-test-secret-2f9c1e7d"
@@ -193,9 +193,22 @@ def any_kind(node, rng):
     return [message(kind, ATTACKER, rid, arrays, **fields)]
 
 
+def native_pull_answer_inconsistent(node, rng):
+    """Answers to workers' pulls that the transport sent itself (native/zmq_pull.c; the job's
+    pulls of rank 1's keys), inconsistent: a position no pull asked for, a row too many, an
+    error without text, and a forward notice."""
+    rid = NATIVE_REQUESTS + int(rng.integers(0, 64))
+    one = np.ones(1, _I8)
+    return [message(Kind.PULL_RESP, ATTACKER, rid, [np.array([1 << 20], _I8), _rows(1)]),
+            message(Kind.PULL_RESP, ATTACKER, rid, [np.zeros(1, _I8), _rows(2)]),
+            message(Kind.ERROR, ATTACKER, rid, msg=7),
+            message(Kind.FORWARDED, ATTACKER, rid, [one, one])]
+
+
 FUZZ_SHAPES = {**SHAPES, **{f.__name__: f for f in (answer_unknown, future_collective,
                                                      replica_twice, sync_answer_inconsistent,
-                                                     sync_answer_repeated, any_kind)}}
+                                                     sync_answer_repeated, any_kind,
+                                                     native_pull_answer_inconsistent)}}
 
 
 def _attack(node, shapes: list, seed: int, stop: threading.Event, sent: list) -> None:
@@ -242,6 +255,9 @@ def _attacked_job(node, shapes, seed):
         w.advance_clock()
         if step % 8 == 7:
             w.wait_sync()
+        if step % 4 == 1 and node.rank == 0:  # pulls the transport sends itself, under attack
+            w.wait()
+            w.pull(STATIC_AT_1)
     grown = 0
     if attacker is not None:
         stop.set()

@@ -655,3 +655,42 @@ def test_cluster_failure_on_leaked_thread():
         cluster(_leaks_thread, 2, num_keys=4)
     assert "threads left running" in str(info.value)
     assert "adapm-leaked" in str(info.value)
+
+
+def _native_pulls_job(node, rounds):
+    """Rank 1 sets keys it owns; rank 0 pulls them, through the transport on both sides
+    (native/zmq_pull.c, native/zmq_serve.c), and pushes to them between pulls: each pull must
+    show every earlier push of its worker (the pull waits for the engine's path while a push
+    is unanswered)."""
+    w = node.worker()
+    remote = np.array([1, 3, 5, 7], np.int64)  # homed on rank 1
+    if node.rank == 1:
+        w.set(remote, np.repeat(remote[:, None], 2, axis=1).astype(np.float32))
+        w.wait()
+    node.barrier()
+    seen = []
+    if node.rank == 0:
+        expect = np.repeat(remote[:, None], 2, axis=1).astype(np.float32)
+        out = np.empty((len(remote), 2), np.float32)
+        for i in range(rounds):
+            if i % 3 == 2:
+                w.push(remote[::2], np.ones((2, 2), np.float32))
+                expect[::2] += 1
+            got = w.pull(remote, out=out)
+            seen.append(bool((got == expect).all()))
+            mixed = w.pull(np.array([0, 3, 2, 5], np.int64))  # local and remote keys
+            seen.append(bool((mixed[[1, 3]] == expect[[1, 2]]).all()))
+        w.wait()
+    node.barrier()
+    return node.stats(), seen
+
+
+def test_pulls_through_the_transport_read_their_writes():
+    results = cluster(_native_pulls_job, 2, args=(60,), num_keys=8, value_length=2,
+                      management="static_partition")
+    stats, seen = results[0]
+    assert len(seen) == 120 and all(seen), seen
+    # Most pulls went through the transport; those behind an unanswered push did not.
+    assert 40 <= stats["pulls_sent_natively"] < 120, stats
+    assert stats["remote_pull_keys"] == 60 * 4 + 60 * 2, stats
+    assert results[1][0]["pulls_sent_natively"] == 0

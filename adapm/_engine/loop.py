@@ -73,8 +73,13 @@ class EngineLoop:
         # in C, as the state would serve them (Transport.serve_owned): this loop never sees
         # them. The in-process transport has no such path.
         serve_owned = getattr(transport, "serve_owned", None)
-        if serve_owned is not None:
-            serve_owned(state.directory)
+        # A worker's pull of keys held elsewhere goes through the native I/O when it can
+        # (Worker._pull_missing; native/zmq_pull.c); answers to it that reach this loop are
+        # handed back there (NodeState.native_calls).
+        self.native = None
+        self.native_error: Optional[AdaPMError] = None  # what fail_pending failed them with
+        if serve_owned is not None and serve_owned(state.directory):
+            self.native = state.native_calls = transport.native_io()
 
     # --- any thread --------------------------------------------------------------------------
 
@@ -194,6 +199,9 @@ class EngineLoop:
         while another thread shut the node down) at once, instead of letting it time out."""
         if self._thread.is_alive():
             return  # the engine thread still owns the calls
+        if self.native is not None:
+            self.native_error = error
+            self.native.fail_native(str(error))
         while self._submissions:
             self._live.add(self._submissions.popleft()[0])
         for call in self._live:
@@ -264,6 +272,8 @@ class EngineLoop:
         """End the loop with ``error``: every waiting call raises it, and every later one."""
         self._final_cpu_s = time.thread_time()
         self.error = error
+        if self.native is not None:  # workers waiting in a native pull wake and raise it
+            self.native.fail_native(str(error))
         submissions = self._submissions
         while submissions:
             self._live.add(submissions.popleft()[0])

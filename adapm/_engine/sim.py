@@ -43,6 +43,7 @@ class SimEngine:
         self.error = None
         self.counters = {"late_answers": 0, "dropped_messages": 0}
         self.workers: list = []
+        self.native = None  # every request goes through the state machine (no native I/O)
         sim.engines.append(self)
 
     def start(self) -> None:

@@ -27,7 +27,7 @@ import numpy as np
 from .._native_loader import load as _load_native
 from .._store import NONE, OWNER, REPLICA
 from .._wire.protocol import (
-    ANSWERS, CARRIERS, KEYED, MOVE_SECTIONS, Kind, Message, message, subset,
+    ANSWERS, CARRIERS, KEYED, MOVE_SECTIONS, NATIVE_REQUESTS, Kind, Message, message, subset,
 )
 from .._wire.protocol import NO_MOVES as _NO_MOVES
 from ..errors import PeerError, StateError
@@ -114,6 +114,9 @@ class NodeState(Serving, Rounds):
         self._arrived = False  # keys came in: retry what waits for them
         self._scratch_buffer = np.empty(1024, dtype=np.int64)
         self.sinks: list = []  # event stream subscribers (see .stream)
+        # The transport's native I/O when workers' pulls go through it (EngineLoop sets it): the
+        # answers to those pulls that reach this object are handed back to it (_answer).
+        self.native_calls = None
         self.clock = 0  # smallest worker clock at the last Tick (kept while a sink listens)
         Rounds.__init__(self)
         # A transport that can serves a peer's SYNC itself (native/sync_fast.h; what it leaves
@@ -391,6 +394,14 @@ class NodeState(Serving, Rounds):
     def _answer(self, msg: Message) -> None:
         req = self.requests.get(msg.req_id)
         if req is None:
+            if msg.req_id >= NATIVE_REQUESTS and self.native_calls is not None:
+                # A worker's pull sent by the transport (native/zmq_pull.c), whose answer came
+                # this way (with other messages, or after one of its sender's that did).
+                text = (f"rank {self.rank}: rank {msg.src} could not serve a pull: "
+                        f"{msg.header.get('msg')}" if msg.kind == Kind.ERROR else None)
+                if self.native_calls.native_answer(int(msg.kind), msg.req_id, msg.src,
+                                                   msg.arrays, text, True) is not False:
+                    return
             # Only a request this node gave up on can be answered after it was complete.
             self.counters["late_answers"] += 1
             return
@@ -434,6 +445,9 @@ class NodeState(Serving, Rounds):
         while, and only positive ones name a rank)."""
         req = self.requests.get(msg.req_id)
         if req is None:
+            if msg.req_id >= NATIVE_REQUESTS and self.native_calls is not None:
+                self.native_calls.native_answer(int(msg.kind), msg.req_id, msg.src, msg.arrays,
+                                                None, True)
             return  # answered already, or given up on
         at = req.at
         ranks, counts = msg.arrays

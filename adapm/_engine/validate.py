@@ -30,7 +30,7 @@ from __future__ import annotations
 from typing import Optional
 
 
-from .._wire.protocol import ANSWERS, CARRIERS, KEYED, Kind, Message
+from .._wire.protocol import ANSWERS, CARRIERS, KEYED, NATIVE_REQUESTS, Kind, Message
 
 _FROM_PEERS = frozenset(Kind) - {Kind.HELLO, Kind.TABLE, Kind.WAITING}
 # Kinds whose keys, per-key arrays, rows and moves are checked natively.
@@ -101,6 +101,14 @@ def _barrier_problem(msg: Message, state) -> Optional[str]:
 def _answer_problem(msg: Message, state) -> Optional[str]:
     req = state.requests.get(msg.req_id)
     if req is None:
+        if msg.req_id >= NATIVE_REQUESTS and state.native_calls is not None:
+            # An answer to a worker's pull that the transport sent (native/zmq_pull.c): checked
+            # there, against that pull (False: none open, a late answer).
+            if msg.kind == Kind.ERROR:
+                return None if isinstance(msg.header.get("msg"), str) else "an error without text"
+            why = state.native_calls.native_answer(int(msg.kind), msg.req_id, msg.src,
+                                                   msg.arrays, None, False)
+            return why if isinstance(why, str) else None
         return None  # a late answer to a request given up on: the state counts and drops it
     if msg.kind == Kind.ERROR:
         if req.round is not None:

@@ -288,6 +288,13 @@ class Transport:
         out.extend((rank, []) for rank in heard)
         return out
 
+    def native_io(self):
+        """The native I/O once :meth:`serve_owned` made it serve here: workers' pulls go
+        through it without the engine loop (``ZmqIO.pull``, native/zmq_pull.c), and the loop
+        hands it the answers to them that reach Python. None otherwise."""
+        io = self._io
+        return io if io is not None and self.traffic.extra is not None else None
+
     def serve_owned(self, directory) -> bool:
         """From now on serve a peer's pulls, pushes and sets of keys all owned here inside
         :meth:`poll`, in C (``ZmqIO.serve_owned``), as ``NodeState`` would serve them; they

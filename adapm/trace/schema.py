@@ -92,6 +92,8 @@ ROUND_STATS = {
                                 "the transport in C without the engine loop",
     "syncs_served_natively": "peers' sync-round requests answered by the transport in C "
                              "without the engine loop (moves, deltas, checks and reports)",
+    "pulls_sent_natively": "workers' pulls of keys held elsewhere that the transport routed, "
+                           "sent and took the answers of in C, without the engine loop",
     "forwarded_keys": "request entries forwarded to where their key went",
     "queued_keys": "request entries held here until their key arrived",
     "awaited_keys": "local requests that waited for a key already on its way here",

@@ -1,0 +1,127 @@
+/* What the ZeroMQ I/O files share: zmq_io.c (libzmq reached through pyzmq's, received frames,
+ * the ZmqIO type: poll and send), zmq_serve.c (the owner's fast paths: a peer's pulls, pushes,
+ * sets and SYNCs served inside poll). Engine thread only, as the sockets are. */
+#ifndef ADAPM_ZMQ_IO_H
+#define ADAPM_ZMQ_IO_H
+
+#include <pthread.h>
+
+#include "module.h"
+#include "wire.h"
+
+/* libzmq's ABI (zmq.h, stable since 4.x). */
+typedef struct {
+    void *socket;
+    int fd;
+    short events, revents;
+} zpollitem_t;
+typedef struct {
+    _Alignas(void *) unsigned char _[64];
+} zmsg_t;
+#define Z_POLLIN 1
+#define Z_DONTWAIT 1
+#define Z_SNDMORE 2
+#define Z_EVENTS 15
+typedef void(zfree_fn)(void *data, void *hint);
+
+typedef struct {
+    int (*poll)(zpollitem_t *, int, long);
+    int (*msg_init)(zmsg_t *);
+    int (*msg_init_size)(zmsg_t *, size_t);
+    int (*msg_init_data)(zmsg_t *, void *, size_t, zfree_fn *, void *);
+    int (*msg_recv)(zmsg_t *, void *, int);
+    int (*msg_send)(zmsg_t *, void *, int);
+    int (*msg_close)(zmsg_t *);
+    int (*msg_move)(zmsg_t *, zmsg_t *);
+    void *(*msg_data)(zmsg_t *);
+    size_t (*msg_size)(const zmsg_t *);
+    int (*msg_more)(const zmsg_t *);
+    const char *(*msg_gets)(const zmsg_t *, const char *);
+    int (*getsockopt)(void *, int, void *, size_t *);
+    int (*errno_)(void);
+    const char *(*strerror)(int);
+} zapi_t;
+extern zapi_t Z; /* zmq_io.c: bound to the process's libzmq by load_libzmq */
+
+/* Counters of the fast path, in the transport's names (adapm/_wire/traffic.py), added to its
+ * own by Transport.stats. */
+enum {
+    C_WIRE_IN, C_MSGS_IN, C_BYTES_IN, C_WIRE_OUT, C_MSGS_OUT, C_BYTES_OUT,
+    C_PULL_IN, C_PULL_IN_BYTES, C_PUSH_IN, C_PUSH_IN_BYTES, C_SET_IN, C_SET_IN_BYTES,
+    C_PULL_RESP_OUT, C_PULL_RESP_OUT_BYTES, C_ACK_OUT, C_ACK_OUT_BYTES, C_SERVED,
+    C_SYNC_IN, C_SYNC_IN_BYTES, C_SYNC_RESP_OUT, C_SYNC_RESP_OUT_BYTES, C_SYNCS_SERVED,
+    C_PULL_OUT, C_PULL_OUT_BYTES, C_PULL_RESP_IN, C_PULL_RESP_IN_BYTES, C_PULLS_NATIVE,
+    FAST_COUNTERS
+};
+
+typedef struct {
+    PyObject_HEAD
+    void *router, *watch;
+    int wake_fd;
+    int authenticated;
+    Py_ssize_t world;
+    void **peers;          /* by rank; NULL: no connection (this node) */
+    zmsg_t *parts;         /* receive scratch: frames of up to POLL_BATCH messages */
+    Py_ssize_t cap;
+    int *ends;             /* per message: index after its last frame in parts */
+    /* The owner's fast path (serve_owned): */
+    PyObject *directory;   /* the node's Directory; NULL: off */
+    int32_t rank;
+    PyObject **idents;     /* by rank: the identity its connection names (bytes; no auth) */
+    uint8_t *passed;       /* by rank, per poll: a message of it went to Python (order) */
+    uint8_t *heard;        /* by rank, per poll: a message of it was served here */
+    int64_t *missing;      /* scratch for the store calls */
+    int64_t missing_cap;
+    int send_failed;       /* errno of a fast answer libzmq refused (0: none; -1 keys vanished,
+                            * -2 a served SYNC failed: fatal says why) */
+    const char *fatal;
+    int synced;            /* a SYNC was served in this poll: Python has things to take up */
+    int64_t counts[FAST_COUNTERS];
+    /* A worker's pulls without Python (zmq_pull.c): */
+    int pull_fd;                     /* eventfd: a call was queued (-1: none yet) */
+    pthread_mutex_t pull_lock;       /* guards the queue: workers append, the engine takes */
+    int pull_lock_ready;
+    struct PullCallObject **queue, **taking, **open, **finished;
+    Py_ssize_t nqueue, qcap, ntaking, tcap, nopen, ocap, nfinished, fcap;
+    int64_t next_req;
+    int64_t *hop;                    /* routing scratch */
+    int64_t hop_cap;
+} ZmqIOObject;
+
+extern const char *const counter_names[FAST_COUNTERS];
+
+/* zmq_io.c */
+/* The rank whose connection sent the message whose routing id is id and last frame last, or
+ * -1 (see there). */
+int sender_of(ZmqIOObject *self, zmsg_t *id, zmsg_t *last);
+
+/* zmq_serve.c */
+/* Serves the ZeroMQ message in parts[first..end) inside poll if it is a peer's request the
+ * owner's fast paths take (pulls, pushes and sets of keys owned here; a SYNC answered here):
+ * 1 if served (the caller closes the parts), 0 if Python is to take it. Without the GIL. */
+int try_fast(ZmqIOObject *self, Py_ssize_t first, Py_ssize_t end);
+
+/* zmq_pull.c: a worker's pull of keys not held here, without Python: queued by the worker
+ * (ZmqIO.pull), routed and sent by the engine thread inside poll (pulls_send), answered there
+ * (pulls_take_answer, in the place of try_fast), the worker woken. pulls_init/pulls_free with
+ * the object; pulls_settle drops the references of finished calls (with the GIL). */
+int pulls_init(ZmqIOObject *self);
+void pulls_free(ZmqIOObject *self);
+void pulls_send(ZmqIOObject *self);
+int pulls_take_answer(ZmqIOObject *self, Py_ssize_t first, Py_ssize_t end, int rank);
+void pulls_settle(ZmqIOObject *self);
+int register_pull_call_type(PyObject *module);
+PyObject *ZmqIO_pull(ZmqIOObject *self, PyObject *args);
+PyObject *ZmqIO_native_answer(ZmqIOObject *self, PyObject *args);
+PyObject *ZmqIO_fail_native(ZmqIOObject *self, PyObject *arg);
+
+/* zmq_serve.c helpers shared with zmq_pull.c */
+/* Writes a wire header (wire.h) at p. */
+void put_header(uint8_t *p, int kind, int narrays, int32_t src, int64_t req, int32_t origin,
+                const int64_t *lengths);
+static inline size_t padded(size_t bytes) { return bytes + (-bytes & 7); }
+/* The arrays of the message whose header is w (see zmq_serve.c). */
+int64_t take_arrays(const wire_header_t *w, zmsg_t *f, int nf, const uint8_t *pl, size_t plen,
+                    size_t *pat, int *own, carr_t *a);
+
+#endif

@@ -1,0 +1,586 @@
+/* A worker's pull of keys not held here, without Python (zmq_io.h): the requester's side of a
+ * remote pull, as the owner's side is in zmq_serve.c.
+ *
+ * Through the engine loop a remote pull cost ~120-140 us of the requester's engine thread
+ * (bench/engine.py): the worker's submission woke a loop pass, the state machine routed and
+ * posted it, and the answer took another pass (decode, checks, dispatch, finish). Here the
+ * worker queues a PullCall and waits on it with the GIL released; the engine thread, inside
+ * its receive call, routes it (Directory.route_own's choice, directory_route_pull), serves the
+ * keys that arrived meanwhile, sends one PULL per owner, takes the answers in (checked as
+ * validate.py checks them), learns the answering ranks and wakes the worker.
+ *
+ * A call goes back to the worker unserved (declined, nothing sent) when routing needs the state
+ * machine: a key whose intent this node reported and whose owner has not answered yet, one on
+ * its way here, or while sinks listen. The worker then submits it as before. Answers that reach
+ * Python all the same (in one wire message with others, behind a message of the same peer that
+ * went to Python, errors, forward notices) are handed back here by NodeState
+ * (ZmqIO.native_answer). Request ids of these calls start at PULL_BASE, far above the engine's.
+ *
+ * Threads: ZmqIO.pull runs on the worker's thread with the GIL (a mutex guards the queue);
+ * everything else on the engine thread. A call's state changes under its own mutex and wakes
+ * its waiter. The engine holds a reference to every call it knows; it drops the references of
+ * finished calls with the GIL (pulls_settle). */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <stdlib.h>
+#include <sys/eventfd.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "zmq_io.h"
+
+#define PULL_BASE ((int64_t)1 << 62)
+
+enum { PULL_QUEUED = 0, PULL_OPEN = 1, PULL_DONE = 2, PULL_DECLINED = 3, PULL_FAILED = 4 };
+
+typedef struct PullCallObject {
+    PyObject_HEAD
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int ready;     /* mutex and condition made */
+    int state;     /* PULL_*; read and written under mu */
+    int abandoned; /* the worker gave up (timeout): the engine forgets the call */
+    int forwarded; /* an owner passed entries on (for the worker's error text) */
+    int64_t req;
+    Py_buffer kv, pv, ov; /* keys, positions (ascending), out rows: held while the call lives */
+    int held;             /* how many of kv, pv, ov are held */
+    int64_t n, row;       /* keys; floats per row of out */
+    int64_t remaining, waited;
+    int64_t world;
+    int64_t *at;       /* per rank: entries unanswered there */
+    uint8_t *answered; /* per key */
+    char *error;       /* the failure's text (PULL_FAILED) */
+} PullCallObject;
+
+static PyTypeObject PullCallType;
+
+/* --- the call ---------------------------------------------------------------------------- */
+
+static void finish(PullCallObject *c, int state, const char *error) {
+    pthread_mutex_lock(&c->mu);
+    if (c->state == PULL_QUEUED || c->state == PULL_OPEN) {
+        if (error && !c->error) c->error = strdup(error);
+        c->state = state;
+        pthread_cond_broadcast(&c->cv);
+    }
+    pthread_mutex_unlock(&c->mu);
+}
+
+static void PullCall_dealloc(PullCallObject *self) {
+    if (self->held > 0) PyBuffer_Release(&self->kv);
+    if (self->held > 1) PyBuffer_Release(&self->pv);
+    if (self->held > 2) PyBuffer_Release(&self->ov);
+    if (self->ready) {
+        pthread_mutex_destroy(&self->mu);
+        pthread_cond_destroy(&self->cv);
+    }
+    free(self->at);
+    free(self->answered);
+    free(self->error);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* wait(timeout_s) -> state: see the method table. */
+static PyObject *PullCall_wait(PullCallObject *self, PyObject *arg) {
+    const double timeout = PyFloat_AsDouble(arg);
+    if (timeout == -1.0 && PyErr_Occurred()) return NULL;
+    int state;
+    Py_BEGIN_ALLOW_THREADS
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    const double secs = timeout > 0 ? timeout : 0;
+    until.tv_sec += (time_t)secs;
+    until.tv_nsec += (long)((secs - (double)(time_t)secs) * 1e9);
+    if (until.tv_nsec >= 1000000000L) {
+        until.tv_sec++;
+        until.tv_nsec -= 1000000000L;
+    }
+    pthread_mutex_lock(&self->mu);
+    while (self->state <= PULL_OPEN
+           && pthread_cond_timedwait(&self->cv, &self->mu, &until) != ETIMEDOUT) {
+    }
+    state = self->state;
+    pthread_mutex_unlock(&self->mu);
+    Py_END_ALLOW_THREADS
+    return PyLong_FromLong(state);
+}
+
+static PyObject *PullCall_abandon(PullCallObject *self, PyObject *unused) {
+    __atomic_store_n(&self->abandoned, 1, __ATOMIC_RELEASE);
+    Py_RETURN_NONE;
+}
+
+/* waiting_on() -> sorted ranks that hold unanswered entries (a snapshot). */
+static PyObject *PullCall_waiting_on(PullCallObject *self, PyObject *unused) {
+    PyObject *out = PyList_New(0);
+    for (int64_t r = 0; out && r < self->world; r++) {
+        if (__atomic_load_n(&self->at[r], __ATOMIC_RELAXED) <= 0) continue;
+        PyObject *v = PyLong_FromLongLong(r);
+        if (!v || PyList_Append(out, v) < 0) Py_CLEAR(out);
+        Py_XDECREF(v);
+    }
+    return out;
+}
+
+static PyObject *PullCall_get_waited(PullCallObject *self, void *unused) {
+    return PyLong_FromLongLong(self->waited);
+}
+
+static PyObject *PullCall_get_forwarded(PullCallObject *self, void *unused) {
+    return PyBool_FromLong(self->forwarded);
+}
+
+static PyObject *PullCall_get_error(PullCallObject *self, void *unused) {
+    if (!self->error) Py_RETURN_NONE;
+    return PyUnicode_DecodeUTF8(self->error, (Py_ssize_t)strlen(self->error), "replace");
+}
+
+static PyMethodDef PullCall_methods[] = {
+    {"wait", (PyCFunction)PullCall_wait, METH_O,
+     "wait(timeout_s) -> state. Blocks (GIL released) up to timeout_s until the call ends: 2 "
+     "done (out holds every row), 3 declined (nothing was sent: take the engine's path), 4 "
+     "failed (error says why, or the engine stopped); 0 (queued) or 1 (sent) when the time "
+     "is up first."},
+    {"abandon", (PyCFunction)PullCall_abandon, METH_NOARGS,
+     "abandon() -> None. The worker gives up (timeout); later answers are late ones."},
+    {"waiting_on", (PyCFunction)PullCall_waiting_on, METH_NOARGS,
+     "waiting_on() -> list of the ranks holding unanswered entries."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef PullCall_getset[] = {
+    {"waited", (getter)PullCall_get_waited, NULL, "keys served here (they had arrived)", NULL},
+    {"forwarded", (getter)PullCall_get_forwarded, NULL, "an owner passed entries on", NULL},
+    {"error", (getter)PullCall_get_error, NULL, "why it failed, or None", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject PullCallType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "adapm._native.PullCall",
+    .tp_basicsize = sizeof(PullCallObject),
+    .tp_dealloc = (destructor)PullCall_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "A worker's pull of keys not held here, served by the transport without the "
+              "engine loop (ZmqIO.pull; native/zmq_pull.c).",
+    .tp_methods = PullCall_methods,
+    .tp_getset = PullCall_getset,
+};
+
+int register_pull_call_type(PyObject *module) { return add_type(module, &PullCallType, "PullCall"); }
+
+/* --- the engine's lists ------------------------------------------------------------------ */
+
+static int push_call(PullCallObject ***list, Py_ssize_t *n, Py_ssize_t *cap, PullCallObject *c) {
+    if (*n == *cap) {
+        const Py_ssize_t grown = *cap ? 2 * *cap : 16;
+        PullCallObject **p = PyMem_RawRealloc(*list, (size_t)grown * sizeof(*p));
+        if (!p) return -1;
+        *list = p;
+        *cap = grown;
+    }
+    (*list)[(*n)++] = c;
+    return 0;
+}
+
+/* The call leaves the engine's hands: its reference is dropped with the GIL (pulls_settle). If
+ * even that list cannot grow, the reference is kept for good (a leak, not a crash). */
+static void retire(ZmqIOObject *self, PullCallObject *c) {
+    (void)push_call(&self->finished, &self->nfinished, &self->fcap, c);
+}
+
+int pulls_init(ZmqIOObject *self) {
+    self->pull_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (self->pull_fd < 0) return -1;
+    if (pthread_mutex_init(&self->pull_lock, NULL)) {
+        close(self->pull_fd);
+        return -1;
+    }
+    self->pull_lock_ready = 1;
+    self->next_req = PULL_BASE;
+    return 0;
+}
+
+void pulls_settle(ZmqIOObject *self) {
+    Py_ssize_t n = self->nfinished;
+    self->nfinished = 0;
+    for (Py_ssize_t i = 0; i < n; i++) Py_DECREF((PyObject *)self->finished[i]);
+}
+
+/* Fails every call the engine knows (queued or open) with text; with the GIL. */
+static void fail_all(ZmqIOObject *self, const char *text) {
+    if (self->pull_lock_ready) {
+        pthread_mutex_lock(&self->pull_lock);
+        for (Py_ssize_t i = 0; i < self->nqueue; i++) {
+            finish(self->queue[i], PULL_FAILED, text);
+            retire(self, self->queue[i]);
+        }
+        self->nqueue = 0;
+        pthread_mutex_unlock(&self->pull_lock);
+    }
+    for (Py_ssize_t i = 0; i < self->nopen; i++) {
+        finish(self->open[i], PULL_FAILED, text);
+        retire(self, self->open[i]);
+    }
+    self->nopen = 0;
+    pulls_settle(self);
+}
+
+void pulls_free(ZmqIOObject *self) {
+    if (!self->pull_lock_ready) return; /* pulls_init never ran, or failed */
+    fail_all(self, "the transport was closed");
+    close(self->pull_fd);
+    pthread_mutex_destroy(&self->pull_lock);
+    PyMem_RawFree(self->queue);
+    PyMem_RawFree(self->taking);
+    PyMem_RawFree(self->open);
+    PyMem_RawFree(self->finished);
+    PyMem_RawFree(self->hop);
+}
+
+/* --- the worker's side: queue a call ----------------------------------------------------- */
+
+/* pull(keys, positions, out, row) -> PullCall or None: see the method table (zmq_io.c). */
+PyObject *ZmqIO_pull(ZmqIOObject *self, PyObject *args) {
+    PyObject *okeys, *opos, *oout;
+    long long row;
+    if (!PyArg_ParseTuple(args, "OOOL", &okeys, &opos, &oout, &row)) return NULL;
+    if (!self->directory || !self->pull_lock_ready || row <= 0) Py_RETURN_NONE;
+    PullCallObject *c = PyObject_New(PullCallObject, &PullCallType);
+    if (!c) return NULL;
+    c->ready = c->held = 0;
+    c->at = NULL;
+    c->answered = NULL;
+    c->error = NULL;
+    c->state = PULL_QUEUED;
+    c->abandoned = c->forwarded = 0;
+    c->waited = 0;
+    c->world = self->world;
+    c->row = row;
+    if (pthread_mutex_init(&c->mu, NULL)) goto refuse;
+    if (pthread_cond_init(&c->cv, NULL)) {
+        pthread_mutex_destroy(&c->mu);
+        goto refuse;
+    }
+    c->ready = 1;
+    if (borrow(okeys, &c->kv, 8, 0, "pull: keys") < 0) goto fail;
+    c->held = 1;
+    if (borrow(opos, &c->pv, 8, 0, "pull: positions") < 0) goto fail;
+    c->held = 2;
+    if (borrow(oout, &c->ov, 4, 1, "pull: out") < 0) goto fail;
+    c->held = 3;
+    c->n = c->kv.len / 8;
+    const int64_t *pos = c->pv.buf;
+    if (!c->n || c->pv.len / 8 != c->n || pos[0] < 0 || !keys_ascend(pos, c->n)
+        || (pos[c->n - 1] + 1) * row > c->ov.len / 4)
+        goto refuse; /* not the worker's usual request: the engine's path checks it */
+    c->remaining = c->n;
+    c->at = calloc((size_t)self->world, sizeof(int64_t));
+    c->answered = calloc((size_t)c->n, 1);
+    if (!c->at || !c->answered) goto refuse;
+    c->req = self->next_req++; /* workers call this with the GIL: one at a time */
+    pthread_mutex_lock(&self->pull_lock);
+    const int queued = push_call(&self->queue, &self->nqueue, &self->qcap, c) == 0;
+    pthread_mutex_unlock(&self->pull_lock);
+    if (!queued) goto refuse;
+    Py_INCREF(c); /* the engine's */
+    const uint64_t one = 1;
+    if (write(self->pull_fd, &one, sizeof one) < 0) { /* EAGAIN: a wake-up is pending */
+    }
+    return (PyObject *)c;
+fail:
+    PyErr_Clear(); /* the engine's path reports what is wrong with the request */
+refuse:
+    Py_DECREF(c);
+    Py_RETURN_NONE;
+}
+
+/* --- the engine's side: route, serve what is here, send ---------------------------------- */
+
+/* One PULL of the call's keys with hop == rank to that rank. 0, or an errno. */
+static int send_part(ZmqIOObject *self, PullCallObject *c, const int64_t *hop, int64_t rank,
+                     int64_t m) {
+    const int64_t *keys = c->kv.buf, *pos = c->pv.buf;
+    int64_t lengths[2] = {8 * m, 8 * m};
+    zmsg_t hm, pm;
+    if (Z.msg_init_size(&hm, WIRE_HEADER_BYTES + 16) < 0) return ENOMEM;
+    if (Z.msg_init_size(&pm, (size_t)(16 * m)) < 0) {
+        Z.msg_close(&hm);
+        return ENOMEM;
+    }
+    put_header(Z.msg_data(&hm), WIRE_PULL, 2, self->rank, c->req, self->rank, lengths);
+    int64_t *k = Z.msg_data(&pm), *p = k + m;
+    for (int64_t i = 0, j = 0; i < c->n; i++)
+        if (hop[i] == rank) {
+            k[j] = keys[i];
+            p[j++] = pos[i];
+        }
+    if (Z.msg_send(&hm, self->peers[rank], Z_SNDMORE) < 0) {
+        const int e = Z.errno_();
+        Z.msg_close(&hm);
+        Z.msg_close(&pm);
+        return e;
+    }
+    if (Z.msg_send(&pm, self->peers[rank], 0) < 0) {
+        const int e = Z.errno_();
+        Z.msg_close(&pm);
+        return e;
+    }
+    self->counts[C_WIRE_OUT]++;
+    self->counts[C_MSGS_OUT]++;
+    self->counts[C_BYTES_OUT] += WIRE_HEADER_BYTES + 16 + 16 * m;
+    self->counts[C_PULL_OUT]++;
+    self->counts[C_PULL_OUT_BYTES] += WIRE_HEADER_BYTES + 16 + 16 * m;
+    return 0;
+}
+
+/* Routes and sends one queued call (or declines it). */
+static void start(ZmqIOObject *self, PullCallObject *c) {
+    if (__atomic_load_n(&c->abandoned, __ATOMIC_ACQUIRE)) {
+        finish(c, PULL_FAILED, "abandoned");
+        return retire(self, c);
+    }
+    const int64_t n = c->n, *keys = c->kv.buf, *pos = c->pv.buf;
+    if (n > self->hop_cap) {
+        int64_t *grown = PyMem_RawRealloc(self->hop, (size_t)n * sizeof(int64_t));
+        if (!grown) {
+            finish(c, PULL_DECLINED, NULL);
+            return retire(self, c);
+        }
+        self->hop = grown;
+        self->hop_cap = n;
+    }
+    int64_t *hop = self->hop;
+    int64_t here = directory_route_pull(self->directory, keys, n, hop);
+    int64_t *count = c->at; /* per rank, counted here first */
+    for (int64_t i = 0; here >= 0 && i < n; i++)
+        if (hop[i] >= 0 && (hop[i] == self->rank || !self->peers[hop[i]])) here = -1;
+    if (here < 0 || push_call(&self->open, &self->nopen, &self->ocap, c) < 0) {
+        finish(c, PULL_DECLINED, NULL);
+        return retire(self, c);
+    }
+    self->nopen--; /* room made; the call is added back below if it waits for answers */
+    float *out = c->ov.buf;
+    for (int64_t i = 0; i < n; i++) {
+        if (hop[i] >= 0) {
+            count[hop[i]]++;
+            continue;
+        }
+        directory_gather_one(self->directory, keys[i], out + pos[i] * c->row, c->row);
+        c->answered[i] = 1;
+    }
+    c->waited = here;
+    c->remaining = n - here;
+    self->counts[C_PULLS_NATIVE]++;
+    for (int64_t r = 0; r < self->world; r++) {
+        if (!count[r]) continue;
+        const int e = send_part(self, c, hop, r, count[r]);
+        if (e) { /* the node cannot go on (as when the engine's send fails) */
+            self->send_failed = e;
+            finish(c, PULL_FAILED, "sending the pull failed");
+            return retire(self, c);
+        }
+    }
+    if (!c->remaining) {
+        finish(c, PULL_DONE, NULL);
+        return retire(self, c);
+    }
+    pthread_mutex_lock(&c->mu);
+    if (c->state == PULL_QUEUED) c->state = PULL_OPEN;
+    pthread_mutex_unlock(&c->mu);
+    self->open[self->nopen++] = c;
+}
+
+void pulls_send(ZmqIOObject *self) {
+    if (!self->pull_lock_ready) return;
+    uint64_t count;
+    if (read(self->pull_fd, &count, sizeof count) < 0) { /* EAGAIN: nothing new */
+    }
+    /* Calls abandoned while open: forgotten (their answers are late ones). */
+    for (Py_ssize_t i = 0; i < self->nopen;) {
+        PullCallObject *c = self->open[i];
+        if (__atomic_load_n(&c->abandoned, __ATOMIC_ACQUIRE)) {
+            finish(c, PULL_FAILED, "abandoned");
+            retire(self, c);
+            self->open[i] = self->open[--self->nopen];
+        } else {
+            i++;
+        }
+    }
+    pthread_mutex_lock(&self->pull_lock);
+    PullCallObject **q = self->queue;
+    const Py_ssize_t n = self->nqueue;
+    self->queue = self->taking;
+    self->qcap ^= self->tcap, self->tcap ^= self->qcap, self->qcap ^= self->tcap;
+    self->taking = q;
+    self->nqueue = 0;
+    pthread_mutex_unlock(&self->pull_lock);
+    for (Py_ssize_t i = 0; i < n; i++) start(self, q[i]);
+}
+
+/* --- answers ----------------------------------------------------------------------------- */
+
+static PullCallObject *open_call(ZmqIOObject *self, int64_t req, Py_ssize_t *at) {
+    if (req < PULL_BASE) return NULL;
+    for (Py_ssize_t i = 0; i < self->nopen; i++)
+        if (self->open[i]->req == req) {
+            *at = i;
+            return self->open[i];
+        }
+    return NULL;
+}
+
+/* Index of position p among the call's (ascending) positions, or -1. */
+static int64_t index_of(const PullCallObject *c, int64_t p) {
+    const int64_t *pos = c->pv.buf;
+    int64_t lo = 0, hi = c->n - 1;
+    while (lo <= hi) {
+        const int64_t mid = lo + (hi - lo) / 2;
+        if (pos[mid] == p) return mid;
+        if (pos[mid] < p) lo = mid + 1;
+        else hi = mid - 1;
+    }
+    return -1;
+}
+
+/* Whether a PULL_RESP's positions (n of them) and values (floats) fit the call: positions it
+ * asked for and still waits for, each once, one row each. NULL if so, else why. The positions
+ * are marked answered on the way (a repeat is then caught); unless keep, or when unfit, the
+ * marks are taken back. */
+static const char *answer_unfit(PullCallObject *c, const int64_t *positions, int64_t n,
+                                int64_t floats, int keep) {
+    if (n > c->remaining) return "more answers than the pull waits for";
+    if (floats != n * c->row) return "values that are not one row per position";
+    const char *why = NULL;
+    int64_t i = 0;
+    for (; i < n; i++) {
+        const int64_t j = index_of(c, positions[i]);
+        if (j < 0 || c->answered[j]) {
+            why = "a position the pull did not ask for, or one answered already";
+            break;
+        }
+        c->answered[j] = 1;
+    }
+    if (why || !keep)
+        while (i-- > 0) c->answered[index_of(c, positions[i])] = 0;
+    return why;
+}
+
+/* Applies an answer from src that answer_unfit passed (and marked); finishes the call (index
+ * at in open) when complete. */
+static void apply_answer(ZmqIOObject *self, PullCallObject *c, Py_ssize_t at, int64_t src,
+                         const int64_t *positions, int64_t n, const float *values) {
+    const int64_t *keys = c->kv.buf;
+    float *out = c->ov.buf;
+    int64_t *learnt = self->hop; /* scratch of at least c->n entries (start grew it) */
+    for (int64_t i = 0; i < n; i++) {
+        const int64_t j = index_of(c, positions[i]);
+        memcpy(out + positions[i] * c->row, values + i * c->row, (size_t)c->row * sizeof(float));
+        learnt[i] = keys[j];
+    }
+    if (src != self->rank) (void)directory_learn_native(self->directory, learnt, n, src);
+    c->remaining -= n;
+    __atomic_store_n(&c->at[src], c->at[src] - n, __ATOMIC_RELAXED);
+    if (!c->remaining) {
+        finish(c, PULL_DONE, NULL);
+        self->open[at] = self->open[--self->nopen];
+        retire(self, c);
+    }
+}
+
+int pulls_take_answer(ZmqIOObject *self, Py_ssize_t first, Py_ssize_t end, int rank) {
+    if (!self->nopen || end - first != 3) return 0;
+    zmsg_t *f = &self->parts[first + 1];
+    wire_header_t w;
+    const size_t hlen = Z.msg_size(&f[0]);
+    if (wire_header(Z.msg_data(&f[0]), hlen, &w) < 0 || w.size != hlen
+        || w.kind != WIRE_PULL_RESP || w.narrays != 2 || w.extra || w.src != rank)
+        return 0;
+    Py_ssize_t at;
+    PullCallObject *c = open_call(self, w.req, &at);
+    if (!c) return 0;
+    carr_t a[2];
+    size_t pat = 0;
+    int own = 2;
+    const int64_t bytes = take_arrays(&w, f, 2, Z.msg_data(&f[1]), Z.msg_size(&f[1]), &pat, &own,
+                                      a);
+    if (bytes < 0 || answer_unfit(c, a[0].p, a[0].n, a[1].n, 1)) return 0; /* Python drops it */
+    apply_answer(self, c, at, rank, a[0].p, a[0].n, a[1].p);
+    const int64_t wire = (int64_t)(hlen + Z.msg_size(&f[1]));
+    self->counts[C_WIRE_IN]++;
+    self->counts[C_MSGS_IN]++;
+    self->counts[C_BYTES_IN] += wire;
+    self->counts[C_PULL_RESP_IN]++;
+    self->counts[C_PULL_RESP_IN_BYTES] += (int64_t)w.size + bytes;
+    self->heard[rank] = 1;
+    return 1;
+}
+
+/* --- answers that reached Python, and failure -------------------------------------------- */
+
+/* native_answer(kind, req_id, src, arrays, text, apply) -> see the method table (zmq_io.c). */
+PyObject *ZmqIO_native_answer(ZmqIOObject *self, PyObject *args) {
+    int kind, apply;
+    long long req, src;
+    PyObject *arrays, *text;
+    if (!PyArg_ParseTuple(args, "iLLOOp", &kind, &req, &src, &arrays, &text, &apply))
+        return NULL;
+    Py_ssize_t at;
+    PullCallObject *c = open_call(self, req, &at);
+    if (!c || src < 0 || src >= self->world) Py_RETURN_FALSE;
+    if (kind == WIRE_PULL_RESP || kind == WIRE_FORWARDED) {
+        PyObject *seq = PySequence_Fast(arrays, "native_answer: arrays must be a sequence");
+        if (!seq) return NULL;
+        PyObject *result = NULL;
+        Py_buffer a, b;
+        if (PySequence_Fast_GET_SIZE(seq) != 2) {
+            PyErr_SetString(PyExc_ValueError, "native_answer: two arrays");
+        } else if (borrow(PySequence_Fast_GET_ITEM(seq, 0), &a, 8, 0, "native_answer") == 0) {
+            if (borrow(PySequence_Fast_GET_ITEM(seq, 1), &b, kind == WIRE_PULL_RESP ? 4 : 8, 0,
+                       "native_answer") == 0) {
+                const int64_t n = a.len / 8;
+                if (kind == WIRE_PULL_RESP) {
+                    const char *why = answer_unfit(c, a.buf, n, b.len / 4, apply);
+                    if (why) result = PyUnicode_FromString(why);
+                    else if (apply) apply_answer(self, c, at, src, a.buf, n, b.buf);
+                } else if (apply) { /* entries passed on from src to ranks (checked in Python) */
+                    const int64_t *ranks = a.buf, *counts = b.buf;
+                    int64_t moved = 0;
+                    for (int64_t i = 0; i < n && i < b.len / 8; i++) {
+                        c->at[ranks[i]] += counts[i];
+                        moved += counts[i];
+                    }
+                    c->at[src] -= moved;
+                    c->forwarded = 1;
+                }
+                if (!result) result = Py_NewRef(Py_None);
+                PyBuffer_Release(&b);
+            }
+            PyBuffer_Release(&a);
+        }
+        Py_DECREF(seq);
+        if (result && apply) pulls_settle(self);
+        return result;
+    }
+    if (kind == WIRE_ERROR) {
+        if (apply) {
+            PyObject *bytes = PyUnicode_AsUTF8String(text);
+            if (!bytes) return NULL;
+            finish(c, PULL_FAILED, PyBytes_AS_STRING(bytes));
+            Py_DECREF(bytes);
+            self->open[at] = self->open[--self->nopen];
+            retire(self, c);
+            pulls_settle(self);
+        }
+        Py_RETURN_NONE;
+    }
+    return PyUnicode_FromFormat("a %d answers a pull", kind);
+}
+
+/* fail_native(text) -> None: every call fails with text. */
+PyObject *ZmqIO_fail_native(ZmqIOObject *self, PyObject *arg) {
+    PyObject *bytes = PyUnicode_AsUTF8String(arg);
+    if (!bytes) return NULL;
+    fail_all(self, PyBytes_AS_STRING(bytes));
+    Py_DECREF(bytes);
+    Py_RETURN_NONE;
+}
