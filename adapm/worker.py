@@ -383,8 +383,9 @@ class Worker:
         self.counters["remote_pull_keys"] += len(positions) - waited
 
     def _requests_open(self) -> bool:
-        """Whether a push or set of this worker still waits for its answer."""
-        return any(not call.done for call in self._outstanding)
+        """Whether a push or set of this worker still waits for its answer (newest first: an
+        open one is usually among the last)."""
+        return any(not call.done for call in reversed(self._outstanding))
 
     def _await_native(self, call, what: str) -> bool:
         """Wait for a pull the transport serves (``ZmqIO.pull``): True when ``out`` holds every

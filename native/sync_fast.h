@@ -1,4 +1,4 @@
-/* A peer's SYNC served inside the transport's receive call (zmq_io.c), without Python: the
+/* A peer's SYNC served inside the transport's receive call (zmq_serve.c), without Python: the
  * message's moves taken in, its entries served (dir_sync_plan, dir_sync_serve), the owned
  * intent reports decided (dm_decide) and the answer's arrays handed back for the transport to
  * encode and send, with the moves held for the peer. What NodeState would do besides is left

@@ -1,6 +1,8 @@
 /* What the ZeroMQ I/O files share: zmq_io.c (libzmq reached through pyzmq's, received frames,
  * the ZmqIO type: poll and send), zmq_serve.c (the owner's fast paths: a peer's pulls, pushes,
- * sets and SYNCs served inside poll). Engine thread only, as the sockets are. */
+ * sets and SYNCs served inside poll) and zmq_pull.c (a worker's pull of keys held elsewhere,
+ * sent and answered inside poll). Engine thread only, as the sockets are, except where
+ * zmq_pull.c says otherwise. */
 #ifndef ADAPM_ZMQ_IO_H
 #define ADAPM_ZMQ_IO_H
 
