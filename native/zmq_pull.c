@@ -105,8 +105,12 @@ static PyObject *PullCall_wait(PullCallObject *self, PyObject *arg) {
     return PyLong_FromLong(state);
 }
 
+/* Under the call's mutex, which the engine holds while it writes rows into out: once abandon
+ * returns, out is the caller's again (the engine writes rows only after checking abandoned). */
 static PyObject *PullCall_abandon(PullCallObject *self, PyObject *unused) {
+    pthread_mutex_lock(&self->mu);
     __atomic_store_n(&self->abandoned, 1, __ATOMIC_RELEASE);
+    pthread_mutex_unlock(&self->mu);
     Py_RETURN_NONE;
 }
 
@@ -360,14 +364,18 @@ static void start(ZmqIOObject *self, PullCallObject *c) {
     }
     self->nopen--; /* room made; the call is added back below if it waits for answers */
     float *out = c->ov.buf;
+    pthread_mutex_lock(&c->mu); /* out is written only while the worker still waits */
+    const int abandoned = c->abandoned;
     for (int64_t i = 0; i < n; i++) {
         if (hop[i] >= 0) {
             count[hop[i]]++;
-            continue;
+        } else {
+            if (!abandoned)
+                directory_gather_one(self->directory, keys[i], out + pos[i] * c->row, c->row);
+            c->answered[i] = 1;
         }
-        directory_gather_one(self->directory, keys[i], out + pos[i] * c->row, c->row);
-        c->answered[i] = 1;
     }
+    pthread_mutex_unlock(&c->mu);
     c->waited = here;
     c->remaining = n - here;
     self->counts[C_PULLS_NATIVE]++;
@@ -466,17 +474,22 @@ static const char *answer_unfit(PullCallObject *c, const int64_t *positions, int
 }
 
 /* Applies an answer from src that answer_unfit passed (and marked); finishes the call (index
- * at in open) when complete. */
+ * at in open) when complete. Rows go into out only while the worker waits (not abandoned). */
 static void apply_answer(ZmqIOObject *self, PullCallObject *c, Py_ssize_t at, int64_t src,
                          const int64_t *positions, int64_t n, const float *values) {
     const int64_t *keys = c->kv.buf;
     float *out = c->ov.buf;
     int64_t *learnt = self->hop; /* scratch of at least c->n entries (start grew it) */
+    pthread_mutex_lock(&c->mu);
+    const int abandoned = c->abandoned;
     for (int64_t i = 0; i < n; i++) {
         const int64_t j = index_of(c, positions[i]);
-        memcpy(out + positions[i] * c->row, values + i * c->row, (size_t)c->row * sizeof(float));
+        if (!abandoned)
+            memcpy(out + positions[i] * c->row, values + i * c->row,
+                   (size_t)c->row * sizeof(float));
         learnt[i] = keys[j];
     }
+    pthread_mutex_unlock(&c->mu);
     if (src != self->rank) (void)directory_learn_native(self->directory, learnt, n, src);
     c->remaining -= n;
     __atomic_store_n(&c->at[src], c->at[src] - n, __ATOMIC_RELAXED);
