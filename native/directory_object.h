@@ -63,6 +63,23 @@ typedef struct {
 int dm_decide(DirectoryObject *self, int variant, int64_t node, const int64_t *keys, int64_t n,
               const uint8_t *flags, dm_decision_t *out);
 
+/* Where a worker's own request sends key (Directory.route_own; and a pull the transport sends
+ * itself, sync_fast.c): -1 held here (a pull: owner or replica; a set: owner), -2 on its way
+ * here as this node's reported intent is answered (an owner answers a report only after
+ * sending the key: wait here rather than chase it), -3 on its way here (a relocation not
+ * received yet), else the rank to ask; world_size or more only if a hint is broken. c: this
+ * node's intent counts, or NULL. */
+static inline int64_t dm_route_hop(const directory_t *d, const intent_counts_t *c, int64_t key,
+                                   int is_set) {
+    const int st = store_state(d->store, key);
+    if (is_set ? st == KEY_OWNER : st != KEY_NONE) return -1;
+    const int32_t r = c ? km_get(&c->map, key) : -1;
+    if (r >= 0 && c->count[r] > 0 && !c->told[r]) return -2;
+    const int64_t hint = rec_hint(d->recs, key);
+    const int64_t h = hint == d->rank ? dir_next_hop(d, key) : hint;
+    return h < 0 ? -3 : h;
+}
+
 /* The decision on node's reports for keys[0..n) (serve_module.c): see Directory.decide. */
 PyObject *dm_decide_batch(DirectoryObject *self, int variant, int64_t node, const int64_t *keys,
                           int64_t n, const uint8_t *flags);

@@ -418,28 +418,12 @@ PyObject *Directory_route_own(DirectoryObject *self, PyObject *args) {
         PyErr_NoMemory();
         goto done;
     }
-    /* -1 here, -2 on its way here as this node's intent is answered (an owner answers a
-     * report only after sending the key: wait here rather than chase it), -3 on its way here
-     * (a relocation not received yet: queued), else the rank to send it to. */
-    for (int64_t i = 0; i < n; i++) {
-        const int64_t key = keys[i];
-        const int st = store_state(d->store, key);
-        if (is_set ? st == KEY_OWNER : st != KEY_NONE) {
-            hop[i] = -1;
-        } else {
-            int32_t r = c ? km_get(&c->map, key) : -1;
-            if (r >= 0 && c->count[r] > 0 && !c->told[r]) {
-                hop[i] = -2;
-            } else {
-                const int64_t hint = rec_hint(d->recs, key);
-                const int64_t h = hint == d->rank ? dir_next_hop(d, key) : hint;
-                if (h >= world) { /* hints and forward pointers only ever name ranks */
-                    PyErr_SetString(PyExc_RuntimeError, "route_own: a hint names a rank "
-                                                        "outside the world");
-                    goto done;
-                }
-                hop[i] = h < 0 ? -3 : h;
-            }
+    for (int64_t i = 0; i < n; i++) { /* dm_route_hop says what -1, -2 and -3 mean */
+        hop[i] = dm_route_hop(d, c, keys[i], is_set);
+        if (hop[i] >= world) { /* hints and forward pointers only ever name ranks */
+            PyErr_SetString(PyExc_RuntimeError, "route_own: a hint names a rank outside the "
+                                                "world");
+            goto done;
         }
         count[hop[i] < 0 ? world - 1 - hop[i] : hop[i]]++;
     }

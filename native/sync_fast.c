@@ -286,20 +286,11 @@ int64_t directory_route_pull(PyObject *directory, const int64_t *keys, int64_t n
     const intent_counts_t *c = self->fast.counts;
     if (!self->ready || !self->fast.on) return -1;
     int64_t here = 0;
-    for (int64_t i = 0; i < n; i++) { /* as Directory.route_own, for a pull */
-        const int64_t key = keys[i];
-        if (key < 0 || key >= d->store->num_keys) return -1;
-        if (store_state(d->store, key) != KEY_NONE) {
-            hop[i] = -1;
-            here++;
-            continue;
-        }
-        const int32_t r = c ? km_get(&c->map, key) : -1;
-        if (r >= 0 && c->count[r] > 0 && !c->told[r]) return -1; /* coming with an answer */
-        const int64_t hint = rec_hint(d->recs, key);
-        const int64_t h = hint == d->rank ? dir_next_hop(d, key) : hint;
-        if (h < 0 || h >= d->world_size) return -1; /* on its way here (queued), or no rank */
-        hop[i] = h;
+    for (int64_t i = 0; i < n; i++) { /* Directory.route_own's choice, for a pull */
+        if (keys[i] < 0 || keys[i] >= d->store->num_keys) return -1;
+        hop[i] = dm_route_hop(d, c, keys[i], 0);
+        if (hop[i] < -1 || hop[i] >= d->world_size) return -1; /* on its way here, or no rank */
+        here += hop[i] == -1;
     }
     return here;
 }

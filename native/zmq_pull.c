@@ -174,14 +174,19 @@ int register_pull_call_type(PyObject *module) { return add_type(module, &PullCal
 
 /* --- the engine's lists ------------------------------------------------------------------ */
 
+/* Room for one more call in a list of n (capacity *cap); 0, or -1 if out of memory. */
+static int room_for_one(PullCallObject ***list, Py_ssize_t n, Py_ssize_t *cap) {
+    if (n < *cap) return 0;
+    const Py_ssize_t grown = *cap ? 2 * *cap : 16;
+    PullCallObject **p = PyMem_RawRealloc(*list, (size_t)grown * sizeof(*p));
+    if (!p) return -1;
+    *list = p;
+    *cap = grown;
+    return 0;
+}
+
 static int push_call(PullCallObject ***list, Py_ssize_t *n, Py_ssize_t *cap, PullCallObject *c) {
-    if (*n == *cap) {
-        const Py_ssize_t grown = *cap ? 2 * *cap : 16;
-        PullCallObject **p = PyMem_RawRealloc(*list, (size_t)grown * sizeof(*p));
-        if (!p) return -1;
-        *list = p;
-        *cap = grown;
-    }
+    if (room_for_one(list, *n, cap) < 0) return -1;
     (*list)[(*n)++] = c;
     return 0;
 }
@@ -358,11 +363,11 @@ static void start(ZmqIOObject *self, PullCallObject *c) {
     int64_t *count = c->at; /* per rank, counted here first */
     for (int64_t i = 0; here >= 0 && i < n; i++)
         if (hop[i] >= 0 && (hop[i] == self->rank || !self->peers[hop[i]])) here = -1;
-    if (here < 0 || push_call(&self->open, &self->nopen, &self->ocap, c) < 0) {
+    /* Room in the open list first: nothing may fail once parts are sent. */
+    if (here < 0 || room_for_one(&self->open, self->nopen, &self->ocap) < 0) {
         finish(c, PULL_DECLINED, NULL);
         return retire(self, c);
     }
-    self->nopen--; /* room made; the call is added back below if it waits for answers */
     float *out = c->ov.buf;
     pthread_mutex_lock(&c->mu); /* out is written only while the worker still waits */
     const int abandoned = c->abandoned;
