@@ -119,7 +119,7 @@ class NodeState(Serving, Rounds):
         self.native_calls = None
         self.clock = 0  # smallest worker clock at the last Tick (kept while a sink listens)
         Rounds.__init__(self)
-        # A transport that can serves a peer's SYNC itself (native/sync_fast.h; what it leaves
+        # A transport that can serve a peer's SYNC itself does (native/sync_fast.h; what it leaves
         # for this object is taken up at the next event, _native_served).
         self.directory.serve_syncs(self.variant,
                                    self.intents.native if self.intents is not None else None)
