@@ -60,9 +60,12 @@ def test_config_under_a_launcher_takes_its_ranks():
 
 
 def test_init_with_a_config_under_adapm_run_joins_the_job():
-    code = ("import adapm, json; node = adapm.init(config=adapm.Config(num_keys=4)); "
-            "print(json.dumps({'rank': node.rank, 'world_size': node.world_size})); "
-            "node.shutdown()")
+    # One os.write per line: the ranks share adapm-run's stdout (a pipe), and print() writes
+    # the text and its newline separately when Python runs unbuffered (PYTHONUNBUFFERED), so
+    # two ranks' lines could run into each other (seen in CI).
+    code = ("import adapm, json, os; node = adapm.init(config=adapm.Config(num_keys=4)); "
+            "os.write(1, (json.dumps({'rank': node.rank, 'world_size': node.world_size}) "
+            "+ chr(10)).encode()); node.shutdown()")
     proc = run(LAUNCHER + ["-n", "2", PY, "-c", code], timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert sorted((r["rank"], r["world_size"]) for r in records(proc.stdout)) == [(0, 2), (1, 2)]
