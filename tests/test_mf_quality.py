@@ -25,12 +25,19 @@ def dense(tmp_path_factory) -> dict:
 def test_rmse_per_epoch_does_not_depend_on_the_number_of_workers(dense):
     # Before the rows schedule, the default (columnwise: each worker's own rotation through
     # the columns) ended epoch 3 here at 0.263 (1 worker), 0.350 (2) and 0.303 (4); more
-    # workers learned less per epoch. Measured since: within 0.8%.
+    # workers learned less per epoch. Since, the means agree within 0.2%. With several
+    # threads a run's RMSE also depends on how their batches interleave (20 runs of 2 workers:
+    # 0.2321-0.2381; docs/quality.md), so each worker count is judged by the median of three
+    # runs: the worker count's effect, not one run's thread timing (a single run each failed
+    # the bound about once in six full suites).
     app = [PY, "-m", "adapm.apps.mf", "--train", str(dense["train"]), "--test",
            str(dense["test"]), "--epochs", "3", "--progress", "off", "--baseline", "--json", "-"]
-    rmse = {w: records(run([*app, "--workers", str(w)]).stdout)[-1]["rmse"] for w in (1, 2, 4)}
-    assert max(rmse.values()) <= 1.02 * min(rmse.values()), rmse
-    assert max(rmse.values()) < 0.5, rmse  # and it learned: the values have variance ~1
+    runs = {w: [records(run([*app, "--workers", str(w)]).stdout)[-1]["rmse"] for _ in range(3)]
+            for w in (1, 2, 4)}
+    assert len(set(runs[1])) == 1, runs  # one worker: no threads to interleave, deterministic
+    rmse = {w: float(np.median(r)) for w, r in runs.items()}
+    assert max(rmse.values()) <= 1.02 * min(rmse.values()), runs
+    assert max(rmse.values()) < 0.5, runs  # and it learned: the values have variance ~1
 
 
 @pytest.fixture(scope="module")

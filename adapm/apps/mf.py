@@ -7,7 +7,7 @@
 Latent factors of rank ``--rank``: the prediction of cell (i, j) is <W[i], H[j]>. Loss: squared
 error plus ``--reg`` * (|W[i]|^2 + |H[j]|^2) per training entry (i, j), the L2 term of LIBMF,
 Spark's ALS-WR and the usual PyTorch MF; AdaGrad with its accumulator in each key's value,
-after the factor. Initial factors: N(0, 0.03) around a constant that makes every initial
+after the factor, starting at 0.1 (torch's ``initial_accumulator_value``). Initial factors: N(0, 0.03) around a constant that makes every initial
 prediction the training mean (ratings do not start at 0). Keys: row i is key i, column j key
 rows + j. The defaults (``--lr`` 0.2, ``--reg`` 0.05) match a PyTorch AdaGrad MF on MovieLens-100k
 (``bench/quality.py``).
@@ -60,11 +60,18 @@ from .datafiles import DataError, write_atomically
 
 _kernels = _load("adapm._kernels")
 
-# Initial factors ~ N(0, INIT_STD) around the centring offset; accumulators start at 0. 0.03
-# rather than 0.1 (bench/quality.py): MovieLens-100k test RMSE 0.925 against 0.936, and 1, 2 and
-# 4 baseline workers within 1.8% after 3 epochs on the generated 50k x 20k matrix, against 2.3%
-# (0.01: 0.921, but 3.3%).
+# Initial factors ~ N(0, INIT_STD) around the centring offset. 0.03 rather than 0.1
+# (bench/quality.py): MovieLens-100k test RMSE 0.925 against 0.936, and 1, 2 and 4 baseline
+# workers within 1.8% after 3 epochs on the generated 50k x 20k matrix, against 2.3% (0.01:
+# 0.921, but 3.3%).
 INIT_STD = 0.03
+# AdaGrad's accumulators start here, not at 0. From 0 a coordinate's first step is lr times
+# the sign of its gradient (0.2, as large as the factors): two workers whose first batches of
+# an epoch-1 column overlap in time both take it from the same value, and whether they overlap
+# is thread timing. 3-epoch RMSE of 20 runs of 2 baseline workers on the quality test's matrix:
+# 0.2328-0.2454 from 0, 0.2321-0.2381 from 0.1; on the 50k x 20k matrix 0.447 -> 0.422 (1 to 4
+# workers); MovieLens-100k unchanged (0.9233 / 0.9269 -> 0.9239 / 0.9275). docs/quality.md.
+ACCUMULATOR_INIT = 0.1
 _INIT_BLOCK = 4096
 
 
@@ -152,10 +159,10 @@ class MFTask:
         return np.flatnonzero(held)
 
     def init_rows(self, keys: np.ndarray) -> np.ndarray:
-        """N(0, INIT_STD) factors around the centring offset, zero accumulators; a function of
-        the seed, the training mean and the key only."""
+        """N(0, INIT_STD) factors around the centring offset, accumulators at ACCUMULATOR_INIT;
+        a function of the seed, the training mean and the key only."""
         k = self.rank
-        rows = np.zeros((len(keys), 2 * k), dtype=np.float32)
+        rows = np.full((len(keys), 2 * k), ACCUMULATOR_INIT, dtype=np.float32)
         blocks = keys // _INIT_BLOCK
         for block in np.unique(blocks):  # a loop over blocks of keys, not over keys
             mine = blocks == block
