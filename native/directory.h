@@ -146,7 +146,16 @@ typedef struct {
     int64_t deferred; /* of the redirects: owned keys' reports deferred (pinned here) */
 } sync_plan_t;
 
-/* Decides where each entry goes (changes nothing). */
+/* The pins a SYNC's plan consults (its reports on pinned owned keys may be deferred), or NULL.
+ * The caller holds them locked (pins_lock) from dir_sync_plan until the decision on the owned
+ * reports has been carried out (dm_decide): a worker that pins a key of its local sample
+ * (Directory.repin, which waits for the lock) then either pins it before the plan looks, and
+ * the report is deferred, or after the key has left, and its read finds it gone and draws
+ * again. Released between the two, a key could pass the check unpinned, be pinned and read by
+ * the worker, and leave before the worker's push, which then went remote. */
+pins_t *dir_sync_pins(const directory_t *d, const sync_request_t *r);
+
+/* Decides where each entry goes (changes nothing); the pins of dir_sync_pins locked. */
 void dir_sync_plan(const directory_t *d, const sync_request_t *r, sync_plan_t *p);
 
 /* The answer to the origin and what is left, sized by the plan: positions and versions per

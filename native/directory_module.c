@@ -578,7 +578,13 @@ static PyObject *Directory_repin(DirectoryObject *self, PyObject *args) {
     PyObject *result = NULL;
     if (dm_check_keys(self, rv.buf, rv.len / 8) == 0
         && dm_check_keys(self, tv.buf, tv.len / 8) == 0) {
-        if (pins_change(&self->pins, rv.buf, rv.len / 8, tv.buf, tv.len / 8) < 0)
+        int rc;
+        /* Without the GIL: the engine thread may hold the pins while it needs the GIL (it
+         * keeps them locked from a check to the keys' leaving; see dir_sync_pins). */
+        Py_BEGIN_ALLOW_THREADS
+        rc = pins_change(&self->pins, rv.buf, rv.len / 8, tv.buf, tv.len / 8);
+        Py_END_ALLOW_THREADS
+        if (rc < 0)
             PyErr_NoMemory();
         else
             result = Py_NewRef(Py_None);
@@ -696,9 +702,10 @@ static PyMethodDef Directory_methods[] = {
      "owned_flags, decision). Intent reports (unique keys, uint8 flags) that src answered "
      "with where to report them (ranks): the keys' hints point there; keys owned here by now "
      "(the relocation came with the answer) are decided on (variant; decision as decide "
-     "returns it, or None) and taken as told in counts (this node's IntentCounts); the others "
-     "(again of them) are reported again by the next round. deferred: how many ranks name "
-     "src itself (it deferred them: a worker there uses the key now); owned_keys, "
+     "returns it, or None) and taken as told in counts (this node's IntentCounts), except an "
+     "ended intent for one a worker here has pinned; the others (again of them) are reported "
+     "again by the next round. deferred: of those, how many src deferred (their rank names "
+     "src itself: a worker there uses the key now) or were pinned here; owned_keys, "
      "owned_flags: bytearrays (int64, uint8) of the keys decided here."},
     {"route_own", (PyCFunction)Directory_route_own, METH_VARARGS,
      "route_own(keys, is_set, counts) -> (here, coming, queued, groups). Where this node's own "

@@ -55,15 +55,34 @@ void km_put(keymap_t *m, int64_t key, int32_t val) {
 }
 
 int32_t km_del(keymap_t *m, int64_t key) {
-    for (int64_t i = km_slot(m, key);; i = (i + 1) & m->mask) {
+    int64_t i = km_slot(m, key);
+    for (;; i = (i + 1) & m->mask) {
         const int64_t k = m->keys[i];
         if (k == KM_EMPTY) return -1;
-        if (k == key) {
-            m->keys[i] = KM_TOMB;
-            m->live--;
-            return m->vals[i];
-        }
+        if (k == key) break;
     }
+    const int32_t val = m->vals[i];
+    /* Backward-shift deletion (Knuth's Algorithm R): the entries after the hole that could
+     * not sit in it move up, so no tombstone is left. Lookups stay as short as the live keys
+     * make them, and a map whose keys come and go (intent counts, records of active keys: a
+     * few hundred each per clock) never fills with tombstones, which forced a rehash, a fresh
+     * table and its page faults every few thousand deletions. */
+    for (int64_t j = (i + 1) & m->mask;; j = (j + 1) & m->mask) {
+        const int64_t k = m->keys[j];
+        if (k == KM_EMPTY) break;
+        if (k == KM_TOMB) continue; /* none are made any more; kept for a table that has them */
+        const int64_t home = km_slot(m, k);
+        /* The entry at j stays where its home lies cyclically in (i, j]. */
+        const int stays = i <= j ? (i < home && home <= j) : (i < home || home <= j);
+        if (stays) continue;
+        m->keys[i] = k;
+        m->vals[i] = m->vals[j];
+        i = j;
+    }
+    m->keys[i] = KM_EMPTY;
+    m->live--;
+    m->filled--;
+    return val;
 }
 
 int64_t km_bytes(const keymap_t *m) {

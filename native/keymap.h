@@ -1,5 +1,5 @@
 /* A hash map from key (int64, >= 0) to a small int (int32): open addressing with linear probing
- * and tombstones, capacity a power of two, at most 3/4 full (live + tombstones). It holds the
+ * and backward-shift deletion (no tombstones), capacity a power of two, at most 3/4 full. It holds the
  * directory's records of *active* keys (directory.h), so that a node's memory follows the keys
  * it works with, not the key space. Single-threaded: the engine thread only. Touches no Python
  * object. */
@@ -8,14 +8,14 @@
 
 #include <stdint.h>
 
-enum { KM_EMPTY = -1, KM_TOMB = -2 };
+enum { KM_EMPTY = -1, KM_TOMB = -2 }; /* KM_TOMB: no longer made (km_del shifts back) */
 
 typedef struct {
     int64_t *keys; /* KM_EMPTY, KM_TOMB or a key */
     int32_t *vals;
     int64_t mask;   /* capacity - 1 */
     int64_t live;   /* keys in the map */
-    int64_t filled; /* live + tombstones */
+    int64_t filled; /* slots not empty: live (km_del leaves no tombstone) */
 } keymap_t;
 
 /* An empty map; returns 0, or -1 if out of memory. */
@@ -43,7 +43,8 @@ int km_reserve(keymap_t *m, int64_t more);
 /* Inserts key (not in the map) with val. Needs room (km_reserve). */
 void km_put(keymap_t *m, int64_t key, int32_t val);
 
-/* Removes key; returns its value, or -1 if it was not in the map. */
+/* Removes key; returns its value, or -1 if it was not in the map. Moves other keys' slots
+ * (never their values): no slot index may be kept across it. */
 int32_t km_del(keymap_t *m, int64_t key);
 
 /* Bytes the map holds. */

@@ -131,6 +131,7 @@ PyObject *Directory_round_build(DirectoryObject *self, PyObject *args) {
     if (!n && !d->held->len) Py_RETURN_NONE; /* an idle round: nothing to report or sync */
     PyObject *result = NULL, *told[2] = {NULL, NULL}, *decision = NULL, *buffers = NULL;
     PyObject *parts = NULL, *keys_view = NULL, *drops = NULL, *flags_out = NULL;
+    pins_t *locked = NULL; /* from the pins' check until the keys have left (below) */
     int64_t *keys = PyMem_Malloc((size_t)(n ? n : 1) * 8);
     uint8_t *flags = PyMem_Malloc((size_t)(n ? n : 1));
     int64_t *other = PyMem_Malloc((size_t)(n ? n : 1) * 8); /* pinned, then owned keys */
@@ -144,9 +145,10 @@ PyObject *Directory_round_build(DirectoryObject *self, PyObject *args) {
         /* An intent that ended for a key a worker here has pinned (its local sample, not pushed
          * yet; NodeState.sample_pins) is reported with the next round: the report would drop
          * a replica (or relocate an owned key) under the worker's push, which would then go
-         * remote. */
+         * remote. The pins stay locked until the decisions and the drops below are carried
+         * out (see dir_sync_pins in directory.h: a worker's pin waits for them). */
         int64_t kept = 0;
-        pins_lock(&self->pins);
+        pins_lock(locked = &self->pins);
         for (int64_t i = 0; i < m; i++) {
             if (!flags[i] && pins_has(&self->pins, keys[i])) {
                 other[deferred++] = keys[i];
@@ -155,7 +157,6 @@ PyObject *Directory_round_build(DirectoryObject *self, PyObject *args) {
             keys[kept] = keys[i];
             flags[kept++] = flags[i];
         }
-        pins_unlock(&self->pins);
         if (deferred && ic_reserve(c, deferred) == 0) ic_report_again(c, other, deferred);
         else if (deferred) {
             PyErr_NoMemory();
@@ -221,6 +222,7 @@ PyObject *Directory_round_build(DirectoryObject *self, PyObject *args) {
                            (long long)decided, decision ? decision : Py_None, (long long)m, drops,
                            (long long)deltas, parts, keys_view, flags_out);
 done:
+    if (locked) pins_unlock(locked);
     Py_XDECREF(told[0]);
     Py_XDECREF(told[1]);
     Py_XDECREF(decision);
@@ -363,6 +365,7 @@ PyObject *Directory_redirected(DirectoryObject *self, PyObject *args) {
     PyObject *result = NULL, *owned[2] = {NULL, NULL}, *decision = NULL;
     int64_t *again = NULL, *mine = NULL;
     uint8_t *mine_flags = NULL;
+    pins_t *locked = NULL;
     const int64_t n = kv.len / 8, *keys = kv.buf, *ranks = rv.buf;
     if (borrow(oflags, &fv, 1, 0, "redirected: flags") < 0) goto release;
     const uint8_t *flags = fv.buf;
@@ -385,12 +388,17 @@ PyObject *Directory_redirected(DirectoryObject *self, PyObject *args) {
         goto done;
     }
     /* Where the owner says they are; keys owned here by now (the relocation came with the
-     * answer) are decided at once, the rest are reported again by the next round. */
+     * answer) are decided at once, the rest are reported again by the next round, and so is
+     * an ended intent for an owned key a worker here has pinned (as in round_build; the pins
+     * stay locked until the decision is carried out, see dir_sync_pins). */
     int64_t deferred = 0, na = 0, nm = 0;
+    if (variant >= 0) pins_lock(locked = &self->pins);
     for (int64_t i = 0; i < n; i++) {
         rec_set_hint(&self->recs, keys[i], ranks[i]);
-        deferred += ranks[i] == src;
-        if (store_state(d->store, keys[i]) == KEY_OWNER) {
+        const int owner = store_state(d->store, keys[i]) == KEY_OWNER;
+        const int pinned = owner && locked && !flags[i] && pins_has(locked, keys[i]);
+        deferred += ranks[i] == src || pinned; /* neither starts a round of its own */
+        if (owner && !pinned) {
             mine[nm] = keys[i];
             mine_flags[nm++] = flags[i];
         } else {
@@ -403,6 +411,10 @@ PyObject *Directory_redirected(DirectoryObject *self, PyObject *args) {
             goto done;
         ic_acknowledge(c, mine, mine_flags, nm);
     }
+    if (locked) {
+        pins_unlock(locked);
+        locked = NULL;
+    }
     if (na) ic_report_again(c, again, na);
     void *p;
     if (!(owned[0] = dm_new_array(nm, 8, &p))) goto done;
@@ -412,6 +424,7 @@ PyObject *Directory_redirected(DirectoryObject *self, PyObject *args) {
     result = Py_BuildValue("LLOOO", (long long)deferred, (long long)na, owned[0], owned[1],
                            decision ? decision : Py_None);
 done:
+    if (locked) pins_unlock(locked);
     PyBuffer_Release(&fv);
 release:
     PyBuffer_Release(&kv);

@@ -213,6 +213,7 @@ PyObject *Directory_serve_sync(DirectoryObject *self, PyObject *args) {
     int64_t *hop = NULL, *skeys = NULL, *missing = NULL, *ikeys = NULL;
     uint8_t *iflags = NULL, *behind = NULL;
     float *srows = NULL;
+    pins_t *locked = NULL; /* from the plan until the decision is carried out (dir_sync_pins) */
     for (; got < 10; got++)
         if (borrow(o[got], &v[got], sizes[got], 0, "serve_sync") < 0) goto done;
     sync_request_t r = {origin, v[0].buf, v[1].buf, v[2].buf, v[0].len / 8,
@@ -250,6 +251,7 @@ PyObject *Directory_serve_sync(DirectoryObject *self, PyObject *args) {
         goto done;
     }
     sync_plan_t p = {where, hop};
+    if ((locked = dir_sync_pins(d, &r))) pins_lock(locked);
     dir_sync_plan(d, &r, &p);
     const int64_t os = p.owned_syncs, oi = p.owned_intents, owned = oi + os;
     sync_answer_t a;
@@ -291,12 +293,17 @@ PyObject *Directory_serve_sync(DirectoryObject *self, PyObject *args) {
         || PyByteArray_Resize(arrays[3], a.nvalues * 4) < 0)
         goto done;
     if (oi && !(decision = dm_decide_batch(self, variant, origin, ikeys, oi, iflags))) goto done;
+    if (locked) {
+        pins_unlock(locked);
+        locked = NULL;
+    }
     PyObject *answer = owned || p.redirects || p.backs ? dm_as_views(arrays, "pvprpnpr", 8)
                                                        : Py_NewRef(Py_None);
     if (!answer) goto done;
     result = Py_BuildValue("NOOO", answer, decision ? decision : Py_None,
                            p.rest ? rest[0] : Py_None, p.rest ? rest[1] : Py_None);
 done:
+    if (locked) pins_unlock(locked);
     for (int i = 0; i < 8; i++) Py_XDECREF(arrays[i]);
     Py_XDECREF(decision);
     Py_XDECREF(rest[0]);

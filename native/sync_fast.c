@@ -161,12 +161,16 @@ int directory_sync_fast(PyObject *directory, int64_t origin, const carr_t *in, i
     }
     /* The entries (NodeState._sync). */
     sync_plan_t p = {.where = where, .hop = hop};
+    pins_t *pins = dir_sync_pins(d, &r); /* locked from the plan to the decision's end */
+    if (pins) pins_lock(pins);
     dir_sync_plan(d, &r, &p);
     if (p.rest) {
+        if (pins) pins_unlock(pins);
         *fatal = "a SYNC judged answerable here needs forwarding (sync_fast.c: answered_here)";
         return -1;
     }
     if (dir_sync_serve(d, &r, &p, &s) < 0) {
+        if (pins) pins_unlock(pins);
         *fatal = "an owned key vanished while a SYNC was served";
         return -1;
     }
@@ -176,6 +180,8 @@ int directory_sync_fast(PyObject *directory, int64_t origin, const carr_t *in, i
         dm_decision_t dec;
         const int ok = dm_decide(self, f->variant, origin, s.ikeys, p.owned_intents, s.iflags,
                                  &dec);
+        if (pins) pins_unlock(pins);
+        pins = NULL;
         if (ok < 0) {
             *fatal = ok == -1 ? "out of memory deciding on a SYNC's reports"
                               : "a decision on a SYNC's reports broke an invariant";
@@ -185,6 +191,7 @@ int directory_sync_fast(PyObject *directory, int64_t origin, const carr_t *in, i
         counters[SF_RELOCATIONS_OUT] += dec.relocated;
         counters[SF_DROPS_AT_OWNER] += dec.dropped;
     }
+    if (pins) pins_unlock(pins); /* no owned report: nothing was decided */
     /* The answer: positions and versions of the owned entries, refreshed values, redirects,
      * returned deltas; then the moves held for the origin. */
     const int64_t owned = p.owned_intents + p.owned_syncs;

@@ -63,13 +63,16 @@ static int would_relocate(const directory_t *d, const sync_request_t *r, int64_t
                              &dropped) >= 0;
 }
 
+pins_t *dir_sync_pins(const directory_t *d, const sync_request_t *r) {
+    return d->masks && r->ni && r->variant == POLICY_ADAPTIVE ? d->pins : NULL;
+}
+
 void dir_sync_plan(const directory_t *d, const sync_request_t *r, sync_plan_t *p) {
     const store_t *s = d->store;
     const int64_t n = r->ni + r->nd + r->nc;
     p->owned_intents = p->owned_syncs = p->owned_sync_floats = 0;
     p->redirects = p->backs = p->back_floats = p->rest = p->deferred = 0;
-    pins_t *pins = d->masks && r->ni && r->variant == POLICY_ADAPTIVE ? d->pins : NULL;
-    if (pins) pins_lock(pins);
+    pins_t *pins = dir_sync_pins(d, r); /* locked by the caller */
     for (int64_t e = 0; e < n; e++) {
         int section;
         const int64_t key = entry_key(r, e, &section);
@@ -109,7 +112,6 @@ void dir_sync_plan(const directory_t *d, const sync_request_t *r, sync_plan_t *p
             p->rest++;
         }
     }
-    if (pins) pins_unlock(pins);
 }
 
 int64_t dir_sync_serve(const directory_t *d, const sync_request_t *r, const sync_plan_t *p,
