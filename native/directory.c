@@ -22,7 +22,8 @@ int64_t dir_relocate_out(const directory_t *d, const int64_t *keys, int64_t n, i
     for (int64_t i = 0; i < n; i++) {
         const int64_t key = keys[i];
         const int32_t r = rec_get(recs, key);
-        uint64_t *masks = recs->masks + (int64_t)r * 2 * recs->words;
+        uint64_t *masks = rec_mask_words(recs, r);
+        rec_t *e = rec_at(recs, r);
         if (recs->words) {
             memcpy(s_out + i * w, masks, (size_t)w * sizeof(uint64_t));
             memcpy(r_out + i * w, masks + w, (size_t)w * sizeof(uint64_t));
@@ -31,10 +32,10 @@ int64_t dir_relocate_out(const directory_t *d, const int64_t *keys, int64_t n, i
             memset(s_out + i * w, 0, (size_t)w * sizeof(uint64_t));
             memset(r_out + i * w, 0, (size_t)w * sizeof(uint64_t));
         }
-        epochs[i] = recs->epoch[r] + 1;
-        recs->epoch[r] = 0; /* kept only while owned here */
-        recs->forward[r] = (int32_t)dst;
-        recs->hint[r] = (int32_t)dst;
+        epochs[i] = e->epoch + 1;
+        e->epoch = 0; /* kept only while owned here */
+        e->forward = (int32_t)dst;
+        e->hint = (int32_t)dst;
     }
     return n;
 }
@@ -79,17 +80,18 @@ int64_t dir_relocate_in(const directory_t *d, const int64_t *keys, int64_t n,
         off += len;
         records_t *recs = d->recs;
         const int32_t r = rec_get(recs, key);
+        rec_t *e = rec_at(recs, r);
         if (recs->words) {
-            uint64_t *masks = recs->masks + (int64_t)r * 2 * w;
+            uint64_t *masks = rec_mask_words(recs, r);
             memcpy(masks, s_in + i * w, (size_t)w * sizeof(uint64_t));
             memcpy(masks + w, r_in + i * w, (size_t)w * sizeof(uint64_t));
             masks[w + own_word] &= ~own_bit; /* the owner holds no replica of its own */
         }
-        recs->epoch[r] = epochs[i];
-        recs->hint[r] = (int32_t)d->rank;
-        if (key % d->world_size == d->rank && epochs[i] > recs->home_epoch[r]) {
+        e->epoch = epochs[i];
+        e->hint = (int32_t)d->rank;
+        if (key % d->world_size == d->rank && epochs[i] > e->home_epoch) {
             d->home_owner[key / d->world_size] = (int32_t)d->rank;
-            recs->home_epoch[r] = epochs[i];
+            e->home_epoch = epochs[i];
         }
         rec_tidy(recs, r);
     }
@@ -135,8 +137,15 @@ int64_t dir_policy_decide(const directory_t *d, int variant, int64_t node, const
     const int64_t w = d->words;
     int64_t dropped = 0;
     for (int64_t i = 0; i < n; i++) {
+        /* Two stages ahead: the map slot of a key 2 * KM_AHEAD on, the record of one KM_AHEAD
+         * on (its slot loaded by now), so that their misses overlap this key's work. */
+        if (i + 2 * KM_AHEAD < n) km_prefetch(&recs->map, keys[i + 2 * KM_AHEAD]);
+        if (i + KM_AHEAD < n) {
+            const int32_t ahead = rec_find(recs, keys[i + KM_AHEAD]);
+            if (ahead >= 0) __builtin_prefetch(rec_at(recs, ahead), 1);
+        }
         const int32_t r = rec_get(recs, keys[i]);
-        uint64_t *masks = recs->masks + (int64_t)r * 2 * w;
+        uint64_t *masks = rec_mask_words(recs, r);
         relocate_to[i] = policy_decide_key(variant, d->rank, node, w, masks, masks + w,
                                            has_intent[i], setup + i * w, &dropped);
         rec_tidy(recs, r);
@@ -214,8 +223,8 @@ int64_t dir_decide_execute(const directory_t *d, const int64_t *keys, int64_t n,
             const int64_t key = o->r_keys[i], home = key % world;
             if (home == d->rank) {
                 const int32_t r = rec_get(d->recs, key); /* relocate_out made it */
-                if (o->r_epochs[i] > d->recs->home_epoch[r]) {
-                    d->recs->home_epoch[r] = o->r_epochs[i];
+                if (o->r_epochs[i] > rec_at(d->recs, r)->home_epoch) {
+                    rec_at(d->recs, r)->home_epoch = o->r_epochs[i];
                     d->home_owner[key / world] = (int32_t)dst;
                 }
             } else if (home != dst) {

@@ -391,7 +391,7 @@ PyObject *Directory_update_home(DirectoryObject *self, PyObject *args) {
     for (int64_t i = 0; i < n; i++) {
         if (epochs[i] <= rec_home_epoch(d->recs, keys[i])) continue;
         const int32_t r = rec_get(d->recs, keys[i]);
-        d->recs->home_epoch[r] = epochs[i];
+        rec_at(d->recs, r)->home_epoch = epochs[i];
         d->home_owner[keys[i] / d->world_size] = (int32_t)owners[i];
     }
     result = Py_NewRef(Py_None);
@@ -428,7 +428,7 @@ static PyObject *Directory_set_masks(DirectoryObject *self, PyObject *args) {
     else if (dm_refuse_repeated(self, keys, n, "set_masks") == 0 && dm_reserve(self, n) == 0) {
         for (int64_t i = 0; i < n; i++) {
             const int32_t r = rec_get(&self->recs, keys[i]);
-            uint64_t *m = self->recs.masks + (int64_t)r * 2 * w;
+            uint64_t *m = rec_mask_words(&self->recs, r);
             memcpy(m, (uint64_t *)sv.buf + i * w, (size_t)w * sizeof(uint64_t));
             memcpy(m + w, (uint64_t *)rv.buf + i * w, (size_t)w * sizeof(uint64_t));
             rec_tidy(&self->recs, r);
@@ -468,13 +468,14 @@ static PyObject *Directory_dense(DirectoryObject *self, PyObject *unused) {
         const int64_t key = recs->map.keys[slot];
         if (key < 0) continue;
         const int32_t r = recs->map.vals[slot];
-        hint[key] = recs->hint[r];
-        forward[key] = recs->forward[r];
-        epoch[key] = recs->epoch[r];
-        if (key % d->world_size == d->rank) home_epoch[key / d->world_size] = recs->home_epoch[r];
+        const rec_t *e = rec_at(recs, r);
+        hint[key] = e->hint;
+        forward[key] = e->forward;
+        epoch[key] = e->epoch;
+        if (key % d->world_size == d->rank) home_epoch[key / d->world_size] = e->home_epoch;
         if (recs->words) {
-            memcpy((uint64_t *)p[5] + key * w, recs->masks + (int64_t)r * 2 * w, (size_t)w * 8);
-            memcpy((uint64_t *)p[6] + key * w, recs->masks + (int64_t)r * 2 * w + w,
+            memcpy((uint64_t *)p[5] + key * w, rec_mask_words(recs, r), (size_t)w * 8);
+            memcpy((uint64_t *)p[6] + key * w, rec_mask_words(recs, r) + w,
                    (size_t)w * 8);
         }
     }

@@ -71,6 +71,7 @@ static void mark_dirty(intent_counts_t *c, int32_t i) {
 
 int64_t intents_count(intent_counts_t *c, const int64_t *keys, int64_t n, int delta) {
     for (int64_t i = 0; i < n; i++) {
+        if (i + KM_AHEAD < n) km_prefetch(&c->map, keys[i + KM_AHEAD]);
         int32_t r;
         int crossed;
         if (delta > 0) {
@@ -89,6 +90,7 @@ int64_t intents_count(intent_counts_t *c, const int64_t *keys, int64_t n, int de
 int64_t intents_changes(intent_counts_t *c, int64_t *out_keys, uint8_t *out_flags) {
     int64_t m = 0;
     for (int64_t i = 0; i < c->ndirty; i++) {
+        if (i + KM_AHEAD < c->ndirty) km_prefetch(&c->map, c->dirty[i + KM_AHEAD]);
         const int64_t key = c->dirty[i];
         const int32_t r = km_get(&c->map, key); /* marked: has a record */
         c->mark[r] = 0;
@@ -105,6 +107,7 @@ int64_t intents_changes(intent_counts_t *c, int64_t *out_keys, uint8_t *out_flag
 
 void ic_acknowledge(intent_counts_t *c, const int64_t *keys, const uint8_t *flags, int64_t n) {
     for (int64_t i = 0; i < n; i++) {
+        if (i + KM_AHEAD < n) km_prefetch(&c->map, keys[i + KM_AHEAD]);
         int32_t r = km_get(&c->map, keys[i]);
         if (r < 0) {
             if (!flags[i]) continue;

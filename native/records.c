@@ -9,17 +9,15 @@ int rec_init(records_t *r, int64_t world_size, int64_t words) {
     memset(r, 0, sizeof(*r));
     r->world_size = world_size;
     r->words = words;
+    /* Rounded up to 32 bytes: two records share a line without masks, one has its own with a
+     * mask word each (48 -> 64 bytes), so that a record never straddles two lines there. */
+    r->stride = ((int64_t)sizeof(rec_t) + 2 * words * (int64_t)sizeof(uint64_t) + 31) & ~31;
     return km_init(&r->map);
 }
 
 void rec_free(records_t *r) {
     km_free(&r->map);
-    free(r->key);
-    free(r->hint);
-    free(r->forward);
-    free(r->epoch);
-    free(r->home_epoch);
-    free(r->masks);
+    free(r->slab);
     free(r->free_list);
     memset(r, 0, sizeof(*r));
 }
@@ -32,16 +30,18 @@ int rec_reserve(records_t *r, int64_t more) {
     int64_t cap = r->cap ? r->cap : 64;
     while (cap < r->len + fresh) cap *= 2;
     if (cap > INT32_MAX) return -1;
-    /* Each array grows on its own; one that fails leaves the others larger, which is harmless:
-     * cap changes only when all have grown. */
-    if (grow_to((void **)&r->key, cap, sizeof(int64_t)) < 0
-        || grow_to((void **)&r->hint, cap, sizeof(int32_t)) < 0
-        || grow_to((void **)&r->forward, cap, sizeof(int32_t)) < 0
-        || grow_to((void **)&r->epoch, cap, sizeof(int64_t)) < 0
-        || grow_to((void **)&r->home_epoch, cap, sizeof(int64_t)) < 0
-        || grow_to((void **)&r->masks, cap * 2 * r->words, sizeof(uint64_t)) < 0
-        || grow_to((void **)&r->free_list, cap, sizeof(int32_t)) < 0)
+    /* C11's aligned_alloc: the size, cap (a power of two >= 64) times a multiple of 32 bytes,
+     * is a multiple of the alignment. */
+    void *slab = aligned_alloc(64, (size_t)(cap * r->stride));
+    if (!slab) return -1;
+    /* The free list grows first: if it fails, the slab is let go and nothing changed. */
+    if (grow_to((void **)&r->free_list, cap, sizeof(int32_t)) < 0) {
+        free(slab);
         return -1;
+    }
+    if (r->len) memcpy(slab, r->slab, (size_t)(r->len * r->stride));
+    free(r->slab);
+    r->slab = slab;
     r->cap = cap;
     return 0;
 }
@@ -50,22 +50,23 @@ int32_t rec_get(records_t *r, int64_t key) {
     int32_t i = rec_find(r, key);
     if (i >= 0) return i;
     i = r->nfree ? r->free_list[--r->nfree] : (int32_t)r->len++;
-    r->key[i] = key;
-    r->hint[i] = (int32_t)(key % r->world_size);
-    r->forward[i] = -1;
-    r->epoch[i] = 0;
-    r->home_epoch[i] = 0;
-    if (r->words) memset(r->masks + (int64_t)i * 2 * r->words, 0, 2 * r->words * sizeof(uint64_t));
+    rec_t *e = rec_at(r, i);
+    e->key = key;
+    e->hint = (int32_t)(key % r->world_size);
+    e->forward = -1;
+    e->epoch = 0;
+    e->home_epoch = 0;
+    if (r->words) memset(rec_mask_words(r, i), 0, 2 * r->words * sizeof(uint64_t));
     km_put(&r->map, key, i);
     return i;
 }
 
 void rec_tidy(records_t *r, int32_t i) {
-    const int64_t key = r->key[i];
-    if (r->hint[i] != key % r->world_size || r->forward[i] != -1 || r->epoch[i]
-        || r->home_epoch[i])
+    const rec_t *e = rec_at(r, i);
+    const int64_t key = e->key;
+    if (e->hint != key % r->world_size || e->forward != -1 || e->epoch || e->home_epoch)
         return;
-    const uint64_t *m = r->masks + (int64_t)i * 2 * r->words;
+    const uint64_t *m = rec_mask_words(r, i);
     for (int64_t w = 0; w < 2 * r->words; w++)
         if (m[w]) return;
     km_del(&r->map, key);
@@ -73,9 +74,7 @@ void rec_tidy(records_t *r, int32_t i) {
 }
 
 int64_t rec_bytes(const records_t *r) {
-    const int64_t per = 2 * sizeof(int64_t) + 2 * sizeof(int32_t) + sizeof(int64_t)
-                        + 2 * r->words * sizeof(uint64_t) + sizeof(int32_t);
-    return km_bytes(&r->map) + r->cap * per;
+    return km_bytes(&r->map) + r->cap * (r->stride + (int64_t)sizeof(int32_t));
 }
 
 void rec_set_hint(records_t *r, int64_t key, int64_t rank) {
@@ -84,6 +83,6 @@ void rec_set_hint(records_t *r, int64_t key, int64_t rank) {
         if (rank == key % r->world_size) return;
         i = rec_get(r, key);
     }
-    r->hint[i] = (int32_t)rank;
+    rec_at(r, i)->hint = (int32_t)rank;
     rec_tidy(r, i);
 }

@@ -11,7 +11,8 @@
  *
  * A dense array per field cost 36 B per key and node at 2 nodes, whatever the keys used (a key
  * nobody touched has every default), so a node's directory grew with the key space; records
- * cost about 60 B per active key and nothing for the others (rec_bytes). A record goes when its
+ * cost about 90 B per active key (a 64-byte record with one mask word each, its map entry and
+ * free-list slot) and nothing for the others (rec_bytes). A record goes when its
  * fields are back at their defaults (rec_tidy).
  *
  * Single-threaded (the engine thread). Passes that may create records reserve room first
@@ -24,18 +25,36 @@
 
 #include "keymap.h"
 
+/* One record: its fields together, so that a record costs one or two cache lines to read or
+ * make, not one per field (a per-field array each took a miss of its own: the owner's decisions
+ * on a node's own reports, ~40 per clock on bench/adaptive.py, read and wrote six of them). The
+ * masks follow in the same slot: rec_mask_words. */
+typedef struct {
+    int64_t key;
+    int64_t epoch, home_epoch;
+    int32_t hint, forward;
+} rec_t;
+
 typedef struct {
     keymap_t map;           /* key -> record index */
     int64_t world_size;
     int64_t words;          /* uint64 words per mask; 0: no masks kept */
     int64_t len, cap;       /* records handed out (used or free) / allocated */
-    int64_t *key;           /* per record */
-    int32_t *hint, *forward;
-    int64_t *epoch, *home_epoch;
-    uint64_t *masks;        /* 2 * words per record: S, then R */
+    int64_t stride;         /* bytes per record: rec_t, then 2 * words mask words, padded */
+    unsigned char *slab;    /* cap records, stride bytes each, 64-byte aligned */
     int32_t *free_list;     /* indices of free records */
     int64_t nfree;
 } records_t;
+
+/* Record i (an index the map or rec_get gave). */
+static inline rec_t *rec_at(const records_t *r, int32_t i) {
+    return (rec_t *)(r->slab + (int64_t)i * r->stride);
+}
+
+/* Record i's masks: S (words), then R (words). */
+static inline uint64_t *rec_mask_words(const records_t *r, int32_t i) {
+    return (uint64_t *)(r->slab + (int64_t)i * r->stride + sizeof(rec_t));
+}
 
 int rec_init(records_t *r, int64_t world_size, int64_t words);
 void rec_free(records_t *r);
@@ -59,28 +78,28 @@ int64_t rec_bytes(const records_t *r);
 /* Field reads, the default for a key without a record. */
 static inline int64_t rec_hint(const records_t *r, int64_t key) {
     const int32_t i = rec_find(r, key);
-    return i < 0 ? key % r->world_size : r->hint[i];
+    return i < 0 ? key % r->world_size : rec_at(r, i)->hint;
 }
 
 static inline int64_t rec_forward(const records_t *r, int64_t key) {
     const int32_t i = rec_find(r, key);
-    return i < 0 ? -1 : r->forward[i];
+    return i < 0 ? -1 : rec_at(r, i)->forward;
 }
 
 static inline int64_t rec_epoch(const records_t *r, int64_t key) {
     const int32_t i = rec_find(r, key);
-    return i < 0 ? 0 : r->epoch[i];
+    return i < 0 ? 0 : rec_at(r, i)->epoch;
 }
 
 static inline int64_t rec_home_epoch(const records_t *r, int64_t key) {
     const int32_t i = rec_find(r, key);
-    return i < 0 ? 0 : r->home_epoch[i];
+    return i < 0 ? 0 : rec_at(r, i)->home_epoch;
 }
 
-/* The key's S and R masks (words each, R after S), or NULL when both are empty. */
+/* The key's S and R masks (words each, R after S), or NULL when it has no record. */
 static inline const uint64_t *rec_masks(const records_t *r, int64_t key) {
     const int32_t i = rec_find(r, key);
-    return i < 0 ? NULL : r->masks + (int64_t)i * 2 * r->words;
+    return i < 0 ? NULL : rec_mask_words(r, i);
 }
 
 /* Sets the hint (needs room unless the hint is the home). */

@@ -156,7 +156,7 @@ int directory_sync_fast(PyObject *directory, int64_t origin, const carr_t *in, i
     for (int64_t i = 0; i < a[19].n; i++) { /* Directory.update_home: the newest epoch wins */
         if (hepochs[i] <= rec_home_epoch(d->recs, hkeys[i])) continue;
         const int32_t rec = rec_get(d->recs, hkeys[i]);
-        d->recs->home_epoch[rec] = hepochs[i];
+        rec_at(d->recs, rec)->home_epoch = hepochs[i];
         d->home_owner[hkeys[i] / d->world_size] = (int32_t)howners[i];
     }
     /* The entries (NodeState._sync). */
