@@ -74,7 +74,7 @@ static inline int64_t dm_route_hop(const directory_t *d, const intent_counts_t *
     const int st = store_state(d->store, key);
     if (is_set ? st == KEY_OWNER : st != KEY_NONE) return -1;
     const int32_t r = c ? km_get(&c->map, key) : -1;
-    if (r >= 0 && c->count[r] > 0 && !c->told[r]) return -2;
+    if (r >= 0 && c->rec[r].count > 0 && !c->rec[r].told) return -2;
     const int64_t hint = rec_hint(d->recs, key);
     const int64_t h = hint == d->rank ? dir_next_hop(d, key) : hint;
     return h < 0 ? -3 : h;

@@ -248,7 +248,7 @@ static PyObject *per_key(IntentCountsObject *self, PyObject *okeys, int in_fligh
         uint8_t *out = (uint8_t *)PyByteArray_AS_STRING(result);
         for (int64_t i = 0; i < n; i++) {
             const int32_t r = km_get(&self->c.map, keys[i]);
-            out[i] = r >= 0 && self->c.count[r] > 0 && !(in_flight && self->c.told[r]);
+            out[i] = r >= 0 && self->c.rec[r].count > 0 && !(in_flight && self->c.rec[r].told);
         }
     }
     PyBuffer_Release(&kv);
@@ -279,8 +279,8 @@ static PyObject *IntentCounts_dense(IntentCountsObject *self, PyObject *unused) 
         for (int64_t slot = 0; slot <= m->mask; slot++) {
             const int64_t key = m->keys[slot];
             if (key < 0 || key >= k) continue;
-            c[key] = self->c.count[m->vals[slot]];
-            t[key] = self->c.told[m->vals[slot]];
+            c[key] = self->c.rec[m->vals[slot]].count;
+            t[key] = self->c.rec[m->vals[slot]].told;
         }
         result = PyTuple_Pack(2, counts, told);
     }

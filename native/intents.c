@@ -13,10 +13,7 @@ int ic_init(intent_counts_t *c) {
 
 void ic_free(intent_counts_t *c) {
     km_free(&c->map);
-    free(c->key);
-    free(c->count);
-    free(c->told);
-    free(c->mark);
+    free(c->rec);
     free(c->free_list);
     free(c->dirty);
     memset(c, 0, sizeof(*c));
@@ -36,9 +33,7 @@ int ic_reserve(intent_counts_t *c, int64_t more) {
     int64_t cap = c->cap ? c->cap : 64;
     while (cap < c->len + fresh) cap *= 2;
     if (cap > INT32_MAX) return -1;
-    if (grow_to((void **)&c->key, cap, sizeof(int64_t)) < 0
-        || grow_to((void **)&c->count, cap, sizeof(int32_t)) < 0
-        || grow_to((void **)&c->told, cap, 1) < 0 || grow_to((void **)&c->mark, cap, 1) < 0
+    if (grow_to((void **)&c->rec, cap, sizeof(ic_rec_t)) < 0
         || grow_to((void **)&c->free_list, cap, sizeof(int32_t)) < 0)
         return -1;
     c->cap = cap;
@@ -50,23 +45,22 @@ static int32_t ic_get(intent_counts_t *c, int64_t key) {
     int32_t i = km_get(&c->map, key);
     if (i >= 0) return i;
     i = c->nfree ? c->free_list[--c->nfree] : (int32_t)c->len++;
-    c->key[i] = key;
-    c->count[i] = 0;
-    c->told[i] = c->mark[i] = 0;
+    c->rec[i] = (ic_rec_t){.key = key};
     km_put(&c->map, key, i);
     return i;
 }
 
 static void ic_tidy(intent_counts_t *c, int32_t i) {
-    if (c->count[i] || c->told[i] || c->mark[i]) return;
-    km_del(&c->map, c->key[i]);
+    const ic_rec_t *e = &c->rec[i];
+    if (e->count || e->told || e->mark) return;
+    km_del(&c->map, e->key);
     c->free_list[c->nfree++] = i;
 }
 
 static void mark_dirty(intent_counts_t *c, int32_t i) {
-    if (c->mark[i]) return;
-    c->mark[i] = 1;
-    c->dirty[c->ndirty++] = c->key[i];
+    if (c->rec[i].mark) return;
+    c->rec[i].mark = 1;
+    c->dirty[c->ndirty++] = c->rec[i].key;
 }
 
 int64_t intents_count(intent_counts_t *c, const int64_t *keys, int64_t n, int delta) {
@@ -76,11 +70,11 @@ int64_t intents_count(intent_counts_t *c, const int64_t *keys, int64_t n, int de
         int crossed;
         if (delta > 0) {
             r = ic_get(c, keys[i]);
-            crossed = c->count[r]++ == 0;
+            crossed = c->rec[r].count++ == 0;
         } else {
             r = km_get(&c->map, keys[i]);
-            if (r < 0 || c->count[r] <= 0) return -1 - i;
-            crossed = --c->count[r] == 0;
+            if (r < 0 || c->rec[r].count <= 0) return -1 - i;
+            crossed = --c->rec[r].count == 0;
         }
         if (crossed) mark_dirty(c, r);
     }
@@ -93,9 +87,9 @@ int64_t intents_changes(intent_counts_t *c, int64_t *out_keys, uint8_t *out_flag
         if (i + KM_AHEAD < c->ndirty) km_prefetch(&c->map, c->dirty[i + KM_AHEAD]);
         const int64_t key = c->dirty[i];
         const int32_t r = km_get(&c->map, key); /* marked: has a record */
-        c->mark[r] = 0;
-        const uint8_t want = c->count[r] > 0;
-        if (want != c->told[r]) {
+        c->rec[r].mark = 0;
+        const uint8_t want = c->rec[r].count > 0;
+        if (want != c->rec[r].told) {
             out_keys[m] = key;
             out_flags[m++] = want;
         }
@@ -113,7 +107,7 @@ void ic_acknowledge(intent_counts_t *c, const int64_t *keys, const uint8_t *flag
             if (!flags[i]) continue;
             r = ic_get(c, keys[i]);
         }
-        c->told[r] = flags[i] != 0;
+        c->rec[r].told = flags[i] != 0;
         ic_tidy(c, r);
     }
 }
@@ -123,15 +117,14 @@ void ic_report_again(intent_counts_t *c, const int64_t *keys, int64_t n) {
 }
 
 int64_t ic_bytes(const intent_counts_t *c) {
-    return km_bytes(&c->map) + c->cap * (int64_t)(sizeof(int64_t) + sizeof(int32_t) + 2
-                                                  + sizeof(int32_t))
+    return km_bytes(&c->map) + c->cap * (int64_t)(sizeof(ic_rec_t) + sizeof(int32_t))
            + c->dirty_cap * (int64_t)sizeof(int64_t);
 }
 
 void ic_set_counts(intent_counts_t *c, const int64_t *keys, const int32_t *counts, int64_t n) {
     for (int64_t i = 0; i < n; i++) {
         const int32_t r = ic_get(c, keys[i]);
-        c->count[r] = counts[i];
+        c->rec[r].count = counts[i];
         ic_tidy(c, r);
     }
 }

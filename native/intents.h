@@ -17,12 +17,18 @@
 
 #include "keymap.h"
 
+/* A key's record: its fields in one 16-byte slot (four to a cache line; an array per field
+ * cost a miss per field on each count, change and acknowledgement). */
+typedef struct {
+    int64_t key;
+    int32_t count;
+    uint8_t told, mark;
+} ic_rec_t;
+
 typedef struct {
     keymap_t map; /* key -> record */
     int64_t len, cap;
-    int64_t *key;
-    int32_t *count;
-    uint8_t *told, *mark;
+    ic_rec_t *rec;
     int32_t *free_list;
     int64_t nfree;
     int64_t *dirty; /* marked keys, in the order they were marked */
@@ -37,12 +43,12 @@ int ic_reserve(intent_counts_t *c, int64_t more);
 
 static inline int32_t ic_count(const intent_counts_t *c, int64_t key) {
     const int32_t i = km_get(&c->map, key);
-    return i < 0 ? 0 : c->count[i];
+    return i < 0 ? 0 : c->rec[i].count;
 }
 
 static inline int ic_told(const intent_counts_t *c, int64_t key) {
     const int32_t i = km_get(&c->map, key);
-    return i >= 0 && c->told[i];
+    return i >= 0 && c->rec[i].told;
 }
 
 /* Adds delta (+1 or -1) to the count of keys[i] for every i, in order. A key whose count
