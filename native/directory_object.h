@@ -80,9 +80,10 @@ static inline int64_t dm_route_hop(const directory_t *d, const intent_counts_t *
     return h < 0 ? -3 : h;
 }
 
-/* The decision on node's reports for keys[0..n) (serve_module.c): see Directory.decide. */
+/* The decision on node's reports for keys[0..n) (serve_module.c): see Directory.decide. owned:
+ * the caller has just found every key owned here (else each is checked first: ValueError). */
 PyObject *dm_decide_batch(DirectoryObject *self, int variant, int64_t node, const int64_t *keys,
-                          int64_t n, const uint8_t *flags);
+                          int64_t n, const uint8_t *flags, int owned);
 
 /* --- methods defined outside directory_module.c (their docstrings are in its table) ------- */
 

@@ -191,7 +191,8 @@ PyObject *Directory_round_build(DirectoryObject *self, PyObject *args) {
         if (ntold) {
             decided = ntold;
             if (variant >= 0
-                && !(decision = dm_decide_batch(self, variant, d->rank, other, ntold, other_flags)))
+                && !(decision = dm_decide_batch(self, variant, d->rank, other, ntold, other_flags,
+                                                1))) /* found owned just above */
                 goto done;
             ic_acknowledge(c, other, other_flags, ntold);
         }
@@ -407,7 +408,7 @@ PyObject *Directory_redirected(DirectoryObject *self, PyObject *args) {
     }
     if (nm) {
         if (variant >= 0
-            && !(decision = dm_decide_batch(self, variant, d->rank, mine, nm, mine_flags)))
+            && !(decision = dm_decide_batch(self, variant, d->rank, mine, nm, mine_flags, 1)))
             goto done;
         ic_acknowledge(c, mine, mine_flags, nm);
     }

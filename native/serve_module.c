@@ -61,14 +61,14 @@ int dm_decide(DirectoryObject *self, int variant, int64_t node, const int64_t *k
  * (dropped, relocated, per_rank), see the docstring of decide; its moves join the peers' held
  * moves (outbox.h). NULL with an exception set (nothing changed) if a key is not owned here. */
 PyObject *dm_decide_batch(DirectoryObject *self, int variant, int64_t node,
-                          const int64_t *keys, int64_t n, const uint8_t *flags) {
+                          const int64_t *keys, int64_t n, const uint8_t *flags, int owned) {
     const directory_t *d = &self->d;
     if (!d->masks) {
         PyErr_SetString(PyExc_ValueError, "decide: this directory keeps no intent masks "
                                           "(the variant does not act on intent)");
         return NULL;
     }
-    for (int64_t i = 0; i < n; i++) /* before anything changes */
+    for (int64_t i = 0; i < n && !owned; i++) /* before anything changes */
         if (store_state(d->store, keys[i]) != KEY_OWNER) {
             PyErr_Format(PyExc_ValueError, "decide: key %lld is not owned here",
                          (long long)keys[i]);
@@ -184,7 +184,7 @@ PyObject *Directory_decide(DirectoryObject *self, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "decide: has_intent needs one entry per key");
     else if (dm_check_keys(self, kv.buf, n) == 0
              && dm_refuse_repeated(self, kv.buf, n, "decide") == 0)
-        result = dm_decide_batch(self, variant, node, kv.buf, n, fv.buf);
+        result = dm_decide_batch(self, variant, node, kv.buf, n, fv.buf, 0);
     PyBuffer_Release(&kv);
     PyBuffer_Release(&fv);
     return result;
@@ -292,7 +292,9 @@ PyObject *Directory_serve_sync(DirectoryObject *self, PyObject *args) {
     if (PyByteArray_Resize(arrays[2], a.nrefresh * 8) < 0
         || PyByteArray_Resize(arrays[3], a.nvalues * 4) < 0)
         goto done;
-    if (oi && !(decision = dm_decide_batch(self, variant, origin, ikeys, oi, iflags))) goto done;
+    /* The plan found these owned (SYNC_OWNED), and nothing has moved since. */
+    if (oi && !(decision = dm_decide_batch(self, variant, origin, ikeys, oi, iflags, 1)))
+        goto done;
     if (locked) {
         pins_unlock(locked);
         locked = NULL;
