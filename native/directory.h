@@ -196,6 +196,8 @@ typedef struct {
     const int64_t *rkeys;
     const uint8_t *rflags;
     int64_t nr;
+    pins_t *release; /* locked by the caller: unlocked as soon as the dropped replicas have left,
+                      * before the deltas are taken (NULL: nothing to unlock; dir_sync_pins) */
 } round_in_t;
 
 typedef struct {

@@ -60,10 +60,12 @@ int64_t dir_round_build(const directory_t *d, const round_in_t *in, const round_
         }
     }
     float *rows = o->s_rows; /* the deltas' rows, packed in entry order */
-    if (ndrop && store_remove(s, o->drop_keys, ndrop, NULL, rows, z->drop_floats,
-                              o->drop_slots, NULL) < 0)
-        return -1;
-    slots_give(d->alloc, s, o->drop_keys, o->drop_slots, ndrop);
+    const int failed = ndrop && store_remove(s, o->drop_keys, ndrop, NULL, rows, z->drop_floats,
+                                             o->drop_slots, NULL) < 0;
+    if (!failed) slots_give(d->alloc, s, o->drop_keys, o->drop_slots, ndrop);
+    /* What leaves has left: a worker's pin may go ahead while the deltas are copied. */
+    if (in->release) pins_unlock(in->release);
+    if (failed) return -1;
     /* Replicas still held: each one's delta, or its version alone. */
     int64_t nl = 0;
     for (int64_t i = 0; i < d->held->len; i++)

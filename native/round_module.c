@@ -7,13 +7,14 @@
 /* A round's requests for reports rkeys[0..nr) with rflags (checked in range, unique, not
  * owned here) and the replicas held here: a new tuple of the 13 bytearrays (drop_keys, counts,
  * keys, ikeys, ipos, iflags, dkeys, dpos, drows, dver, ckeys, cpos, cver; see the docstring of
- * round_requests), or NULL with an exception set. */
+ * round_requests), or NULL with an exception set. release: pins the caller locked, unlocked
+ * here in any case (as soon as the dropped replicas have left), or NULL. */
 static PyObject *round_buffers(DirectoryObject *self, const int64_t *rkeys, const uint8_t *rflags,
-                               int64_t nr) {
+                               int64_t nr, pins_t *release) {
     const directory_t *d = &self->d;
     PyObject *result = NULL, *out[13] = {NULL};
     void *scratch[8] = {NULL};
-    round_in_t in = {rkeys, rflags, nr};
+    round_in_t in = {rkeys, rflags, nr, release};
     round_sizes_t z;
     dir_round_sizes(d, &in, &z);
     const int64_t nh = d->held->len, world = d->world_size, most = z.drops + nh;
@@ -41,8 +42,9 @@ static PyObject *round_buffers(DirectoryObject *self, const int64_t *rkeys, cons
     r.drop_slots = scratch[7];
     int64_t ok;
     NOGIL_BEGIN(nr + nh + z.held_floats)
-    ok = dir_round_build(d, &in, &z, &r);
+    ok = dir_round_build(d, &in, &z, &r); /* unlocks release */
     NOGIL_END
+    release = NULL;
     if (ok < 0) {
         PyErr_SetString(PyExc_RuntimeError, "round_requests: a location hint names a rank "
                                             "outside the world");
@@ -58,6 +60,7 @@ static PyObject *round_buffers(DirectoryObject *self, const int64_t *rkeys, cons
         || PyByteArray_Resize(out[12], r.nc * 8) < 0)
         Py_CLEAR(result);
 done:
+    if (release) pins_unlock(release); /* failed before dir_round_build */
     for (int i = 0; i < 8; i++) PyMem_Free(scratch[i]);
     return result;
 }
@@ -146,7 +149,8 @@ PyObject *Directory_round_build(DirectoryObject *self, PyObject *args) {
          * yet; NodeState.sample_pins) is reported with the next round: the report would drop
          * a replica (or relocate an owned key) under the worker's push, which would then go
          * remote. The pins stay locked until the decisions and the drops below are carried
-         * out (see dir_sync_pins in directory.h: a worker's pin waits for them). */
+         * out (round_buffers unlocks them; see dir_sync_pins in directory.h: a worker's pin
+         * waits for them). */
         int64_t kept = 0;
         pins_lock(locked = &self->pins);
         for (int64_t i = 0; i < m; i++) {
@@ -206,7 +210,9 @@ PyObject *Directory_round_build(DirectoryObject *self, PyObject *args) {
     memcpy(p, flags, (size_t)m);
     int64_t deltas = 0;
     if (m || d->held->len) {
-        if (!(buffers = round_buffers(self, keys, flags, m))) goto done;
+        buffers = round_buffers(self, keys, flags, m, locked);
+        locked = NULL; /* round_buffers unlocked it, once the dropped replicas had left */
+        if (!buffers) goto done;
         PyObject *b[13];
         for (int i = 0; i < 13; i++) b[i] = PyTuple_GET_ITEM(buffers, i);
         deltas = PyByteArray_GET_SIZE(b[6]) / 8;
@@ -258,7 +264,7 @@ PyObject *Directory_round_requests(DirectoryObject *self, PyObject *args) {
     if (dm_check_keys(self, v[0].buf, nr) < 0
         || dm_refuse_repeated(self, v[0].buf, nr, "round_requests: reports") < 0)
         goto done;
-    PyObject *buffers = round_buffers(self, v[0].buf, v[1].buf, nr);
+    PyObject *buffers = round_buffers(self, v[0].buf, v[1].buf, nr, NULL);
     if (buffers) {
         PyObject *b[13];
         for (int i = 0; i < 13; i++) b[i] = PyTuple_GET_ITEM(buffers, i);
