@@ -18,7 +18,7 @@ static int km_alloc(keymap_t *m, int64_t capacity) {
     m->keys = keys;
     m->vals = vals;
     m->mask = capacity - 1;
-    m->live = m->filled = 0;
+    m->live = 0;
     return 0;
 }
 
@@ -33,7 +33,7 @@ void km_free(keymap_t *m) {
 
 int km_reserve(keymap_t *m, int64_t more) {
     const int64_t capacity = m->mask + 1;
-    if (4 * (m->filled + more) <= 3 * capacity) return 0;
+    if (4 * (m->live + more) <= 3 * capacity) return 0;
     int64_t grown = KM_MIN_CAPACITY;
     while (2 * (m->live + more) > grown) grown *= 2; /* at most half full after a rehash */
     keymap_t next;
@@ -48,7 +48,6 @@ int km_reserve(keymap_t *m, int64_t more) {
 void km_put(keymap_t *m, int64_t key, int32_t val) {
     int64_t i = km_slot(m, key);
     while (m->keys[i] >= 0) i = (i + 1) & m->mask;
-    if (m->keys[i] == KM_EMPTY) m->filled++;
     m->keys[i] = key;
     m->vals[i] = val;
     m->live++;
@@ -70,7 +69,6 @@ int32_t km_del(keymap_t *m, int64_t key) {
     for (int64_t j = (i + 1) & m->mask;; j = (j + 1) & m->mask) {
         const int64_t k = m->keys[j];
         if (k == KM_EMPTY) break;
-        if (k == KM_TOMB) continue; /* none are made any more; kept for a table that has them */
         const int64_t home = km_slot(m, k);
         /* The entry at j stays where its home lies cyclically in (i, j]. */
         const int stays = i <= j ? (i < home && home <= j) : (i < home || home <= j);
@@ -81,7 +79,6 @@ int32_t km_del(keymap_t *m, int64_t key) {
     }
     m->keys[i] = KM_EMPTY;
     m->live--;
-    m->filled--;
     return val;
 }
 

@@ -8,14 +8,13 @@
 
 #include <stdint.h>
 
-enum { KM_EMPTY = -1, KM_TOMB = -2 }; /* KM_TOMB: no longer made (km_del shifts back) */
+enum { KM_EMPTY = -1 };
 
 typedef struct {
-    int64_t *keys; /* KM_EMPTY, KM_TOMB or a key */
+    int64_t *keys; /* KM_EMPTY or a key */
     int32_t *vals;
     int64_t mask;   /* capacity - 1 */
     int64_t live;   /* keys in the map */
-    int64_t filled; /* slots not empty: live (km_del leaves no tombstone) */
 } keymap_t;
 
 /* An empty map; returns 0, or -1 if out of memory. */
