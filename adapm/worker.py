@@ -164,6 +164,31 @@ class Worker:
         """
         self._update(keys, values, Op.SET, "values")
 
+    # --- native training loops ----------------------------------------------------------------
+
+    def native_rows(self):
+        """The node's rows for a native training loop of ``adapm._kernels`` (``mf_train_rows``):
+        a capsule through which the loop gathers and adds to rows by key with the GIL released,
+        many batches per call, as :meth:`pull` and :meth:`push` would with local keys; or None
+        where a loop must not bypass this handle: on a node of a multi-node job (keys come and
+        go there, and intent is signalled per batch), or with per-key value lengths.
+
+        The capsule keeps the store's memory alive while it lives. The loop reports a key it
+        finds held elsewhere instead of reading or adding to it (the caller then takes that
+        batch through :meth:`pull` and :meth:`push`), and the caller counts what the loop
+        accessed with :meth:`count_accesses`. Raises StateError after shutdown.
+        """
+        self._node._check_open("native_rows")
+        if self._engine is not None or not self._store.uniform_length:
+            return None
+        return self._store.native.rows()
+
+    def count_accesses(self, pulled: int, pushed: int) -> None:
+        """Counts keys read and added to through :meth:`native_rows` in ``stats()``, as local
+        pulls and pushes."""
+        self.counters["local_pull_keys"] += pulled
+        self.counters["local_push_keys"] += pushed
+
     # --- intent and clocks -------------------------------------------------------------------
 
     @_one_thread_at_a_time

@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "intents.h"
+#include "kernels/rows.h"
 #include "module.h"
 #include "policy.h"
 #include "sampling.h"
@@ -310,6 +311,47 @@ static PyObject *Store_gather_fast(StoreObject *self, PyObject *args) { return f
 static PyObject *Store_scatter_add_fast(StoreObject *self, PyObject *args) { return fast_call(self, args, 1); }
 static PyObject *Store_scatter_set_fast(StoreObject *self, PyObject *args) { return fast_call(self, args, 2); }
 
+/* Store.rows(): the store's rows for the kernels' native training loops (kernels/rows.h). The
+ * capsule owns its rows_t and a reference to the Store, so the store's memory outlives every
+ * loop that holds the capsule. The functions are store_gather and store_scatter (add): keys
+ * held elsewhere come back as missing, as for a worker's pull and push. */
+static int64_t rows_gather(void *ctx, const int64_t *keys, int64_t n, float *out,
+                           int64_t out_floats, int64_t *missing) {
+    return store_gather(ctx, keys, n, out, out_floats, missing);
+}
+
+static int64_t rows_scatter_add(void *ctx, const int64_t *keys, int64_t n, const float *vals,
+                                int64_t vals_floats, int64_t *missing) {
+    return store_scatter(ctx, keys, n, vals, vals_floats, missing, 0);
+}
+
+static void rows_capsule_free(PyObject *capsule) {
+    PyMem_Free(PyCapsule_GetPointer(capsule, ROWS_CAPSULE));
+    Py_XDECREF((PyObject *)PyCapsule_GetContext(capsule));
+}
+
+static PyObject *Store_rows(StoreObject *self, PyObject *unused) {
+    if (!self->s.uniform_len)
+        return PyErr_Format(PyExc_ValueError, "Store.rows: keys of different value lengths");
+    rows_t *rows = PyMem_Malloc(sizeof *rows);
+    if (!rows) return PyErr_NoMemory();
+    *rows = (rows_t){.abi = ROWS_ABI, .ctx = &self->s, .num_keys = self->s.num_keys,
+                     .row_floats = self->s.uniform_len, .gather = rows_gather,
+                     .scatter_add = rows_scatter_add};
+    PyObject *capsule = PyCapsule_New(rows, ROWS_CAPSULE, rows_capsule_free);
+    if (!capsule) {
+        PyMem_Free(rows);
+        return NULL;
+    }
+    Py_INCREF(self);
+    if (PyCapsule_SetContext(capsule, self) < 0) { /* not reached: the capsule is valid */
+        Py_DECREF(self);
+        Py_DECREF(capsule);
+        return NULL;
+    }
+    return capsule;
+}
+
 static PyObject *Store_scatter_add(StoreObject *self, PyObject *args) { return scatter(self, args, 0); }
 static PyObject *Store_scatter_set(StoreObject *self, PyObject *args) { return scatter(self, args, 1); }
 
@@ -582,6 +624,10 @@ static PyMethodDef Store_methods[] = {
      "scatter_add_fast(keys, vals, missing) -> int or None. Like gather_fast, for scatter_add."},
     {"scatter_set_fast", (PyCFunction)Store_scatter_set_fast, METH_VARARGS,
      "scatter_set_fast(keys, vals, missing) -> int or None. Like gather_fast, for scatter_set."},
+    {"rows", (PyCFunction)Store_rows, METH_NOARGS,
+     "rows() -> capsule. The store's rows for the kernels' native training loops "
+     "(adapm._kernels.mf_train_rows): gather and scatter-add by key without the GIL, keys held "
+     "elsewhere reported as missing (native/kernels/rows.h). Uniform value lengths only."},
     {"insert", (PyCFunction)Store_insert, METH_VARARGS,
      "insert(keys, state, vals, versions, now) -> None. Make keys (unique, not held here) local: "
      "each gets a slot, its value (zeros when vals is None) and version (0 when None); "

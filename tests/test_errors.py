@@ -326,6 +326,7 @@ AFTER_SHUTDOWN = {
     "worker": lambda node, w: node.worker(),
     "barrier": lambda node, w: node.barrier(),
     "local_keys": lambda node, w: node.local_keys(),
+    "native_rows": lambda node, w: w.native_rows(),
 }
 
 

@@ -1,5 +1,6 @@
-"""The MF app's native loop over the baseline's array (issue 29: many batches per native call,
-the GIL released): the same numbers as the per-batch path and as one PM node, bit for bit."""
+"""The MF app's native loops over the baseline's array and one node's store (issue 29: many
+batches per native call, the GIL released): the same numbers as the per-batch path, bit for
+bit."""
 
 from __future__ import annotations
 
@@ -40,24 +41,33 @@ def _numbers(records):
     return [(r["loss"], r["rmse"], {k: r["stats"][0][k] for k in keep}) for r in records]
 
 
-def test_baseline_native_loop_computes_the_per_batch_path_and_one_node(data, tmp_path,
-                                                                        monkeypatch):
-    assert hasattr(K, "mf_train_table"), "adapm._kernels built from before mf_train_table"
+def _count_calls(monkeypatch, name):
     calls = []
-    table = K.mf_train_table
+    original = getattr(K, name)
 
     def counted(*args):
         calls.append(args[2])
-        return table(*args)
+        return original(*args)
 
-    monkeypatch.setattr(K, "mf_train_table", counted)
+    monkeypatch.setattr(K, name, counted)
+    return calls
+
+
+def test_native_loops_compute_the_per_batch_path(data, tmp_path, monkeypatch):
+    """The baseline's table and one PM node's store, each many batches per native call, and both
+    per batch: the same losses, RMSE, access counts and model, bit for bit."""
+    assert hasattr(K, "mf_train_rows"), "adapm._kernels built from before mf_train_rows"
+    table_calls = _count_calls(monkeypatch, "mf_train_table")
+    rows_calls = _count_calls(monkeypatch, "mf_train_rows")
     native = _train(data, tmp_path / "native", "--baseline")
-    assert len(calls) == 2 * 3 and set(calls) == {BATCH}  # three calls an epoch
+    assert len(table_calls) == 2 * 3 and set(table_calls) == {BATCH}  # three calls an epoch
+    node = _train(data, tmp_path / "node")
+    assert len(rows_calls) == 2 * 3 and set(rows_calls) == {BATCH}
     monkeypatch.setattr(mf.MFTrainer, "chunked", lambda self, worker: None)
     per_batch = _train(data, tmp_path / "per-batch", "--baseline")
-    node = _train(data, tmp_path / "node")
-    assert len(calls) == 6  # neither the per-batch path nor the PM node called it
-    for other in (per_batch, node):
+    node_per_batch = _train(data, tmp_path / "node-per-batch")
+    assert len(table_calls) == 6 and len(rows_calls) == 6  # the per-batch paths called neither
+    for other in (node, per_batch, node_per_batch):
         assert _numbers(native[0]) == _numbers(other[0])
         assert np.array_equal(native[1], other[1]) and np.array_equal(native[2], other[2])
 

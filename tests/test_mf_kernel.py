@@ -962,3 +962,99 @@ def test_table_run_threads_lose_no_update():
         list(ex.map(lambda p: _table_run(rank, 0.1, bs, rows, cols, vals, 200, reg_of, p, data,
                                          offsets, lens), [low, high]))
     assert np.array_equal(data, want)
+
+
+# ---- mf_train_rows: the same run over a node's store -------------------------------------------
+
+
+def _store_with(data, width, held):
+    """A rank-0 store of a 2-node job holding the keys ``held`` (owner copies) with the rows of
+    ``data``, through its public insert."""
+    from adapm import Config
+    from adapm._store import OWNER, Store
+
+    nkeys = len(data) // width
+    store = Store(Config(num_keys=nkeys, value_length=width, rank=0, world_size=2,
+                         rendezvous="127.0.0.1:1"))
+    store.insert(held, OWNER, data.reshape(nkeys, width)[held].reshape(-1),
+                 np.zeros(len(held), np.int64))
+    return store
+
+
+def _rows_run(rank, lr, bs, rows, cols, vals, num_rows, reg_of, points, store):
+    batches = -(-len(points) // bs)
+    row_of = np.full(len(reg_of), -1, np.int32)
+    losses, counts = np.full(batches, -1.0), np.full(batches, -1, np.int64)
+    left_keys, left_rows = np.empty(2 * bs, np.int64), np.empty((2 * bs, 2 * rank), F32)
+    got = K.mf_train_rows(rank, lr, bs, rows, cols, vals, num_rows, reg_of, row_of, points,
+                          store.native.rows(), left_keys, left_rows, np.empty(6 * bs, np.int64),
+                          np.empty(3 * bs + 8 * bs * rank, F32), losses, counts)
+    assert (row_of == -1).all()
+    return got, losses.tolist(), counts.tolist()
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 100), st.integers(1, 100), st.integers(1, 600), st.integers(1, 400),
+       st.integers(1, 20), st.integers(1, 6), st.integers(0, 2**31), st.booleans())
+def test_store_run_is_the_table_run_up_to_a_key_held_elsewhere(num_rows, num_cols, entries, n,
+                                                                bs, rank, seed, all_held):
+    """Over a node's store: the table run's rows, losses and key counts, bit for bit, for every
+    batch before the first one with a key not held here; that batch and the rest are left
+    untouched (STOP_PULL), for the caller to train through the node."""
+    rows, cols, vals, reg_of, data, offsets, lens = _table_run_inputs(num_rows, num_cols,
+                                                                      entries, rank, seed)
+    nkeys, width = num_rows + num_cols, 2 * rank
+    rng = np.random.default_rng(seed)
+    points = rng.integers(0, entries, n).astype(np.int64)
+    held = np.arange(nkeys, dtype=np.int64)
+    if not all_held:  # a key of some point (so some batch has it), and a few others
+        p = points[rng.integers(0, n)]
+        away = [rows[p] if rng.random() < 0.5 else num_rows + cols[p]]
+        held = np.setdiff1d(held[rng.random(nkeys) < 0.998], away)
+    store = _store_with(data, width, held)
+    got, losses, counts = _rows_run(rank, 0.1, bs, rows, cols, vals, num_rows, reg_of, points,
+                                    store)
+    # the batches before the first one with a key not held here
+    away = np.setdiff1d(np.arange(nkeys), held)
+    first = next((b for b, start in enumerate(range(0, n, bs))
+                  if np.isin(np.concatenate([rows[points[start:start + bs]], num_rows +
+                                             cols[points[start:start + bs]]]), away).any()),
+                 None)
+    trained = -(-n // bs) if first is None else first
+    assert got == (trained, 0 if first is None else K.MF_STOP_PULL, 0)
+    want, want_losses, want_counts = _per_batch(rank, 0.1, bs, rows, cols, vals, num_rows,
+                                                reg_of, points[:trained * bs], data, offsets,
+                                                lens)
+    values = np.empty((len(held), width), F32)
+    assert store.gather(held, values, np.empty(len(held), np.int64)) == 0
+    assert np.array_equal(values, want.reshape(nkeys, width)[held])
+    assert losses[:trained] == want_losses and counts[:trained] == want_counts
+
+
+def test_store_run_checks_its_rows():
+    rank, bs = 2, 8
+    rows, cols, vals, reg_of, data, offsets, lens = _table_run_inputs(10, 10, 50, rank, 3)
+    store = _store_with(data, 2 * rank, np.arange(20, dtype=np.int64))
+    args = {"rank": rank, "lr": 0.1, "batch_size": bs, "rows": rows, "cols": cols,
+            "vals": vals, "num_rows": 10, "reg_of": reg_of, "row_of": np.full(20, -1, np.int32),
+            "points": np.arange(40, dtype=np.int64), "store_rows": store.native.rows(),
+            "left_keys": np.empty(2 * bs, np.int64),
+            "left_rows": np.empty((2 * bs, 2 * rank), F32),
+            "iscratch": np.empty(6 * bs, np.int64),
+            "fscratch": np.empty(3 * bs + 8 * bs * rank, F32),
+            "losses": np.empty(5), "keys": np.empty(5, np.int64)}
+    other = _store_with(np.zeros(20 * 6, F32), 6, np.arange(20, dtype=np.int64))
+    bad = [({"store_rows": object()}, TypeError, "Store.rows"),
+           ({"store_rows": other.native.rows()}, ValueError, "6 floats, not 2 \\* rank = 4"),
+           ({"iscratch": np.empty(6 * bs - 1, np.int64)}, ValueError, "iscratch needs 6"),
+           ({"left_keys": np.empty(2 * bs - 1, np.int64)}, ValueError, "left_keys"),
+           ({"left_rows": np.empty((2 * bs, 2 * rank - 1), F32)}, ValueError, "left_keys"),
+           ({"reg_of": np.ones(30, F32), "row_of": np.full(30, -1, np.int32)}, ValueError,
+            "the matrix has 30 keys, the store 20")]
+    for change, exc, match in bad:
+        with pytest.raises(exc, match=match):
+            K.mf_train_rows(**dict(args, **change))
+    values = np.empty((20, 2 * rank), F32)
+    store.gather(np.arange(20, dtype=np.int64), values, np.empty(20, np.int64))
+    assert np.array_equal(values.reshape(-1), data)  # nothing trained by a failed call
+    assert K.mf_train_rows(**args) == (5, 0, 0)

@@ -329,6 +329,21 @@ def test_fewer_keys_than_nodes():
         assert values == [6, 3], f"rank {rank}"
 
 
+def _native_rows_job(node):
+    return node.worker().native_rows() is None
+
+
+@pytest.mark.parametrize("management", ["static_partition", "adaptive"])
+def test_no_native_rows_on_a_node_of_a_multi_node_job(management):
+    """A native training loop gets a node's rows only where keys never come and go (one node):
+    on a node of a job of two, its batches go through pull and push, which route them."""
+    assert cluster(_native_rows_job, 2, num_keys=8, management=management) == [True, True]
+    with adapm.init(num_keys=8, value_length=4) as node:  # one node: every key stays here
+        assert type(node.worker().native_rows()).__name__ == "PyCapsule"
+    with adapm.init(num_keys=8, value_length=np.arange(1, 9)) as node:
+        assert node.worker().native_rows() is None  # per-key lengths
+
+
 # --- counters ----------------------------------------------------------------------------------
 
 

@@ -270,34 +270,71 @@ class MFTrainer:
         return _Plan(keys[:nk], rows[0], rows[1], x, reg[:nk], keys[row_keys:nk])
 
     def chunked(self, worker):
-        """Over the baseline's plain shared array (every key local, no intent to signal): a
-        ``run(points, batch_size) -> (losses, steps)`` that trains up to CHUNK_BATCHES batches
-        in one native call with the GIL released (``mf_train_table``: per batch what plan,
-        pull, step and push do, with the same arithmetic); None for a PM worker."""
-        if not isinstance(worker, ArrayWorker) or not hasattr(_kernels, "mf_train_table"):
-            return None  # a PM worker (or a build of the kernels from before the call)
+        """Where every key stays local (the baseline's plain shared array, or one node's store:
+        ``Worker.native_rows``), a ``run(points, batch_size) -> (losses, steps)`` that trains
+        up to CHUNK_BATCHES batches in one native call with the GIL released (per batch what
+        plan, pull, step and push do, with the same arithmetic); None where intent must be
+        signalled per batch (a node of a multi-node job)."""
+        if isinstance(worker, ArrayWorker):
+            if not hasattr(_kernels, "mf_train_table"):
+                return None  # a build of the kernels from before the call
+            data, offsets, lens = worker.table()
+            rows = None
+        else:
+            if not hasattr(_kernels, "mf_train_rows"):
+                return None
+            rows = worker.native_rows()
+            if rows is None:
+                return None
         task = self.task
-        data, offsets, lens = worker.table()
         if self._scratch is None:
             bs, width = self.batch_size, 2 * task.rank
-            self._scratch = (np.empty(4 * bs, dtype=np.int64),
+            self._scratch = (np.empty(6 * bs, dtype=np.int64),
                              np.empty(3 * bs + 4 * bs * width, dtype=np.float32),
                              np.empty(runner.CHUNK_BATCHES, dtype=np.float64),
-                             np.empty(runner.CHUNK_BATCHES, dtype=np.int64))
-        iscratch, fscratch, losses, keys = self._scratch
+                             np.empty(runner.CHUNK_BATCHES, dtype=np.int64),
+                             np.empty(2 * bs, dtype=np.int64),
+                             np.empty((2 * bs, width), dtype=np.float32))
+        iscratch, fscratch, losses, keys, left_keys, left_rows = self._scratch
 
-        def run(points: np.ndarray, batch_size: int) -> tuple[list, int]:
+        def check(batch_size: int) -> None:
             if batch_size > self.batch_size:
                 raise ValueError(f"batches of {batch_size} entries; this trainer's scratch "
                                  f"holds {self.batch_size}")
+
+        def run_table(points: np.ndarray, batch_size: int) -> tuple[list, int]:
+            check(batch_size)
             batches = _kernels.mf_train_table(
                 task.rank, task.lr, batch_size, *self._entries, task.num_rows, task.reg,
-                self._row_of, points, data, offsets, lens, iscratch, fscratch, losses, keys)
+                self._row_of, points, data, offsets, lens, iscratch, fscratch,
+                losses, keys)
             touched = int(keys[:batches].sum())
             worker.count_accesses(touched, touched)
             return losses[:batches].tolist(), len(points)
 
-        return run
+        def run_rows(points: np.ndarray, batch_size: int) -> tuple[list, int]:
+            # A batch whose keys are not all here (STOP_PULL), or whose keys left before its
+            # push (STOP_PUSH), goes through the worker's pull and push, which route them.
+            check(batch_size)
+            out: list = []
+            steps = len(points)
+            while len(points):
+                batches, stop, left = _kernels.mf_train_rows(
+                    task.rank, task.lr, batch_size, *self._entries, task.num_rows, task.reg,
+                    self._row_of, points, rows, left_keys, left_rows, iscratch, fscratch,
+                    losses, keys)
+                touched = int(keys[:batches].sum())
+                worker.count_accesses(touched, touched - left)
+                out += losses[:batches].tolist()
+                points = points[batches * batch_size:]
+                if stop == _kernels.MF_STOP_PUSH:
+                    worker.push(left_keys[:left].copy(), left_rows[:left].copy())
+                elif stop == _kernels.MF_STOP_PULL:
+                    out.append(self.step(worker, self.plan(points[:batch_size]), None)[0])
+                    points = points[batch_size:]
+            return out, steps
+
+        return run_table if rows is None else run_rows
 
     def step(self, worker, plan: _Plan, sample) -> tuple[float, int]:
         width = 2 * self.task.rank

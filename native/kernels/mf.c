@@ -253,32 +253,54 @@ int64_t mf_format(const int64_t *rows, const int64_t *cols, const float *vals, i
     return at;
 }
 
-/* ---- a run of batches over the baseline's table ---------------------------------------------- */
+/* ---- a run of batches over rows wherever they live (rows.h) -------------------------------- */
 
-int64_t mf_train_table(const mf_run_t *r, const int64_t *points, int64_t n, double *losses,
-                       int64_t *keys) {
+int64_t mf_train_rows(const mf_run_t *r, const int64_t *points, int64_t n, double *losses,
+                      int64_t *keys, int *stop, int64_t *num_left) {
     const mf_plan_t *p = &r->plan;
+    const rows_t *rows = r->rows;
     const int64_t R = p->num_rows, width = 2 * r->rank;
+    *stop = MF_DONE;
+    *num_left = 0;
     for (int64_t i = 0; i < n; i++) { /* mf_plan's check, for the whole run before any batch */
         const int64_t e = points[i];
         if (e < 0 || e >= p->num_entries || p->rows[e] < 0 || p->rows[e] >= R ||
             p->cols[e] < 0 || p->cols[e] >= p->num_keys - R)
             return -1 - i;
     }
-    for (int64_t b = 0, start = 0; start < n; b++, start += r->batch_size) {
+    int64_t b = 0;
+    for (int64_t start = 0; start < n; b++, start += r->batch_size) {
         const int64_t m = n - start < r->batch_size ? n - start : r->batch_size;
-        int64_t row_keys, bad;
+        int64_t row_keys;
         const int64_t nk = mf_plan(p, points + start, m, r->scratch_keys, r->w_rows, r->h_rows,
                                    r->x, r->reg, &row_keys);
         if (nk < 0) return -1 - (start - 1 - nk); /* not reached: checked above */
-        if (table_gather(r->table, r->scratch_keys, nk, r->values, nk * width, &bad) != TABLE_OK)
-            return -1 - n - b;
+        const int64_t away = rows->gather(rows->ctx, r->scratch_keys, nk, r->values,
+                                          nk * width, r->missing);
+        if (away < 0) return -1 - n - b;
+        if (away > 0) { /* nothing of this batch written: the caller trains it */
+            *stop = MF_STOP_PULL;
+            return b;
+        }
         const mf_batch_t batch = {.rank = r->rank, .values = r->values, .updates = r->updates,
                                   .num_rows = nk, .w_rows = r->w_rows, .h_rows = r->h_rows,
                                   .x = r->x, .num_entries = m, .reg = r->reg, .lr = r->lr};
         mf_train_batch(&batch, &losses[b]); /* its rows are the plan's: always in range */
-        table_scatter_add(r->table, r->scratch_keys, nk, r->updates, nk * width, &bad);
         keys[b] = nk;
+        const int64_t left = rows->scatter_add(rows->ctx, r->scratch_keys, nk, r->updates,
+                                               nk * width, r->missing);
+        if (left < 0) return -1 - n - b; /* not reached: the gather checked the same keys */
+        if (left > 0) { /* keys that left meanwhile: their updates go back to the caller */
+            for (int64_t j = 0; j < left; j++) {
+                const int64_t at = r->missing[j];
+                r->left_keys[j] = r->scratch_keys[at];
+                memcpy(r->left_rows + j * width, r->updates + at * width,
+                       (size_t)width * sizeof(float));
+            }
+            *stop = MF_STOP_PUSH;
+            *num_left = left;
+            return b + 1;
+        }
     }
-    return 0;
+    return b;
 }

@@ -10,7 +10,7 @@
 
 #include <stdint.h>
 
-#include "table.h"
+#include "rows.h"
 
 /* Largest rank accepted. */
 #define MF_MAX_RANK 4096
@@ -83,28 +83,43 @@ typedef struct {
 int64_t mf_plan(const mf_plan_t *p, const int64_t *points, int64_t n, int64_t *keys,
                 int64_t *w_rows, int64_t *h_rows, float *x, float *reg, int64_t *row_keys);
 
-/* A run of batches over the baseline's plain shared table (table.h), in one call: what the
- * per-batch path does for each batch (mf_plan, table_gather of its keys, mf_train_batch,
- * table_scatter_add of the updates), in the same order with the same arithmetic, so that the
- * table ends as that path leaves it. Batch b is points[b * batch_size, min((b + 1) *
+/* A run of batches in one call, over rows wherever they live (rows.h: the baseline's table, a
+ * node's store): what the per-batch path does for each batch (mf_plan, a gather of its keys,
+ * mf_train_batch, a scatter_add of the updates), in the same order with the same arithmetic, so
+ * that the rows end as that path leaves them. Batch b is points[b * batch_size, min((b + 1) *
  * batch_size, n)); losses[b] gets its loss (mf_train_batch's) and keys[b] its number of distinct
  * keys (pulled and pushed once each). The scratch holds one batch of up to batch_size entries:
- * keys and reg 2 * batch_size items, w_rows, h_rows and x batch_size, values and updates
- * 2 * batch_size rows of 2 * rank floats. Every point is checked before anything is written
- * (as mf_plan): returns -1 - i for the first bad points[i]; the table's check of a batch's
- * rows (table_gather's) fails only for a table that does not cover the plan's keys, and then
- * returns -1 - n - b for batch b (batches before it trained, nothing of b written). Else 0. */
+ * keys, reg and missing 2 * batch_size items, w_rows, h_rows and x batch_size, values and
+ * updates 2 * batch_size rows of 2 * rank floats.
+ *
+ * Every point is checked before anything is written (as mf_plan): returns -1 - i for the first
+ * bad points[i]. A gather or scatter_add that fails (-1: a table that does not cover the plan's
+ * keys) returns -1 - n - b for batch b (batches before it trained, nothing of b written).
+ *
+ * Else it returns the number of batches trained, and *stop says why it returned:
+ * - MF_DONE: every batch;
+ * - MF_STOP_PULL: the next batch has keys whose rows are not held here; nothing of it was
+ *   written (the caller trains it through the node, which fetches them, and calls again from
+ *   the batch after it);
+ * - MF_STOP_PUSH: the last batch trained had keys that left between its gather and its
+ *   scatter_add (another thread moved them away): their keys went to left_keys and their
+ *   updates to left_rows (room for 2 * batch_size keys and rows), *num_left of them; the
+ *   caller pushes them through the node, which sends them where the keys went. */
+enum { MF_DONE = 0, MF_STOP_PULL = 1, MF_STOP_PUSH = 2 };
+
 typedef struct {
     mf_plan_t plan;
-    const table_t *table;
+    const rows_t *rows;
     int64_t rank;
     float lr;
     int64_t batch_size;
-    int64_t *scratch_keys, *w_rows, *h_rows;
+    int64_t *scratch_keys, *w_rows, *h_rows, *missing;
     float *x, *reg, *values, *updates;
+    int64_t *left_keys;  /* MF_STOP_PUSH's outputs (see above) */
+    float *left_rows;
 } mf_run_t;
 
-int64_t mf_train_table(const mf_run_t *r, const int64_t *points, int64_t n, double *losses,
-                       int64_t *keys);
+int64_t mf_train_rows(const mf_run_t *r, const int64_t *points, int64_t n, double *losses,
+                      int64_t *keys, int *stop, int64_t *num_left);
 
 #endif

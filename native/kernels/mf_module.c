@@ -4,6 +4,7 @@
  */
 #include "binding.h"
 #include "mf.h"
+#include "table.h"
 
 static PyObject *py_mf_train_batch(PyObject *module, PyObject *args, PyObject *kwargs) {
     static const char *fn = "mf_train_batch";
@@ -244,102 +245,255 @@ fail:
     return NULL;
 }
 
+/* What mf_train_table and mf_train_rows share: the arguments before the rows (rank, lr,
+ * batch_size, rows, cols, vals, num_rows, reg_of, row_of, points), the scratch and outputs
+ * after them (iscratch, fscratch, losses, keys), their checks, and the error of a failed run.
+ * The rows' buffers (a table's) and outputs (left_keys, left_rows) are the caller's. */
+typedef struct {
+    const char *fn;
+    long long rank, batch_size, num_rows;
+    double lr;
+    views_t vs;
+    Py_buffer *points;
+    double *losses;
+    int64_t *keys;
+    int64_t ne, n, nkeys, batches;
+    mf_run_t run;  /* run.rows is set by take_rows */
+} run_args_t;
+
+/* o: rows, cols, vals, reg_of, row_of, points, then nrows_args objects for take_rows (which
+ * takes the rows' buffers and sets run.rows), then iscratch, fscratch, losses, keys.
+ * int_scratch: iscratch's items per batch_size (4 for a table, whose gather reports no missing
+ * keys; 6 with the missing positions' scratch). 0, or -1 with an error (the caller releases
+ * the views). */
+static int take_run(run_args_t *a, PyObject **o, int nrows_args, int int_scratch,
+                    int (*take_rows)(run_args_t *, PyObject **)) {
+    const char *fn = a->fn;
+    const long long rank = a->rank, batch_size = a->batch_size;
+    if (rank < 1 || rank > MF_MAX_RANK) {
+        PyErr_Format(PyExc_ValueError, "%s: rank %lld outside [1, %d]", fn, rank, MF_MAX_RANK);
+        return -1;
+    }
+    if (batch_size < 1 || batch_size > (INT64_MAX / 64) / (4 * rank)) {
+        PyErr_Format(PyExc_ValueError, "%s: batch_size %lld must be positive (and not absurdly "
+                     "large)", fn, batch_size);
+        return -1;
+    }
+    views_t *vs = &a->vs;
+    Py_buffer *rows, *cols, *vals, *reg_of, *row_of, *iscratch, *fscratch, *losses, *keys;
+    PyObject **tail = o + 6 + nrows_args;
+    if (!(rows = take(vs, o[0], fn, "rows", I64, 0, 1)) ||
+        !(cols = take(vs, o[1], fn, "cols", I64, 0, 1)) ||
+        !(vals = take(vs, o[2], fn, "vals", F32, 0, 1)) ||
+        !(reg_of = take(vs, o[3], fn, "reg_of", F32, 0, 1)) ||
+        !(a->points = take(vs, o[5], fn, "points", I64, 0, 1)))
+        return -1;
+    const int first_written = vs->n;
+    if (!(row_of = take(vs, o[4], fn, "row_of", I32, 1, 1)) || take_rows(a, o + 6) < 0 ||
+        !(iscratch = take(vs, tail[0], fn, "iscratch", I64, 1, 1)) ||
+        !(fscratch = take(vs, tail[1], fn, "fscratch", F32, 1, 1)) ||
+        !(losses = take(vs, tail[2], fn, "losses", F64, 1, 1)) ||
+        !(keys = take(vs, tail[3], fn, "keys", I64, 1, 1)))
+        return -1;
+    for (int i = first_written; i < vs->n; i++) /* the written buffers: row_of onwards */
+        if (check_no_overlap(vs, &vs->v[i], fn, "an output") < 0) return -1;
+    a->ne = count(rows);
+    a->n = count(a->points);
+    a->nkeys = count(reg_of);
+    const int64_t width = 2 * rank;
+    a->batches = (a->n + batch_size - 1) / batch_size;
+    if (check_matrix(fn, a->ne, count(cols), count(vals), a->nkeys, count(row_of),
+                     a->num_rows) < 0)
+        return -1;
+    if (count(iscratch) < int_scratch * batch_size ||
+        count(fscratch) < 3 * batch_size + 4 * batch_size * width) {
+        PyErr_Format(PyExc_ValueError, "%s: iscratch needs %d * batch_size = %lld items, "
+                     "fscratch 3 * batch_size + 8 * batch_size * rank = %lld", fn, int_scratch,
+                     int_scratch * batch_size, 3 * batch_size + 4 * batch_size * width);
+        return -1;
+    }
+    if (count(losses) < a->batches || count(keys) < a->batches) {
+        PyErr_Format(PyExc_ValueError, "%s: losses and keys need one item per batch, %lld", fn,
+                     (long long)a->batches);
+        return -1;
+    }
+    int64_t *is = iscratch->buf;
+    float *fs = fscratch->buf;
+    a->losses = losses->buf;
+    a->keys = keys->buf;
+    a->run = (mf_run_t){
+        .rows = a->run.rows, .left_keys = a->run.left_keys, .left_rows = a->run.left_rows,
+        .plan = {.rows = rows->buf, .cols = cols->buf, .vals = vals->buf, .num_entries = a->ne,
+                 .num_rows = a->num_rows, .num_keys = a->nkeys, .reg_of = reg_of->buf,
+                 .row_of = row_of->buf},
+        .rank = rank, .lr = (float)a->lr, .batch_size = batch_size,
+        .scratch_keys = is, .w_rows = is + 2 * batch_size, .h_rows = is + 3 * batch_size,
+        .missing = int_scratch >= 6 ? is + 4 * batch_size : NULL,
+        .x = fs, .reg = fs + batch_size, .values = fs + 3 * batch_size,
+        .updates = fs + 3 * batch_size + 2 * batch_size * width};
+    return 0;
+}
+
+/* The error of a run that returned rc < 0 (see mf_train_rows); what: the rows' words. */
+static void run_error(const run_args_t *a, int64_t rc, const char *what) {
+    if (-1 - rc < a->n) {
+        const int64_t i = -1 - rc, e = ((const int64_t *)a->points->buf)[i];
+        PyErr_Format(PyExc_ValueError, "%s: points[%lld] = %lld is not an entry of the %lld "
+                     "given, or its row or column is outside the %lld x %lld matrix (nothing "
+                     "trained)", a->fn, (long long)i, (long long)e, (long long)a->ne,
+                     a->num_rows, (long long)(a->nkeys - a->num_rows));
+        return;
+    }
+    PyErr_Format(PyExc_ValueError, "%s: batch %lld: %s (the batches before it were trained)",
+                 a->fn, (long long)(-1 - rc - a->n), what);
+}
+
+/* The table's buffers: data, key_offset, key_len (after points). */
+typedef struct {
+    run_args_t a;
+    table_t table;
+    rows_t rows;
+} table_run_t;
+
+static int take_table(run_args_t *a, PyObject **o) {
+    table_run_t *t = (table_run_t *)a;
+    Py_buffer *data, *key_offset, *key_len;
+    if (!(key_offset = take(&a->vs, o[1], a->fn, "key_offset", I64, 0, 1)) ||
+        !(key_len = take(&a->vs, o[2], a->fn, "key_len", I64, 0, 1)) ||
+        !(data = take(&a->vs, o[0], a->fn, "data", F32, 1, 0)))
+        return -1;
+    const int64_t nkeys = count(key_offset);
+    if (count(key_len) != nkeys) {
+        PyErr_Format(PyExc_ValueError, "%s: key_offset and key_len need one item per key (got "
+                     "%lld and %lld)", a->fn, (long long)nkeys, (long long)count(key_len));
+        return -1;
+    }
+    t->table = (table_t){.data = data->buf, .data_floats = count(data),
+                         .key_offset = key_offset->buf, .key_len = key_len->buf,
+                         .num_keys = nkeys};
+    t->rows = table_rows(&t->table);
+    a->run.rows = &t->rows;
+    return 0;
+}
+
 static PyObject *py_mf_train_table(PyObject *module, PyObject *args, PyObject *kwargs) {
-    static const char *fn = "mf_train_table";
     static char *kwlist[] = {"rank", "lr", "batch_size", "rows", "cols", "vals", "num_rows",
                              "reg_of", "row_of", "points", "data", "key_offset", "key_len",
                              "iscratch", "fscratch", "losses", "keys", NULL};
-    long long rank, batch_size, num_rows;
-    double lr;
-    PyObject *o[14];
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "LdLOOOLOOOOOOOOOO", kwlist, &rank, &lr,
-                                     &batch_size, &o[0], &o[1], &o[2], &num_rows, &o[3], &o[4],
-                                     &o[5], &o[6], &o[7], &o[8], &o[9], &o[10], &o[11], &o[12]))
+    table_run_t t = {.a = {.fn = "mf_train_table", .vs = {.n = 0}}};
+    run_args_t *a = &t.a;
+    PyObject *o[13];
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "LdLOOOLOOOOOOOOOO", kwlist, &a->rank, &a->lr,
+                                     &a->batch_size, &o[0], &o[1], &o[2], &a->num_rows, &o[3],
+                                     &o[4], &o[5], &o[6], &o[7], &o[8], &o[9], &o[10], &o[11],
+                                     &o[12]))
         return NULL;
-    if (rank < 1 || rank > MF_MAX_RANK)
-        return PyErr_Format(PyExc_ValueError, "%s: rank %lld outside [1, %d]", fn, rank,
-                            MF_MAX_RANK);
-    if (batch_size < 1 || batch_size > (INT64_MAX / 64) / (4 * rank))
-        return PyErr_Format(PyExc_ValueError, "%s: batch_size %lld must be positive (and not "
-                            "absurdly large)", fn, batch_size);
-    views_t vs = {.n = 0};
-    Py_buffer *rows, *cols, *vals, *reg_of, *points, *key_offset, *key_len, *row_of, *data,
-        *iscratch, *fscratch, *losses, *keys;
-    if (!(rows = take(&vs, o[0], fn, "rows", I64, 0, 1)) ||
-        !(cols = take(&vs, o[1], fn, "cols", I64, 0, 1)) ||
-        !(vals = take(&vs, o[2], fn, "vals", F32, 0, 1)) ||
-        !(reg_of = take(&vs, o[3], fn, "reg_of", F32, 0, 1)) ||
-        !(points = take(&vs, o[5], fn, "points", I64, 0, 1)) ||
-        !(key_offset = take(&vs, o[7], fn, "key_offset", I64, 0, 1)) ||
-        !(key_len = take(&vs, o[8], fn, "key_len", I64, 0, 1)) ||
-        !(row_of = take(&vs, o[4], fn, "row_of", I32, 1, 1)) ||
-        !(data = take(&vs, o[6], fn, "data", F32, 1, 0)) ||
-        !(iscratch = take(&vs, o[9], fn, "iscratch", I64, 1, 1)) ||
-        !(fscratch = take(&vs, o[10], fn, "fscratch", F32, 1, 1)) ||
-        !(losses = take(&vs, o[11], fn, "losses", F64, 1, 1)) ||
-        !(keys = take(&vs, o[12], fn, "keys", I64, 1, 1)))
-        goto fail;
-    for (int i = 7; i < vs.n; i++) /* the written buffers: row_of onwards */
-        if (check_no_overlap(&vs, &vs.v[i], fn, "an output") < 0) goto fail;
-    const int64_t ne = count(rows), n = count(points), nkeys = count(reg_of);
-    const int64_t width = 2 * rank, batches = (n + batch_size - 1) / batch_size;
-    if (check_matrix(fn, ne, count(cols), count(vals), nkeys, count(row_of), num_rows) < 0)
-        goto fail;
-    if (count(key_offset) != nkeys || count(key_len) != nkeys) {
+    if (take_run(a, o, 3, 4, take_table) < 0) goto fail;
+    if (t.table.num_keys != a->nkeys) {
         PyErr_Format(PyExc_ValueError, "%s: key_offset and key_len need one item per key, %lld "
-                     "(got %lld and %lld)", fn, (long long)nkeys, (long long)count(key_offset),
-                     (long long)count(key_len));
+                     "(got %lld)", a->fn, (long long)a->nkeys, (long long)t.table.num_keys);
         goto fail;
     }
-    if (count(iscratch) < 4 * batch_size ||
-        count(fscratch) < 3 * batch_size + 4 * batch_size * width) {
-        PyErr_Format(PyExc_ValueError, "%s: iscratch needs 4 * batch_size = %lld items, "
-                     "fscratch 3 * batch_size + 8 * batch_size * rank = %lld", fn,
-                     4 * batch_size, 3 * batch_size + 4 * batch_size * width);
-        goto fail;
-    }
-    if (count(losses) < batches || count(keys) < batches) {
-        PyErr_Format(PyExc_ValueError, "%s: losses and keys need one item per batch, %lld",
-                     fn, (long long)batches);
-        goto fail;
-    }
-    const table_t table = {.data = data->buf, .data_floats = count(data),
-                           .key_offset = key_offset->buf, .key_len = key_len->buf,
-                           .num_keys = nkeys};
-    int64_t *is = iscratch->buf;
-    float *fs = fscratch->buf;
-    const mf_run_t run = {
-        .plan = {.rows = rows->buf, .cols = cols->buf, .vals = vals->buf, .num_entries = ne,
-                 .num_rows = num_rows, .num_keys = nkeys, .reg_of = reg_of->buf,
-                 .row_of = row_of->buf},
-        .table = &table, .rank = rank, .lr = (float)lr, .batch_size = batch_size,
-        .scratch_keys = is, .w_rows = is + 2 * batch_size, .h_rows = is + 3 * batch_size,
-        .x = fs, .reg = fs + batch_size, .values = fs + 3 * batch_size,
-        .updates = fs + 3 * batch_size + 2 * batch_size * width};
-    int64_t rc;
+    int64_t rc, left;
+    int stop;
     Py_BEGIN_ALLOW_THREADS
-    rc = mf_train_table(&run, points->buf, n, losses->buf, keys->buf);
+    rc = mf_train_rows(&a->run, a->points->buf, a->n, a->losses, a->keys, &stop, &left);
     Py_END_ALLOW_THREADS
-    if (rc < 0 && -1 - rc < n) {
-        const int64_t i = -1 - rc, e = ((const int64_t *)points->buf)[i];
-        PyErr_Format(PyExc_ValueError, "%s: points[%lld] = %lld is not an entry of the %lld "
-                     "given, or its row or column is outside the %lld x %lld matrix (nothing "
-                     "trained)", fn, (long long)i, (long long)e, (long long)ne, num_rows,
-                     (long long)(nkeys - num_rows));
-        goto fail;
-    }
     if (rc < 0) {
-        PyErr_Format(PyExc_ValueError, "%s: batch %lld: a key's row (key_offset, key_len) is "
-                     "not inside data, or its length is not 2 * rank (the batches before it "
-                     "were trained)", fn, (long long)(-1 - rc - n));
+        run_error(a, rc, "a key's row (key_offset, key_len) is not inside data, or its length "
+                         "is not 2 * rank");
         goto fail;
     }
-    release_views(&vs);
-    return PyLong_FromLongLong(batches);
+    release_views(&a->vs);
+    return PyLong_FromLongLong(rc);
 fail:
-    release_views(&vs);
+    release_views(&a->vs);
     return NULL;
 }
+
+/* A node's rows: the capsule of Store.rows() (rows.h), then left_keys and left_rows. */
+static int take_store(run_args_t *a, PyObject **o) {
+    const rows_t *rows = PyCapsule_GetPointer(o[0], ROWS_CAPSULE);
+    if (!rows) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_TypeError, "%s: rows must be a store's rows (Store.rows(): a capsule "
+                     "named '%s')", a->fn, ROWS_CAPSULE);
+        return -1;
+    }
+    if (rows->abi != ROWS_ABI) {
+        PyErr_Format(PyExc_TypeError, "%s: rows come from a build of adapm._native of another "
+                     "layout (%d, this module reads %d): rebuild both", a->fn, rows->abi,
+                     ROWS_ABI);
+        return -1;
+    }
+    Py_buffer *left_keys, *left_rows;
+    if (!(left_keys = take(&a->vs, o[1], a->fn, "left_keys", I64, 1, 1)) ||
+        !(left_rows = take(&a->vs, o[2], a->fn, "left_rows", F32, 1, 0)))
+        return -1;
+    const int64_t width = 2 * a->rank;
+    if (rows->row_floats != width) {
+        PyErr_Format(PyExc_ValueError, "%s: the store's rows are %lld floats, not 2 * rank = "
+                     "%lld", a->fn, (long long)rows->row_floats, (long long)width);
+        return -1;
+    }
+    if (count(left_keys) < 2 * a->batch_size || count(left_rows) < 2 * a->batch_size * width) {
+        PyErr_Format(PyExc_ValueError, "%s: left_keys needs 2 * batch_size = %lld items, "
+                     "left_rows 2 * batch_size rows of 2 * rank floats", a->fn,
+                     2 * a->batch_size);
+        return -1;
+    }
+    a->run.rows = rows;
+    a->run.left_keys = left_keys->buf;
+    a->run.left_rows = left_rows->buf;
+    return 0;
+}
+
+static PyObject *py_mf_train_rows(PyObject *module, PyObject *args, PyObject *kwargs) {
+    static char *kwlist[] = {"rank", "lr", "batch_size", "rows", "cols", "vals", "num_rows",
+                             "reg_of", "row_of", "points", "store_rows", "left_keys",
+                             "left_rows", "iscratch", "fscratch", "losses", "keys", NULL};
+    run_args_t args_ = {.fn = "mf_train_rows", .vs = {.n = 0}}, *a = &args_;
+    PyObject *o[13];
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "LdLOOOLOOOOOOOOOO", kwlist, &a->rank, &a->lr,
+                                     &a->batch_size, &o[0], &o[1], &o[2], &a->num_rows, &o[3],
+                                     &o[4], &o[5], &o[6], &o[7], &o[8], &o[9], &o[10], &o[11],
+                                     &o[12]))
+        return NULL;
+    if (take_run(a, o, 3, 6, take_store) < 0) goto fail;
+    if (a->run.rows->num_keys < a->nkeys) {
+        PyErr_Format(PyExc_ValueError, "%s: the matrix has %lld keys, the store %lld", a->fn,
+                     (long long)a->nkeys, (long long)a->run.rows->num_keys);
+        goto fail;
+    }
+    int64_t rc, left;
+    int stop;
+    Py_BEGIN_ALLOW_THREADS
+    rc = mf_train_rows(&a->run, a->points->buf, a->n, a->losses, a->keys, &stop, &left);
+    Py_END_ALLOW_THREADS
+    if (rc < 0) {
+        run_error(a, rc, "the store could not take its rows");
+        goto fail;
+    }
+    release_views(&a->vs);
+    return Py_BuildValue("(LiL)", (long long)rc, stop, (long long)left);
+fail:
+    release_views(&a->vs);
+    return NULL;
+}
+
+PyDoc_STRVAR(mf_train_rows_doc,
+"mf_train_rows(rank, lr, batch_size, rows, cols, vals, num_rows, reg_of, row_of, points,\n"
+"              store_rows, left_keys, left_rows, iscratch, fscratch, losses, keys)\n"
+"    -> (batches, stop, left)\n"
+"\n"
+"mf_train_table over a node's store instead of a table: store_rows is Store.rows() (a\n"
+"capsule; rows of 2 * rank floats), through which each batch is gathered and its updates\n"
+"added without the GIL. Returns the batches trained and why it returned: stop 0, all of\n"
+"them; 1 (STOP_PULL), the next batch has keys not held here (nothing of it written: train it\n"
+"through the node and call again from the batch after it); 2 (STOP_PUSH), the last batch's\n"
+"updates of `left` keys that left meanwhile are in left_keys (int64) and left_rows (float32;\n"
+"room for 2 * batch_size keys and rows each): push them through the node. iscratch needs\n"
+"6 * batch_size items; the rest as mf_train_table.");
 
 PyDoc_STRVAR(mf_train_table_doc,
 "mf_train_table(rank, lr, batch_size, rows, cols, vals, num_rows, reg_of, row_of, points,\n"
@@ -400,6 +554,8 @@ PyMethodDef mf_methods[] = {
      mf_plan_doc},
     {"mf_train_table", (PyCFunction)(void (*)(void))py_mf_train_table,
      METH_VARARGS | METH_KEYWORDS, mf_train_table_doc},
+    {"mf_train_rows", (PyCFunction)(void (*)(void))py_mf_train_rows,
+     METH_VARARGS | METH_KEYWORDS, mf_train_rows_doc},
     {"mf_parse", (PyCFunction)(void (*)(void))py_mf_parse, METH_VARARGS | METH_KEYWORDS,
      mf_parse_doc},
     {"mf_format", (PyCFunction)(void (*)(void))py_mf_format, METH_VARARGS | METH_KEYWORDS,

@@ -8,6 +8,7 @@
  */
 #include "binding.h"
 #include "kge.h"
+#include "mf.h"
 #include "table.h"
 #include "wv.h"
 
@@ -314,7 +315,9 @@ PyMODINIT_FUNC PyInit__kernels(void) {
     if (PyModule_AddFunctions(m, wv_methods) < 0 || PyModule_AddFunctions(m, mf_methods) < 0 ||
         PyModule_AddIntConstant(m, "MODEL_COMPLEX", KGE_COMPLEX) < 0 ||
         PyModule_AddIntConstant(m, "MODEL_DISTMULT", KGE_DISTMULT) < 0 ||
-        PyModule_AddIntConstant(m, "MODEL_RESCAL", KGE_RESCAL) < 0) {
+        PyModule_AddIntConstant(m, "MODEL_RESCAL", KGE_RESCAL) < 0 ||
+        PyModule_AddIntConstant(m, "MF_STOP_PULL", MF_STOP_PULL) < 0 ||
+        PyModule_AddIntConstant(m, "MF_STOP_PUSH", MF_STOP_PUSH) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -75,3 +75,20 @@ int table_scatter_add(const table_t *t, const int64_t *keys, int64_t n, const fl
     }
     return TABLE_OK;
 }
+
+static int64_t rows_gather(void *ctx, const int64_t *keys, int64_t n, float *out,
+                           int64_t out_floats, int64_t *missing) {
+    int64_t bad;
+    return table_gather(ctx, keys, n, out, out_floats, &bad) == TABLE_OK ? 0 : -1;
+}
+
+static int64_t rows_scatter_add(void *ctx, const int64_t *keys, int64_t n, const float *vals,
+                                int64_t vals_floats, int64_t *missing) {
+    int64_t bad;
+    return table_scatter_add(ctx, keys, n, vals, vals_floats, &bad) == TABLE_OK ? 0 : -1;
+}
+
+rows_t table_rows(const table_t *t) {
+    return (rows_t){.abi = ROWS_ABI, .ctx = (void *)t, .num_keys = t->num_keys, .row_floats = 0,
+                    .gather = rows_gather, .scatter_add = rows_scatter_add};
+}

@@ -8,6 +8,8 @@
 
 #include <stdint.h>
 
+#include "rows.h"
+
 typedef struct {
     float *data;               /* the table */
     int64_t data_floats;
@@ -36,5 +38,10 @@ int table_gather(const table_t *t, const int64_t *keys, int64_t n, float *out, i
  * adds from several threads are never lost. Nothing is written when the check fails. */
 int table_scatter_add(const table_t *t, const int64_t *keys, int64_t n, const float *upd,
                       int64_t upd_floats, int64_t *bad_pos);
+
+/* The table as rows (rows.h) for the native training loops: no key is ever missing; a key whose
+ * row is outside the table or whose rows do not add up to the floats given fails the call (-1,
+ * nothing written). t must outlive the result. */
+rows_t table_rows(const table_t *t);
 
 #endif
