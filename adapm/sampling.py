@@ -310,7 +310,8 @@ class WorkerSampler:
         """Positions to draw again: keys not held here (if ``held``), or held but about to leave
         (a replica whose intent here ended: the push after the pull would go remote), later
         duplicates (if without replacement)."""
-        if held is None:
+        if held is None or self._worker._engine is None:
+            # naive, or one node: every key of the domain is held here, and none ever leaves
             bad = np.zeros(len(keys), dtype=bool)
         elif self._worker._staying is not None:
             bad = ~self._worker._staying(keys)
