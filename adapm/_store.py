@@ -38,9 +38,11 @@ NONE = _native.KEY_NONE
 OWNER = _native.KEY_OWNER
 REPLICA = _native.KEY_REPLICA
 
-# 2**14 stripes: 128 KiB of sequence words (fits in L2) and, with a few dozen threads, a
-# negligible chance that two writers of different keys meet on one stripe.
+# 2**14 stripes: with a few dozen threads, a negligible chance that two writers of different keys
+# meet on one stripe. Each stripe's sequence word has a 64-byte line of its own (native
+# seqlock.h, SEQ_STRIDE words): 1 MiB.
 NUM_STRIPES = 1 << 14
+SEQ_STRIDE = _native.SEQ_STRIDE
 # Keys per native call when every key's state is scanned (owned_keys): 9 MiB of scratch; a
 # scan takes ~7 ns a key.
 SCAN_KEYS = 1 << 20
@@ -80,7 +82,7 @@ class Store:
                              dtype=np.uint32)
         self._slab_region, self.slab = _reserve_floats(capacity)
         self._delta_region, self.delta = _reserve_floats(capacity)
-        self.seqs = np.zeros(NUM_STRIPES, dtype=np.uint64)
+        self.seqs = np.zeros(NUM_STRIPES * SEQ_STRIDE, dtype=np.uint64)
         # [replica reads, sum of read times (us), sum of their synced_at (us)], kept by gather.
         self.access_stats = np.zeros(3, dtype=np.int64)
         self.native = _native.Store(

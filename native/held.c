@@ -65,11 +65,11 @@ int held_reserve(held_map_t *m, int64_t more, uint64_t *seqs, int64_t nstripes) 
     if (!next) return -1;
     /* Values written by workers (versions) change only under a stripe lock: with all of them
      * held, the copy is exact, and every reader of the old table will retry. */
-    for (int64_t s = 0; s < nstripes; s++) write_lock(&seqs[s]);
+    for (int64_t s = 0; s < nstripes; s++) write_lock(&seqs[s * SEQ_STRIDE]);
     for (int64_t i = 0; i < capacity; i++)
         if (old->entries[i].key >= 0) put_plain(next, &old->entries[i]);
     __atomic_store_n(&m->table, next, __ATOMIC_SEQ_CST);
-    for (int64_t s = 0; s < nstripes; s++) write_unlock(&seqs[s]);
+    for (int64_t s = 0; s < nstripes; s++) write_unlock(&seqs[s * SEQ_STRIDE]);
     m->filled = m->live;
     wait_for_readers(m);
     table_free(old);

@@ -80,7 +80,8 @@ static inline held_entry_t *held_find(const held_table_t *t, int64_t key) {
 }
 
 /* Engine thread. Room for `more` new entries without allocating: rehashes into a larger
- * table if needed, holding all nstripes stripe locks of seqs meanwhile, then waits out the
+ * table if needed, holding all nstripes stripe locks of seqs (SEQ_STRIDE words apart)
+ * meanwhile, then waits out the
  * readers of the old table and frees it. 0, or -1 if out of memory (nothing changed). The
  * caller holds no stripe lock. */
 int held_reserve(held_map_t *m, int64_t more, uint64_t *seqs, int64_t nstripes);

@@ -87,8 +87,9 @@ static int Store_init(StoreObject *self, PyObject *args, PyObject *kwargs) {
         PyErr_SetString(PyExc_ValueError, "Store: home/lens or slab/delta sizes differ");
         return -1;
     }
-    if (nseqs < 1 || (nseqs & (nseqs - 1))) {
-        PyErr_SetString(PyExc_ValueError, "Store: number of stripes must be a power of two");
+    if (nseqs < SEQ_STRIDE || (nseqs & (nseqs - 1))) {
+        PyErr_Format(PyExc_ValueError, "Store: seqs must hold a power of two stripes of %d "
+                     "words each", SEQ_STRIDE);
         return -1;
     }
     if ((uniform_len <= 0) != (lens != Py_None)) {
@@ -104,7 +105,7 @@ static int Store_init(StoreObject *self, PyObject *args, PyObject *kwargs) {
             self->s.home_shift++;
     self->s.uniform_len = uniform_len > 0 ? uniform_len : 0;
     self->s.slab_floats = nslab;
-    self->s.stripe_mask = (uint64_t)nseqs - 1;
+    self->s.stripe_mask = (uint64_t)(nseqs / SEQ_STRIDE) - 1;
     if (self->s.uniform_len) {
         self->s.home_floats = num_home * self->s.uniform_len;
     } else { /* the home rows back to back, in home order */
@@ -536,7 +537,7 @@ static PyObject *Store_inspect(StoreObject *self, PyObject *args) {
     if (check_keys_in_range(self, keys, n) < 0) goto fail;
     const int token = held_enter(&self->held);
     for (Py_ssize_t i = 0; i < n; i++) {
-        const uint64_t *seq = &self->s.seqs[(uint64_t)keys[i] & self->s.stripe_mask];
+        const uint64_t *seq = &self->s.seqs[((uint64_t)keys[i] & self->s.stripe_mask) * SEQ_STRIDE];
         int state;
         int64_t version, slot;
         double synced;
@@ -901,5 +902,6 @@ PyMODINIT_FUNC PyInit__native(void) {
     PyModule_AddIntConstant(m, "KEY_NONE", KEY_NONE);
     PyModule_AddIntConstant(m, "KEY_OWNER", KEY_OWNER);
     PyModule_AddIntConstant(m, "KEY_REPLICA", KEY_REPLICA);
+    PyModule_AddIntConstant(m, "SEQ_STRIDE", SEQ_STRIDE);
     return m;
 }

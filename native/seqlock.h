@@ -13,6 +13,13 @@
 #define CPU_RELAX() __asm__ __volatile__("" ::: "memory")
 #endif
 
+/* uint64 words per stripe in the store's seqs array: each stripe's sequence word alone on its
+ * 64-byte cache line. Packed 8 to a line, two threads adding to different keys wrote the same
+ * lines (a batch of ~1,500 random keys touches most of 2,048 lines), and each write took the
+ * line from the other core: bench/threads.py, WV on one node, 2 threads, 1.14x the CPU per
+ * batch of 1 thread. */
+#define SEQ_STRIDE 8
+
 /* Spins this many times before yielding the core: a writer holds a stripe for well under a
  * microsecond, but with more threads than cores the holder may be descheduled. */
 #define SPINS_BEFORE_YIELD 64

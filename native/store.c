@@ -9,7 +9,7 @@
 #include "seqlock.h"
 
 static inline uint64_t *stripe(const store_t *s, int64_t key) {
-    return &s->seqs[(uint64_t)key & s->stripe_mask];
+    return &s->seqs[((uint64_t)key & s->stripe_mask) * SEQ_STRIDE];
 }
 
 int64_t store_check_keys(const int64_t *keys, int64_t n, int64_t num_keys) {

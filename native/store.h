@@ -48,7 +48,8 @@ typedef struct {
     float *slab;           /* values of held keys */
     float *delta;          /* replicas: updates not yet sent to the owner (same offsets as slab) */
     int64_t slab_floats;   /* capacity of slab and delta, for bounds checks */
-    uint64_t *seqs;        /* stripe sequence words; odd while a writer holds the stripe */
+    uint64_t *seqs;        /* stripe sequence words, SEQ_STRIDE words apart (one per cache
+                            * line: seqlock.h); odd while a writer holds the stripe */
     uint64_t stripe_mask;  /* number of stripes - 1 (a power of two) */
     int64_t *access_stats; /* [replica reads, sum of read times (us), sum of synced_at (us)] */
 } store_t;
