@@ -166,20 +166,29 @@ class Worker:
 
     # --- native training loops ----------------------------------------------------------------
 
+    @property
+    def acts_on_intent(self) -> bool:
+        """Whether :meth:`intent` changes anything: False on a single node (every key is
+        local) and under static partitioning (keys never move), so a caller may skip working
+        out its intents."""
+        return self._intents is not None
+
     def native_rows(self):
         """The node's rows for a native training loop of ``adapm._kernels`` (``mf_train_rows``):
         a capsule through which the loop gathers and adds to rows by key with the GIL released,
-        many batches per call, as :meth:`pull` and :meth:`push` would with local keys; or None
-        where a loop must not bypass this handle: on a node of a multi-node job (keys come and
-        go there, and intent is signalled per batch), or with per-key value lengths.
+        many batches per call, as :meth:`pull` and :meth:`push` do for keys held here; or None
+        where such a loop would rarely find its keys here (a node of a multi-node job under
+        static partitioning) or with per-key value lengths.
 
-        The capsule keeps the store's memory alive while it lives. The loop reports a key it
-        finds held elsewhere instead of reading or adding to it (the caller then takes that
-        batch through :meth:`pull` and :meth:`push`), and the caller counts what the loop
-        accessed with :meth:`count_accesses`. Raises StateError after shutdown.
+        The capsule keeps the store's memory alive while it lives. The loop stops at a batch
+        with a key held elsewhere instead of reading it (the caller takes that batch through
+        :meth:`pull` and :meth:`push`, which route its keys), and hands back the updates of keys
+        that left between a batch's read and its write (the caller pushes them). The caller
+        signals intent (where :attr:`acts_on_intent`), advances the clock per batch, and counts
+        what the loop accessed with :meth:`count_accesses`. Raises StateError after shutdown.
         """
         self._node._check_open("native_rows")
-        if self._engine is not None or not self._store.uniform_length:
+        if (self._engine is not None and self._intents is None) or not self._store.uniform_length:
             return None
         return self._store.native.rows()
 

@@ -77,9 +77,9 @@ def test_the_runner_advances_one_clock_per_batch(data, tmp_path):
     seen = []
     original = runner._Thread._run_chunks
 
-    def spy(self, run, order, bs):
+    def spy(self, run, order, bs, ahead):
         before = self.worker.clock
-        original(self, run, order, bs)
+        original(self, run, order, bs, ahead)
         seen.append((self.worker.clock - before, -(-len(order) // bs), self.done))
 
     runner._Thread._run_chunks = spy

@@ -330,16 +330,20 @@ def test_fewer_keys_than_nodes():
 
 
 def _native_rows_job(node):
-    return node.worker().native_rows() is None
+    w = node.worker()
+    return w.native_rows() is None, w.acts_on_intent
 
 
-@pytest.mark.parametrize("management", ["static_partition", "adaptive"])
-def test_no_native_rows_on_a_node_of_a_multi_node_job(management):
-    """A native training loop gets a node's rows only where keys never come and go (one node):
-    on a node of a job of two, its batches go through pull and push, which route them."""
-    assert cluster(_native_rows_job, 2, num_keys=8, management=management) == [True, True]
+@pytest.mark.parametrize("management, none, acts", [("static_partition", True, False),
+                                                    ("adaptive", False, True)])
+def test_native_rows_where_keys_come_with_intent(management, none, acts):
+    """A native training loop gets a node's rows where its batches' keys come here (with
+    intent on several nodes, always on one), not under static partitioning on several nodes,
+    where most of them stay elsewhere."""
+    assert cluster(_native_rows_job, 2, num_keys=8, management=management) == [(none, acts)] * 2
     with adapm.init(num_keys=8, value_length=4) as node:  # one node: every key stays here
-        assert type(node.worker().native_rows()).__name__ == "PyCapsule"
+        w = node.worker()
+        assert type(w.native_rows()).__name__ == "PyCapsule" and not w.acts_on_intent
     with adapm.init(num_keys=8, value_length=np.arange(1, 9)) as node:
         assert node.worker().native_rows() is None  # per-key lengths
 

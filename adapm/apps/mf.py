@@ -269,12 +269,23 @@ class MFTrainer:
                                         points, keys, rows[0], rows[1], x, reg)
         return _Plan(keys[:nk], rows[0], rows[1], x, reg[:nk], keys[row_keys:nk])
 
+    def intent_keys(self, points: np.ndarray, batch_size: int) -> tuple[np.ndarray, np.ndarray]:
+        """The column keys each batch of ``points`` signals as intent (``plan(...).intent_keys``
+        of each batch, in order of first appearance rather than ascending): (keys back to back,
+        their number per batch), one native call for many batches (see ``chunked``)."""
+        keys = np.empty(len(points), dtype=np.int64)
+        counts = np.empty(-(-len(points) // batch_size), dtype=np.int64)
+        total = _kernels.mf_columns(self._entries[1], self.task.num_rows, self._row_of, points,
+                                    batch_size, keys, counts)
+        return keys[:total], counts
+
     def chunked(self, worker):
-        """Where every key stays local (the baseline's plain shared array, or one node's store:
-        ``Worker.native_rows``), a ``run(points, batch_size) -> (losses, steps)`` that trains
-        up to CHUNK_BATCHES batches in one native call with the GIL released (per batch what
-        plan, pull, step and push do, with the same arithmetic); None where intent must be
-        signalled per batch (a node of a multi-node job)."""
+        """A ``run(points, batch_size) -> (losses, steps)`` that trains many batches in one
+        native call with the GIL released (per batch what plan, pull, step and push do, with the
+        same arithmetic), over the baseline's plain shared array or a node's store
+        (``Worker.native_rows``); None where the worker offers no rows. Over a store, a batch
+        with a key held elsewhere goes through ``step`` (pull and push route it); the runner
+        signals intent (``intent_keys``) and advances the clocks."""
         if isinstance(worker, ArrayWorker):
             if not hasattr(_kernels, "mf_train_table"):
                 return None  # a build of the kernels from before the call

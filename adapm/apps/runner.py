@@ -91,11 +91,14 @@ class Trainer(Protocol):
         """Train one batch: pull, one native kernel call, push. Returns (loss sum, steps), or
         (loss sum, steps, units) for a task with a ``unit`` (e.g. words)."""
 
-    # Optional: ``chunked(worker) -> run or None``: where ``worker`` needs no intent (every
-    # key local: the baseline's), ``run(points, batch_size) -> (losses, steps)`` trains many
-    # batches of ``points`` (batch_size each, the last maybe fewer) in one native call with the
-    # GIL released and returns each batch's loss sum (in order) and the steps; the runner then
-    # advances one clock per batch. None: the per-batch path (plan, intent, step).
+    # Optional: ``chunked(worker) -> run or None``: ``run(points, batch_size) -> (losses,
+    # steps)`` trains many batches of ``points`` (batch_size each, the last maybe fewer) in one
+    # native call with the GIL released and returns each batch's loss sum (in order) and the
+    # steps; the runner then advances one clock per batch. For a worker that acts on intent
+    # (``Worker.acts_on_intent``) the trainer also needs ``intent_keys(points, batch_size) ->
+    # (keys, counts)``: each batch's intent keys back to back and their number per batch (what
+    # ``plan(...).intent_keys`` would give), which the runner signals ahead. None: the
+    # per-batch path (plan, intent, step).
     #
     # Optional, for a trainer that carries state from epoch to epoch (a random stream, a
     # learning-rate schedule): ``state() -> dict`` (JSON-serialisable; stored in checkpoints)
@@ -554,8 +557,11 @@ class _Thread:
         self.points = len(order)
         chunked = getattr(trainer, "chunked", None)
         run = chunked(w) if chunked is not None else None
+        intent = getattr(w, "acts_on_intent", False)
+        if run is not None and intent and not hasattr(trainer, "intent_keys"):
+            run = None  # the trainer cannot say a run's intents: batch by batch
         if run is not None:
-            self._run_chunks(run, order, bs)
+            self._run_chunks(run, order, bs, ahead if intent else None)
         else:
             self._run_batches(order, bs, ahead)
         # Every update of this epoch in the main copies (replica deltas too), so that
@@ -564,19 +570,54 @@ class _Thread:
         self.ended = time.time()
         self.cpu = time.thread_time() - cpu
 
-    def _run_chunks(self, run, order: np.ndarray, bs: int) -> None:
+    def _run_chunks(self, run, order: np.ndarray, bs: int, ahead: Optional[int]) -> None:
         """The epoch's batches through the trainer's native loop (see ``Trainer.chunked``):
         CHUNK_BATCHES batches a call, the GIL released inside; the clock advanced and the loss
-        summed per batch, as the per-batch loop does."""
+        summed per batch, as the per-batch loop does. With ``ahead`` (a worker that acts on
+        intent), each batch's intent is signalled ``ahead`` batches or more in advance, as the
+        per-batch loop does, a call's worth at a time (``Trainer.intent_keys``); the calls are
+        then shorter, so that the clock the engine reads lags a quarter of the lead at most."""
         w = self.worker
-        span = CHUNK_BATCHES * bs
+        chunk = CHUNK_BATCHES if ahead is None else max(1, min(CHUNK_BATCHES, ahead // 4))
+        span = chunk * bs
+        signal = self._intent_signaller(order, bs, ahead) if ahead is not None else None
         for start in range(0, len(order), span):
+            if signal is not None:
+                signal(start // bs + chunk + ahead)
             losses, steps = run(order[start:start + span], bs)
             for loss in losses:
                 self.loss += loss
                 w.advance_clock()
             self.steps += steps
             self.done += len(losses)
+
+    def _intent_signaller(self, order: np.ndarray, bs: int, ahead: int):
+        """For the chunked loop: signals the epoch's standing keys, then the intents of batches
+        0..ahead and waits for them (as the per-batch loop does); returns ``signal(upto)``,
+        which signals every batch before ``upto`` not signalled yet, one clock each."""
+        w, trainer = self.worker, self._trainer
+        batches = -(-len(order) // bs)
+        base = w.clock
+        standing = getattr(self.task, "standing_keys", None)
+        if standing is not None and batches:
+            w.intent(standing(self._data), base, base + batches)
+        done = 0
+
+        def signal(upto: int) -> None:
+            nonlocal done
+            upto = min(upto, batches)
+            if upto <= done:
+                return
+            keys, counts = trainer.intent_keys(order[done * bs:upto * bs], bs)
+            at = 0
+            for j, n in enumerate(counts.tolist(), start=done):
+                w.intent(keys[at:at + n], base + j)
+                at += n
+            done = upto
+
+        signal(ahead + 1)
+        w.wait_sync()  # the first batches' keys are here before the first step
+        return signal
 
     def _run_batches(self, order: np.ndarray, bs: int, ahead: int) -> None:
         """The epoch's batches one by one: plans and intents ``ahead`` batches in advance, one

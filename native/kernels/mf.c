@@ -134,6 +134,30 @@ int64_t mf_plan(const mf_plan_t *p, const int64_t *points, int64_t n, int64_t *k
     return nk;
 }
 
+int64_t mf_columns(const mf_plan_t *p, const int64_t *points, int64_t n, int64_t batch_size,
+                   int64_t *keys, int64_t *counts) {
+    const int64_t R = p->num_rows;
+    for (int64_t i = 0; i < n; i++) {
+        const int64_t e = points[i];
+        if (e < 0 || e >= p->num_entries || p->cols[e] < 0 || p->cols[e] >= p->num_keys - R)
+            return -1 - i;
+    }
+    int64_t total = 0;
+    for (int64_t b = 0, start = 0; start < n; b++, start += batch_size) {
+        const int64_t end = n - start < batch_size ? n : start + batch_size, first = total;
+        for (int64_t i = start; i < end; i++) {
+            const int64_t c = R + p->cols[points[i]];
+            if (p->row_of[c] < 0) {
+                p->row_of[c] = 0;
+                keys[total++] = c;
+            }
+        }
+        for (int64_t j = first; j < total; j++) p->row_of[keys[j]] = -1;
+        counts[b] = total - first;
+    }
+    return total;
+}
+
 /* ---- text ------------------------------------------------------------------------------------ */
 
 static inline int blank(char c) { return c == ' ' || c == '\t' || c == '\r'; }

@@ -83,6 +83,16 @@ typedef struct {
 int64_t mf_plan(const mf_plan_t *p, const int64_t *points, int64_t n, int64_t *keys,
                 int64_t *w_rows, int64_t *h_rows, float *x, float *reg, int64_t *row_keys);
 
+/* The column keys of a run of batches (batch b: points[b * batch_size, ...), as
+ * mf_train_rows cuts them): each batch's distinct column keys (num_rows + column), in order of
+ * first appearance, back to back in keys (room: n), and their number per batch in counts. What
+ * a worker signals as intent per batch (its rows are signalled once per epoch). row_of as in
+ * mf_plan (every item -1 on entry and on return). Returns the keys written, or -1 - i for the
+ * first points[i] outside [0, num_entries) or naming a column outside [0, num_keys - num_rows)
+ * (nothing written then). */
+int64_t mf_columns(const mf_plan_t *p, const int64_t *points, int64_t n, int64_t batch_size,
+                   int64_t *keys, int64_t *counts);
+
 /* A run of batches in one call, over rows wherever they live (rows.h: the baseline's table, a
  * node's store): what the per-batch path does for each batch (mf_plan, a gather of its keys,
  * mf_train_batch, a scatter_add of the updates), in the same order with the same arithmetic, so

@@ -245,6 +245,68 @@ fail:
     return NULL;
 }
 
+static PyObject *py_mf_columns(PyObject *module, PyObject *args, PyObject *kwargs) {
+    static const char *fn = "mf_columns";
+    static char *kwlist[] = {"cols", "num_rows", "row_of", "points", "batch_size", "keys",
+                             "counts", NULL};
+    PyObject *ocols, *orow_of, *opoints, *okeys, *ocounts;
+    long long num_rows, batch_size;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OLOOLOO", kwlist, &ocols, &num_rows,
+                                     &orow_of, &opoints, &batch_size, &okeys, &ocounts))
+        return NULL;
+    if (batch_size < 1)
+        return PyErr_Format(PyExc_ValueError, "%s: batch_size must be positive, got %lld", fn,
+                            batch_size);
+    views_t vs = {.n = 0};
+    Py_buffer *cols, *points, *row_of, *keys, *counts;
+    if (!(cols = take(&vs, ocols, fn, "cols", I64, 0, 1)) ||
+        !(points = take(&vs, opoints, fn, "points", I64, 0, 1)) ||
+        !(row_of = take(&vs, orow_of, fn, "row_of", I32, 1, 1)) ||
+        !(keys = take(&vs, okeys, fn, "keys", I64, 1, 1)) ||
+        !(counts = take(&vs, ocounts, fn, "counts", I64, 1, 1)))
+        goto fail;
+    for (int i = 2; i < vs.n; i++)
+        if (check_no_overlap(&vs, &vs.v[i], fn, "an output") < 0) goto fail;
+    const int64_t n = count(points), nkeys = count(row_of);
+    if (num_rows < 0 || num_rows > nkeys || nkeys > INT32_MAX) {
+        PyErr_Format(PyExc_ValueError, "%s: row_of needs one item per key (at most 2**31 - 1), "
+                     "num_rows %lld of them", fn, num_rows);
+        goto fail;
+    }
+    if (count(keys) < n || count(counts) < (n + batch_size - 1) / batch_size) {
+        PyErr_Format(PyExc_ValueError, "%s: keys needs len(points) = %lld items, counts one per "
+                     "batch", fn, (long long)n);
+        goto fail;
+    }
+    const mf_plan_t plan = {.cols = cols->buf, .num_entries = count(cols),
+                            .num_rows = num_rows, .num_keys = nkeys, .row_of = row_of->buf};
+    int64_t total;
+    Py_BEGIN_ALLOW_THREADS
+    total = mf_columns(&plan, points->buf, n, batch_size, keys->buf, counts->buf);
+    Py_END_ALLOW_THREADS
+    if (total < 0) {
+        const int64_t i = -1 - total;
+        PyErr_Format(PyExc_ValueError, "%s: points[%lld] = %lld is not an entry of the %lld "
+                     "given, or its column is outside the matrix", fn, (long long)i,
+                     (long long)((const int64_t *)points->buf)[i], (long long)count(cols));
+        goto fail;
+    }
+    release_views(&vs);
+    return PyLong_FromLongLong(total);
+fail:
+    release_views(&vs);
+    return NULL;
+}
+
+PyDoc_STRVAR(mf_columns_doc,
+"mf_columns(cols, num_rows, row_of, points, batch_size, keys, counts) -> keys written\n"
+"\n"
+"Each batch's distinct column keys (num_rows + column; batch b: points[b * batch_size, ...)),\n"
+"in order of first appearance, back to back in keys (int64, room for len(points)), and their\n"
+"number per batch in counts (int64, one per batch): what a worker signals as intent per\n"
+"batch. row_of: int32 scratch, one per key, all -1 (and left so). The GIL is released;\n"
+"ValueError (nothing written) for a point outside cols or a column outside the matrix.");
+
 /* What mf_train_table and mf_train_rows share: the arguments before the rows (rank, lr,
  * batch_size, rows, cols, vals, num_rows, reg_of, row_of, points), the scratch and outputs
  * after them (iscratch, fscratch, losses, keys), their checks, and the error of a failed run.
@@ -556,6 +618,8 @@ PyMethodDef mf_methods[] = {
      METH_VARARGS | METH_KEYWORDS, mf_train_table_doc},
     {"mf_train_rows", (PyCFunction)(void (*)(void))py_mf_train_rows,
      METH_VARARGS | METH_KEYWORDS, mf_train_rows_doc},
+    {"mf_columns", (PyCFunction)(void (*)(void))py_mf_columns, METH_VARARGS | METH_KEYWORDS,
+     mf_columns_doc},
     {"mf_parse", (PyCFunction)(void (*)(void))py_mf_parse, METH_VARARGS | METH_KEYWORDS,
      mf_parse_doc},
     {"mf_format", (PyCFunction)(void (*)(void))py_mf_format, METH_VARARGS | METH_KEYWORDS,
