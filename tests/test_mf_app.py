@@ -183,6 +183,27 @@ def test_dsgd_schedule_trains_on_two_nodes(data):
         assert sum(r["stats"][rank]["relocations_in"] for r in two) > 0
 
 
+def test_batches_whose_keys_are_not_here_yet_go_through_pull_and_push(data):
+    """A worker's batches train in native calls (mf_train_rows) and a batch with a key not here
+    yet goes through pull and push. With intent only one batch ahead many do: some pulls wait
+    or go remote, and still every key a batch pulled is pushed once, and every entry of an epoch
+    is trained."""
+    app = [PY, "-m", "adapm.apps.mf", "--train", str(data["train"]), "--test",
+           str(data["test"]), *TRAIN_FLAGS, "--schedule", "columnwise", "--ahead", "0"]
+    two = records(run([*LAUNCHER, "-n", "2", *app]).stdout)
+    entries = sum(1 for line in open(data["train"]) if line.strip() and line[0] != "%") - 1
+    fetched = 0
+    for r in two:
+        # both are rounded in the JSON line: within 0.05%, less than a batch (1,000 entries)
+        assert abs(r["points_per_s"] * r["train_seconds"] - entries) < 5e-4 * entries
+        for s in r["stats"]:
+            pulled = s["local_pull_keys"] + s["remote_pull_keys"] + s["waited_pull_keys"]
+            assert pulled == s["local_push_keys"] + s["remote_push_keys"] > 0
+            fetched += s["remote_pull_keys"] + s["waited_pull_keys"]
+    assert fetched > 0  # the per-batch path ran
+    assert two[-1]["rmse"] < 0.8 * _mean_predictor_rmse(data)
+
+
 @pytest.mark.parametrize("workers", [2, 4])
 def test_columnwise_workers_share_a_column_only_about_1_over_p_of_an_epoch_apart(tmp_path,
                                                                                   workers):
