@@ -154,9 +154,38 @@ def iface_address(iface: str) -> str:
     return socket.inet_ntoa(ifreq[_IFNAMSIZ + 4 : _IFNAMSIZ + 8])
 
 
+# Where free_port looks first: above the registered ports most services use, below the range the
+# OS hands out to bind(0) and to outgoing connections (read from /proc where there is one).
+_FREE_PORT_LOW = 20000
+_EPHEMERAL_DEFAULT = (32768, 60999)  # Linux's default ip_local_port_range
+
+
+def _ephemeral_low() -> int:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return _EPHEMERAL_DEFAULT[0]
+
+
 def free_port(host: str = LOOPBACK) -> int:
-    """A TCP port that is free on ``host`` right now (the OS picks it; another process may take
-    it before rank 0 binds it, which rank 0 then reports)."""
+    """A TCP port that is free on ``host`` right now, for the rendezvous that rank 0 binds a
+    moment later. Chosen at random below the OS's ephemeral range where there is room: a port
+    the OS picked (bind to port 0) could be handed out again meanwhile, to another rank's own
+    socket or an outgoing connection's source port, which made rank 0's bind fail now and then
+    (the test suite, many jobs on one machine). Another process binding the same port on purpose
+    can still take it; rank 0 then reports the port as taken."""
+    top = _ephemeral_low()
+    if top - _FREE_PORT_LOW >= 1000:
+        pick = secrets.SystemRandom()
+        for _ in range(64):
+            port = pick.randrange(_FREE_PORT_LOW, top)
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+                try:
+                    sock.bind((host, port))
+                except OSError:  # in use (or in TIME_WAIT): another one
+                    continue
+                return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return sock.getsockname()[1]

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import queue
-import socket
 import threading
 import time
 import traceback
@@ -34,10 +33,12 @@ class ClusterFailure(AdaPMError):
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free a moment ago (the OS picks it)."""
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
+    """A TCP port that was free a moment ago, outside the range the OS gives to sockets bound
+    to port 0 and to outgoing connections (see ``adapm.launch.free_port``), so that the ranks'
+    own sockets cannot take it before rank 0 binds it."""
+    from .launch import free_port as launcher_free_port
+
+    return launcher_free_port(host)
 
 
 def listening(port: int) -> bool:
