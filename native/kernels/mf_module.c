@@ -410,6 +410,20 @@ static void run_error(const run_args_t *a, int64_t rc, const char *what) {
                  a->fn, (long long)(-1 - rc - a->n), what);
 }
 
+/* mf_train_rows with the GIL released: the batches trained, or -1 with the error set (what:
+ * the rows' failure in words, for run_error). */
+static int64_t train(run_args_t *a, const char *what, int *stop, int64_t *left) {
+    int64_t rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = mf_train_rows(&a->run, a->points->buf, a->n, a->losses, a->keys, stop, left);
+    Py_END_ALLOW_THREADS
+    if (rc < 0) {
+        run_error(a, rc, what);
+        return -1;
+    }
+    return rc;
+}
+
 /* The table's buffers: data, key_offset, key_len (after points). */
 typedef struct {
     run_args_t a;
@@ -456,16 +470,11 @@ static PyObject *py_mf_train_table(PyObject *module, PyObject *args, PyObject *k
                      "(got %lld)", a->fn, (long long)a->nkeys, (long long)t.table.num_keys);
         goto fail;
     }
-    int64_t rc, left;
+    int64_t left;
     int stop;
-    Py_BEGIN_ALLOW_THREADS
-    rc = mf_train_rows(&a->run, a->points->buf, a->n, a->losses, a->keys, &stop, &left);
-    Py_END_ALLOW_THREADS
-    if (rc < 0) {
-        run_error(a, rc, "a key's row (key_offset, key_len) is not inside data, or its length "
-                         "is not 2 * rank");
-        goto fail;
-    }
+    const int64_t rc = train(a, "a key's row (key_offset, key_len) is not inside data, or its "
+                                "length is not 2 * rank", &stop, &left);
+    if (rc < 0) goto fail;
     release_views(&a->vs);
     return PyLong_FromLongLong(rc);
 fail:
@@ -527,15 +536,10 @@ static PyObject *py_mf_train_rows(PyObject *module, PyObject *args, PyObject *kw
                      (long long)a->nkeys, (long long)a->run.rows->num_keys);
         goto fail;
     }
-    int64_t rc, left;
+    int64_t left;
     int stop;
-    Py_BEGIN_ALLOW_THREADS
-    rc = mf_train_rows(&a->run, a->points->buf, a->n, a->losses, a->keys, &stop, &left);
-    Py_END_ALLOW_THREADS
-    if (rc < 0) {
-        run_error(a, rc, "the store could not take its rows");
-        goto fail;
-    }
+    const int64_t rc = train(a, "the store could not take its rows", &stop, &left);
+    if (rc < 0) goto fail;
     release_views(&a->vs);
     return Py_BuildValue("(LiL)", (long long)rc, stop, (long long)left);
 fail:
