@@ -339,7 +339,7 @@ class MFTrainer:
                 out += losses[:batches].tolist()
                 points = points[batches * batch_size:]
                 if stop == _kernels.MF_STOP_PUSH:
-                    worker.push(left_keys[:left].copy(), left_rows[:left].copy())
+                    worker.push(left_keys[:left], left_rows[:left])  # not kept
                 elif stop == _kernels.MF_STOP_PULL:
                     out.append(self.step(worker, self.plan(points[:batch_size]), None)[0])
                     points = points[batch_size:]

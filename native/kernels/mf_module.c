@@ -424,6 +424,16 @@ static int64_t train(run_args_t *a, const char *what, int *stop, int64_t *left) 
     return rc;
 }
 
+/* Both runs' arguments: rank, lr, batch_size, then 13 objects into o (num_rows after the
+ * third), by the caller's keyword names. 0 with an error set. */
+static int parse_run(PyObject *args, PyObject *kwargs, char **kwlist, run_args_t *a,
+                     PyObject **o) {
+    return PyArg_ParseTupleAndKeywords(args, kwargs, "LdLOOOLOOOOOOOOOO", kwlist, &a->rank,
+                                       &a->lr, &a->batch_size, &o[0], &o[1], &o[2],
+                                       &a->num_rows, &o[3], &o[4], &o[5], &o[6], &o[7], &o[8],
+                                       &o[9], &o[10], &o[11], &o[12]);
+}
+
 /* The table's buffers: data, key_offset, key_len (after points). */
 typedef struct {
     run_args_t a;
@@ -459,11 +469,7 @@ static PyObject *py_mf_train_table(PyObject *module, PyObject *args, PyObject *k
     table_run_t t = {.a = {.fn = "mf_train_table", .vs = {.n = 0}}};
     run_args_t *a = &t.a;
     PyObject *o[13];
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "LdLOOOLOOOOOOOOOO", kwlist, &a->rank, &a->lr,
-                                     &a->batch_size, &o[0], &o[1], &o[2], &a->num_rows, &o[3],
-                                     &o[4], &o[5], &o[6], &o[7], &o[8], &o[9], &o[10], &o[11],
-                                     &o[12]))
-        return NULL;
+    if (!parse_run(args, kwargs, kwlist, a, o)) return NULL;
     if (take_run(a, o, 3, 4, take_table) < 0) goto fail;
     if (t.table.num_keys != a->nkeys) {
         PyErr_Format(PyExc_ValueError, "%s: key_offset and key_len need one item per key, %lld "
@@ -525,11 +531,7 @@ static PyObject *py_mf_train_rows(PyObject *module, PyObject *args, PyObject *kw
                              "left_rows", "iscratch", "fscratch", "losses", "keys", NULL};
     run_args_t args_ = {.fn = "mf_train_rows", .vs = {.n = 0}}, *a = &args_;
     PyObject *o[13];
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "LdLOOOLOOOOOOOOOO", kwlist, &a->rank, &a->lr,
-                                     &a->batch_size, &o[0], &o[1], &o[2], &a->num_rows, &o[3],
-                                     &o[4], &o[5], &o[6], &o[7], &o[8], &o[9], &o[10], &o[11],
-                                     &o[12]))
-        return NULL;
+    if (!parse_run(args, kwargs, kwlist, a, o)) return NULL;
     if (take_run(a, o, 3, 6, take_store) < 0) goto fail;
     if (a->run.rows->num_keys < a->nkeys) {
         PyErr_Format(PyExc_ValueError, "%s: the matrix has %lld keys, the store %lld", a->fn,
