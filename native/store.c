@@ -275,6 +275,7 @@ static inline __attribute__((always_inline)) int scatter_one(const store_t *s, i
             if (replica) {
                 float *d = s->delta + slot;
                 for (int64_t j = 0; j < len; j++) d[j] += src[j];
+                if (!(raw & DIRTY_BIT)) __atomic_store_n(&e->raw, raw | DIRTY_BIT, __ATOMIC_RELAXED);
             }
         } else {
             memcpy(dst, src, (size_t)len * sizeof(float));
@@ -395,7 +396,8 @@ int64_t store_remove(const store_t *s, const int64_t *keys, int64_t n, float *va
         if (versions_out) versions_out[i] = raw < 0 ? -1 : store_version(s, key);
         if (slot >= 0) {
             if (vals_out) memcpy(vals_out + off, s->slab + slot, (size_t)len * sizeof(float));
-            if (deltas_out && (raw & REPLICA_BIT)) /* an owner's delta row is never written */
+            /* An owner's delta row is never written, a clean replica's is all zeros. */
+            if (deltas_out && (raw & REPLICA_BIT) && (raw & DIRTY_BIT))
                 memcpy(deltas_out + off, s->delta + slot, (size_t)len * sizeof(float));
             else if (deltas_out)
                 memset(deltas_out + off, 0, (size_t)len * sizeof(float));
@@ -419,13 +421,14 @@ int64_t store_take_deltas(const store_t *s, const int64_t *keys, int64_t n, floa
         write_lock(seq);
         held_entry_t *e;
         const int64_t raw = store_lookup(s, key, &e);
-        if (raw >= 0 && (raw & REPLICA_BIT)) {
+        if (raw >= 0 && (raw & REPLICA_BIT) && (raw & DIRTY_BIT)) { /* else: all zeros */
             float *d = s->delta + SLOT_OFFSET(raw);
             for (int64_t j = 0; j < len; j++) {
                 out[off + j] = d[j];
                 any |= d[j] != 0.0f;
             }
             if (any) memset(d, 0, (size_t)len * sizeof(float));
+            __atomic_store_n(&e->raw, raw & ~DIRTY_BIT, __ATOMIC_RELAXED);
         }
         write_unlock(seq);
         nonzero[i] = (int8_t)any;
@@ -448,13 +451,16 @@ int64_t store_refresh(const store_t *s, const int64_t *keys, int64_t n, const fl
         if (raw >= 0 && (raw & REPLICA_BIT)) {
             const int64_t slot = SLOT_OFFSET(raw);
             float *dst = s->slab + slot, *d = s->delta + slot;
-            for (int64_t j = 0; j < len; j++) dst[j] = vals[off + j] + d[j];
+            if (raw & DIRTY_BIT)
+                for (int64_t j = 0; j < len; j++) dst[j] = vals[off + j] + d[j];
+            else
+                memcpy(dst, vals + off, (size_t)len * sizeof(float));
             /* Promotion folds our own unsent updates in: a new version. */
             const int64_t version = (versions[i] + (promote ? 1 : 0)) & VERSION_MASK;
             if (!promote) {
                 __atomic_store_n(&e->version, version, __ATOMIC_RELEASE);
             } else {
-                memset(d, 0, (size_t)len * sizeof(float));
+                if (raw & DIRTY_BIT) memset(d, 0, (size_t)len * sizeof(float));
                 if (is_home(s, key)) { /* back to the fixed row's word (the row is the same) */
                     held_del(s->held, e);
                     __atomic_store_n(&s->home[home_at(s, key)],

@@ -55,9 +55,14 @@ typedef struct {
 } store_t;
 
 /* Replica-ness is a bit of the slot word, so that a read, which must not touch more cache lines
- * than it needs, learns it from the slot it loads anyway. */
+ * than it needs, learns it from the slot it loads anyway. DIRTY_BIT: a replica whose delta row
+ * has had updates added since it was last taken (set by a push under the stripe lock, cleared
+ * by store_take_deltas and store_refresh's promotion). A replica without it has an all-zero
+ * delta row, so a round neither reads nor copies that row (most replicas of a round have no
+ * new updates: KGE on 2 nodes, ~60%), and a refresh copies the value without adding it. */
 #define REPLICA_BIT ((int64_t)1 << 62)
-#define SLOT_OFFSET(raw) ((raw) & (REPLICA_BIT - 1))
+#define DIRTY_BIT ((int64_t)1 << 61)
+#define SLOT_OFFSET(raw) ((raw) & (DIRTY_BIT - 1))
 
 /* A 64-bit division costs tens of cycles, more than the rest of a lookup: clusters of a power
  * of two nodes (home_shift >= 0) use a mask and a shift instead. */
