@@ -212,7 +212,7 @@ void dir_round_sizes(const directory_t *d, const round_in_t *in, round_sizes_t *
  * ordered by rank and within a rank by entry: intents (keys, positions, flags), deltas (keys,
  * positions, rows, the versions they are based on), checks (keys, positions, versions).
  * Scratch (s_*), with nh = d->held->len: live nh, nonzero nh, ver / at / off nr + nh, cursor
- * world_size, rows drop_floats + held_floats. */
+ * world_size, rows drop_floats. */
 typedef struct {
     int64_t *drop_keys, *drop_slots, *counts, *keys;
     int64_t *ikeys, *ipos;

@@ -59,21 +59,23 @@ int64_t dir_round_build(const directory_t *d, const round_in_t *in, const round_
             ver[ndrop++] = store_version(s, key);
         }
     }
-    float *rows = o->s_rows; /* the deltas' rows, packed in entry order */
+    float *rows = o->s_rows; /* the drops' last deltas, packed in entry order */
     const int failed = ndrop && store_remove(s, o->drop_keys, ndrop, NULL, rows, z->drop_floats,
                                              o->drop_slots, NULL) < 0;
     if (!failed) slots_give(d->alloc, s, o->drop_keys, o->drop_slots, ndrop);
     /* What leaves has left: a worker's pin may go ahead while the deltas are copied. */
     if (in->release) pins_unlock(in->release);
     if (failed) return -1;
-    /* Replicas still held: each one's delta, or its version alone. */
+    /* Replicas still held: those with updates not taken yet (DIRTY_BIT, store.h) send their
+     * delta, the others their version alone; a clean replica's delta row is not read. A worker
+     * may add to one found clean here meanwhile: that update goes with the next round. */
     int64_t nl = 0;
     for (int64_t i = 0; i < d->held->len; i++)
-        if (store_state(s, d->held->keys[i]) == KEY_REPLICA) o->s_live[nl++] = d->held->keys[i];
-    const int64_t took = store_take_deltas(s, o->s_live, nl, rows + z->drop_floats,
-                                           z->held_floats, o->s_nonzero);
-    if (took < 0) return -1;
-    /* Entries: intents (the reports), deltas (drops, then replicas with updates), checks. */
+        if (store_state(s, d->held->keys[i]) == KEY_REPLICA) {
+            o->s_live[nl] = d->held->keys[i];
+            o->s_nonzero[nl++] = (int8_t)store_dirty(s, d->held->keys[i]);
+        }
+    /* Entries: intents (the reports), deltas (drops, then dirty replicas), checks. */
     memcpy(keys, in->rkeys, (size_t)nr * sizeof(int64_t));
     memcpy(keys + nr, o->drop_keys, (size_t)ndrop * sizeof(int64_t));
     int64_t ndel = ndrop;
@@ -90,7 +92,6 @@ int64_t dir_round_build(const directory_t *d, const round_in_t *in, const round_
         }
     o->nd = ndel;
     o->nc = nc;
-    o->delta_floats = z->drop_floats + took;
     /* Each section grouped by hint; at[i]: where entry i of the section went. */
     int64_t *at = o->s_at, *cursor = o->s_cursor;
     if (place_keys(d, keys, nr, 0, o->counts, cursor, o->ikeys, o->ipos, at) < 0) return -1;
@@ -102,12 +103,19 @@ int64_t dir_round_build(const directory_t *d, const round_in_t *in, const round_
         off[j] = run;
         run += key_len(s, o->dkeys[j]);
     }
-    for (int64_t i = 0, pre = 0; i < ndel; i++) {
+    o->delta_floats = run;
+    for (int64_t i = 0, pre = 0; i < ndrop; i++) { /* the drops' last deltas, taken above */
         const int64_t len = key_len(s, keys[nr + i]);
         memcpy(o->drows + off[at[i]], rows + pre, (size_t)len * sizeof(float));
-        o->dver[at[i]] = ver[i];
         pre += len;
     }
+    /* The dirty replicas' deltas go straight to their place (s_live is free again). */
+    int64_t *dest = o->s_live;
+    for (int64_t i = ndrop; i < ndel; i++) dest[i - ndrop] = off[at[i]];
+    if (store_take_deltas_to(s, keys + nr + ndrop, ndel - ndrop, o->drows,
+                             z->drop_floats + z->held_floats, dest) < 0)
+        return -1;
+    for (int64_t i = 0; i < ndel; i++) o->dver[at[i]] = ver[i];
     if (place_keys(d, keys + nr + ndel, nc, nr + ndel, o->counts + 2 * world, cursor, o->ckeys,
                    o->cpos, at) < 0)
         return -1;

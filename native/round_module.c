@@ -29,8 +29,7 @@ static PyObject *round_buffers(DirectoryObject *self, const int64_t *rkeys, cons
     const size_t scratch_bytes[8] = {(size_t)nh * 8, (size_t)(nr + nh) * 8,
                                      (size_t)(nr + nh) * 8, (size_t)(nr + nh) * 8,
                                      (size_t)world * 8, (size_t)nh,
-                                     (size_t)(z.drop_floats + z.held_floats) * 4,
-                                     (size_t)z.drops * 8};
+                                     (size_t)z.drop_floats * 4, (size_t)z.drops * 8};
     for (int i = 0; i < 8; i++)
         if (!(scratch[i] = PyMem_Malloc(scratch_bytes[i] ? scratch_bytes[i] : 1))) {
             PyErr_NoMemory();

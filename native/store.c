@@ -437,6 +437,30 @@ int64_t store_take_deltas(const store_t *s, const int64_t *keys, int64_t n, floa
     return off;
 }
 
+int64_t store_take_deltas_to(const store_t *s, const int64_t *keys, int64_t n, float *base,
+                             int64_t base_floats, const int64_t *offsets) {
+    for (int64_t i = 0; i < n; i++)
+        if (offsets[i] < 0 || offsets[i] + key_len(s, keys[i]) > base_floats) return -1;
+    for (int64_t i = 0; i < n; i++) {
+        const int64_t key = keys[i], len = key_len(s, key);
+        float *out = base + offsets[i];
+        uint64_t *seq = stripe(s, key);
+        write_lock(seq);
+        held_entry_t *e;
+        const int64_t raw = store_lookup(s, key, &e);
+        if (raw >= 0 && (raw & REPLICA_BIT) && (raw & DIRTY_BIT)) {
+            float *d = s->delta + SLOT_OFFSET(raw);
+            memcpy(out, d, (size_t)len * sizeof(float));
+            memset(d, 0, (size_t)len * sizeof(float));
+            __atomic_store_n(&e->raw, raw & ~DIRTY_BIT, __ATOMIC_RELAXED);
+        } else {
+            memset(out, 0, (size_t)len * sizeof(float));
+        }
+        write_unlock(seq);
+    }
+    return 0;
+}
+
 int64_t store_refresh(const store_t *s, const int64_t *keys, int64_t n, const float *vals,
                       int64_t vals_floats, const int64_t *versions, int promote) {
     int64_t off = 0, changed = 0;

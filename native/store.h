@@ -178,6 +178,20 @@ int64_t store_insert(const store_t *s, const int64_t *keys, int64_t n, const int
 int64_t store_take_deltas(const store_t *s, const int64_t *keys, int64_t n, float *out,
                           int64_t out_floats, int8_t *nonzero);
 
+/* Whether key is a replica with updates not taken yet (DIRTY_BIT): engine thread, a snapshot (a
+ * worker may set the bit right after; only the engine thread clears it). */
+static inline int store_dirty(const store_t *s, int64_t key) {
+    held_entry_t *e;
+    const int64_t raw = store_lookup(s, key, &e);
+    return raw >= 0 && (raw & REPLICA_BIT) && (raw & DIRTY_BIT);
+}
+
+/* Engine thread. Replicas with DIRTY_BIT (store_dirty) only: moves each key's delta out to
+ * base + offsets[i] (zeroing it), atomically per key; a key that is not one writes zeros
+ * there. Returns 0, or -1 (nothing written) if a row would end past base_floats. */
+int64_t store_take_deltas_to(const store_t *s, const int64_t *keys, int64_t n, float *base,
+                             int64_t base_floats, const int64_t *offsets);
+
 /* Replicas only (others are skipped): value = vals + delta (updates made here since the delta
  * was last taken stay visible), version = versions[i]. promote != 0 also makes the key the owner
  * copy (its delta is folded in and cleared). Returns the number of keys changed. */
