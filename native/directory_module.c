@@ -21,6 +21,7 @@ static void Directory_dealloc(DirectoryObject *self) {
     outbox_free(&self->outbox);
     for (size_t i = 0; i < sizeof self->decide_buf / sizeof self->decide_buf[0]; i++)
         scratch_free(&self->decide_buf[i]);
+    answer_fast_free(&self->fast, 1);
     sync_fast_free(&self->fast);
     Py_XDECREF((PyObject *)self->fast.counts_obj);
     if (self->ready) {
@@ -730,11 +731,26 @@ static PyMethodDef Directory_methods[] = {
      "more (while sinks listen, every event must pass through NodeState). What a served "
      "SYNC leaves for NodeState: native_taken()."},
     {"native_taken", (PyCFunction)Directory_native_taken, METH_NOARGS,
-     "native_taken() -> None if no SYNC was served natively since the last call, else "
-     "(journal, counters, arrived, relocated_in): journal (int64) the keys that joined the "
-     "store (a segment of +n, then n keys) or left it (-n), in order; counters {NodeState "
-     "counter name: to add}; arrived: keys came in (relocated or replicated); relocated_in: "
-     "some were relocated here. Engine thread."},
+     "native_taken() -> None if no SYNC was served and no answer taken natively since the "
+     "last call, else (journal, counters, arrived, relocated_in, (answers, refreshed)): "
+     "journal (int64) the keys that joined the store (a segment of +n, then n keys) or left "
+     "it (-n), in order; counters {NodeState counter name: to add}; arrived: keys came in "
+     "(relocated or replicated) or intent reports were acknowledged; relocated_in: some were "
+     "relocated here; answers (int64) a (request, answering rank, entries answered) triple "
+     "per answer to a round request taken in natively (native/answer_fast.c); refreshed: a "
+     "replica took a newer value. The reports those answers acknowledged are applied to the "
+     "intent counts now. Engine thread, with the GIL."},
+    {"round_open", (PyCFunction)Directory_round_open, METH_VARARGS,
+     "round_open(req, keys, flags, num_intents, num_deltas, count) -> None. The transport may "
+     "take the answers to round request req in itself (native/answer_fast.c): its entries' "
+     "keys (int64: the intent reports first, with a uint8 flag each, then deltas, then "
+     "checks; the buffers are held until the request is done) and count entries to answer. "
+     "From now on round_answered counts the request's unanswered entries. Engine thread."},
+    {"round_answered", (PyCFunction)Directory_round_answered, METH_VARARGS,
+     "round_answered(req, n) -> int or None. n more entries of round request req were "
+     "answered on Python's path: how many are still unanswered (n = 0: only asks), or None "
+     "if req was not opened with round_open or is done. ValueError for more than it waits "
+     "for. Engine thread."},
     {"take_moves", (PyCFunction)Directory_take_moves, METH_O,
      "take_moves(dst) -> None or a tuple of 12 numpy arrays. The moves held for rank dst, as "
      "a carrier's move sections (protocol.MOVE_SECTIONS; each section's entries in the order "

@@ -132,6 +132,13 @@ int directory_sync_fast(PyObject *directory, int64_t origin, const carr_t *a, in
  * held. */
 void directory_sync_sent(PyObject *directory, int64_t origin);
 
+/* A SYNC_RESP from src to this node's round request req taken in without Python
+ * (answer_fast.c says which qualify). a: its arrays (narrays 8, or 20 with its moves). Returns
+ * 1 if taken, 0 if Python is to take the message (nothing changed), -1 if the node cannot go
+ * on (*fatal says why). Engine thread only, without the GIL. */
+int directory_answer_fast(PyObject *directory, int64_t src, int64_t req, const carr_t *a,
+                          int narrays, const char **fatal);
+
 /* A worker's pull for the transport (zmq_pull.c, sync_fast.c), engine thread, without the GIL.
  * directory_route_pull: for keys[0..n) (not held here a moment ago) hop[i] = -1 if held here
  * now, else the rank to ask (Directory.route_own's choice); returns how many are held here, or

@@ -53,7 +53,7 @@ static int answered_here(const directory_t *d, const sync_request_t *r, const ca
 }
 
 /* Room for a segment of n keys (and its count) in the journal. */
-static int journal_room(sync_fast_t *f, int64_t more) {
+int journal_room(sync_fast_t *f, int64_t more) {
     if (f->jlen + more <= f->jcap) return 0;
     int64_t cap = f->jcap ? 2 * f->jcap : 1024;
     while (cap < f->jlen + more) cap *= 2;
@@ -65,7 +65,7 @@ static int journal_room(sync_fast_t *f, int64_t more) {
 }
 
 /* Appends keys that joined (sign 1) or left (-1) the store; room was made by journal_room. */
-static void journal_put(sync_fast_t *f, int sign, const int64_t *keys, int64_t n) {
+void journal_put(sync_fast_t *f, int sign, const int64_t *keys, int64_t n) {
     if (!n) return;
     f->journal[f->jlen++] = sign * n;
     memcpy(f->journal + f->jlen, keys, (size_t)n * sizeof(int64_t));
@@ -74,6 +74,68 @@ static void journal_put(sync_fast_t *f, int sign, const int64_t *keys, int64_t n
 }
 
 #define ROOM(i, bytes) scratch_room(&f->buf[i], (int64_t)(bytes))
+
+int fast_moves_room(DirectoryObject *self, const carr_t *m, int64_t more_records,
+                    int64_t more_journal) {
+    sync_fast_t *f = &self->fast;
+    const int64_t nr = m[0].n, ns = m[6].n;
+    if (!ROOM(B_RSLOTS, 8 * nr) || !ROOM(B_TAKEN, 8 * ns) || !ROOM(B_WAS, nr)
+        || !ROOM(B_TROWS, 4 * m[7].n) || !ROOM(B_TVERS, 8 * ns) || !ROOM(B_TSLOTS, 8 * ns)
+        || !ROOM(B_WANTED, ns) || dir_reserve(&self->d, nr + ns + m[9].n + more_records) < 0
+        || journal_room(f, 4 + nr + ns + more_journal) < 0)
+        return -1;
+    return 0;
+}
+
+int fast_moves_in(DirectoryObject *self, int64_t origin, const carr_t *m, const char **fatal) {
+    sync_fast_t *f = &self->fast;
+    const directory_t *d = &self->d;
+    const int64_t nr = m[0].n, ns = m[6].n;
+    int64_t *rslots = f->buf[B_RSLOTS].p, *taken = f->buf[B_TAKEN].p;
+    int8_t *was = f->buf[B_WAS].p;
+    float *trows = f->buf[B_TROWS].p;
+    int64_t *tvers = f->buf[B_TVERS].p, *tslots = f->buf[B_TSLOTS].p;
+    uint8_t *wanted = f->buf[B_WANTED].p;
+    int64_t *counters = f->counters;
+    if (nr) {
+        const int64_t *keys = m[0].p;
+        if (dir_relocate_in(d, keys, nr, m[1].p, m[1].n, m[2].p, m[3].p, m[4].p, m[5].p,
+                            rslots, was) < 0) {
+            *fatal = "out of memory taking a relocation in";
+            return -1;
+        }
+        int64_t fresh = 0; /* the keys new in the store: those that were not replicas */
+        for (int64_t i = 0; i < nr; i++)
+            if (!was[i]) rslots[fresh++] = keys[i];
+        journal_put(f, 1, rslots, fresh);
+        counters[SF_RELOCATIONS_IN] += nr;
+        f->arrived = f->relocated_in = f->changed = 1;
+    }
+    if (ns) {
+        const int64_t *keys = m[6].p;
+        for (int64_t i = 0; i < ns && f->counts; i++) wanted[i] = ic_count(f->counts, keys[i]) > 0;
+        const int64_t got = dir_setup_in(d, origin, keys, ns, m[7].p, m[8].p,
+                                         f->counts ? wanted : NULL, monotonic_s(), taken, trows,
+                                         tvers, tslots);
+        if (got < 0) {
+            *fatal = "out of memory taking a replica in";
+            return -1;
+        }
+        journal_put(f, 1, taken, got);
+        counters[SF_REPLICA_SETUPS] += got;
+        counters[SF_SETUPS_DISCARDED] += ns - got;
+        f->arrived |= got > 0;
+        f->changed = 1;
+    }
+    const int64_t *hkeys = m[9].p, *howners = m[10].p, *hepochs = m[11].p;
+    for (int64_t i = 0; i < m[9].n; i++) { /* Directory.update_home: the newest epoch wins */
+        if (hepochs[i] <= rec_home_epoch(d->recs, hkeys[i])) continue;
+        const int32_t rec = rec_get(d->recs, hkeys[i]);
+        rec_at(d->recs, rec)->home_epoch = hepochs[i];
+        d->home_owner[hkeys[i] / d->world_size] = (int32_t)howners[i];
+    }
+    return 0;
+}
 
 int directory_sync_fast(PyObject *directory, int64_t origin, const carr_t *in, int narrays,
                         sync_fast_answer_t *out, const char **fatal) {
@@ -92,7 +154,7 @@ int directory_sync_fast(PyObject *directory, int64_t origin, const carr_t *in, i
     const sync_request_t r = {origin, a[0].p, a[1].p, a[2].p, a[0].n,
                               a[3].p, a[4].p, a[6].p, a[5].p, a[3].n,
                               a[7].p, a[8].p, a[9].p, a[7].n, f->variant};
-    const int64_t n = r.ni + r.nd + r.nc, nr = a[10].n, ns = a[16].n;
+    const int64_t n = r.ni + r.nd + r.nc;
     if (!n || (r.ni && f->variant < 0) || !answered_here(d, &r, a)) return 0;
     /* Everything that can fail short of the store's own room, before anything changes. */
     int64_t floats = a[5].n; /* the deltas' rows, then the checks' */
@@ -108,57 +170,14 @@ int directory_sync_fast(PyObject *directory, int64_t origin, const carr_t *in, i
                        .ikeys = ROOM(B_IKEYS, n8), .iflags = ROOM(B_IFLAGS, n),
                        .skeys = ROOM(B_SKEYS, n8), .srows = ROOM(B_SROWS, 4 * floats),
                        .missing = ROOM(B_MISSING, n8), .behind = ROOM(B_BEHIND, n)};
-    int64_t *rslots = ROOM(B_RSLOTS, 8 * nr), *taken = ROOM(B_TAKEN, 8 * ns);
-    int8_t *was = ROOM(B_WAS, nr);
-    float *trows = ROOM(B_TROWS, 4 * a[17].n);
-    int64_t *tvers = ROOM(B_TVERS, 8 * ns), *tslots = ROOM(B_TSLOTS, 8 * ns);
-    uint8_t *wanted = ROOM(B_WANTED, ns);
     if (!where || !hop || !s.positions || !s.versions || !s.refresh_pos || !s.values
         || !s.redirect_pos || !s.redirect_ranks || !s.back_pos || !s.back_rows || !s.rest_index
         || !s.rest_hop || !s.ikeys || !s.iflags || !s.skeys || !s.srows || !s.missing
-        || !s.behind || !rslots || !taken || !was || !trows || !tvers || !tslots || !wanted
-        || dir_reserve(d, nr + ns + a[19].n + r.ni) < 0
-        || journal_room(f, 4 + nr + ns + r.ni) < 0)
+        || !s.behind || fast_moves_room(self, a + 10, r.ni, r.ni) < 0)
         return 0; /* out of memory: Python tries, and says so */
     int64_t *counters = f->counters;
     /* The moves first (NodeState._moves_in): relocations, replica set-ups, home updates. */
-    if (nr) {
-        const int64_t *keys = a[10].p;
-        if (dir_relocate_in(d, keys, nr, a[11].p, a[11].n, a[12].p, a[13].p, a[14].p, a[15].p,
-                            rslots, was) < 0) {
-            *fatal = "out of memory taking a relocation in";
-            return -1;
-        }
-        int64_t fresh = 0; /* the keys new in the store: those that were not replicas */
-        for (int64_t i = 0; i < nr; i++)
-            if (!was[i]) rslots[fresh++] = keys[i];
-        journal_put(f, 1, rslots, fresh);
-        counters[SF_RELOCATIONS_IN] += nr;
-        f->arrived = f->relocated_in = f->changed = 1;
-    }
-    if (ns) {
-        const int64_t *keys = a[16].p;
-        for (int64_t i = 0; i < ns && f->counts; i++) wanted[i] = ic_count(f->counts, keys[i]) > 0;
-        const int64_t m = dir_setup_in(d, origin, keys, ns, a[17].p, a[18].p,
-                                       f->counts ? wanted : NULL, monotonic_s(), taken, trows,
-                                       tvers, tslots);
-        if (m < 0) {
-            *fatal = "out of memory taking a replica in";
-            return -1;
-        }
-        journal_put(f, 1, taken, m);
-        counters[SF_REPLICA_SETUPS] += m;
-        counters[SF_SETUPS_DISCARDED] += ns - m;
-        f->arrived |= m > 0;
-        f->changed = 1;
-    }
-    const int64_t *hkeys = a[19].p, *howners = a[20].p, *hepochs = a[21].p;
-    for (int64_t i = 0; i < a[19].n; i++) { /* Directory.update_home: the newest epoch wins */
-        if (hepochs[i] <= rec_home_epoch(d->recs, hkeys[i])) continue;
-        const int32_t rec = rec_get(d->recs, hkeys[i]);
-        rec_at(d->recs, rec)->home_epoch = hepochs[i];
-        d->home_owner[hkeys[i] / d->world_size] = (int32_t)howners[i];
-    }
+    if (fast_moves_in(self, origin, a + 10, fatal) < 0) return -1;
     /* The entries (NodeState._sync). */
     sync_plan_t p = {.where = where, .hop = hop};
     pins_t *pins = dir_sync_pins(d, &r); /* locked from the plan to the decision's end */
@@ -253,7 +272,8 @@ PyObject *Directory_serve_syncs(DirectoryObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
-/* native_taken() -> None, or (journal, counters, arrived, relocated_in): see the method table. */
+/* native_taken() -> None, or (journal, counters, arrived, relocated_in, (answers, refreshed)):
+ * see the method table. */
 PyObject *Directory_native_taken(DirectoryObject *self, PyObject *unused) {
     sync_fast_t *f = &self->fast;
     if (!f->changed) Py_RETURN_NONE;
@@ -276,8 +296,14 @@ PyObject *Directory_native_taken(DirectoryObject *self, PyObject *unused) {
         Py_DECREF(journal);
         return NULL;
     }
-    PyObject *result = Py_BuildValue("NNOO", journal, counters, f->arrived ? Py_True : Py_False,
-                                     f->relocated_in ? Py_True : Py_False);
+    PyObject *answered = answer_fast_taken(self);
+    if (!answered) {
+        Py_DECREF(journal);
+        Py_DECREF(counters);
+        return NULL;
+    }
+    PyObject *result = Py_BuildValue("NNOON", journal, counters, f->arrived ? Py_True : Py_False,
+                                     f->relocated_in ? Py_True : Py_False, answered);
     if (!result) return NULL;
     f->jlen = 0;
     memset(f->counters, 0, sizeof f->counters);

@@ -23,13 +23,22 @@
 /* NodeState's counters (adapm/_engine/state.py COUNTERS) that a served SYNC adds to. */
 enum {
     SF_RELOCATIONS_IN, SF_RELOCATIONS_OUT, SF_REPLICA_SETUPS, SF_SETUPS_DISCARDED,
-    SF_DROPS_AT_OWNER, SF_DEFERRED, SF_COUNTERS
+    SF_DROPS_AT_OWNER, SF_DEFERRED, SF_REDIRECTED, SF_RETURNED, SF_COUNTERS
 };
 #define SF_COUNTER_NAMES                                                                       \
     {"relocations_in", "relocations_out", "replica_setups", "replica_setups_discarded",         \
-     "replica_drops_at_owner", "deferred_reports"}
+     "replica_drops_at_owner", "deferred_reports", "redirected_keys", "returned_deltas"}
 
 #define SF_BUFS 26
+
+/* A round request of this node that the transport may take the answers of (answer_fast.c,
+ * Directory.round_open): its entries' keys (intent reports, ni of them, with their flags; then
+ * nd deltas and the checks) as Python keeps them (the buffers held until it is done), and how
+ * many entries are still unanswered. */
+typedef struct {
+    int64_t req, nkeys, ni, nd, remaining;
+    void *views; /* two Py_buffers (keys, flags), released with the GIL */
+} round_ctx_t;
 
 typedef struct {
     int on;                        /* Directory.serve_syncs: serve SYNCs natively */
@@ -43,6 +52,23 @@ typedef struct {
     int64_t jlen, jcap;
     int64_t counters[SF_COUNTERS];
     int arrived, relocated_in, changed;
+    /* Answers to this node's round requests taken in by the transport (answer_fast.c): the
+     * open requests; per answer (request, answering rank, entries answered) for NodeState;
+     * the intent reports they acknowledged (keys and flags), applied to the counts with the
+     * GIL at native_taken; whether a replica was refreshed. */
+    round_ctx_t *rounds;
+    int64_t nrounds, rounds_cap;
+    int64_t *answers, *acks;
+    uint8_t *ack_flags;
+    int64_t alen, acap, aklen, akcap;
+    int refreshed;
+    /* Redirected intent reports (Rounds._redirected): the keys to report again with the next
+     * round (applied to the counts at native_taken, with the GIL), how many of them only
+     * because their owner deferred them, and whether others were redirected. */
+    int64_t *again;
+    int64_t againlen, againcap, deferred_again;
+    int redirected_now;
+    scratch_buf_t abuf[6]; /* answer_fast.c's scratch */
 } sync_fast_t;
 
 /* The answer's arrays: SYNC_RESP's 8, then the 12 move arrays held for the origin (narrays

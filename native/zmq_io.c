@@ -152,6 +152,7 @@ const char *const counter_names[FAST_COUNTERS] = {
     "messages_received_sync", "bytes_received_sync", "messages_sent_sync_resp",
     "bytes_sent_sync_resp", "syncs_served_natively", "messages_sent_pull", "bytes_sent_pull",
     "messages_received_pull_resp", "bytes_received_pull_resp", "pulls_sent_natively",
+    "messages_received_sync_resp", "bytes_received_sync_resp", "answers_taken_natively",
 };
 
 /* The rank whose connection sent the message whose routing id is id and last frame last: the
@@ -418,7 +419,7 @@ again:
         self->send_failed = 0;
         close_parts(self, 0, nparts);
         if (e == -2)
-            PyErr_Format(PyExc_RuntimeError, "serving a SYNC: %s", self->fatal);
+            PyErr_Format(PyExc_RuntimeError, "serving a SYNC or taking an answer: %s", self->fatal);
         else if (e < 0)
             PyErr_SetString(PyExc_RuntimeError, "keys owned here vanished while served");
         else

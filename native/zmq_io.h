@@ -53,7 +53,7 @@ enum {
     C_PULL_RESP_OUT, C_PULL_RESP_OUT_BYTES, C_ACK_OUT, C_ACK_OUT_BYTES, C_SERVED,
     C_SYNC_IN, C_SYNC_IN_BYTES, C_SYNC_RESP_OUT, C_SYNC_RESP_OUT_BYTES, C_SYNCS_SERVED,
     C_PULL_OUT, C_PULL_OUT_BYTES, C_PULL_RESP_IN, C_PULL_RESP_IN_BYTES, C_PULLS_NATIVE,
-    FAST_COUNTERS
+    C_SYNC_RESP_IN, C_SYNC_RESP_IN_BYTES, C_ANSWERS_NATIVE, FAST_COUNTERS
 };
 
 typedef struct {
@@ -77,7 +77,8 @@ typedef struct {
     int send_failed;       /* errno of a fast answer libzmq refused (0: none; -1 keys vanished,
                             * -2 a served SYNC failed: fatal says why) */
     const char *fatal;
-    int synced;            /* a SYNC was served in this poll: Python has things to take up */
+    int synced;            /* a SYNC was served, or an answer taken, in this poll: Python
+                            * has things to take up */
     int64_t counts[FAST_COUNTERS];
     /* A worker's pulls without Python (zmq_pull.c): */
     int pull_fd;                     /* eventfd: a call was queued (-1: none yet) */
@@ -99,7 +100,8 @@ int sender_of(ZmqIOObject *self, zmsg_t *id, zmsg_t *last);
 
 /* zmq_serve.c */
 /* Serves the ZeroMQ message in parts[first..end) inside poll if it is a peer's request the
- * owner's fast paths take (pulls, pushes and sets of keys owned here; a SYNC answered here):
+ * owner's fast paths take (pulls, pushes and sets of keys owned here; a SYNC answered here;
+ * an answer to this node's round request taken in):
  * 1 if served (the caller closes the parts), 0 if Python is to take it. Without the GIL. */
 int try_fast(ZmqIOObject *self, Py_ssize_t first, Py_ssize_t end);
 

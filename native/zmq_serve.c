@@ -77,9 +77,12 @@ static int sync_parse(zmsg_t *f, int nf, int rank, carr_t *a, int64_t *req, int6
     const uint8_t *h = Z.msg_data(&f[0]), *pl = Z.msg_data(&f[1]);
     const size_t hlen = Z.msg_size(&f[0]), plen = Z.msg_size(&f[1]);
     wire_header_t w;
-    if (wire_header(h, hlen, &w) < 0 || w.size != hlen || w.kind != WIRE_SYNC || w.extra
-        || (w.narrays != 10 && w.narrays != 22) || w.src != rank || w.origin != rank || w.hops
+    if (wire_header(h, hlen, &w) < 0 || w.size != hlen || w.extra || w.src != rank || w.hops
         || w.req < 0)
+        return 0;
+    /* A peer's own SYNC (its moves included), or a SYNC_RESP (with or without moves). */
+    if (w.kind == WIRE_SYNC ? (w.narrays != 10 && w.narrays != 22) || w.origin != rank
+                            : w.kind != WIRE_SYNC_RESP || (w.narrays != 8 && w.narrays != 20))
         return 0;
     size_t pat = 0;
     int own = 2;
@@ -87,7 +90,7 @@ static int sync_parse(zmsg_t *f, int nf, int rank, carr_t *a, int64_t *req, int6
     if (bytes < 0 || own != nf) return 0;
     *req = w.req;
     *nbytes = (int64_t)w.size + bytes;
-    return w.narrays;
+    return w.kind == WIRE_SYNC ? w.narrays : -w.narrays;
 }
 
 static int grow_missing(ZmqIOObject *self, int64_t n) {
@@ -226,16 +229,37 @@ static int serve_fast(ZmqIOObject *self, Py_ssize_t first, Py_ssize_t end, int r
 /* serve_sync: serves the ZeroMQ message in parts[first..end) here if it is one SYNC of rank's
  * round that the directory can answer without Python (directory_sync_fast; the Python path,
  * NodeState._sync, would answer it just so): its SYNC_RESP, with the moves held for rank, is
- * encoded and sent. 1 if served or failed (send_failed then says why), 0 if Python is to take
- * it (nothing changed). Without the GIL. */
+ * encoded and sent; or one SYNC_RESP to a request of this node's round that the directory
+ * takes in without Python (directory_answer_fast). 1 if served or taken or failed
+ * (send_failed then says why), 0 if Python is to take it (nothing changed). Without the GIL. */
 static int serve_sync(ZmqIOObject *self, Py_ssize_t first, Py_ssize_t end, int rank) {
     carr_t a[22];
     int64_t req, in_bytes;
-    const int narr = sync_parse(&self->parts[first + 1], (int)(end - first - 1), rank, a, &req,
-                                &in_bytes);
+    int narr = sync_parse(&self->parts[first + 1], (int)(end - first - 1), rank, a, &req,
+                          &in_bytes);
     if (!narr) return 0;
-    sync_fast_answer_t ans;
     const char *fatal = "";
+    if (narr < 0) { /* an answer to a request of this node's round (answer_fast.c) */
+        const int got = directory_answer_fast(self->directory, rank, req, a, -narr, &fatal);
+        if (got < 0) {
+            self->send_failed = -2;
+            self->fatal = fatal;
+        } else if (got > 0) {
+            self->synced = 1;
+            self->counts[C_SYNC_RESP_IN]++;
+            self->counts[C_SYNC_RESP_IN_BYTES] += in_bytes;
+            self->counts[C_ANSWERS_NATIVE]++;
+            int64_t wire_in = 0;
+            for (Py_ssize_t i = first + 1; i < end; i++)
+                wire_in += (int64_t)Z.msg_size(&self->parts[i]);
+            self->counts[C_WIRE_IN]++;
+            self->counts[C_MSGS_IN]++;
+            self->counts[C_BYTES_IN] += wire_in;
+            self->heard[rank] = 1;
+        }
+        return got != 0;
+    }
+    sync_fast_answer_t ans;
     const int got = directory_sync_fast(self->directory, rank, a, narr, &ans, &fatal);
     if (got <= 0) {
         if (got < 0) {

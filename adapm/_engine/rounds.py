@@ -189,12 +189,40 @@ class Rounds:
             self._finish_round(empty=False)
 
     def _post_round(self, requests: list) -> None:
+        # With the native I/O, the transport takes an answer in itself when it needs nothing
+        # of ours (native/answer_fast.c): it learns the request's entries here, and counts the
+        # unanswered ones for both paths from now on (_answers_taken, NodeState._answer).
+        native = self.native_calls is not None
         for dst, arrays, count, context in requests:
             req_id = self._new_round_request(count, context)
             context.dst = dst
             self.requests[req_id].at[dst] = count
             self._open.add(req_id)
+            if native:
+                self.directory.round_open(req_id, context.keys, context.flags.view(np.uint8),
+                                          context.num_intents, context.num_deltas, count)
             self._post(dst, Kind.SYNC, req_id, [*arrays, *NO_MOVES], o=self.rank)  # + moves
+
+    def _answers_taken(self, answers: np.ndarray, refreshed: bool, deferred_again: int,
+                       redirected_now: bool) -> None:
+        """Answers to this node's round requests that the transport took in itself
+        (``Directory.native_taken``; what :meth:`_apply_sync_answer` does is done): a
+        (request, answering rank, entries) triple each; whether a replica was refreshed; and
+        :meth:`_redirected`'s bookkeeping of their redirected reports. A request with nothing
+        left unanswered is done."""
+        if refreshed:
+            self._quiet = False
+        self._deferred_again += deferred_again
+        self._redirected_now = self._redirected_now or redirected_now
+        for req_id, src, n in answers.reshape(-1, 3).tolist():
+            req = self.requests.get(req_id)
+            if req is None:  # not reached: taken in only while the request is open
+                continue
+            req.remaining -= n
+            req.at[src] = req.at.get(src, 0) - n
+            if req.remaining <= 0:
+                del self.requests[req_id]
+                self._round_request_done(req_id)
 
     def _finish_round(self, empty: bool) -> None:
         self.rounds_done += 1

@@ -108,11 +108,13 @@ class Serving:
                    [np.array(ranks, dtype=np.int64), np.array(counts, dtype=np.int64)])
 
     def _native_served(self, journal: np.ndarray, counters: dict, arrived: bool,
-                       relocated_in: bool) -> None:
-        """What the SYNCs the transport served without Python (native/sync_fast.h) leave for
-        this object: the keys that joined (``+n`` then n keys) or left (``-n``) the store, in
-        order, for the local sampler's pool; the counters; and, where keys arrived, the
-        requests that wait for them go on (as :meth:`_take_moves` would)."""
+                       relocated_in: bool, answered: tuple) -> None:
+        """What the SYNCs the transport served, and the answers it took in, without Python
+        (native/sync_fast.h, native/answer_fast.c) leave for this object: the keys that joined
+        (``+n`` then n keys) or left (``-n``) the store, in order, for the local sampler's
+        pool; the counters; where keys arrived, the requests that wait for them go on (as
+        :meth:`_take_moves` would); then the round requests answered (``answered``:
+        Rounds._answers_taken)."""
         at, end, store = 0, len(journal), self.store
         while at < end:
             n = int(journal[at])
@@ -126,6 +128,8 @@ class Serving:
             self._retry_queued()
         if arrived:
             self._arrived = True
+        if len(answered[0]) or answered[1] or answered[2] or answered[3]:
+            self._answers_taken(*answered)
 
     def _retry_queued(self) -> None:
         """Keys arrived: serve (or pass on) what waited for them."""

@@ -418,7 +418,9 @@ class NodeState(Serving, Rounds):
             answered = len(positions)
             if msg.kind == Kind.SYNC_RESP:  # redirected reports, returned deltas and checks
                 answered += len(msg.arrays[4]) + len(msg.arrays[6])
-            req.remaining -= answered
+            left = self.directory.round_answered(msg.req_id, answered) \
+                if req.round is not None else None  # see Rounds._post_round
+            req.remaining = req.remaining - answered if left is None else left
             req.at[msg.src] = req.at.get(msg.src, 0) - answered
             if req.remaining < 0:
                 raise StateError(f"rank {self.rank}: request {msg.req_id} answered twice "

@@ -142,6 +142,11 @@ def _answer_problem(msg: Message, state) -> Optional[str]:
 
 def _sync_answer_problem(msg: Message, context, state) -> Optional[str]:
     """A SYNC_RESP against the round request it answers: one native pass (native/check.c)."""
+    # The transport may have taken answers of it in since the state last looked: the count
+    # of unanswered entries is the directory's then (Directory.round_answered).
+    remaining = state.directory.round_answered(msg.req_id, 0)
+    if remaining is None:
+        remaining = state.requests[msg.req_id].remaining
     return state.directory.check_sync_answer(
-        context.keys, context.num_intents, context.num_deltas,
-        state.requests[msg.req_id].remaining, msg.req_id, msg.arrays[:8])
+        context.keys, context.num_intents, context.num_deltas, remaining, msg.req_id,
+        msg.arrays[:8])

@@ -94,6 +94,9 @@ ROUND_STATS = {
                              "without the engine loop (moves, deltas, checks and reports)",
     "pulls_sent_natively": "workers' pulls of keys held elsewhere that the transport routed, "
                            "sent and took the answers of in C, without the engine loop",
+    "answers_taken_natively": "answers to this node's sync-round requests that the transport "
+                              "took in in C without the engine loop (moves, hints, refreshes "
+                              "and acknowledgements)",
     "forwarded_keys": "request entries forwarded to where their key went",
     "queued_keys": "request entries held here until their key arrived",
     "awaited_keys": "local requests that waited for a key already on its way here",
