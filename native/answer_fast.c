@@ -202,9 +202,10 @@ int directory_answer_fast(PyObject *directory, int64_t src, int64_t req, const c
         return 0; /* out of memory: Python tries, and says so */
     /* The moves first (NodeState._moves_in): a relocation before the answer that reports it. */
     if (fast_moves_in(self, src, a + 8, fatal) < 0) return -1;
-    if (nm && redirected(self, src, keys, flags, moved, mranks, nm, mine, mine_flags, fatal) < 0)
-        return -1;
-    if (nbd) { /* Rounds._returned: all owned here (checked above) */
+    /* Returned deltas before the redirected reports, whose decisions may relocate a key away
+     * (a dropped replica's ended intent is a report and a delta of one key): added to the
+     * value it leaves with, where Python passes the delta on after it. */
+    if (nbd) { /* Rounds._returned: all owned here now (checked above) */
         for (int64_t i = 0, j = 0; i < nb; i++)
             if (back[i] < c->ni + c->nd) bkeys[j++] = keys[back[i]];
         int64_t *missing = by_pos; /* scratch until the answer's entries below */
@@ -214,6 +215,8 @@ int directory_answer_fast(PyObject *directory, int64_t src, int64_t req, const c
         }
         f->counters[SF_RETURNED] += nbd;
     }
+    if (nm && redirected(self, src, keys, flags, moved, mranks, nm, mine, mine_flags, fatal) < 0)
+        return -1;
     memset(by_pos, 0xff, (size_t)c->nkeys * sizeof(int64_t)); /* Directory.apply_answer's */
     for (int64_t i = 0; i < n; i++)
         if (pos[i] >= c->ni) by_pos[pos[i]] = 1;

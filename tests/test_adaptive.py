@@ -279,6 +279,61 @@ def test_no_update_lost_while_keys_move(management):
         assert sum(moved for _, _, moved in results) > 0  # keys did move meanwhile
 
 
+# --- a round's answers taken in by the transport (native/answer_fast.c) --------------------------
+
+A_KEYS, A_CLOCKS, A_BATCH, A_AHEAD = 48, 300, 12, 3
+
+
+def _batches_of(rank: int) -> list:
+    rng = np.random.default_rng(100 + rank)
+    return [rng.choice(A_KEYS, A_BATCH, replace=False) for _ in range(A_CLOCKS)]
+
+
+def _answers_job(node):
+    """KGE's pattern on a small key space: intent for the batch ``A_AHEAD`` clocks on, then a
+    pull and a push of this clock's batch; the nodes want overlapping keys all the time, so
+    keys relocate, replicas come and go with their last deltas, and reports are redirected."""
+    w = node.worker()
+    batches = _batches_of(node.rank)
+    for t in range(A_AHEAD):
+        w.intent(batches[t], t)
+    w.wait_sync()
+    ones = np.ones((A_BATCH, 2), np.float32)
+    for t in range(A_CLOCKS):
+        if t + A_AHEAD < A_CLOCKS:
+            w.intent(batches[t + A_AHEAD], t + A_AHEAD)
+        w.pull(batches[t])
+        w.push(batches[t], ones)
+        w.advance_clock()
+    w.wait_sync()
+    node.barrier()
+    values = w.pull(np.arange(A_KEYS))
+    settle(node, [w], A_CLOCKS + 1)
+    return values, placement(node), node.stats()
+
+
+def test_answers_taken_by_the_transport_lose_no_update():
+    """At 4 nodes the transport takes most answers in itself, with their redirected reports
+    and returned deltas (a dropped replica's report and last delta can name the key that the
+    report's decision relocates away in the same answer: the delta must go with it)."""
+    n = 4
+    results = cluster(_answers_job, n, num_keys=A_KEYS, value_length=2, management="adaptive",
+                      timeout_s=120)
+    expected = np.zeros(A_KEYS)
+    for rank in range(n):
+        for batch in _batches_of(rank):
+            expected[batch] += 1
+    for values, _, _ in results:
+        np.testing.assert_array_equal(values, np.repeat(expected[:, None], 2, axis=1))
+    check_placement([p for _, p, _ in results], n, A_KEYS)
+    stats = [s for _, _, s in results]
+    native = sum(s["answers_taken_natively"] for s in stats)
+    answers = sum(s["messages_received_sync_resp"] for s in stats)
+    assert native > answers // 2, (native, answers)
+    assert sum(s["redirected_keys"] for s in stats) > 0
+    assert sum(s["returned_deltas"] for s in stats) > 0
+
+
 # --- routing: forwarding along the path a key took ---------------------------------------------
 
 def _forwarding_job(node):
