@@ -208,6 +208,47 @@ class WorkerSampler:
         counters["sampled_remote_keys"] += n - local
         return keys, values
 
+    def keys(self, n, count, out: Optional[np.ndarray]) -> np.ndarray:
+        """The keys of ``count`` successive samples of ``n`` (see ``Worker.sample_keys``): the
+        draws of ``count`` prepare + pull pairs, in order, without reading values. Only where
+        every key of the domain is held here for good (one node): the caller checks."""
+        s = self._sampling
+        n = _as_count(n)
+        if isinstance(count, bool) or not isinstance(count, (int, np.integer)) or count < 0:
+            raise InvalidArgument(f"count: expected an int >= 0 number of samples, got {count!r}")
+        count = int(count)
+        if not s.replacement and n > s.support:
+            raise InvalidArgument(f"n: {n} distinct keys asked for, but the sampling domain "
+                                  f"has {s.support} keys that can be drawn")
+        total = n * count
+        if out is None:
+            out = np.empty(total, dtype=np.int64)
+        elif not (isinstance(out, np.ndarray) and out.dtype == np.int64 and out.shape == (total,)
+                  and out.flags.c_contiguous and out.flags.writeable):
+            raise InvalidArgument(f"out must be a writable C-contiguous int64 array of shape "
+                                  f"({total},) for {count} samples of {n} keys")
+        store = self._worker._store
+        local = s.scheme == "local"
+        if local and store.sample_pool.count == 0:
+            raise StateError(f"sample_keys: rank {self._worker._node.rank} holds no key of the "
+                             f"sampling domain [{s.low}, {s.high}), so the local scheme has "
+                             f"nothing to draw from")
+        if local and s.weights is None and s.replacement:
+            # _draw's steps for this case, one numpy draw per sample (the same stream: each
+            # sample's positions, then one lookup of all of them in the pool). On one node no
+            # drawn key is unfit (_unfit), so there is nothing to draw again.
+            pool = store.sample_pool
+            for i in range(count):
+                out[i * n:(i + 1) * n] = self._rng.integers(0, pool.count, n, dtype=np.int64)
+            out[:] = pool.keys[out]
+        else:
+            for i in range(count):
+                out[i * n:(i + 1) * n] = self._draw(n, held=store if local else None)
+        counters = self._worker.counters
+        counters["sampled_keys"] += total
+        counters["sampled_local_keys"] += total
+        return out
+
     def _check_out(self, out, n: int) -> None:
         store = self._worker._store
         if not self._row_length:

@@ -174,11 +174,12 @@ class Worker:
         return self._intents is not None
 
     def native_rows(self):
-        """The node's rows for a native training loop of ``adapm._kernels`` (``mf_train_rows``):
-        a capsule through which the loop gathers and adds to rows by key with the GIL released,
-        many batches per call, as :meth:`pull` and :meth:`push` do for keys held here; or None
-        where such a loop would rarely find its keys here (a node of a multi-node job under
-        static partitioning) or with per-key value lengths.
+        """The node's rows for a native training loop of ``adapm._kernels`` (``mf_train_rows``,
+        ``kge_train_rows``): a capsule through which the loop gathers and adds to rows by key
+        with the GIL released, many batches per call, as :meth:`pull` and :meth:`push` do for
+        keys held here (a loop that draws negatives takes their keys from
+        :meth:`sample_keys`); or None where such a loop would rarely find its keys here (a
+        node of a multi-node job under static partitioning) or with per-key value lengths.
 
         The capsule keeps the store's memory alive while it lives. The loop stops at a batch
         with a key held elsewhere instead of reading it (the caller takes that batch through
@@ -197,6 +198,33 @@ class Worker:
         pulls and pushes."""
         self.counters["local_pull_keys"] += pulled
         self.counters["local_push_keys"] += pushed
+
+    @_one_thread_at_a_time
+    def sample_keys(self, n: int, count: int = 1, out: Optional[np.ndarray] = None
+                    ) -> np.ndarray:
+        """The keys of ``count`` successive samples of ``n`` keys each, without their values:
+        for a native training loop that reads and adds to the rows itself (:meth:`native_rows`).
+
+        The keys are those that ``count`` pairs of :meth:`prepare_sample` (n) and
+        :meth:`pull_sample`, one pair after the other, would give: the same random stream, in
+        the same order, so a run that draws through either gives the same numbers. Returns
+        int64 of ``count * n`` keys, sample after sample (in ``out``, when given: int64,
+        C-contiguous, writable, of that length). No intent is signalled and nothing is pinned
+        or read, so this is only offered where neither matters: on a single node, which holds
+        every key of the domain for good (StateError elsewhere, and without a sampling domain).
+        Non-blocking; O(count * n), one numpy draw per sample, holding the GIL. Counted in
+        ``stats()`` as ``sampled_keys`` and ``sampled_local_keys``; the loop counts its reads
+        and adds of the keys with :meth:`count_accesses`, as pull_sample's read is counted.
+        """
+        self._node._check_open("sample_keys")
+        if self._sampler is None:
+            raise StateError("sample_keys: this job has no sampling domain; set "
+                             "Config(sampling=adapm.Sampling(low, high, ...))")
+        if self._engine is not None:
+            raise StateError(f"sample_keys: rank {self._node.rank} is a node of a job of "
+                             f"{self._node.world_size}, where a sample's keys depend on when "
+                             f"they are read (use prepare_sample and pull_sample)")
+        return self._sampler.keys(n, count, out)
 
     # --- intent and clocks -------------------------------------------------------------------
 

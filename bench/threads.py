@@ -23,7 +23,8 @@ inside:
   more CPU is contention (the GIL's hand-overs, shared cache lines, lock stripes);
 - native / batch (us): the part of it spent inside the project's native calls that release the
   GIL (the kernels' ``*_train_batch``, ``mf_train_table`` and ``mf_train_rows`` (many MF
-  batches a call over the baseline's array and over one node's store), ``mf_plan``, ``wv_plan``, ``wv_merge_pool``, the
+  batches a call over the baseline's array and over one node's store), ``kge_train_table`` and
+  ``kge_train_rows`` (the same for KGE), ``mf_plan``, ``wv_plan``, ``wv_merge_pool``, the
   store module's ``unique_inverse`` (KGE's plan), ``table_gather`` /
   ``table_scatter_add``, the store's ``gather_fast`` / ``scatter_*_fast``, and ``gather`` /
   ``scatter_*`` when their batch is large enough to release it: see RELEASE_GIL_FROM);
@@ -135,6 +136,11 @@ def child(app: str, argv: list[str]) -> None:
     if hasattr(kernels, "mf_train_rows"):  # the same over one node's store
         kernels.mf_train_rows = timed(kernels.mf_train_rows, batch=lambda out: out[0],
                                       name="mf_train_rows")
+    if hasattr(kernels, "kge_train_table"):  # many KGE batches a call: the array, a store
+        kernels.kge_train_table = timed(kernels.kge_train_table, batch=lambda n: n,
+                                        name="kge_train_table")
+        kernels.kge_train_rows = timed(kernels.kge_train_rows, batch=lambda out: out[0],
+                                       name="kge_train_rows")
     for name in ("mf_plan", "wv_plan", "wv_merge_pool", "table_gather", "table_scatter_add"):
         if hasattr(kernels, name):  # a --compare checkout may not have them all
             setattr(kernels, name, timed(getattr(kernels, name), name=name))

@@ -156,6 +156,28 @@ class ArrayWorker:
         self.counters["sampled_keys"] += n
         return keys, self.pull(keys, out)
 
+    def sample_keys(self, n: int, count: int = 1, out: Optional[np.ndarray] = None
+                    ) -> np.ndarray:
+        """The keys of ``count`` successive samples of ``n`` keys each, without their values,
+        for a native loop that reads the rows itself (:meth:`table`): those that ``count``
+        prepare_sample + pull_sample pairs, one after the other, would draw (the same stream,
+        in the same order). int64, ``count * n`` keys sample after sample, in ``out`` when
+        given (int64, C-contiguous, writable, that long). One draw per sample; counted as
+        ``sampled_keys`` (the loop counts its reads with :meth:`count_accesses`)."""
+        n, count = int(n), int(count)
+        total = n * count
+        if out is None:
+            out = np.empty(total, dtype=np.int64)
+        elif not (isinstance(out, np.ndarray) and out.dtype == np.int64 and out.shape == (total,)
+                  and out.flags.c_contiguous and out.flags.writeable):
+            raise InvalidArgument(f"out must be a writable C-contiguous int64 array of shape "
+                                  f"({total},) for {count} samples of {n} keys")
+        draw, rng = self._node.sampling.draw, self._rng
+        for i in range(count):
+            out[i * n:(i + 1) * n] = draw(rng, n)
+        self.counters["sampled_keys"] += total
+        return out
+
     def _keys(self, keys) -> np.ndarray:
         keys = np.ascontiguousarray(keys, dtype=np.int64)
         if keys.ndim != 1:

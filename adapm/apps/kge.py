@@ -10,7 +10,9 @@ Each key's value is its embedding followed by its AdaGrad accumulator (RESCAL: a
 d×d matrix, so keys have two lengths). Loss: logistic, over each positive triple and ``--neg``
 corrupted tails plus ``--neg`` corrupted heads, the corrupting entities drawn by the PM's
 ``local`` sampling; L2 on the positives' rows. Training is per example inside one native call
-per mini-batch (``native/kernels/kge.c``), as the original AdaPM app trains per data point.
+per mini-batch (``native/kernels/kge.c``), as the original AdaPM app trains per data point; with
+``--baseline`` and on one node (ComplEx, DistMult), many mini-batches per native call
+(``native/kernels/kge_rows.c``, see ``KGETrainer.chunked``), with the same numbers.
 Evaluation: filtered MRR, MR, Hits@1/3/10 over head and tail prediction (``kge_eval``).
 
 Export (``--export DIR``; outside tools read it): ``entities.tsv``, ``relations.tsv``
@@ -36,6 +38,7 @@ import adapm
 from .. import _argtypes
 from .._native_loader import load as _load
 from . import kge_data, kge_eval, runner
+from .baseline import ArrayWorker
 from .datafiles import write_atomically
 
 _kernels = _load("adapm._kernels")
@@ -156,10 +159,12 @@ class KGETask:
 
 
 class KGETrainer:
-    """One worker thread's batches: buffers allocated once, one kernel call per batch."""
+    """One worker thread's batches: buffers allocated once, one kernel call per batch; or, over
+    the baseline's array or one node's store, many batches per native call (:meth:`chunked`)."""
 
     def __init__(self, task: KGETask, batch_size: int) -> None:
         self.task = task
+        self.batch_size = batch_size
         self.E = task.num_entities
         k, b = task.neg, batch_size
         self.uniform = isinstance(task.value_length, int)
@@ -191,14 +196,106 @@ class KGETrainer:
         return _Plan(keys[:count], np.ascontiguousarray(inverse.reshape(3, b).T),
                      2 * self.task.neg * b)
 
-    def step(self, worker, plan: _Plan, sample: Optional[int]) -> tuple[float, int]:
+    def chunked(self, worker):
+        """A ``run(points, batch_size) -> (losses, steps)`` that trains many batches in one
+        native call with the GIL released (per batch what plan and step do, with the same
+        arithmetic), over the baseline's plain shared array (``ArrayWorker.table``) or the store
+        of a node alone (``Worker.native_rows``). Each batch's negatives are drawn before the
+        call, batch after batch from the worker's sampling stream (``sample_keys``): the draws
+        the per-batch path makes, in its order, so the numbers are the same. None (the
+        per-batch path) for RESCAL (keys of two lengths), for a node of a multi-node job (a
+        ``local`` sample is drawn among the keys held when it is pulled, and pinned: a run
+        cannot draw ahead) and without rows. Over a store, a batch with a key held elsewhere
+        goes through ``step`` with its sample as drawn."""
+        if not self.uniform:
+            return None
+        if isinstance(worker, ArrayWorker):
+            data, offsets, lens = worker.table()
+            rows = None
+        else:
+            if worker.acts_on_intent:
+                return None
+            rows = worker.native_rows()
+            if rows is None:
+                return None
+        task, width = self.task, self.ent_row
+        k2, per_point = 2 * task.neg, 1 + 2 * task.neg
+        max_rows = len(self.values)  # (3 + 2 neg) batch_size rows: kge_train_rows's scratch
+        iscratch = np.empty(6 * max_rows, dtype=np.int64)
+        left_keys = np.empty(max_rows if rows is not None else 0, dtype=np.int64)
+        left_rows = np.empty((len(left_keys), width), dtype=np.float32)
+        # grown on demand: a call's samples, and per batch its loss and keys touched
+        out = {"samples": np.empty(0, dtype=np.int64), "losses": np.empty(0),
+               "keys": np.empty(0, dtype=np.int64)}
+
+        def buffer(name: str, n: int) -> np.ndarray:
+            if len(out[name]) < n:
+                out[name] = np.empty(n, dtype=out[name].dtype)
+            return out[name][:n]
+
+        def prepare(points: np.ndarray, batch_size: int) -> tuple:
+            """The scratch of a run and its batches' samples, drawn one batch after another."""
+            if batch_size > self.batch_size:
+                raise ValueError(f"batches of {batch_size} triples; this trainer's scratch "
+                                 f"holds {self.batch_size}")
+            n = len(points)
+            batches = -(-n // batch_size)
+            samples = buffer("samples", k2 * n)
+            full, rest = divmod(n, batch_size)
+            if k2 and full:
+                worker.sample_keys(k2 * batch_size, full, out=samples[:k2 * batch_size * full])
+            if k2 and rest:
+                worker.sample_keys(k2 * rest, 1, out=samples[k2 * batch_size * full:])
+            return samples, buffer("losses", batches), buffer("keys", batches)
+
+        def run_table(points: np.ndarray, batch_size: int) -> tuple[list, int]:
+            samples, losses, keys = prepare(points, batch_size)
+            batches = _kernels.kge_train_table(
+                task.code, task.dim, task.lr, task.reg, task.reg, batch_size, task.neg, self.E,
+                points, samples, data, offsets, lens, iscratch, self.values, self.updates,
+                losses, keys)
+            touched = int(keys[:batches].sum())
+            worker.count_accesses(touched, touched)
+            return losses[:batches].tolist(), len(points) * per_point
+
+        def run_rows(points: np.ndarray, batch_size: int) -> tuple[list, int]:
+            # A batch whose keys are not all here (STOP_PULL), or whose keys left before its
+            # push (STOP_PUSH), goes through the worker's pull and push, which route them.
+            samples, losses, keys = prepare(points, batch_size)
+            result: list = []
+            at, n = 0, len(points)
+            while at < n:
+                batches, stop, left = _kernels.kge_train_rows(
+                    task.code, task.dim, task.lr, task.reg, task.reg, batch_size, task.neg,
+                    self.E, points[at:], samples[k2 * at:k2 * n], rows, left_keys, left_rows,
+                    iscratch, self.values, self.updates, losses, keys)
+                touched = int(keys[:batches].sum())
+                worker.count_accesses(touched, touched - left)
+                result += losses[:batches].tolist()
+                at += batches * batch_size
+                if stop == _kernels.KGE_STOP_PUSH:
+                    worker.push(left_keys[:left], left_rows[:left])  # not kept
+                elif stop == _kernels.KGE_STOP_PULL:
+                    end = min(at + batch_size, n)
+                    result.append(self.step(worker, self.plan(points[at:end]), None,
+                                            sampled=samples[k2 * at:k2 * end])[0])
+                    at = end
+            return result, n * per_point
+
+        return run_table if rows is None else run_rows
+
+    def step(self, worker, plan: _Plan, sample: Optional[int],
+             sampled: Optional[np.ndarray] = None) -> tuple[float, int]:
+        """Trains one batch: pull, the kernel, push. ``sample``: the handle of its prepared
+        sample (pulled here); or, with ``sampled``, its sample's keys as drawn already (by
+        ``chunked``: pulled here as keys)."""
         task = self.task
         nu, ns = len(plan.keys), plan.sample_size
         if self.uniform:
             values = self.values[:nu + ns]
             updates = self.updates[:nu + ns]
             worker.pull(plan.keys, out=values[:nu])
-            sampled = worker.pull_sample(sample, out=values[nu:])[0] if ns else plan.keys[:0]
+            sampled = self._pull_sample(worker, sample, sampled, values[nu:], plan)
             offsets = self.row_offsets[:nu + ns]
         else:
             lens = self.lens[plan.keys]
@@ -206,7 +303,7 @@ class KGETrainer:
             values = self.values[:nf + ns * self.ent_row]
             updates = self.updates[:len(values)]
             worker.pull(plan.keys, out=values[:nf])
-            sampled = worker.pull_sample(sample, out=values[nf:])[0] if ns else plan.keys[:0]
+            sampled = self._pull_sample(worker, sample, sampled, values[nf:], plan)
             offsets = np.concatenate([np.cumsum(lens) - lens,
                                       nf + self.negatives[:ns] * self.ent_row])
         half = ns // 2
@@ -219,6 +316,16 @@ class KGETrainer:
         worker.push(keys, updates)
         b = len(plan.rows)
         return bce + reg, b * (1 + 2 * task.neg)
+
+    @staticmethod
+    def _pull_sample(worker, sample, sampled, out: np.ndarray, plan: _Plan) -> np.ndarray:
+        """The batch's sample into ``out``: by its handle, or its keys drawn already."""
+        if not plan.sample_size:
+            return plan.keys[:0]
+        if sampled is None:
+            return worker.pull_sample(sample, out=out)[0]
+        worker.pull(sampled, out=out)
+        return sampled
 
 
 def write_export(directory: str, model: str, dim: int, entities, relations,

@@ -63,7 +63,8 @@ from .datafiles import DataError
 from .exchange import Exchange, LocalExchange
 
 # Batches per call of a trainer's native loop (Trainer.chunked): Python (progress, the loss
-# sum, clocks) enters between calls. 64 MF batches of 1,000 entries: ~20 ms.
+# sum, clocks) enters between calls. 64 MF batches of 1,000 entries: ~20 ms; 64 KGE batches of
+# 100 triples (ComplEx d=100, 6 negatives a side): ~80 ms.
 CHUNK_BATCHES = 64
 
 # Counters whose per-epoch value is not a difference: means, recomputed from their weights.

@@ -1,6 +1,7 @@
-/* Buffer checks shared by the bindings of adapm._kernels (module.c, wv_module.c, mf_module.c): each call
- * takes C-contiguous views of its buffers, checks dtype (TypeError), writability and overlap
- * (ValueError) while holding the GIL, and releases them together.
+/* Buffer checks shared by the bindings of adapm._kernels (module.c, wv_module.c, mf_module.c,
+ * kge_rows_module.c): each call takes C-contiguous views of its buffers, checks dtype
+ * (TypeError), writability and overlap (ValueError) while holding the GIL, and releases them
+ * together.
  */
 #ifndef ADAPM_KERNELS_BINDING_H
 #define ADAPM_KERNELS_BINDING_H
@@ -96,8 +97,9 @@ static inline int check_no_overlap(views_t *vs, const Py_buffer *written, const 
     return 0;
 }
 
-/* Functions of wv_module.c and mf_module.c, added to the module at init. */
+/* Functions of wv_module.c, mf_module.c and kge_rows_module.c, added to the module at init. */
 extern PyMethodDef wv_methods[];
 extern PyMethodDef mf_methods[];
+extern PyMethodDef kge_rows_methods[];
 
 #endif

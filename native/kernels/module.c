@@ -8,6 +8,7 @@
  */
 #include "binding.h"
 #include "kge.h"
+#include "kge_rows.h"
 #include "mf.h"
 #include "table.h"
 #include "wv.h"
@@ -313,11 +314,14 @@ PyMODINIT_FUNC PyInit__kernels(void) {
     if (!m) return NULL;
     wv_init_tables();
     if (PyModule_AddFunctions(m, wv_methods) < 0 || PyModule_AddFunctions(m, mf_methods) < 0 ||
+        PyModule_AddFunctions(m, kge_rows_methods) < 0 ||
         PyModule_AddIntConstant(m, "MODEL_COMPLEX", KGE_COMPLEX) < 0 ||
         PyModule_AddIntConstant(m, "MODEL_DISTMULT", KGE_DISTMULT) < 0 ||
         PyModule_AddIntConstant(m, "MODEL_RESCAL", KGE_RESCAL) < 0 ||
         PyModule_AddIntConstant(m, "MF_STOP_PULL", MF_STOP_PULL) < 0 ||
-        PyModule_AddIntConstant(m, "MF_STOP_PUSH", MF_STOP_PUSH) < 0) {
+        PyModule_AddIntConstant(m, "MF_STOP_PUSH", MF_STOP_PUSH) < 0 ||
+        PyModule_AddIntConstant(m, "KGE_STOP_PULL", KGE_STOP_PULL) < 0 ||
+        PyModule_AddIntConstant(m, "KGE_STOP_PUSH", KGE_STOP_PUSH) < 0) {
         Py_DECREF(m);
         return NULL;
     }
