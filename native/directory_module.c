@@ -718,6 +718,11 @@ static PyMethodDef Directory_methods[] = {
      "here); queued: of those on their way here (a relocation not received yet); groups: "
      "((rank, indices), ...) of the rest, by the rank to send them to (the hint, else the next "
      "hop). Indices ascend (int64 arrays); None for each when here is True."},
+    {"staying", (PyCFunction)Directory_staying, METH_VARARGS,
+     "staying(keys, counts) -> bytearray, a 0/1 per key: held here and not about to leave on "
+     "this node's account: owned, or a replica that counts (this node's IntentCounts) has "
+     "acted-on intent for (every replica when counts is None). Any thread, holding the GIL; "
+     "a snapshot."},
     {"check_answer", (PyCFunction)Directory_check_answer, METH_VARARGS,
      "check_answer(asked, keys, positions, remaining, floats) -> None or str. Whether an "
      "answer's positions (int64) answer a worker's request of this node that asked for keys "

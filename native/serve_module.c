@@ -400,6 +400,33 @@ done:
 }
 
 /* route_own(keys, is_set, counts) -> (here, coming, queued, groups): see the docstring. */
+/* staying(keys, counts) -> bytearray of one 0/1 per key: see the method table. */
+PyObject *Directory_staying(DirectoryObject *self, PyObject *args) {
+    PyObject *okeys, *ocounts;
+    if (!PyArg_ParseTuple(args, "OO", &okeys, &ocounts)) return NULL;
+    const intent_counts_t *c = NULL;
+    if (ocounts != Py_None && !(c = dm_intent_counts(ocounts, "staying"))) return NULL;
+    Py_buffer kv;
+    if (dm_keyed_buffers(self, okeys, &kv, NULL, NULL, 0, "staying") < 0) return NULL;
+    const int64_t n = kv.len / 8, *keys = kv.buf;
+    int8_t *out;
+    PyObject *result = dm_new_array(n, 1, (void **)&out);
+    if (result) {
+        /* The GIL stays held: the engine thread changes the counts holding it. */
+        store_states(self->d.store, keys, n, out);
+        for (int64_t i = 0; i < n; i++) {
+            if (out[i] == KEY_REPLICA) {
+                const int32_t r = c ? km_get(&c->map, keys[i]) : -1;
+                out[i] = !c || (r >= 0 && c->rec[r].count > 0);
+            } else {
+                out[i] = out[i] == KEY_OWNER;
+            }
+        }
+    }
+    PyBuffer_Release(&kv);
+    return result;
+}
+
 PyObject *Directory_route_own(DirectoryObject *self, PyObject *args) {
     PyObject *okeys, *ocounts;
     int is_set;

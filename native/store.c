@@ -437,6 +437,21 @@ int64_t store_take_deltas(const store_t *s, const int64_t *keys, int64_t n, floa
     return off;
 }
 
+void store_states(const store_t *s, const int64_t *keys, int64_t n, int8_t *out) {
+    const int token = held_enter(s->held);
+    for (int64_t i = 0; i < n; i++) {
+        const uint64_t *seq = stripe(s, keys[i]);
+        int state;
+        uint64_t v;
+        do { /* an entry removed and reused under the read: read again */
+            v = read_begin(seq);
+            state = store_state(s, keys[i]);
+        } while (read_changed(seq, v));
+        out[i] = (int8_t)state;
+    }
+    held_exit(s->held, token);
+}
+
 int64_t store_take_deltas_to(const store_t *s, const int64_t *keys, int64_t n, float *base,
                              int64_t base_floats, const int64_t *offsets) {
     for (int64_t i = 0; i < n; i++)

@@ -186,6 +186,10 @@ static inline int store_dirty(const store_t *s, int64_t key) {
     return raw >= 0 && (raw & REPLICA_BIT) && (raw & DIRTY_BIT);
 }
 
+/* KEY_NONE, KEY_OWNER or KEY_REPLICA of each key into out: any thread, a consistent snapshot
+ * per key (Store.inspect's, without the rest). */
+void store_states(const store_t *s, const int64_t *keys, int64_t n, int8_t *out);
+
 /* Engine thread. Replicas with DIRTY_BIT (store_dirty) only: moves each key's delta out to
  * base + offsets[i] (zeroing it), atomically per key; a key that is not one writes zeros
  * there. Returns 0, or -1 (nothing written) if a row would end past base_floats. */

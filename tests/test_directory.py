@@ -534,6 +534,27 @@ def test_deciding_on_a_key_not_owned_changes_nothing():
     np.testing.assert_array_equal(store.snapshot()["state"], before[0])
 
 
+@pytest.mark.parametrize("management", ["adaptive", "full_replication"])
+def test_staying_is_owned_or_a_replica_still_wanted(management):
+    """What the local sampler may draw: keys owned here, and replicas this node still has
+    acted-on intent for (a replica without is dropped by the next round: a push of it would go
+    remote); under full replication, which keeps no intent, every replica."""
+    config = _config(2, 0, 2, management)
+    store = Store(config)
+    store.insert(home_keys(0, NUM_KEYS, 2), OWNER)  # 0, 2, 4, ...
+    store.insert(np.array([1, 3, 5], np.int64), REPLICA)
+    node = NodeState(0, 2, store, config)
+    if node.intents is not None:
+        node.intents.native.set_counts(np.array([3, 4], np.int64), np.array([1, 2], np.int32))
+    keys = np.array([0, 1, 3, 5, 7, 4, 3], np.int64)
+    wanted_replica = [False, True, False] if node.intents is not None else [True, True, True]
+    expected = [True, *wanted_replica, False, True, wanted_replica[1]]
+    assert node.staying(keys).tolist() == expected
+    assert node.staying(np.empty(0, np.int64)).tolist() == []
+    with pytest.raises(IndexError):
+        node.staying(np.array([NUM_KEYS], np.int64))
+
+
 def test_native_directory_checks_its_buffers():
     config = _config(3, 0, 2)
     store = Store(config)

@@ -25,7 +25,7 @@ import logging
 import numpy as np
 
 from .._native_loader import load as _load_native
-from .._store import NONE, OWNER, REPLICA
+from .._store import NONE
 from .._wire.protocol import (
     ANSWERS, CARRIERS, KEYED, MOVE_SECTIONS, NATIVE_REQUESTS, Kind, Message, message, subset,
 )
@@ -142,16 +142,10 @@ class NodeState(Serving, Rounds):
         next round). Any thread (a snapshot: the store's states and the intent counts are
         safe to read while the engine works). The ``local`` sampler draws only these, so a
         sampled key's push stays local (with the pins of :meth:`sample_pins`)."""
-        states = self.store.states(keys)
-        staying = states == OWNER
-        replica = states == REPLICA
-        if replica.any():
-            if self.intents is None:
-                staying |= replica  # replicas of every key (full replication) never go
-            else:
-                wanted = np.frombuffer(self.intents.native.wants(keys), dtype=bool)
-                staying |= replica & wanted
-        return staying
+        # One native pass (Directory.staying); replicas of every key (full replication, no
+        # intent counts) never go.
+        counts = self.intents.native if self.intents is not None else None
+        return np.frombuffer(self.directory.staying(keys, counts), dtype=bool)
 
     def directory_view(self) -> dict:
         """The native directory as dense numpy arrays (copies; for tests and inspection, not
