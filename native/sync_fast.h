@@ -68,7 +68,7 @@ typedef struct {
     int64_t *again;
     int64_t againlen, againcap, deferred_again;
     int redirected_now;
-    scratch_buf_t abuf[6]; /* answer_fast.c's scratch */
+    scratch_buf_t abuf[4]; /* answer_fast.c's scratch */
 } sync_fast_t;
 
 /* The answer's arrays: SYNC_RESP's 8, then the 12 move arrays held for the origin (narrays

@@ -555,6 +555,39 @@ def test_staying_is_owned_or_a_replica_still_wanted(management):
         node.staying(np.array([NUM_KEYS], np.int64))
 
 
+def test_round_requests_count_their_answers_in_the_directory():
+    """Directory.round_open / round_answered: the count of a round request's unanswered entries
+    that the transport (native/answer_fast.c) and NodeState share; bad registrations are
+    refused before anything is kept."""
+    config = _config(2, 0, 2)
+    store = Store(config)
+    store.insert(home_keys(0, NUM_KEYS, 2), OWNER)
+    directory = NodeState(0, 2, store, config).directory
+    keys = np.array([1, 3, 5, 7], np.int64)
+    flags = np.ones(2, np.uint8)
+    assert directory.round_answered(9, 0) is None  # never opened
+    directory.round_open(9, keys, flags, 2, 1, 4)
+    with pytest.raises(ValueError, match="open already"):
+        directory.round_open(9, keys, flags, 2, 1, 4)
+    assert directory.round_answered(9, 0) == 4
+    assert directory.round_answered(9, 3) == 1
+    with pytest.raises(ValueError, match="waits for 1"):
+        directory.round_answered(9, 2)
+    assert directory.round_answered(9, 1) == 0
+    assert directory.round_answered(9, 0) is None  # done: forgotten
+    for bad in ([keys, flags, 3, 2, 4],  # intents and deltas beyond the keys
+                [keys, flags[:1], 2, 1, 4],  # a flag per report
+                [keys, flags, 2, 1, 5],  # more entries than keys
+                [keys, flags, 2, 1, 0],  # nothing to answer
+                [keys.astype(np.int32), flags, 2, 1, 4]):
+        with pytest.raises(ValueError):
+            directory.round_open(10, *bad)
+        assert directory.round_answered(10, 0) is None
+    with pytest.raises(IndexError):
+        directory.round_open(10, np.array([NUM_KEYS], np.int64), flags, 0, 0, 1)
+    assert directory.round_answered(10, 0) is None
+
+
 def test_native_directory_checks_its_buffers():
     config = _config(3, 0, 2)
     store = Store(config)
