@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -492,11 +493,10 @@ def test_the_readme_script_trains_each_example_once_per_epoch_on_2_ranks(tmp_pat
         orders = [e["indices"] for e in r["epochs"]]
         assert len(orders) == 4 and orders[0] != orders[1]  # another order each epoch
         assert r["steps"] == 4 * -(-size // 2 // batch)  # one step per batch
-    losses = {}
-    for line in proc.stdout.splitlines():
-        if line.startswith("rank "):
-            words = line.split()
-            losses[(int(words[1]), int(words[3]))] = float(words[5])
+    # The ranks share the launcher's stdout, and an unbuffered print writes its line and its
+    # newline in two calls: one rank's line can land before the other's newline.
+    losses = {(int(rank), int(epoch)): float(loss) for rank, epoch, loss in re.findall(
+        r"rank (\d+) epoch (\d+) loss (\d+\.\d{4})", proc.stdout)}
     assert len(losses) == 8, proc.stdout[-2000:]
     assert all(losses[(r, 3)] < 0.45 for r in (0, 1)), losses  # 0.69 at the start
     state = torch.load(tmp_path / "model.pt")
