@@ -221,12 +221,7 @@ class WorkerSampler:
             raise InvalidArgument(f"n: {n} distinct keys asked for, but the sampling domain "
                                   f"has {s.support} keys that can be drawn")
         total = n * count
-        if out is None:
-            out = np.empty(total, dtype=np.int64)
-        elif not (isinstance(out, np.ndarray) and out.dtype == np.int64 and out.shape == (total,)
-                  and out.flags.c_contiguous and out.flags.writeable):
-            raise InvalidArgument(f"out must be a writable C-contiguous int64 array of shape "
-                                  f"({total},) for {count} samples of {n} keys")
+        out = samples_out(out, n, count)
         store = self._worker._store
         local = s.scheme == "local"
         if local and store.sample_pool.count == 0:
@@ -372,6 +367,20 @@ class WorkerSampler:
                           f"in {_MAX_REDRAW_ROUNDS} rounds: too little of the sampling "
                           f"distribution over [{s.low}, {s.high}) is held here now "
                           f"(scheme {s.scheme!r}, replacement={s.replacement})")
+
+
+def samples_out(out: Optional[np.ndarray], n: int, count: int) -> np.ndarray:
+    """Where ``sample_keys`` writes ``count`` samples of ``n`` keys: ``out`` after its checks
+    (int64, C-contiguous, writable, ``count * n`` long; InvalidArgument otherwise), or a new
+    array."""
+    total = n * count
+    if out is None:
+        return np.empty(total, dtype=np.int64)
+    if not (isinstance(out, np.ndarray) and out.dtype == np.int64 and out.shape == (total,)
+            and out.flags.c_contiguous and out.flags.writeable):
+        raise InvalidArgument(f"out must be a writable C-contiguous int64 array of shape "
+                              f"({total},) for {count} samples of {n} keys")
+    return out
 
 
 def _as_count(n) -> int:

@@ -252,12 +252,7 @@ PyObject *answer_fast_taken(DirectoryObject *self) {
         ic_report_again(told, f->again, f->againlen);
         f->aklen = f->againlen = 0;
     }
-    void *p;
-    PyObject *buf = dm_new_array(f->alen, 8, &p);
-    if (!buf) return NULL;
-    if (f->alen) memcpy(p, f->answers, (size_t)f->alen * 8);
-    PyObject *answers = wire_view(buf, 'k', f->alen, 0);
-    Py_DECREF(buf);
+    PyObject *answers = dm_keys_copy(f->answers, f->alen);
     if (!answers) return NULL;
     PyObject *result = Py_BuildValue("NOLO", answers, f->refreshed ? Py_True : Py_False,
                                      (long long)f->deferred_again,

@@ -165,6 +165,16 @@ PyObject *dm_new_array(Py_ssize_t n, Py_ssize_t itemsize, void **ptr) {
     return b;
 }
 
+PyObject *dm_keys_copy(const int64_t *keys, int64_t n) {
+    void *p;
+    PyObject *buf = dm_new_array(n, 8, &p);
+    if (!buf) return NULL;
+    if (n) memcpy(p, keys, (size_t)n * 8);
+    PyObject *view = wire_view(buf, 'k', n, 0);
+    Py_DECREF(buf);
+    return view;
+}
+
 /* A tuple of `count` new bytearrays of the given byte sizes, their data pointers in ptrs. */
 PyObject *dm_new_buffers(int count, const Py_ssize_t *bytes, void **ptrs) {
     PyObject *tuple = PyTuple_New(count);

@@ -37,6 +37,8 @@ int dm_reserve(DirectoryObject *self, int64_t n);
 int dm_check_keys(const DirectoryObject *self, const int64_t *keys, int64_t n);
 /* A new bytearray of n entries of itemsize bytes; its data in *ptr. */
 PyObject *dm_new_array(Py_ssize_t n, Py_ssize_t itemsize, void **ptr);
+/* A numpy int64 array holding a copy of keys[0..n). NULL with an exception set. */
+PyObject *dm_keys_copy(const int64_t *keys, int64_t n);
 /* A tuple of count new bytearrays of the given byte sizes, their data pointers in ptrs. */
 PyObject *dm_new_buffers(int count, const Py_ssize_t *bytes, void **ptrs);
 /* The n bytearrays as numpy views of the codec's dtypes (roles: check.c's letters). */

@@ -277,12 +277,7 @@ PyObject *Directory_serve_syncs(DirectoryObject *self, PyObject *args) {
 PyObject *Directory_native_taken(DirectoryObject *self, PyObject *unused) {
     sync_fast_t *f = &self->fast;
     if (!f->changed) Py_RETURN_NONE;
-    void *p;
-    PyObject *buf = dm_new_array(f->jlen, 8, &p);
-    if (!buf) return NULL;
-    if (f->jlen) memcpy(p, f->journal, (size_t)f->jlen * 8);
-    PyObject *journal = wire_view(buf, 'k', f->jlen, 0);
-    Py_DECREF(buf);
+    PyObject *journal = dm_keys_copy(f->journal, f->jlen);
     if (!journal) return NULL;
     static const char *names[SF_COUNTERS] = SF_COUNTER_NAMES;
     PyObject *counters = PyDict_New();

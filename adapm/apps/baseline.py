@@ -17,7 +17,7 @@ import numpy as np
 
 from .._native_loader import load as _load
 from ..errors import InvalidArgument
-from ..sampling import Sampling
+from ..sampling import Sampling, samples_out
 
 _kernels = _load("adapm._kernels")
 
@@ -166,12 +166,7 @@ class ArrayWorker:
         ``sampled_keys`` (the loop counts its reads with :meth:`count_accesses`)."""
         n, count = int(n), int(count)
         total = n * count
-        if out is None:
-            out = np.empty(total, dtype=np.int64)
-        elif not (isinstance(out, np.ndarray) and out.dtype == np.int64 and out.shape == (total,)
-                  and out.flags.c_contiguous and out.flags.writeable):
-            raise InvalidArgument(f"out must be a writable C-contiguous int64 array of shape "
-                                  f"({total},) for {count} samples of {n} keys")
+        out = samples_out(out, n, count)
         draw, rng = self._node.sampling.draw, self._rng
         for i in range(count):
             out[i * n:(i + 1) * n] = draw(rng, n)

@@ -1,7 +1,7 @@
 /* Buffer checks shared by the bindings of adapm._kernels (module.c, wv_module.c, mf_module.c,
  * kge_rows_module.c): each call takes C-contiguous views of its buffers, checks dtype
  * (TypeError), writability and overlap (ValueError) while holding the GIL, and releases them
- * together.
+ * together. The native loops' rows (a table, a store's capsule): rows_binding.h.
  */
 #ifndef ADAPM_KERNELS_BINDING_H
 #define ADAPM_KERNELS_BINDING_H

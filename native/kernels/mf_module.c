@@ -2,9 +2,8 @@
  * Conventions as module.c: every buffer checked while holding the GIL, one call into mf.c with
  * the GIL released, nothing written when a check fails, the buffers stay the caller's.
  */
-#include "binding.h"
+#include "rows_binding.h"
 #include "mf.h"
-#include "table.h"
 
 static PyObject *py_mf_train_batch(PyObject *module, PyObject *args, PyObject *kwargs) {
     static const char *fn = "mf_train_batch";
@@ -443,21 +442,7 @@ typedef struct {
 
 static int take_table(run_args_t *a, PyObject **o) {
     table_run_t *t = (table_run_t *)a;
-    Py_buffer *data, *key_offset, *key_len;
-    if (!(key_offset = take(&a->vs, o[1], a->fn, "key_offset", I64, 0, 1)) ||
-        !(key_len = take(&a->vs, o[2], a->fn, "key_len", I64, 0, 1)) ||
-        !(data = take(&a->vs, o[0], a->fn, "data", F32, 1, 0)))
-        return -1;
-    const int64_t nkeys = count(key_offset);
-    if (count(key_len) != nkeys) {
-        PyErr_Format(PyExc_ValueError, "%s: key_offset and key_len need one item per key (got "
-                     "%lld and %lld)", a->fn, (long long)nkeys, (long long)count(key_len));
-        return -1;
-    }
-    t->table = (table_t){.data = data->buf, .data_floats = count(data),
-                         .key_offset = key_offset->buf, .key_len = key_len->buf,
-                         .num_keys = nkeys};
-    t->rows = table_rows(&t->table);
+    if (take_table_rows(&a->vs, o[0], o[1], o[2], a->fn, &t->table, &t->rows) < 0) return -1;
     a->run.rows = &t->rows;
     return 0;
 }
@@ -490,29 +475,13 @@ fail:
 
 /* A node's rows: the capsule of Store.rows() (rows.h), then left_keys and left_rows. */
 static int take_store(run_args_t *a, PyObject **o) {
-    const rows_t *rows = PyCapsule_GetPointer(o[0], ROWS_CAPSULE);
-    if (!rows) {
-        PyErr_Clear();
-        PyErr_Format(PyExc_TypeError, "%s: rows must be a store's rows (Store.rows(): a capsule "
-                     "named '%s')", a->fn, ROWS_CAPSULE);
-        return -1;
-    }
-    if (rows->abi != ROWS_ABI) {
-        PyErr_Format(PyExc_TypeError, "%s: rows come from a build of adapm._native of another "
-                     "layout (%d, this module reads %d): rebuild both", a->fn, rows->abi,
-                     ROWS_ABI);
-        return -1;
-    }
+    const int64_t width = 2 * a->rank;
+    const rows_t *rows = store_rows(o[0], a->fn, "store_rows", width, "2 * rank");
+    if (!rows) return -1;
     Py_buffer *left_keys, *left_rows;
     if (!(left_keys = take(&a->vs, o[1], a->fn, "left_keys", I64, 1, 1)) ||
         !(left_rows = take(&a->vs, o[2], a->fn, "left_rows", F32, 1, 0)))
         return -1;
-    const int64_t width = 2 * a->rank;
-    if (rows->row_floats != width) {
-        PyErr_Format(PyExc_ValueError, "%s: the store's rows are %lld floats, not 2 * rank = "
-                     "%lld", a->fn, (long long)rows->row_floats, (long long)width);
-        return -1;
-    }
     if (count(left_keys) < 2 * a->batch_size || count(left_rows) < 2 * a->batch_size * width) {
         PyErr_Format(PyExc_ValueError, "%s: left_keys needs 2 * batch_size = %lld items, "
                      "left_rows 2 * batch_size rows of 2 * rank floats", a->fn,
