@@ -66,14 +66,15 @@ int64_t dir_round_build(const directory_t *d, const round_in_t *in, const round_
     /* What leaves has left: a worker's pin may go ahead while the deltas are copied. */
     if (in->release) pins_unlock(in->release);
     if (failed) return -1;
-    /* Replicas still held: those with updates not taken yet (DIRTY_BIT, store.h) send their
-     * delta, the others their version alone; a clean replica's delta row is not read. A worker
-     * may add to one found clean here meanwhile: that update goes with the next round. */
+    /* Replicas still held: those with updates not taken yet send their delta, the others their
+     * version alone; the delta row of a replica without DIRTY_BIT (store.h) is not read. A
+     * worker may add to one found without updates here meanwhile: that update goes with the
+     * next round. */
     int64_t nl = 0;
     for (int64_t i = 0; i < d->held->len; i++)
         if (store_state(s, d->held->keys[i]) == KEY_REPLICA) {
             o->s_live[nl] = d->held->keys[i];
-            o->s_nonzero[nl++] = (int8_t)store_dirty(s, d->held->keys[i]);
+            o->s_nonzero[nl++] = (int8_t)store_has_delta(s, d->held->keys[i]);
         }
     /* Entries: intents (the reports), deltas (drops, then dirty replicas), checks. */
     memcpy(keys, in->rkeys, (size_t)nr * sizeof(int64_t));

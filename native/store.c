@@ -452,6 +452,21 @@ void store_states(const store_t *s, const int64_t *keys, int64_t n, int8_t *out)
     held_exit(s->held, token);
 }
 
+int store_has_delta(const store_t *s, int64_t key) {
+    uint64_t *seq = stripe(s, key);
+    int any = 0;
+    write_lock(seq);
+    held_entry_t *e;
+    const int64_t raw = store_lookup(s, key, &e);
+    if (raw >= 0 && (raw & REPLICA_BIT) && (raw & DIRTY_BIT)) {
+        const float *d = s->delta + SLOT_OFFSET(raw);
+        for (int64_t j = 0, len = key_len(s, key); j < len && !any; j++) any = d[j] != 0.0f;
+        if (!any) __atomic_store_n(&e->raw, raw & ~DIRTY_BIT, __ATOMIC_RELAXED);
+    }
+    write_unlock(seq);
+    return any;
+}
+
 int64_t store_take_deltas_to(const store_t *s, const int64_t *keys, int64_t n, float *base,
                              int64_t base_floats, const int64_t *offsets) {
     for (int64_t i = 0; i < n; i++)

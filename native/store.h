@@ -178,19 +178,16 @@ int64_t store_insert(const store_t *s, const int64_t *keys, int64_t n, const int
 int64_t store_take_deltas(const store_t *s, const int64_t *keys, int64_t n, float *out,
                           int64_t out_floats, int8_t *nonzero);
 
-/* Whether key is a replica with updates not taken yet (DIRTY_BIT): engine thread, a snapshot (a
- * worker may set the bit right after; only the engine thread clears it). */
-static inline int store_dirty(const store_t *s, int64_t key) {
-    held_entry_t *e;
-    const int64_t raw = store_lookup(s, key, &e);
-    return raw >= 0 && (raw & REPLICA_BIT) && (raw & DIRTY_BIT);
-}
+/* Engine thread: whether key is a replica whose delta holds an update not taken yet (a nonzero
+ * float). Only a replica with DIRTY_BIT is looked at; one whose delta adds up to zeros loses
+ * the bit. A snapshot: a worker may add to the delta right after. */
+int store_has_delta(const store_t *s, int64_t key);
 
 /* KEY_NONE, KEY_OWNER or KEY_REPLICA of each key into out: any thread, a consistent snapshot
  * per key (Store.inspect's, without the rest). */
 void store_states(const store_t *s, const int64_t *keys, int64_t n, int8_t *out);
 
-/* Engine thread. Replicas with DIRTY_BIT (store_dirty) only: moves each key's delta out to
+/* Engine thread. Replicas with DIRTY_BIT only (store_has_delta): moves each key's delta out to
  * base + offsets[i] (zeroing it), atomically per key; a key that is not one writes zeros
  * there. Returns 0, or -1 (nothing written) if a row would end past base_floats. */
 int64_t store_take_deltas_to(const store_t *s, const int64_t *keys, int64_t n, float *base,
