@@ -317,21 +317,28 @@ def test_answers_taken_by_the_transport_lose_no_update():
     and returned deltas (a dropped replica's report and last delta can name the key that the
     report's decision relocates away in the same answer: the delta must go with it)."""
     n = 4
-    results = cluster(_answers_job, n, num_keys=A_KEYS, value_length=2, management="adaptive",
-                      timeout_s=120)
     expected = np.zeros(A_KEYS)
     for rank in range(n):
         for batch in _batches_of(rank):
             expected[batch] += 1
-    for values, _, _ in results:
-        np.testing.assert_array_equal(values, np.repeat(expected[:, None], 2, axis=1))
-    check_placement([p for _, p, _ in results], n, A_KEYS)
-    stats = [s for _, _, s in results]
-    native = sum(s["answers_taken_natively"] for s in stats)
-    answers = sum(s["messages_received_sync_resp"] for s in stats)
-    assert native > answers // 2, (native, answers)
-    assert sum(s["redirected_keys"] for s in stats) > 0
-    assert sum(s["returned_deltas"] for s in stats) > 0
+    # Whether an answer carries a returned delta is the nodes' timing: up to 4 runs, each
+    # exact, until both kinds were taken in (most runs have dozens of each).
+    seen = {"redirected_keys": 0, "returned_deltas": 0}
+    for _ in range(4):
+        results = cluster(_answers_job, n, num_keys=A_KEYS, value_length=2,
+                          management="adaptive", timeout_s=120)
+        for values, _, _ in results:
+            np.testing.assert_array_equal(values, np.repeat(expected[:, None], 2, axis=1))
+        check_placement([p for _, p, _ in results], n, A_KEYS)
+        stats = [s for _, _, s in results]
+        native = sum(s["answers_taken_natively"] for s in stats)
+        answers = sum(s["messages_received_sync_resp"] for s in stats)
+        assert native > answers // 2, (native, answers)
+        for name in seen:
+            seen[name] += sum(s[name] for s in stats)
+        if all(seen.values()):
+            break
+    assert all(seen.values()), seen
 
 
 # --- routing: forwarding along the path a key took ---------------------------------------------
