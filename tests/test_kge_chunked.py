@@ -15,11 +15,11 @@ from hypothesis import strategies as st
 import adapm
 from adapm import Config
 from adapm._native_loader import load
-from adapm._store import OWNER, Store
 from adapm.apps import kge, kge_data
 from adapm.apps.baseline import ArrayNode
 from adapm.errors import InvalidArgument, StateError
 from adapm.testing import run_cluster
+from store_rows import store_with
 
 K = load("adapm._kernels")
 N = load()
@@ -263,17 +263,6 @@ def test_table_run_is_the_per_batch_path_exactly(model, dim, num_entities, num_r
     assert args["losses"].tolist() == want_losses and args["keys"].tolist() == want_counts
 
 
-def _store_with(data, width, held):
-    """A rank-0 store of a 2-node job holding the keys ``held`` (owner copies) with the rows of
-    ``data``, through its public insert."""
-    nkeys = len(data) // width
-    store = Store(Config(num_keys=nkeys, value_length=width, rank=0, world_size=2,
-                         rendezvous="127.0.0.1:1"))
-    store.insert(held, OWNER, data.reshape(nkeys, width)[held].reshape(-1),
-                 np.zeros(len(held), np.int64))
-    return store
-
-
 def _rows_args(model, dim, bs, neg, num_entities, points, samples, store):
     width = 2 * K.kge_widths(model, dim)[0]
     rows = (3 + 2 * neg) * bs
@@ -304,7 +293,7 @@ def test_store_run_is_the_table_run_up_to_a_key_held_elsewhere(model, dim, num_e
                       *samples[2 * neg * pick:2 * neg * (pick + 1)]]
         away = [candidates[rng.integers(0, len(candidates))]]
         held = np.setdiff1d(held[rng.random(nkeys) < 0.99], away)
-    store = _store_with(data, width, held)
+    store = store_with(data, width, held)
     args = _rows_args(model, dim, bs, neg, num_entities, points, samples, store)
     got = K.kge_train_rows(**args)
     away = np.setdiff1d(np.arange(nkeys), held)
@@ -397,9 +386,9 @@ def test_store_run_checks_its_rows():
     model, dim, bs, neg, E = K.MODEL_COMPLEX, 2, 8, 1, 12
     data, offsets, lens, points, samples = _inputs(model, dim, E, 3, 40, neg, 5)
     width = int(lens[0])
-    store = _store_with(data, width, np.arange(15, dtype=np.int64))
+    store = store_with(data, width, np.arange(15, dtype=np.int64))
     args = _rows_args(model, dim, bs, neg, E, points, samples, store)
-    other = _store_with(np.zeros(15 * 6, F32), 6, np.arange(15, dtype=np.int64))
+    other = store_with(np.zeros(15 * 6, F32), 6, np.arange(15, dtype=np.int64))
     rows = (3 + 2 * neg) * bs
     bad = [({"store_rows": object()}, TypeError, "Store.rows"),
            ({"store_rows": other.native.rows()}, ValueError, "6 floats, not 2 \\* entity_width"),
@@ -484,7 +473,7 @@ def test_a_batch_with_keys_held_elsewhere_goes_through_step(data, model):
     batches = -(-len(points) // BATCH)
     results = []
     for chunked in (True, False):
-        store = _store_with(init.reshape(-1), width, held)
+        store = store_with(init.reshape(-1), width, held)
         worker = _SplitWorker(store, init.copy(), task.sampling, seed=2)
         trainer = task.trainer(BATCH)
         if chunked:

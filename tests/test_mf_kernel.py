@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from adapm._native_loader import load
+from store_rows import store_with
 
 K = load("adapm._kernels")
 
@@ -967,20 +968,6 @@ def test_table_run_threads_lose_no_update():
 # ---- mf_train_rows: the same run over a node's store -------------------------------------------
 
 
-def _store_with(data, width, held):
-    """A rank-0 store of a 2-node job holding the keys ``held`` (owner copies) with the rows of
-    ``data``, through its public insert."""
-    from adapm import Config
-    from adapm._store import OWNER, Store
-
-    nkeys = len(data) // width
-    store = Store(Config(num_keys=nkeys, value_length=width, rank=0, world_size=2,
-                         rendezvous="127.0.0.1:1"))
-    store.insert(held, OWNER, data.reshape(nkeys, width)[held].reshape(-1),
-                 np.zeros(len(held), np.int64))
-    return store
-
-
 def _rows_run(rank, lr, bs, rows, cols, vals, num_rows, reg_of, points, store):
     batches = -(-len(points) // bs)
     row_of = np.full(len(reg_of), -1, np.int32)
@@ -1011,7 +998,7 @@ def test_store_run_is_the_table_run_up_to_a_key_held_elsewhere(num_rows, num_col
         p = points[rng.integers(0, n)]
         away = [rows[p] if rng.random() < 0.5 else num_rows + cols[p]]
         held = np.setdiff1d(held[rng.random(nkeys) < 0.998], away)
-    store = _store_with(data, width, held)
+    store = store_with(data, width, held)
     got, losses, counts = _rows_run(rank, 0.1, bs, rows, cols, vals, num_rows, reg_of, points,
                                     store)
     # the batches before the first one with a key not held here
@@ -1034,7 +1021,7 @@ def test_store_run_is_the_table_run_up_to_a_key_held_elsewhere(num_rows, num_col
 def test_store_run_checks_its_rows():
     rank, bs = 2, 8
     rows, cols, vals, reg_of, data, offsets, lens = _table_run_inputs(10, 10, 50, rank, 3)
-    store = _store_with(data, 2 * rank, np.arange(20, dtype=np.int64))
+    store = store_with(data, 2 * rank, np.arange(20, dtype=np.int64))
     args = {"rank": rank, "lr": 0.1, "batch_size": bs, "rows": rows, "cols": cols,
             "vals": vals, "num_rows": 10, "reg_of": reg_of, "row_of": np.full(20, -1, np.int32),
             "points": np.arange(40, dtype=np.int64), "store_rows": store.native.rows(),
@@ -1043,7 +1030,7 @@ def test_store_run_checks_its_rows():
             "iscratch": np.empty(6 * bs, np.int64),
             "fscratch": np.empty(3 * bs + 8 * bs * rank, F32),
             "losses": np.empty(5), "keys": np.empty(5, np.int64)}
-    other = _store_with(np.zeros(20 * 6, F32), 6, np.arange(20, dtype=np.int64))
+    other = store_with(np.zeros(20 * 6, F32), 6, np.arange(20, dtype=np.int64))
     bad = [({"store_rows": object()}, TypeError, "Store.rows"),
            ({"store_rows": other.native.rows()}, ValueError, "6 floats, not 2 \\* rank = 4"),
            ({"iscratch": np.empty(6 * bs - 1, np.int64)}, ValueError, "iscratch needs 6"),
