@@ -7,6 +7,7 @@
  */
 #include "directory_object.h"
 #include "policy.h"
+#include "serve_wire.h"
 
 
 /* The store's repeated-key check (module.h) for this directory's batches. */
@@ -745,6 +746,14 @@ static PyMethodDef Directory_methods[] = {
      "counts (this node's IntentCounts, which cannot change later). serve_syncs(None): no "
      "more (while sinks listen, every event must pass through NodeState). What a served "
      "SYNC leaves for NodeState: native_taken()."},
+    {"serve_wire", (PyCFunction)Directory_serve_wire, METH_VARARGS,
+     "serve_wire(rank, frames, counts) -> None or list. A transport without native I/O (the "
+     "in-process one of the simulator) hands a wire message from peer rank here, as ZmqIO's "
+     "poll hands its own (native/serve_wire.h): frames (a list of bytes-like: header, payload, "
+     "own frames). None: Python is to take it (nothing changed). Else it was served or taken "
+     "in here: the answer's frames to send back to rank (a list of two bytes), or [] if there "
+     "is none; counts (FAST_COUNTERS writable int64, see serve_wire_counters) has what was "
+     "served added. RuntimeError if the node cannot go on. Engine thread; releases the GIL."},
     {"native_taken", (PyCFunction)Directory_native_taken, METH_NOARGS,
      "native_taken() -> None if no SYNC was served and no answer taken natively since the "
      "last call, else (journal, counters, arrived, relocated_in, (answers, refreshed)): "

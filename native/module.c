@@ -17,6 +17,7 @@
 #include "policy.h"
 #include "sampling.h"
 #include "seqlock.h"
+#include "serve_wire.h"
 #include "store.h"
 #include "unique.h"
 
@@ -895,7 +896,7 @@ PyMODINIT_FUNC PyInit__native(void) {
     if (!m) return NULL;
     if (add_type(m, &StoreType, "Store") < 0 || register_directory_type(m) < 0
         || register_intent_queue_type(m) < 0 || register_wire_functions(m) < 0
-        || register_zmq_io_type(m) < 0) {
+        || register_zmq_io_type(m) < 0 || register_serve_wire(m) < 0) {
         Py_DECREF(m);
         return NULL;
     }

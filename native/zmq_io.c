@@ -143,18 +143,6 @@ static PyTypeObject FrameType = {
 
 #define POLL_BATCH 256 /* messages per poll at most: a busy peer cannot starve the loop */
 
-const char *const counter_names[FAST_COUNTERS] = {
-    "wire_messages_received", "messages_received", "bytes_received", "wire_messages_sent",
-    "messages_sent", "bytes_sent", "messages_received_pull", "bytes_received_pull",
-    "messages_received_push", "bytes_received_push", "messages_received_set",
-    "bytes_received_set", "messages_sent_pull_resp", "bytes_sent_pull_resp",
-    "messages_sent_ack", "bytes_sent_ack", "messages_served_natively",
-    "messages_received_sync", "bytes_received_sync", "messages_sent_sync_resp",
-    "bytes_sent_sync_resp", "syncs_served_natively", "messages_sent_pull", "bytes_sent_pull",
-    "messages_received_pull_resp", "bytes_received_pull_resp", "pulls_sent_natively",
-    "messages_received_sync_resp", "bytes_received_sync_resp", "answers_taken_natively",
-};
-
 /* The rank whose connection sent the message whose routing id is id and last frame last: the
  * ZAP user id of its connection (with authentication), else the rank whose identity the
  * connection named; -1 if none. Without the GIL: the identities are compared as bytes. */

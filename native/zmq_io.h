@@ -1,7 +1,7 @@
 /* What the ZeroMQ I/O files share: zmq_io.c (libzmq reached through pyzmq's, received frames,
- * the ZmqIO type: poll and send), zmq_serve.c (the owner's fast paths: a peer's pulls, pushes,
- * sets and SYNCs served inside poll) and zmq_pull.c (a worker's pull of keys held elsewhere,
- * sent and answered inside poll). Engine thread only, as the sockets are, except where
+ * the ZmqIO type: poll and send), zmq_serve.c (a received message handed to the fast paths of
+ * serve_wire.h inside poll, its answer sent with libzmq) and zmq_pull.c (a worker's pull of keys
+ * held elsewhere, sent and answered inside poll). Engine thread only, as the sockets are, except where
  * zmq_pull.c says otherwise. */
 #ifndef ADAPM_ZMQ_IO_H
 #define ADAPM_ZMQ_IO_H
@@ -9,6 +9,7 @@
 #include <pthread.h>
 
 #include "module.h"
+#include "serve_wire.h"
 #include "wire.h"
 
 /* libzmq's ABI (zmq.h, stable since 4.x). */
@@ -45,17 +46,6 @@ typedef struct {
 } zapi_t;
 extern zapi_t Z; /* zmq_io.c: bound to the process's libzmq by load_libzmq */
 
-/* Counters of the fast path, in the transport's names (adapm/_wire/traffic.py), added to its
- * own by Transport.stats. */
-enum {
-    C_WIRE_IN, C_MSGS_IN, C_BYTES_IN, C_WIRE_OUT, C_MSGS_OUT, C_BYTES_OUT,
-    C_PULL_IN, C_PULL_IN_BYTES, C_PUSH_IN, C_PUSH_IN_BYTES, C_SET_IN, C_SET_IN_BYTES,
-    C_PULL_RESP_OUT, C_PULL_RESP_OUT_BYTES, C_ACK_OUT, C_ACK_OUT_BYTES, C_SERVED,
-    C_SYNC_IN, C_SYNC_IN_BYTES, C_SYNC_RESP_OUT, C_SYNC_RESP_OUT_BYTES, C_SYNCS_SERVED,
-    C_PULL_OUT, C_PULL_OUT_BYTES, C_PULL_RESP_IN, C_PULL_RESP_IN_BYTES, C_PULLS_NATIVE,
-    C_SYNC_RESP_IN, C_SYNC_RESP_IN_BYTES, C_ANSWERS_NATIVE, FAST_COUNTERS
-};
-
 typedef struct {
     PyObject_HEAD
     void *router, *watch;
@@ -91,19 +81,19 @@ typedef struct {
     int64_t hop_cap;
 } ZmqIOObject;
 
-extern const char *const counter_names[FAST_COUNTERS];
-
 /* zmq_io.c */
 /* The rank whose connection sent the message whose routing id is id and last frame last, or
  * -1 (see there). */
 int sender_of(ZmqIOObject *self, zmsg_t *id, zmsg_t *last);
 
 /* zmq_serve.c */
-/* Serves the ZeroMQ message in parts[first..end) inside poll if it is a peer's request the
- * owner's fast paths take (pulls, pushes and sets of keys owned here; a SYNC answered here;
- * an answer to this node's round request taken in):
- * 1 if served (the caller closes the parts), 0 if Python is to take it. Without the GIL. */
+/* Serves the ZeroMQ message in parts[first..end) inside poll if a fast path takes it: a
+ * worker's pull answered (zmq_pull.c), or what serve_wire.h serves (a peer's pulls, pushes and
+ * sets of keys owned here; a SYNC answered here; an answer to this node's round request taken
+ * in): 1 if so (the caller closes the parts), 0 if Python is to take it. Without the GIL. */
 int try_fast(ZmqIOObject *self, Py_ssize_t first, Py_ssize_t end);
+/* The frames parts[first..end) as wframe_t (at most max): their number, or -1 if more. */
+int zmq_frames(ZmqIOObject *self, Py_ssize_t first, Py_ssize_t end, wframe_t *f, int max);
 
 /* zmq_pull.c: a worker's pull of keys not held here, without Python: queued by the worker
  * (ZmqIO.pull), routed and sent by the engine thread inside poll (pulls_send), answered there
@@ -118,14 +108,5 @@ int register_pull_call_type(PyObject *module);
 PyObject *ZmqIO_pull(ZmqIOObject *self, PyObject *args);
 PyObject *ZmqIO_native_answer(ZmqIOObject *self, PyObject *args);
 PyObject *ZmqIO_fail_native(ZmqIOObject *self, PyObject *arg);
-
-/* zmq_serve.c helpers shared with zmq_pull.c */
-/* Writes a wire header (wire.h) at p. */
-void put_header(uint8_t *p, int kind, int narrays, int32_t src, int64_t req, int32_t origin,
-                const int64_t *lengths);
-static inline size_t padded(size_t bytes) { return bytes + (-bytes & 7); }
-/* The arrays of the message whose header is w (see zmq_serve.c). */
-int64_t take_arrays(const wire_header_t *w, zmsg_t *f, int nf, const uint8_t *pl, size_t plen,
-                    size_t *pat, int *own, carr_t *a);
 
 #endif

@@ -519,8 +519,9 @@ int pulls_take_answer(ZmqIOObject *self, Py_ssize_t first, Py_ssize_t end, int r
     carr_t a[2];
     size_t pat = 0;
     int own = 2;
-    const int64_t bytes = take_arrays(&w, f, 2, Z.msg_data(&f[1]), Z.msg_size(&f[1]), &pat, &own,
-                                      a);
+    wframe_t wf[2];
+    zmq_frames(self, first + 1, end, wf, 2);
+    const int64_t bytes = take_arrays(&w, wf, 2, wf[1].p, wf[1].n, &pat, &own, a);
     if (bytes < 0 || answer_unfit(c, a[0].p, a[0].n, a[1].n, 1)) return 0; /* Python drops it */
     apply_answer(self, c, at, rank, a[0].p, a[0].n, a[1].p);
     const int64_t wire = (int64_t)(hlen + Z.msg_size(&f[1]));

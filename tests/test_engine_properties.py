@@ -16,7 +16,12 @@ After every worker's wait_sync and a barrier:
   agrees with the counters, and round records are numbered 1, 2, ... in time order.
 
 Pulls during the schedule must return whole numbers no larger than what was pushed so far.
-``make test`` runs 200 schedules per management variant; ``make test-slow`` 2000.
+Each schedule runs twice: with the event stream recorded (every SYNC and answer then passes
+through ``NodeState``, as while a trace records), and without, where each node's transport
+serves what it can in C first, as ZeroMQ's receive call does in production (native/
+serve_wire.h: a peer's SYNC answered, an answer to this node's round taken in, owned pulls and
+pushes served), so the schedules test that path too.
+``make test`` runs 200 schedules per management variant and path; ``make test-slow`` 2000.
 """
 
 from __future__ import annotations
@@ -80,13 +85,14 @@ def schedules(draw, min_nodes=2, max_nodes=4):
                 seed=draw(st.integers(0, 2**32 - 1)))
 
 
-def run_schedule(management: str, s: dict) -> None:
+def run_schedule(management: str, s: dict, record: bool = True) -> None:
+    """``record``: with the event stream, checked in the end; else the native paths serve."""
     config = adapm.Config(num_keys=s["num_keys"], value_length=s["lengths"],
                           world_size=s["world_size"], rendezvous="127.0.0.1:1",
                           management=management, action_timing=s["timing"])
     sim = Simulation(config, seed=s["seed"])
     recorders = []
-    for node in sim.nodes:
+    for node in sim.nodes if record else ():
         recorders.append(Recorder())
         node.engine.state.subscribe(recorders[-1])
     try:
@@ -321,6 +327,62 @@ def test_engine_properties(management, schedule):
     run_schedule(management, schedule)
 
 
+@pytest.mark.parametrize("management", VARIANTS)
+@settings(max_examples=200, **_SETTINGS)
+@given(schedule=schedules())
+def test_engine_properties_on_the_native_paths(management, schedule):
+    run_schedule(management, schedule, record=False)
+
+
+def test_the_simulator_runs_the_native_paths():
+    """Without a sink, a simulated node's transport serves in C what ZeroMQ's receive call
+    serves in production: peers' SYNCs, answers to its own round's requests, pulls and pushes
+    of keys it owns (the counters say so), and nothing is lost on the way; with
+    ``Simulation(native=False)`` none of it is taken, and the sums are the same."""
+    served = {True: dict.fromkeys(("syncs_served_natively", "answers_taken_natively",
+                                   "messages_served_natively"), 0),
+              False: dict.fromkeys(("syncs_served_natively", "answers_taken_natively",
+                                    "messages_served_natively"), 0)}
+    for native in (True, False):
+        for seed in range(6):
+            config = adapm.Config(num_keys=12, value_length=2, world_size=3,
+                                  rendezvous="127.0.0.1:1", management="adaptive")
+            sim = Simulation(config, seed=seed, native=native)
+            try:
+                workers = [node.worker() for node in sim.nodes]
+                hot = np.array([0, 1, 2])  # wanted by every node at once: replicas
+                for clock in range(8):
+                    for rank, w in enumerate(workers):
+                        mine = np.array([3 + rank + 3 * (clock % 3)])  # relocated back and forth
+                        w.intent(np.concatenate([hot, mine]), w.clock, w.clock + 2)
+                        w.push(np.concatenate([hot, mine]), np.ones((4, 2), np.float32))
+                        w.push(np.array([9 + rank]), np.ones((1, 2), np.float32))  # remote
+                        w.advance_clock()
+                    sim.run(sim.rng.randrange(5, 40))
+                for w in workers:
+                    w.wait()
+                    w.wait_sync()
+                sim.barrier()
+                sim.settle()
+                want = np.zeros(12)
+                want[:3] = 3 * 8
+                for clock in range(8):
+                    for rank in range(3):
+                        want[3 + rank + 3 * (clock % 3)] += 1
+                want[9:12] += 8
+                for w in workers:
+                    np.testing.assert_array_equal(w.pull(np.arange(12))[:, 0], want,
+                                                  err_msg=f"seed {seed}, native {native}")
+                for node in sim.nodes:
+                    stats = node.engine.transport.traffic.snapshot()
+                    for name in served[native]:
+                        served[native][name] += stats.get(name, 0)
+            finally:
+                sim.close()
+    assert all(n > 0 for n in served[True].values()), served
+    assert not any(served[False].values()), served
+
+
 @pytest.mark.parametrize("management", ["adaptive", "relocation_only", "replication_only"])
 @settings(max_examples=6, **_SETTINGS)
 @given(schedule=schedules(min_nodes=65, max_nodes=70))
@@ -330,8 +392,9 @@ def test_engine_properties_beyond_64_nodes(management, schedule):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("record", [True, False], ids=["recorded", "native"])
 @pytest.mark.parametrize("management", VARIANTS)
 @settings(max_examples=2000, **_SETTINGS)
 @given(schedule=schedules())
-def test_engine_properties_long(management, schedule):
-    run_schedule(management, schedule)
+def test_engine_properties_long(management, record, schedule):
+    run_schedule(management, schedule, record)

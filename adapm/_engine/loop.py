@@ -79,6 +79,7 @@ class EngineLoop:
         self.native = None
         self.native_error: Optional[AdaPMError] = None  # what fail_pending failed them with
         if serve_owned is not None and serve_owned(state.directory):
+            state.native_answers = True
             self.native = state.native_calls = transport.native_io()
 
     # --- any thread --------------------------------------------------------------------------

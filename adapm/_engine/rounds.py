@@ -189,10 +189,10 @@ class Rounds:
             self._finish_round(empty=False)
 
     def _post_round(self, requests: list) -> None:
-        # With the native I/O, the transport takes an answer in itself when it needs nothing
-        # of ours (native/answer_fast.c): it learns the request's entries here, and counts the
-        # unanswered ones for both paths from now on (_answers_taken, NodeState._answer).
-        native = self.native_calls is not None
+        # Where the transport serves natively, it takes an answer in itself when it needs
+        # nothing of ours (native/answer_fast.c): it learns the request's entries here, and
+        # counts the unanswered ones for both paths from now on (_answers_taken, _answer).
+        native = self.native_answers
         for dst, arrays, count, context in requests:
             req_id = self._new_round_request(count, context)
             context.dst = dst

@@ -22,6 +22,7 @@ from typing import Callable, Optional
 from .._wire.inproc import InprocNetwork
 from ..errors import AdaPMTimeout
 from .events import Call, Finish, Op, Received, Request, Send, Submitted, Tick
+from .validate import problem
 
 # Virtual seconds per step: rounds' idle gaps (a few ms) pass within tens of steps.
 STEP_S = 0.0002
@@ -43,7 +44,11 @@ class SimEngine:
         self.error = None
         self.counters = {"late_answers": 0, "dropped_messages": 0}
         self.workers: list = []
-        self.native = None  # every request goes through the state machine (no native I/O)
+        # As EngineLoop: the transport serves what it can in C (Simulation(native=True)); a
+        # worker's pull still goes through the state machine (no native pull calls here).
+        self.native = None
+        if sim.native and transport.serve_owned(state.directory):
+            state.native_answers = True
         sim.engines.append(self)
 
     def start(self) -> None:
@@ -89,9 +94,13 @@ class SimEngine:
 class Simulation:
     """``world_size`` nodes of ``config`` (a :class:`~adapm.config.Config`, rank ignored)."""
 
-    def __init__(self, config, seed: int = 0, max_steps: int = 200_000) -> None:
+    def __init__(self, config, seed: int = 0, max_steps: int = 200_000,
+                 native: bool = True) -> None:
         from ..node import Node  # the node module imports the engine, not the other way
 
+        # native: received messages go to the native fast paths first, as over ZeroMQ (False:
+        # every message through NodeState, the reference the native paths must match).
+        self.native = native
         self.world_size = config.world_size
         self.rng = random.Random(seed)
         self.now = 1.0
@@ -130,7 +139,14 @@ class Simulation:
         if links and self.rng.random() < 0.8:
             src, dst = links[self.rng.randrange(len(links))]
             engine = self.engines[dst]
-            for msg in engine.transport.receive(self.network.take(src, dst)):
+            frames = self.network.take(src, dst)
+            if engine.transport.serve(src, frames):
+                return  # served or taken in by the native paths (EngineLoop: inside poll)
+            for msg in engine.transport.receive(frames):
+                # As EngineLoop: the validator first; what it refuses is a counted drop.
+                if problem(msg, engine.state) is not None:
+                    engine.counters["dropped_messages"] += 1
+                    continue
                 self.handle(engine, Received(msg))
         else:
             engine = self.engines[self.rng.randrange(self.world_size)]

@@ -117,6 +117,10 @@ class NodeState(Serving, Rounds):
         # The transport's native I/O when workers' pulls go through it (EngineLoop sets it): the
         # answers to those pulls that reach this object are handed back to it (_answer).
         self.native_calls = None
+        # The transport serves and takes in what it can itself (native/serve_wire.h; the engine
+        # sets it, for ZeroMQ and for the simulator's in-process transport alike): the round's
+        # requests are registered with the directory, which may take their answers in.
+        self.native_answers = False
         self.clock = 0  # smallest worker clock at the last Tick (kept while a sink listens)
         Rounds.__init__(self)
         # A transport that can serve a peer's SYNC itself does (native/sync_fast.h; what it leaves

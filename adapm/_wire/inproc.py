@@ -3,7 +3,12 @@
 Every message is encoded to frames on send and decoded on receipt, exactly as on the wire, so
 the engine sees the same read-only arrays, the same validation and the same byte counters as
 over ZeroMQ. Order is kept per link (sender, receiver), as a ZeroMQ connection keeps it; the
-protocol relies on that and on nothing more.
+protocol relies on that and on nothing more. Once :meth:`InprocTransport.serve_owned` is on, a
+received message goes first where ZeroMQ's receive call sends it: to the native fast paths
+(``Directory.serve_wire``, native/serve_wire.h), which serve a peer's requests and SYNCs and
+take in answers to this node's round without Python, the answer put on the link back; only
+what they leave is decoded for the engine. So the simulator's schedules run the C path that
+production runs.
 
 Two ways to run it:
 
@@ -18,10 +23,16 @@ from __future__ import annotations
 
 import collections
 import threading
+from typing import Optional
 
+import numpy as np
+
+from .._native_loader import load as _load_native
 from ..errors import TransportError
 from .protocol import Message, decode, encode, frame_bytes
 from .traffic import Traffic
+
+_native = _load_native()
 
 
 class InprocNetwork:
@@ -83,6 +94,35 @@ class InprocTransport:
         self.rank = rank
         self.address = f"inproc-node-{rank}"
         self.traffic = Traffic()
+        self._directory = None  # serve_owned's
+        self._served: Optional[np.ndarray] = None  # what the native paths counted
+
+    def serve_owned(self, directory) -> bool:
+        """From now on, hand each received message to the native fast paths first, as the
+        ZeroMQ transport's receive call does (see the module docstring); they count what they
+        serve with the rest. Always True."""
+        self._directory = directory
+        self._served = np.zeros(len(_native.SERVE_WIRE_COUNTERS), dtype=np.int64)
+        names = _native.SERVE_WIRE_COUNTERS
+        self.traffic.extra = lambda: dict(zip(names, self._served.tolist()))
+        return True
+
+    def native_io(self):
+        """None: a worker's pulls go through the engine here (ZeroMQ only sends them itself)."""
+        return None
+
+    def serve(self, src: int, frames: list) -> bool:
+        """Whether the native fast paths served or took in the wire message ``frames`` from
+        ``src`` (its answer, if any, is on the link back to ``src`` now); False: decode it
+        with :meth:`receive` for the engine. Engine thread."""
+        if self._directory is None:
+            return False
+        answer = self._directory.serve_wire(src, frames, self._served)
+        if answer is None:
+            return False
+        if answer:
+            self.network.put(self.rank, src, answer)
+        return True
 
     def send(self, dst: int, messages: list[Message]) -> None:
         """Send ``messages`` (in order) to ``dst`` as one wire message. Copies the arrays."""
@@ -98,7 +138,7 @@ class InprocTransport:
         return messages
 
     def poll(self, timeout_ms: int) -> list[tuple[int, list[Message]]]:
-        return [(src, self.receive(frames))
+        return [(src, [] if self.serve(src, frames) else self.receive(frames))
                 for src, frames in self.network.wait_for_mail(self.rank, timeout_ms / 1000.0)]
 
     def wake(self) -> None:
