@@ -316,6 +316,44 @@ def test_returned_deltas_for_keys_that_moved_on_are_sent_on():
     assert state.counters["returned_deltas"] == 1
 
 
+@pytest.mark.parametrize("contract", ["Engine", "Transport"])
+def test_both_implementations_keep_the_contract(contract):
+    """The engine thread and the simulator's engine, the ZeroMQ and the in-process transport:
+    every member of their Protocol (adapm._engine.contracts), methods with its parameters."""
+    import inspect
+
+    from adapm._engine import contracts
+    from adapm._engine.loop import EngineLoop
+    from adapm._engine.sim import SimEngine
+    from adapm._wire.inproc import InprocNetwork
+    from adapm._wire.zmq_transport import Transport
+
+    protocol = getattr(contracts, contract)
+    config = adapm.Config(num_keys=4, value_length=1, world_size=2, rendezvous="127.0.0.1:1")
+    sim = Simulation(config)
+    zmq_transport = Transport(0, "127.0.0.1")
+    try:
+        if contract == "Engine":
+            state = sim.nodes[0].engine.state
+            objects = [EngineLoop(state, InprocNetwork(2).endpoint(0), 1.0), sim.engines[0]]
+        else:
+            objects = [zmq_transport, InprocNetwork(2).endpoint(0)]
+        methods = {name: inspect.signature(member) for name, member in vars(protocol).items()
+                   if inspect.isfunction(member) and not name.startswith("_")}
+        for obj in objects:
+            what = type(obj).__name__
+            for name in protocol.__annotations__:
+                assert hasattr(obj, name), f"{what} lacks {name}"
+            for name, signature in methods.items():
+                assert hasattr(type(obj), name), f"{what} lacks {name}()"
+                mine = inspect.signature(getattr(type(obj), name))
+                assert list(mine.parameters) == list(signature.parameters), \
+                    f"{what}.{name}{mine} against the contract's {signature}"
+    finally:
+        zmq_transport.close()
+        sim.close()
+
+
 _SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow,
                                                        HealthCheck.data_too_large])
 

@@ -47,8 +47,9 @@ _LOOK_S = 0.05
 
 
 class EngineLoop:
-    """Runs one node's engine on a background thread. ``submit``/``wait``/``wake`` are for any
-    thread; everything else is called by the node."""
+    """Runs one node's engine on a background thread (the :class:`~.contracts.Engine`
+    contract). ``submit``/``wait``/``wake`` are for any thread; everything else is called by the
+    node."""
 
     def __init__(self, state, transport, request_timeout_s: float) -> None:
         self.state = state

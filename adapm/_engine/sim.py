@@ -33,7 +33,8 @@ class SimulationStuck(AdaPMTimeout):
 
 
 class SimEngine:
-    """What a Node's workers see of their engine, run by a :class:`Simulation`."""
+    """What a Node's workers see of their engine (the :class:`~.contracts.Engine` contract),
+    run by a :class:`Simulation`."""
 
     def __init__(self, state, transport, request_timeout_s: float, sim: "Simulation") -> None:
         self.state = state
@@ -47,6 +48,7 @@ class SimEngine:
         # As EngineLoop: the transport serves what it can in C (Simulation(native=True)); a
         # worker's pull still goes through the state machine (no native pull calls here).
         self.native = None
+        self.native_error = None
         if sim.native and transport.serve_owned(state.directory):
             state.native_answers = True
         sim.engines.append(self)
@@ -83,6 +85,9 @@ class SimEngine:
     def quiesce(self, timeout_s: float) -> None:
         self.state.closing = True
         self.sim.run_until(lambda: not self.state._open, what=f"rank {self.rank}: quiesce")
+
+    def resume(self) -> None:
+        self.state.closing = False
 
     def stop(self, goodbye: bool = False) -> None:
         pass
