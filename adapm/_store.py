@@ -95,7 +95,8 @@ class Store:
         self.scatter_add_fast = self.native.scatter_add_fast
         self.scatter_set_fast = self.native.scatter_set_fast
         # Held keys of the sampling domain (local sampling draws among them).
-        self.sample_pool = SamplePool(config.sampling) if config.sampling is not None else None
+        self.sample_pool = (SamplePool(config.sampling, self.native)
+                            if config.sampling is not None else None)
 
     # --- sizes -------------------------------------------------------------------------------
 
@@ -218,8 +219,6 @@ class Store:
         held already or repeated."""
         keys = np.ascontiguousarray(keys, dtype=np.int64)
         self.native.insert(keys, int(state), values, versions, float(synced_at))
-        if self.sample_pool is not None:
-            self.sample_pool.add(keys)
 
     def take_deltas(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Replicas' accumulated updates, moved out (zeroed here): (the rows of the keys that
@@ -248,20 +247,6 @@ class Store:
         total = self.floats_for(keys)
         values = np.empty(total, dtype=np.float32)
         deltas = np.empty(total, dtype=np.float32) if with_deltas else None
-        if self.sample_pool is not None:
-            self.sample_pool.remove(keys)
         self.native.remove(keys, values, deltas)
         return values, deltas
 
-    # --- for native code that inserts and removes keys itself (one thread at a time) ----------
-
-    def removing(self, keys: np.ndarray) -> None:
-        """``keys`` are being removed (just before or just after): local sampling stops drawing
-        them. Either order is safe: a worker checks that a key it drew is still held."""
-        if self.sample_pool is not None:
-            self.sample_pool.remove(keys)
-
-    def inserted(self, keys: np.ndarray) -> None:
-        """``keys`` were inserted: local sampling may draw them."""
-        if self.sample_pool is not None:
-            self.sample_pool.add(keys)

@@ -120,25 +120,26 @@ class Sampling:
 
 
 class SamplePool:
-    """A node's held keys of the sampling domain, for the ``local`` scheme.
+    """A node's held keys of the sampling domain, for the ``local`` scheme: ``keys[:count]``.
 
-    ``add``/``remove`` are called by the one thread that moves keys in and out of the store (one
-    native call per batch); workers read ``keys[:count]`` at any time and must check that a
-    drawn key is still held (the store's gather does).
+    The native store keeps it (``Store.keep_pool``): every insert and remove of a key, by any
+    path (the engine, the transport serving a SYNC), changes it in the same native call.
+    Workers read ``keys[:count]`` at any time and must check that a drawn key is still held
+    (the store's gather does).
     """
 
-    def __init__(self, sampling: Sampling) -> None:
+    def __init__(self, sampling: Sampling, store) -> None:
         self.low = sampling.low
         # Entries past count keep old, in-domain keys: a racing reader draws a valid key.
         self.keys = np.full(sampling.size, sampling.low, dtype=np.int64)
         self._pos = np.full(sampling.size, -1, dtype=np.int64)
-        self.count = 0
+        self._count = np.zeros(1, dtype=np.int64)
+        store.keep_pool(self.keys, self._pos, self._count, self.low)
 
-    def add(self, keys: np.ndarray) -> None:
-        self.count = _native.pool_add(self.keys, self._pos, self.count, self.low, keys)
-
-    def remove(self, keys: np.ndarray) -> None:
-        self.count = _native.pool_remove(self.keys, self._pos, self.count, self.low, keys)
+    @property
+    def count(self) -> int:
+        """How many keys the pool holds now (a snapshot)."""
+        return int(self._count[0])
 
 
 class WorkerSampler:

@@ -130,7 +130,6 @@ static int redirected(DirectoryObject *self, int64_t src, const int64_t *keys,
                               : "a decision on redirected reports broke an invariant";
             return -1;
         }
-        journal_put(f, -1, dec.keys, dec.relocated);
         f->counters[SF_RELOCATIONS_OUT] += dec.relocated;
         f->counters[SF_DROPS_AT_OWNER] += dec.dropped;
         for (int64_t i = 0; i < nmine; i++) {
@@ -198,7 +197,7 @@ int directory_answer_fast(PyObject *directory, int64_t src, int64_t req, const c
     uint8_t *mine_flags = scratch_room(&f->abuf[2], nm ? nm : 1);
     int64_t *bkeys = scratch_room(&f->abuf[3], 8 * (nbd ? nbd : 1));
     if (!by_pos || !mine || !mine_flags || !bkeys || answers_room(f, 1, acks, nm) < 0
-        || fast_moves_room(self, a + 8, n + nm, 2 + nm) < 0)
+        || fast_moves_room(self, a + 8, n + nm) < 0)
         return 0; /* out of memory: Python tries, and says so */
     /* The moves first (NodeState._moves_in): a relocation before the answer that reports it. */
     if (fast_moves_in(self, src, a + 8, fatal) < 0) return -1;

@@ -703,13 +703,12 @@ static PyMethodDef Directory_methods[] = {
      "ordered by destination; per_rank: how many went to each rank), both None when none "
      "left. ValueError (nothing changed) if a key is not owned here."},
     {"moves_in", (PyCFunction)Directory_moves_in, METH_VARARGS,
-     "moves_in(src, moves, counts, now) -> None or (relocated, inserted, taken, discarded). A "
+     "moves_in(src, moves, counts, now) -> None or (relocated, taken, discarded). A "
      "carrier's 12 move arrays from src taken in, in one call: relocations (relocate_in), "
      "replica set-ups (setup_in, with this node's IntentCounts or None), home updates "
      "(update_home), raising as those do. relocated: the relocations' keys (the array "
-     "given); inserted: the keys new in the store (relocated keys that were not replicas, "
-     "and the replicas taken; int64 bytearray); taken: the replicas taken (int64 bytearray); "
-     "discarded: the set-ups not taken. None when every section is empty."},
+     "given); taken: the replicas taken (int64 bytearray); discarded: the set-ups not taken. "
+     "None when every section is empty."},
     {"redirected", (PyCFunction)Directory_redirected, METH_VARARGS,
      "redirected(keys, flags, ranks, src, counts, variant) -> (deferred, again, owned_keys, "
      "owned_flags, decision). Intent reports (unique keys, uint8 flags) that src answered "
@@ -756,9 +755,8 @@ static PyMethodDef Directory_methods[] = {
      "served added. RuntimeError if the node cannot go on. Engine thread; releases the GIL."},
     {"native_taken", (PyCFunction)Directory_native_taken, METH_NOARGS,
      "native_taken() -> None if no SYNC was served and no answer taken natively since the "
-     "last call, else (journal, counters, arrived, relocated_in, (answers, refreshed)): "
-     "journal (int64) the keys that joined the store (a segment of +n, then n keys) or left "
-     "it (-n), in order; counters {NodeState counter name: to add}; arrived: keys came in "
+     "last call, else (counters, arrived, relocated_in, (answers, refreshed, deferred_again, "
+     "redirected_now)): counters {NodeState counter name: to add}; arrived: keys came in "
      "(relocated or replicated) or intent reports were acknowledged; relocated_in: some were "
      "relocated here; answers (int64) a (request, answering rank, entries answered) triple "
      "per answer to a round request taken in natively (native/answer_fast.c); refreshed: a "

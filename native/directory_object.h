@@ -104,17 +104,12 @@ PyObject *Directory_check_answer(DirectoryObject *self, PyObject *args);
 
 void sync_fast_free(sync_fast_t *f); /* sync_fast.c */
 /* A carrier's 12 move arrays m (wire order) from origin, taken in as NodeState._take_moves
- * does (relocations, replica set-ups, home updates; the journal and counters of sync_fast_t
- * follow them). fast_moves_room first makes room for them and for more_records records and
- * more_journal journal entries besides: 0, or -1 out of memory (nothing changed). Then
- * fast_moves_in: 0, or -1 (fatal says why; the node cannot go on). Engine thread, no GIL. */
-int fast_moves_room(DirectoryObject *self, const carr_t *m, int64_t more_records,
-                    int64_t more_journal);
+ * does (relocations, replica set-ups, home updates; the counters of sync_fast_t follow them).
+ * fast_moves_room first makes room for them and for more_records records besides: 0, or -1
+ * out of memory (nothing changed). Then fast_moves_in: 0, or -1 (fatal says why; the node
+ * cannot go on). Engine thread, no GIL. */
+int fast_moves_room(DirectoryObject *self, const carr_t *m, int64_t more_records);
 int fast_moves_in(DirectoryObject *self, int64_t origin, const carr_t *m, const char **fatal);
-/* The journal of keys that joined (sign 1) or left (-1) the store, for native_taken: room for
- * `more` entries (0, or -1 out of memory), then a segment appended. */
-int journal_room(sync_fast_t *f, int64_t more);
-void journal_put(sync_fast_t *f, int sign, const int64_t *keys, int64_t n);
 /* Round requests the transport may take answers of (answer_fast.c). */
 void answer_fast_free(sync_fast_t *f, int release);
 PyObject *Directory_round_open(DirectoryObject *self, PyObject *args);

@@ -517,6 +517,43 @@ static PyObject *Store_free_slots(StoreObject *self, PyObject *unused) {
 
 /* inspect(keys, states_or_None, versions_or_None, synced_or_None, slots_or_None): per key, what
  * the store holds (a snapshot, from any thread). */
+/* keep_pool(keys, pos, count, low) -> None: see the method table. */
+static PyObject *Store_keep_pool(StoreObject *self, PyObject *args) {
+    PyObject *okeys, *opos, *ocount;
+    long long low;
+    if (!PyArg_ParseTuple(args, "OOOL", &okeys, &opos, &ocount, &low)) return NULL;
+    if (self->s.pool.pool) {
+        PyErr_SetString(PyExc_RuntimeError, "keep_pool: the store keeps a pool already");
+        return NULL;
+    }
+    const int first = self->nviews;
+    void *keys, *pos, *count;
+    Py_ssize_t nkeys, npos, ncount;
+    if (take_view(self, okeys, 1, 8, "keep_pool: keys", &keys, &nkeys) < 0
+        || take_view(self, opos, 1, 8, "keep_pool: pos", &pos, &npos) < 0
+        || take_view(self, ocount, 1, 8, "keep_pool: count", &count, &ncount) < 0)
+        goto fail;
+    if (nkeys != npos || ncount != 1 || low < 0 || low + nkeys > self->s.num_keys
+        || *(int64_t *)count != 0) {
+        PyErr_SetString(PyExc_ValueError, "keep_pool: keys and pos of the domain's length "
+                                          "(int64, inside [0, num_keys) from low), count one "
+                                          "int64 at 0");
+        goto fail;
+    }
+    /* Every key held now joins it: the pool is kept from here on. */
+    self->s.pool = (pool_t){keys, pos, low, low + nkeys};
+    self->s.pool_count = count;
+    for (int64_t i = 0; i < nkeys; i++) ((int64_t *)pos)[i] = -1;
+    int64_t held = 0;
+    for (int64_t k = low; k < low + nkeys; k++)
+        if (store_state(&self->s, k) != KEY_NONE) held = pool_add(&self->s.pool, held, &k, 1);
+    __atomic_store_n(self->s.pool_count, held, __ATOMIC_RELEASE);
+    Py_RETURN_NONE;
+fail:
+    while (self->nviews > first) PyBuffer_Release(&self->views[--self->nviews]);
+    return NULL;
+}
+
 static PyObject *Store_inspect(StoreObject *self, PyObject *args) {
     PyObject *o[5];
     if (!PyArg_ParseTuple(args, "OOOOO", &o[0], &o[1], &o[2], &o[3], &o[4])) return NULL;
@@ -646,6 +683,13 @@ static PyMethodDef Store_methods[] = {
      "held here are skipped (their rows in the outputs are left as they were)."},
     {"free_slots", (PyCFunction)Store_free_slots, METH_NOARGS,
      "free_slots() -> bytearray. The free slots (int64 float offsets), for checks."},
+    {"keep_pool", (PyCFunction)Store_keep_pool, METH_VARARGS,
+     "keep_pool(keys, pos, count, low) -> None. From now on the store keeps the local "
+     "sampler's pool of its held keys of the domain [low, low + len(keys)) (native/sampling.h) "
+     "as keys are inserted and removed, whatever inserts and removes them: keys[:count[0]] are "
+     "those keys in no order, pos[k - low] is k's index there or -1 (int64 buffers, kept; count "
+     "one int64, 0 now, written with release order). The keys held now join. Once per store; "
+     "the thread that inserts and removes keys, before others draw."},
     {"inspect", (PyCFunction)Store_inspect, METH_VARARGS,
      "inspect(keys, states, versions, synced_at, slots) -> None. Per key (outputs may be None): "
      "KEY_NONE/OWNER/REPLICA, version (-1 if not held), a replica's sync time (0.0 otherwise), "
@@ -785,45 +829,6 @@ static PyObject *alias_build_py(PyObject *module, PyObject *args) {
     return result;
 }
 
-/* pool_add / pool_remove(pool, pos, count, low, keys) -> new count */
-static PyObject *pool_update(PyObject *args, int add) {
-    PyObject *opool, *opos, *okeys;
-    long long count, low;
-    if (!PyArg_ParseTuple(args, "OOLLO", &opool, &opos, &count, &low, &okeys)) return NULL;
-    Py_buffer pool, pos, keys;
-    if (borrow(opool, &pool, 8, 1, "pool") < 0) return NULL;
-    if (borrow(opos, &pos, 8, 1, "pool positions") < 0) {
-        PyBuffer_Release(&pool);
-        return NULL;
-    }
-    if (borrow(okeys, &keys, 8, 0, "keys") < 0) {
-        PyBuffer_Release(&pool);
-        PyBuffer_Release(&pos);
-        return NULL;
-    }
-    PyObject *result = NULL;
-    const int64_t size = pos.len / 8;
-    if (pool.len != pos.len || count < 0 || count > size) {
-        PyErr_SetString(PyExc_ValueError, "pool: pool and positions need the domain's length, "
-                                          "and 0 <= count <= that");
-    } else {
-        const pool_t p = {pool.buf, pos.buf, low, low + size};
-        int64_t got;
-        Py_BEGIN_ALLOW_THREADS
-        got = add ? pool_add(&p, count, keys.buf, keys.len / 8)
-                  : pool_remove(&p, count, keys.buf, keys.len / 8);
-        Py_END_ALLOW_THREADS
-        result = PyLong_FromLongLong(got);
-    }
-    PyBuffer_Release(&pool);
-    PyBuffer_Release(&pos);
-    PyBuffer_Release(&keys);
-    return result;
-}
-
-static PyObject *pool_add_py(PyObject *module, PyObject *args) { return pool_update(args, 1); }
-static PyObject *pool_remove_py(PyObject *module, PyObject *args) { return pool_update(args, 0); }
-
 /* unique_inverse(keys, unique, inverse) -> count (see unique.h) */
 static PyObject *unique_inverse_py(PyObject *module, PyObject *args) {
     PyObject *objs[3];
@@ -877,11 +882,6 @@ static PyMethodDef module_methods[] = {
     {"alias_build", alias_build_py, METH_VARARGS,
      "alias_build(weights, prob, alias) -> None. Vose's alias table of float64 weights into "
      "float64 prob and int64 alias (same length), GIL released; ValueError on a bad weight."},
-    {"pool_add", pool_add_py, METH_VARARGS,
-     "pool_add(pool, pos, count, low, keys) -> new count. Adds keys of [low, low+len(pos)) to "
-     "the pool of held sampling keys (one writer at a time)."},
-    {"pool_remove", pool_remove_py, METH_VARARGS,
-     "pool_remove(pool, pos, count, low, keys) -> new count. Removes keys from the pool."},
     {NULL, NULL, 0, NULL},
 };
 

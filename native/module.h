@@ -27,7 +27,7 @@
 typedef struct {
     PyObject_HEAD
     store_t s;
-    Py_buffer views[6]; /* home, slab, delta, seqs, access_stats, lens */
+    Py_buffer views[9]; /* home, slab, delta, seqs, access_stats, lens; the pool's three */
     int nviews;
     held_map_t held;    /* the keys held here beyond the home rows (held.h) */
     int held_ready;

@@ -322,7 +322,7 @@ done:
     return result;
 }
 
-/* moves_in(src, moves, counts, now) -> None or (relocated, inserted, taken, discarded) */
+/* moves_in(src, moves, counts, now) -> None or (relocated, taken, discarded) */
 PyObject *Directory_moves_in(DirectoryObject *self, PyObject *args) {
     long long src;
     double now;
@@ -330,7 +330,7 @@ PyObject *Directory_moves_in(DirectoryObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "LOOd", &src, &omoves, &ocounts, &now)) return NULL;
     PyObject *seq = PySequence_Fast(omoves, "moves_in: moves must be a sequence of 12 arrays");
     if (!seq) return NULL;
-    PyObject *result = NULL, *was = NULL, *taken = NULL, *inserted = NULL, *r = NULL;
+    PyObject *result = NULL, *was = NULL, *taken = NULL, *r = NULL;
     if (PySequence_Fast_GET_SIZE(seq) != 12) {
         PyErr_SetString(PyExc_ValueError, "moves_in: moves must be a sequence of 12 arrays");
         goto done;
@@ -373,28 +373,11 @@ PyObject *Directory_moves_in(DirectoryObject *self, PyObject *args) {
         if (!r) goto done;
         Py_CLEAR(r);
     }
-    /* The keys new in the store: those relocated here that were not replicas, and the
-     * replicas taken. */
     const Py_ssize_t ntaken = PyByteArray_GET_SIZE(taken) / 8;
-    const int8_t *promoted = (const int8_t *)PyByteArray_AS_STRING(was);
-    Py_ssize_t fresh = 0;
-    for (Py_ssize_t i = 0; i < n[0]; i++) fresh += !promoted[i];
-    if (!(inserted = dm_new_array(fresh + ntaken, 8, &p))) goto done;
-    int64_t *out = p;
-    if (fresh) {
-        Py_buffer kv;
-        if (borrow(m[0], &kv, 8, 0, "moves_in: keys") < 0) goto done;
-        const int64_t *keys = kv.buf;
-        for (Py_ssize_t i = 0; i < n[0]; i++)
-            if (!promoted[i]) *out++ = keys[i];
-        PyBuffer_Release(&kv);
-    }
-    memcpy(out, PyByteArray_AS_STRING(taken), (size_t)ntaken * 8);
-    result = Py_BuildValue("OOOn", m[0], inserted, taken, n[1] - ntaken);
+    result = Py_BuildValue("OOn", m[0], taken, n[1] - ntaken);
 done:
     Py_XDECREF(was);
     Py_XDECREF(taken);
-    Py_XDECREF(inserted);
     Py_DECREF(seq);
     return result;
 }

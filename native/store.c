@@ -330,6 +330,16 @@ int64_t store_scatter(const store_t *s, const int64_t *keys, int64_t n, const fl
     return nmiss;
 }
 
+/* The sampler's pool follows keys[0..n), just inserted (add) or removed (sampling.h skips keys
+ * outside its domain, and those it holds already or does not hold). */
+static void pool_follow(const store_t *s, const int64_t *keys, int64_t n, int add) {
+    if (!s->pool.pool || !n) return;
+    const int64_t count = *s->pool_count;
+    __atomic_store_n(s->pool_count,
+                     add ? pool_add(&s->pool, count, keys, n) : pool_remove(&s->pool, count, keys, n),
+                     __ATOMIC_RELEASE);
+}
+
 int store_reserve(const store_t *s, int64_t n) {
     return held_reserve(s->held, n, s->seqs, (int64_t)s->stripe_mask + 1);
 }
@@ -370,6 +380,7 @@ int64_t store_insert(const store_t *s, const int64_t *keys, int64_t n, const int
         write_unlock(seq);
         off += len;
     }
+    pool_follow(s, keys, n, 1);
     return n;
 }
 
@@ -386,7 +397,10 @@ int64_t store_remove(const store_t *s, const int64_t *keys, int64_t n, float *va
     for (int64_t i = 0; i < n; i++) {
         const int64_t key = keys[i];
         const int64_t len = key_len(s, key);
-        if (off + len > out_floats) return -1;
+        if (off + len > out_floats) {
+            pool_follow(s, keys, i, 0);
+            return -1;
+        }
         uint64_t *seq = stripe(s, key);
         write_lock(seq);
         held_entry_t *e;
@@ -406,6 +420,7 @@ int64_t store_remove(const store_t *s, const int64_t *keys, int64_t n, float *va
         write_unlock(seq);
         off += len;
     }
+    pool_follow(s, keys, n, 0);
     return n;
 }
 

@@ -29,6 +29,7 @@
 #include <stdint.h>
 
 #include "held.h"
+#include "sampling.h"
 
 enum { KEY_NONE = 0, KEY_OWNER = 1, KEY_REPLICA = 2 };
 
@@ -52,6 +53,13 @@ typedef struct {
                             * line: seqlock.h); odd while a writer holds the stripe */
     uint64_t stripe_mask;  /* number of stripes - 1 (a power of two) */
     int64_t *access_stats; /* [replica reads, sum of read times (us), sum of synced_at (us)] */
+    /* The `local` sampler's pool of the held keys of its domain (sampling.h), kept by
+     * store_insert and store_remove as keys come and go, whatever moved them; pool.pool NULL:
+     * none. *pool_count: its size, stored with release order by the one thread that inserts
+     * and removes, read by workers (a drawn key may be gone by the time it is read: the
+     * gather says so). */
+    pool_t pool;
+    int64_t *pool_count;
 } store_t;
 
 /* Replica-ness is a bit of the slot word, so that a read, which must not touch more cache lines

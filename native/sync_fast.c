@@ -52,37 +52,14 @@ static int answered_here(const directory_t *d, const sync_request_t *r, const ca
     return 1;
 }
 
-/* Room for a segment of n keys (and its count) in the journal. */
-int journal_room(sync_fast_t *f, int64_t more) {
-    if (f->jlen + more <= f->jcap) return 0;
-    int64_t cap = f->jcap ? 2 * f->jcap : 1024;
-    while (cap < f->jlen + more) cap *= 2;
-    int64_t *grown = realloc(f->journal, (size_t)cap * sizeof(int64_t));
-    if (!grown) return -1;
-    f->journal = grown;
-    f->jcap = cap;
-    return 0;
-}
-
-/* Appends keys that joined (sign 1) or left (-1) the store; room was made by journal_room. */
-void journal_put(sync_fast_t *f, int sign, const int64_t *keys, int64_t n) {
-    if (!n) return;
-    f->journal[f->jlen++] = sign * n;
-    memcpy(f->journal + f->jlen, keys, (size_t)n * sizeof(int64_t));
-    f->jlen += n;
-    f->changed = 1;
-}
-
 #define ROOM(i, bytes) scratch_room(&f->buf[i], (int64_t)(bytes))
 
-int fast_moves_room(DirectoryObject *self, const carr_t *m, int64_t more_records,
-                    int64_t more_journal) {
+int fast_moves_room(DirectoryObject *self, const carr_t *m, int64_t more_records) {
     sync_fast_t *f = &self->fast;
     const int64_t nr = m[0].n, ns = m[6].n;
     if (!ROOM(B_RSLOTS, 8 * nr) || !ROOM(B_TAKEN, 8 * ns) || !ROOM(B_WAS, nr)
         || !ROOM(B_TROWS, 4 * m[7].n) || !ROOM(B_TVERS, 8 * ns) || !ROOM(B_TSLOTS, 8 * ns)
-        || !ROOM(B_WANTED, ns) || dir_reserve(&self->d, nr + ns + m[9].n + more_records) < 0
-        || journal_room(f, 4 + nr + ns + more_journal) < 0)
+        || !ROOM(B_WANTED, ns) || dir_reserve(&self->d, nr + ns + m[9].n + more_records) < 0)
         return -1;
     return 0;
 }
@@ -104,10 +81,6 @@ int fast_moves_in(DirectoryObject *self, int64_t origin, const carr_t *m, const 
             *fatal = "out of memory taking a relocation in";
             return -1;
         }
-        int64_t fresh = 0; /* the keys new in the store: those that were not replicas */
-        for (int64_t i = 0; i < nr; i++)
-            if (!was[i]) rslots[fresh++] = keys[i];
-        journal_put(f, 1, rslots, fresh);
         counters[SF_RELOCATIONS_IN] += nr;
         f->arrived = f->relocated_in = f->changed = 1;
     }
@@ -121,7 +94,6 @@ int fast_moves_in(DirectoryObject *self, int64_t origin, const carr_t *m, const 
             *fatal = "out of memory taking a replica in";
             return -1;
         }
-        journal_put(f, 1, taken, got);
         counters[SF_REPLICA_SETUPS] += got;
         counters[SF_SETUPS_DISCARDED] += ns - got;
         f->arrived |= got > 0;
@@ -173,7 +145,7 @@ int directory_sync_fast(PyObject *directory, int64_t origin, const carr_t *in, i
     if (!where || !hop || !s.positions || !s.versions || !s.refresh_pos || !s.values
         || !s.redirect_pos || !s.redirect_ranks || !s.back_pos || !s.back_rows || !s.rest_index
         || !s.rest_hop || !s.ikeys || !s.iflags || !s.skeys || !s.srows || !s.missing
-        || !s.behind || fast_moves_room(self, a + 10, r.ni, r.ni) < 0)
+        || !s.behind || fast_moves_room(self, a + 10, r.ni) < 0)
         return 0; /* out of memory: Python tries, and says so */
     int64_t *counters = f->counters;
     /* The moves first (NodeState._moves_in): relocations, replica set-ups, home updates. */
@@ -206,7 +178,6 @@ int directory_sync_fast(PyObject *directory, int64_t origin, const carr_t *in, i
                               : "a decision on a SYNC's reports broke an invariant";
             return -1;
         }
-        journal_put(f, -1, dec.keys, dec.relocated);
         counters[SF_RELOCATIONS_OUT] += dec.relocated;
         counters[SF_DROPS_AT_OWNER] += dec.dropped;
     }
@@ -238,9 +209,6 @@ void directory_sync_sent(PyObject *directory, int64_t origin) {
 
 void sync_fast_free(sync_fast_t *f) {
     for (int i = 0; i < SF_BUFS; i++) scratch_free(&f->buf[i]);
-    free(f->journal);
-    f->journal = NULL;
-    f->jlen = f->jcap = 0;
 }
 
 /* serve_syncs(variant, counts) -> None: see the method table. */
@@ -272,13 +240,11 @@ PyObject *Directory_serve_syncs(DirectoryObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
-/* native_taken() -> None, or (journal, counters, arrived, relocated_in, (answers, refreshed)):
+/* native_taken() -> None, or (counters, arrived, relocated_in, (answers, refreshed, ...)):
  * see the method table. */
 PyObject *Directory_native_taken(DirectoryObject *self, PyObject *unused) {
     sync_fast_t *f = &self->fast;
     if (!f->changed) Py_RETURN_NONE;
-    PyObject *journal = dm_keys_copy(f->journal, f->jlen);
-    if (!journal) return NULL;
     static const char *names[SF_COUNTERS] = SF_COUNTER_NAMES;
     PyObject *counters = PyDict_New();
     for (int i = 0; counters && i < SF_COUNTERS; i++) {
@@ -287,20 +253,15 @@ PyObject *Directory_native_taken(DirectoryObject *self, PyObject *unused) {
         if (!v || PyDict_SetItemString(counters, names[i], v) < 0) Py_CLEAR(counters);
         Py_XDECREF(v);
     }
-    if (!counters) {
-        Py_DECREF(journal);
-        return NULL;
-    }
+    if (!counters) return NULL;
     PyObject *answered = answer_fast_taken(self);
     if (!answered) {
-        Py_DECREF(journal);
         Py_DECREF(counters);
         return NULL;
     }
-    PyObject *result = Py_BuildValue("NNOON", journal, counters, f->arrived ? Py_True : Py_False,
+    PyObject *result = Py_BuildValue("NOON", counters, f->arrived ? Py_True : Py_False,
                                      f->relocated_in ? Py_True : Py_False, answered);
     if (!result) return NULL;
-    f->jlen = 0;
     memset(f->counters, 0, sizeof f->counters);
     f->arrived = f->relocated_in = f->changed = 0;
     return result;

@@ -2,9 +2,9 @@
  * message's moves taken in, its entries served (dir_sync_plan, dir_sync_serve), the owned
  * intent reports decided (dm_decide) and the answer's arrays handed back for the transport to
  * encode and send, with the moves held for the peer. What NodeState would do besides is left
- * for it in this state: the keys that joined or left the store, in order (the local sampler's
- * pool follows them), the counters, and whether keys arrived (requests waiting for them go on).
- * NodeState takes it at its next event (Directory.native_taken).
+ * for it in this state: the counters, and whether keys arrived (requests waiting for them go
+ * on); the local sampler's pool follows the store by itself (store.h). NodeState takes it at
+ * its next event (Directory.native_taken).
  *
  * Only a SYNC whose every entry is answered here qualifies: owned (or relocated here by the
  * message's own moves), or a report or delta the answer redirects or returns. That is decided
@@ -46,10 +46,6 @@ typedef struct {
     void *counts_obj;              /* the IntentCounts kept alive (a PyObject *), or NULL */
     const intent_counts_t *counts; /* its counts (engine thread: only it writes them) */
     scratch_buf_t buf[SF_BUFS];
-    /* Keys that joined (+n) or left (-n) the store, in order: segments of a signed count and
-     * its keys. */
-    int64_t *journal;
-    int64_t jlen, jcap;
     int64_t counters[SF_COUNTERS];
     int arrived, relocated_in, changed;
     /* Answers to this node's round requests taken in by the transport (answer_fast.c): the

@@ -294,7 +294,6 @@ class Rounds:
         if reports > again or deltas:
             self._quiet = False
         if len(drop_keys):
-            store.removing(drop_keys)
             self.counters["replica_drops"] += len(drop_keys)
             if self.sinks:
                 self._emit(Event.REPLICA_DROP, drop_keys)

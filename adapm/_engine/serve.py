@@ -107,20 +107,13 @@ class Serving:
         self._post(rest.header["o"], Kind.FORWARDED, rest.req_id,
                    [np.array(ranks, dtype=np.int64), np.array(counts, dtype=np.int64)])
 
-    def _native_served(self, journal: np.ndarray, counters: dict, arrived: bool,
-                       relocated_in: bool, answered: tuple) -> None:
+    def _native_served(self, counters: dict, arrived: bool, relocated_in: bool,
+                       answered: tuple) -> None:
         """What the SYNCs the transport served, and the answers it took in, without Python
-        (native/sync_fast.h, native/answer_fast.c) leave for this object: the keys that joined
-        (``+n`` then n keys) or left (``-n``) the store, in order, for the local sampler's
-        pool; the counters; where keys arrived, the requests that wait for them go on (as
-        :meth:`_take_moves` would); then the round requests answered (``answered``:
-        Rounds._answers_taken)."""
-        at, end, store = 0, len(journal), self.store
-        while at < end:
-            n = int(journal[at])
-            keys = journal[at + 1:at + 1 + abs(n)]
-            (store.inserted if n > 0 else store.removing)(keys)
-            at += 1 + abs(n)
+        (native/sync_fast.h, native/answer_fast.c) leave for this object: the counters; where
+        keys arrived, the requests that wait for them go on (as :meth:`_take_moves` would);
+        then the round requests answered (``answered``: Rounds._answers_taken). (The local
+        sampler's pool followed the store in C.)"""
         mine = self.counters
         for name, value in counters.items():
             mine[name] += value
@@ -184,7 +177,6 @@ class Serving:
         if relocated is None:
             return
         keys = np.frombuffer(relocated, dtype=native.KEYS)
-        self.store.removing(keys)
         self.counters["relocations_out"] += len(keys)
         if self.sinks:
             count = np.frombuffer(per_rank, dtype=native.KEYS)
@@ -202,11 +194,8 @@ class Serving:
         got = self.directory.moves_in(src, moves, counts, self.now)
         if got is None:
             return
-        relocated, inserted, taken, discarded = got
-        inserted = np.frombuffer(inserted, dtype=native.KEYS)
+        relocated, taken, discarded = got
         taken = np.frombuffer(taken, dtype=native.KEYS)
-        if len(inserted):
-            self.store.inserted(inserted)
         counters = self.counters
         counters["relocations_in"] += len(relocated)
         counters["replica_setups"] += len(taken)
