@@ -660,19 +660,23 @@ static PyMethodDef Directory_methods[] = {
     {"replica_count", (PyCFunction)Directory_replica_count, METH_NOARGS,
      "replica_count() -> int. How many keys are held here as replicas."},
     {"round_build", (PyCFunction)Directory_round_build, METH_VARARGS,
-     "round_build(counts, variant, reports) -> None or (deferred, told_keys, told_flags, "
-     "decided, decision, reports_sent, drop_keys, deltas, parts, keys, flags). A sync round "
-     "after its workers' intents were collected into counts (this node's IntentCounts), in "
-     "one call: the keys whose intent state changed, less those deferred (an ended intent for "
-     "a key a worker here has pinned: reported again next round; deferred says how many); "
-     "with reports false (nothing acts on intent) all are taken as told; else the keys owned "
-     "here are decided on (variant; decision as decide returns it, or None) and taken as told "
-     "(decided: how many), and the others (reports_sent of them) go with the replicas' "
-     "deltas and checks into each owner's SYNC (round_requests). told_keys, told_flags: "
-     "bytearrays (int64, uint8) of the keys taken as told here; drop_keys: the replicas "
-     "dropped; deltas: how many deltas are sent; parts: per rank with entries (rank, entries, "
-     "the SYNC's 10 keyed arrays); keys: every entry's key; flags: the sent reports' flags "
-     "(uint8 bytearray). None when nothing changed and no replica is held (an idle round)."},
+     "round_build(counts, variant, reports, first_req) -> None or (deferred, told_keys, "
+     "told_flags, decided, decision, reports_sent, drop_keys, deltas, parts, keys, flags). A "
+     "sync round after its workers' intents were collected into counts (this node's "
+     "IntentCounts), in one call: the keys whose intent state changed, less those deferred (an "
+     "ended intent for a key a worker here has pinned: reported again next round; deferred "
+     "says how many); with reports false (nothing acts on intent) all are taken as told; else "
+     "the keys owned here are decided on (variant; decision as decide returns it, or None) and "
+     "taken as told (decided: how many), and the others (reports_sent of them) go with the "
+     "replicas' deltas and checks into each owner's SYNC (round_requests). told_keys, "
+     "told_flags: bytearrays (int64, uint8) of the keys taken as told here; drop_keys: the "
+     "replicas dropped; deltas: how many deltas are sent; parts: per rank with entries, in "
+     "rank order, (rank, entries, request id, nbytes, frames): the SYNC encoded for the wire "
+     "(request ids first_req, first_req + 1, ...; with the moves held for the rank, which it "
+     "now carries; frames [headers, payload] and the replicas' rows when large, as a "
+     "memoryview; nbytes its share of the wire); keys: every entry's key; flags: the sent "
+     "reports' flags (uint8 bytearray). None when nothing changed and no replica is held (an "
+     "idle round)."},
     {"round_requests", (PyCFunction)Directory_round_requests, METH_VARARGS,
      "round_requests(rkeys, rflags) -> (drop_keys, counts, keys, ikeys, ipos, iflags, "
      "dkeys, dpos, drows, dver, ckeys, cpos, cver), numpy arrays of the codec's dtypes. A sync "

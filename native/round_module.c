@@ -3,6 +3,7 @@
  * in (apply_answer, redirected). */
 #include "directory_object.h"
 #include "policy.h"
+#include "serve_wire.h"
 
 /* A round's requests for reports rkeys[0..nr) with rflags (checked in range, unique, not
  * owned here) and the replicas held here: a new tuple of the 13 bytearrays (drop_keys, counts,
@@ -64,43 +65,95 @@ done:
     return result;
 }
 
-#define ROUND_ROLES "kckkpfkprvkpv"
+#define ROUND_ROLES "kckkpfkprvkpv" /* round_buffers' 13, as role letters (check.h) */
 
-/* Each rank's SYNC of a round, cut from round_buffers' 13 buffers: a tuple of (dst, entries,
- * the request's 10 keyed arrays as views), one per rank that gets entries; NULL with an
- * exception set. */
-static PyObject *round_parts(DirectoryObject *self, PyObject *const *b) {
+/* One array of a SYNC being encoded: its bytes, and whether it travels in a frame of its own. */
+typedef struct {
+    const uint8_t *p;
+    int64_t len;
+    int own;
+} enc_array_t;
+
+/* The frames of a SYNC to dst with request id req and arrays a[0..narr) (the 10 keyed ones,
+ * then dst's 12 held moves if narr is 22, read from the outbox), as wire_encode would encode it
+ * alone: [headers (bytes), payload (bytes)], and own (a memoryview of the rows the request
+ * carries, sent without copying) when a[5].own. A new list, or NULL with an exception set. */
+static PyObject *encode_sync(DirectoryObject *self, int64_t dst, int64_t req,
+                             const enc_array_t *a, int narr, PyObject *own) {
+    const int64_t hsize = WIRE_HEADER_BYTES + 8 * narr;
+    int64_t psize = 0, lengths[10 + OUTBOX_ARRAYS];
+    for (int i = 0; i < narr; i++) {
+        lengths[i] = a[i].own ? -a[i].len : a[i].len;
+        if (!a[i].own) psize += (int64_t)padded((size_t)a[i].len);
+    }
+    PyObject *h = PyBytes_FromStringAndSize(NULL, hsize);
+    PyObject *pl = h ? PyBytes_FromStringAndSize(NULL, psize) : NULL;
+    PyObject *frames = pl ? PyList_New(own ? 3 : 2) : NULL;
+    if (!frames) {
+        Py_XDECREF(h);
+        Py_XDECREF(pl);
+        return NULL;
+    }
+    uint8_t *pp = (uint8_t *)PyBytes_AS_STRING(pl);
+    for (int i = 0; i < narr; i++) {
+        if (a[i].own) continue;
+        if (i >= 10) outbox_copy(&self->outbox, dst, i - 10, pp);
+        else if (a[i].len) memcpy(pp, a[i].p, (size_t)a[i].len);
+        memset(pp + a[i].len, 0, padded((size_t)a[i].len) - (size_t)a[i].len);
+        pp += padded((size_t)a[i].len);
+    }
+    put_header((uint8_t *)PyBytes_AS_STRING(h), WIRE_SYNC, narr, (int32_t)self->d.rank, req,
+               (int32_t)self->d.rank, lengths);
+    PyList_SET_ITEM(frames, 0, h);
+    PyList_SET_ITEM(frames, 1, pl);
+    if (own) PyList_SET_ITEM(frames, 2, Py_NewRef(own));
+    return frames;
+}
+
+/* Each rank's SYNC of a round, cut from round_buffers' 13 buffers and encoded for the wire
+ * (encode_sync), with the moves held for that rank (taken out of the outbox: the SYNC carries
+ * them, as NodeState._post_message makes a carrier do): a tuple of (dst, entries, request id,
+ * nbytes, frames) per rank that gets entries, request ids first_req, first_req + 1, ... in
+ * rank order; nbytes the message's share of the wire (header and arrays). NULL with an
+ * exception set (the moves are then still held). */
+static PyObject *round_encoded(DirectoryObject *self, PyObject *const *b, int64_t first_req) {
     const directory_t *d = &self->d;
     const int64_t world = d->world_size, *counts = (const int64_t *)PyByteArray_AS_STRING(b[1]);
     const int64_t *dkeys = (const int64_t *)PyByteArray_AS_STRING(b[6]);
+    outbox_t *ob = &self->outbox;
     int64_t parts = 0;
     for (int64_t r = 0; r < world; r++)
         parts += counts[r] + counts[world + r] + counts[2 * world + r] > 0;
-    PyObject *out = PyTuple_New(parts);
+    PyObject *out = PyTuple_New(parts), *rows = NULL;
     if (!out) return NULL;
+    const uint8_t *base[13];
+    for (int i = 3; i < 13; i++) base[i] = (const uint8_t *)PyByteArray_AS_STRING(b[i]);
     int64_t at[3] = {0, 0, 0}, row = 0; /* entries of each section before rank r; drows floats */
     for (int64_t r = 0, part = 0; r < world; r++) {
         const int64_t ni = counts[r], nd = counts[world + r], nc = counts[2 * world + r];
         const int64_t floats = store_floats_of(d->store, dkeys + at[1], nd);
         if (ni + nd + nc) {
-            PyObject *arrays = PyTuple_New(10);
-            if (!arrays) goto fail;
-            PyObject *v[10] = {
-                wire_view(b[3], 'k', ni, 8 * at[0]), wire_view(b[4], 'p', ni, 8 * at[0]),
-                wire_view(b[5], 'f', ni, at[0]), wire_view(b[6], 'k', nd, 8 * at[1]),
-                wire_view(b[7], 'p', nd, 8 * at[1]), wire_view(b[8], 'r', floats, 4 * row),
-                wire_view(b[9], 'v', nd, 8 * at[1]), wire_view(b[10], 'k', nc, 8 * at[2]),
-                wire_view(b[11], 'p', nc, 8 * at[2]), wire_view(b[12], 'v', nc, 8 * at[2])};
-            int ok = 1;
-            for (int i = 0; i < 10; i++) {
-                ok &= v[i] != NULL;
-                if (v[i]) PyTuple_SET_ITEM(arrays, i, v[i]);
-                else PyTuple_SET_ITEM(arrays, i, Py_NewRef(Py_None));
+            const int narr = outbox_holds(ob, r) ? 10 + OUTBOX_ARRAYS : 10;
+            enc_array_t a[10 + OUTBOX_ARRAYS] = {
+                {base[3] + 8 * at[0], 8 * ni, 0}, {base[4] + 8 * at[0], 8 * ni, 0},
+                {base[5] + at[0], ni, 0},         {base[6] + 8 * at[1], 8 * nd, 0},
+                {base[7] + 8 * at[1], 8 * nd, 0}, {base[8] + 4 * row, 4 * floats, 0},
+                {base[9] + 8 * at[1], 8 * nd, 0}, {base[10] + 8 * at[2], 8 * nc, 0},
+                {base[11] + 8 * at[2], 8 * nc, 0}, {base[12] + 8 * at[2], 8 * nc, 0}};
+            int64_t nbytes = WIRE_HEADER_BYTES + 8 * narr;
+            for (int i = 10; i < narr; i++) a[i] = (enc_array_t){NULL, outbox_bytes(ob, r, i - 10), 0};
+            for (int i = 0; i < narr; i++) nbytes += a[i].len;
+            PyObject *own = NULL;
+            if ((a[5].own = a[5].len >= WIRE_OWN_FRAME_BYTES)) {
+                if (!rows && !(rows = PyMemoryView_FromObject(b[8]))) goto fail;
+                if (!(own = PySequence_GetSlice(rows, 4 * row, 4 * (row + floats)))) goto fail;
             }
-            PyObject *item = ok ? Py_BuildValue("LLN", (long long)r, (long long)(ni + nd + nc),
-                                                arrays)
-                                : NULL;
-            if (!ok) Py_DECREF(arrays);
+            PyObject *frames = encode_sync(self, r, first_req + part, a, narr, own);
+            Py_XDECREF(own);
+            PyObject *item = frames ? Py_BuildValue("LLLLN", (long long)r, (long long)(ni + nd + nc),
+                                                    (long long)(first_req + part),
+                                                    (long long)nbytes, frames)
+                                    : NULL;
             if (!item) goto fail;
             PyTuple_SET_ITEM(out, part++, item);
         }
@@ -109,18 +162,26 @@ static PyObject *round_parts(DirectoryObject *self, PyObject *const *b) {
         at[2] += nc;
         row += floats;
     }
+    /* Encoded: the moves are the SYNCs' now. */
+    for (int64_t r = 0; r < world; r++)
+        if (counts[r] + counts[world + r] + counts[2 * world + r] > 0 && outbox_holds(ob, r))
+            outbox_clear(ob, r);
+    Py_XDECREF(rows);
     return out;
 fail:
+    Py_XDECREF(rows);
     Py_DECREF(out);
     return NULL;
 }
 
-/* round_build(counts, variant, reports) -> None, or (deferred, told_keys, told_flags, decided,
- * decision, reports_sent, drop_keys, deltas, parts, keys, flags): see the method's docstring. */
+/* round_build(counts, variant, reports, first_req) -> None, or (deferred, told_keys, told_flags,
+ * decided, decision, reports_sent, drop_keys, deltas, parts, keys, flags): see the method's
+ * docstring. */
 PyObject *Directory_round_build(DirectoryObject *self, PyObject *args) {
     PyObject *ocounts;
     int variant, reports;
-    if (!PyArg_ParseTuple(args, "Oip", &ocounts, &variant, &reports)) return NULL;
+    long long first_req;
+    if (!PyArg_ParseTuple(args, "OipL", &ocounts, &variant, &reports, &first_req)) return NULL;
     intent_counts_t *c = dm_intent_counts(ocounts, "round_build");
     if (!c) return NULL;
     const directory_t *d = &self->d;
@@ -216,7 +277,7 @@ PyObject *Directory_round_build(DirectoryObject *self, PyObject *args) {
         for (int i = 0; i < 13; i++) b[i] = PyTuple_GET_ITEM(buffers, i);
         deltas = PyByteArray_GET_SIZE(b[6]) / 8;
         const int64_t nkeys = PyByteArray_GET_SIZE(b[2]) / 8;
-        if (!(parts = round_parts(self, b)) || !(keys_view = wire_view(b[2], 'k', nkeys, 0))
+        if (!(parts = round_encoded(self, b, first_req)) || !(keys_view = wire_view(b[2], 'k', nkeys, 0))
             || !(drops = wire_view(b[0], 'k', PyByteArray_GET_SIZE(b[0]) / 8, 0)))
             goto done;
     } else {

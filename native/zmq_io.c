@@ -520,6 +520,26 @@ static int send_frame(void *sock, PyObject *obj, int flags, Py_ssize_t *bytes) {
     return 0;
 }
 
+/* send_frames(dst, frames) -> wire bytes: a message encoded already (a list of buffers: headers,
+ * payload, own frames) to peer dst as one ZeroMQ message. OSError if libzmq refuses. */
+static PyObject *ZmqIO_send_frames(ZmqIOObject *self, PyObject *args) {
+    Py_ssize_t dst;
+    PyObject *frames;
+    if (!PyArg_ParseTuple(args, "nO!", &dst, &PyList_Type, &frames)) return NULL;
+    if (dst < 0 || dst >= self->world || !self->peers[dst]) {
+        PyErr_Format(PyExc_KeyError, "no connection to rank %zd", dst);
+        return NULL;
+    }
+    drain_released();
+    const Py_ssize_t n = PyList_GET_SIZE(frames);
+    Py_ssize_t wire = 0;
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (send_frame(self->peers[dst], PyList_GET_ITEM(frames, i), i + 1 < n ? Z_SNDMORE : 0,
+                       &wire) < 0)
+            return NULL;
+    return PyLong_FromSsize_t(wire);
+}
+
 /* send(dst, specs) -> (sizes, wire bytes): the messages (wire_encode's specs) to peer dst as one
  * ZeroMQ message. OSError if libzmq refuses (the caller names the peer). */
 static PyObject *ZmqIO_send(ZmqIOObject *self, PyObject *args) {
@@ -578,6 +598,10 @@ static PyMethodDef ZmqIO_methods[] = {
      "text (the engine stopped); their waiters wake."},
     {"counters", (PyCFunction)ZmqIO_counters, METH_NOARGS,
      "counters() -> dict. What poll() served itself, in the transport's counter names."},
+    {"send_frames", (PyCFunction)ZmqIO_send_frames, METH_VARARGS,
+     "send_frames(dst, frames) -> wire bytes. A message encoded already (Directory.round_build's "
+     "SYNCs): its frames (buffers; large ones sent without copying) to peer dst as one ZeroMQ "
+     "message. KeyError without a connection to dst, OSError if libzmq refuses."},
     {"send", (PyCFunction)ZmqIO_send, METH_VARARGS,
      "send(dst, specs) -> (sizes, wire_bytes). Encodes specs (see wire_encode) and sends them "
      "to rank dst as one ZeroMQ message, without blocking."},

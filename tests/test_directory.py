@@ -631,9 +631,9 @@ def test_native_directory_checks_its_buffers():
     before = directory.dense()
     counts = node.intents.native
     with pytest.raises(TypeError, match="IntentCounts"):
-        directory.round_build(None, 0, True)
+        directory.round_build(None, 0, True, 1)
     with pytest.raises(ValueError, match="variant"):
-        directory.round_build(counts, 9, True)
+        directory.round_build(counts, 9, True, 1)
     with pytest.raises(ValueError, match="rank 3 of key 1"):
         directory.redirected(keys, np.ones(1, np.uint8), np.array([3], np.int64), 1, counts, 0)
     with pytest.raises(ValueError, match="one flag per key"):

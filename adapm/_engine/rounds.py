@@ -29,8 +29,8 @@ from typing import Optional
 import numpy as np
 
 from .._store import OWNER
-from .._wire.protocol import NO_MOVES, Kind, Message
-from .events import Finish
+from .._wire.protocol import NO_MOVES, Encoded, Kind, Message, decode
+from .events import Finish, Send
 from .intents import WorkerIntents
 from .stream import Event, RoundRecord
 from .timing import ActionTimer, ImmediateTimer
@@ -51,13 +51,13 @@ _PENDING, _FRESH, _EMPTY = 1, 2, 4
 
 
 class _Round:
-    """Context of one SYNC request of a round: its keys by position, and the report flags."""
+    """Context of a round's SYNC requests (one object for all of them): the round's keys by
+    position (an answer's positions index them), and the reports' flags."""
 
-    __slots__ = ("keys", "num_intents", "num_deltas", "flags", "dst")
+    __slots__ = ("keys", "num_intents", "num_deltas", "flags")
 
     def __init__(self, keys: np.ndarray, num_intents: int, num_deltas: int,
                  flags: np.ndarray) -> None:
-        self.dst = -1
         self.keys = keys
         self.num_intents = num_intents
         self.num_deltas = num_deltas
@@ -189,19 +189,26 @@ class Rounds:
             self._finish_round(empty=False)
 
     def _post_round(self, requests: list) -> None:
+        """The round's SYNCs, encoded by ``Directory.round_build`` with the moves held for
+        their owners (so they go in the order a carrier's moves go), go out as they are."""
         # Where the transport serves natively, it takes an answer in itself when it needs
         # nothing of ours (native/answer_fast.c): it learns the request's entries here, and
         # counts the unanswered ones for both paths from now on (_answers_taken, _answer).
         native = self.native_answers
-        for dst, arrays, count, context in requests:
-            req_id = self._new_round_request(count, context)
-            context.dst = dst
-            self.requests[req_id].at[dst] = count
+        rank, out, requests_open = self.rank, self._out, self.requests
+        for dst, count, req_id, nbytes, frames, context in requests:
+            # round_build numbered them from _next_id on, in this order
+            if self._new_round_request(count, context) != req_id:
+                raise AssertionError(f"rank {rank}: round request {req_id} out of order")
+            requests_open[req_id].at[dst] = count
             self._open.add(req_id)
             if native:
                 self.directory.round_open(req_id, context.keys, context.flags.view(np.uint8),
                                           context.num_intents, context.num_deltas, count)
-            self._post(dst, Kind.SYNC, req_id, [*arrays, *NO_MOVES], o=self.rank)  # + moves
+            if dst == rank:  # reports for keys on their way here: handled as _post_message does
+                self._local.extend(decode(frames))
+            else:
+                out.append(Send(dst, Encoded(Kind.SYNC, rank, req_id, frames, nbytes)))
 
     def _answers_taken(self, answers: np.ndarray, refreshed: bool, deferred_again: int,
                        redirected_now: bool) -> None:
@@ -257,7 +264,8 @@ class Rounds:
         self._waiters = still
 
     def _build_round(self, clocks: list[int]) -> list:
-        """This round's requests: [(owner, SYNC arrays, number of entries, _Round)].
+        """This round's requests: [(owner, number of entries, request id, wire bytes, the
+        SYNC's frames, _Round)].
 
         Each worker's intents are collected (the action timer says which to act on now); the
         rest is one native pass (``Directory.round_build``): the keys whose intent state
@@ -277,8 +285,9 @@ class Rounds:
             self.counters["intents_acted"] += acted
         self._forced.clear()
         again, self._deferred_again = self._deferred_again, 0
+        # Request ids from _next_id on, one per owner the round sends to (taken below).
         built = self.directory.round_build(intents.native, self.variant,
-                                           self.policy.reports_intents)
+                                           self.policy.reports_intents, self._next_id)
         if built is None:
             return []  # nothing to report or to sync: no array work (an idle round)
         (deferred, told_keys, told_flags, decided, decision, reports, drop_keys, deltas, parts,
@@ -299,9 +308,8 @@ class Rounds:
                 self._emit(Event.REPLICA_DROP, drop_keys)
         if not parts:
             return []
-        flags = np.frombuffer(flags, dtype=bool)
-        return [(dst, arrays, count, _Round(keys, reports, deltas, flags))
-                for dst, count, arrays in parts]
+        context = _Round(keys, reports, deltas, np.frombuffer(flags, dtype=bool))
+        return [(*part, context) for part in parts]
 
     def _apply_sync_answer(self, context: _Round, msg: Message) -> None:
         """A (partial) SYNC_RESP: intent reports taken in or redirected; replicas' versions and
@@ -348,7 +356,6 @@ class Rounds:
         none = np.empty(0, dtype=np.int64)
         context = _Round(keys, 0, n, np.empty(0, dtype=bool))
         req_id = self._new_round_request(n, context)
-        context.dst = self.rank
         self.requests[req_id].at[self.rank] = n
         self._open.add(req_id)
         self._post(self.rank, Kind.SYNC, req_id,

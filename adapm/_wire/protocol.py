@@ -169,6 +169,39 @@ class Message:
         return np.concatenate([s[0] for s in sections])
 
 
+class Encoded:
+    """A message that native code encoded for the wire already (a sync round's SYNC:
+    ``Directory.round_build``): its ``frames``, which a transport sends as a wire message of
+    their own, in order with the messages around it. ``kind``, ``src``, ``req_id`` and
+    ``nbytes`` as :class:`Message`'s, for the counters."""
+
+    __slots__ = ("kind", "src", "req_id", "frames", "nbytes")
+
+    def __init__(self, kind: Kind, src: int, req_id: int, frames: list, nbytes: int) -> None:
+        self.kind = kind
+        self.src = src
+        self.req_id = req_id
+        self.frames = frames
+        self.nbytes = nbytes
+
+
+def runs(messages: Sequence) -> list:
+    """``messages`` cut into what goes as one wire message each, in order: a run of
+    :class:`Message` (encoded together), or one :class:`Encoded`."""
+    out, run = [], []
+    for m in messages:
+        if type(m) is Encoded:
+            if run:
+                out.append(run)
+                run = []
+            out.append(m)
+        else:
+            run.append(m)
+    if run:
+        out.append(run)
+    return out
+
+
 def message(kind: Kind, src: int, req_id: int, arrays: Sequence[np.ndarray] = (),
             **fields) -> Message:
     """A message to send. Arrays must already have the kind's dtypes and be contiguous; the

@@ -61,7 +61,9 @@ import zmq
 from ..errors import TransportError
 from .auth import HandshakeWatch, JobKeys, ZapHandler, authenticated_rank
 from .._native_loader import load as _load_native
-from .protocol import Kind, Message, decode, encode, frame_bytes, messages_from, specs
+from .protocol import (
+    Encoded, Kind, Message, decode, encode, frame_bytes, messages_from, runs, specs,
+)
 from .traffic import Traffic
 
 _log = logging.getLogger("adapm.wire")
@@ -171,8 +173,33 @@ class Transport:
         if self._native_io:
             self._io = _native_io(self, len(addresses))
 
-    def send(self, dst: int, messages: list[Message]) -> None:
-        """Send ``messages`` (in order) to peer ``dst`` in one ZeroMQ message."""
+    def send(self, dst: int, messages: list) -> None:
+        """Send ``messages`` (in order) to peer ``dst`` in one ZeroMQ message; an
+        :class:`~.protocol.Encoded` one goes as a ZeroMQ message of its own, in its place."""
+        if any(type(m) is Encoded for m in messages):
+            for run in runs(messages):
+                if type(run) is Encoded:
+                    self._send_encoded(dst, run)
+                else:
+                    self._send_messages(dst, run)
+            return
+        self._send_messages(dst, messages)
+
+    def _send_encoded(self, dst: int, m: Encoded) -> None:
+        if self._io is not None:
+            try:
+                wire = self._io.send_frames(dst, m.frames)
+            except KeyError:
+                raise TransportError(f"rank {self.rank}: no connection to rank {dst}") from None
+            except OSError as exc:
+                raise TransportError(f"rank {self.rank}: sending {m.kind.name} to rank {dst}: "
+                                     f"{exc}") from exc
+        else:
+            self._send_frames(dst, m.kind, m.frames)
+            wire = frame_bytes(m.frames)
+        self.traffic.count("sent", wire, (m,))
+
+    def _send_messages(self, dst: int, messages: list[Message]) -> None:
         if self._io is not None:
             try:
                 sizes, wire = self._io.send(dst, specs(messages))
