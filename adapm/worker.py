@@ -9,6 +9,7 @@ native call per batch, GIL released). The rest are handed to the node's engine a
 from __future__ import annotations
 
 import functools
+import os
 import threading
 import time
 from typing import TYPE_CHECKING, Optional
@@ -60,6 +61,10 @@ def _one_thread_at_a_time(method):
 
 
 _NO_KEYS = np.empty(0, dtype=np.int64)
+
+# Gives the calling thread's core to another runnable thread, the GIL released (os.sched_yield
+# does both; time.sleep(0) releases the GIL where there is no sched_yield).
+_yield_core = getattr(os, "sched_yield", None) or (lambda: time.sleep(0))
 
 
 class Worker:
@@ -292,11 +297,24 @@ class Worker:
 
     def advance_clock(self) -> int:
         """Raise this worker's logical clock by one; returns the new clock. O(1) (after a
-        ``local`` sample, one C call that releases its keys' pins)."""
+        ``local`` sample, one C call that releases its keys' pins).
+
+        When the node's engine has not collected this worker's waiting intents for more than
+        two clocks (``WorkerIntents.behind``), the thread also yields its core once
+        (``os.sched_yield``, GIL released): where the workers keep every core busy (2 nodes of
+        a worker, an engine thread and ZeroMQ's I/O thread on 2 cores), each thread a sync
+        round passes through (ZeroMQ's, on both nodes, and the engines) waits for a core up to a
+        scheduler slice at each wake-up, a round then takes 5-30 ms instead of ~1, and the
+        intents signalled meanwhile wait for it: the remote bursts of the 2-node KGE demo
+        (docs/benchmarks.md, "Remote bursts"). A yield with nothing else runnable costs a
+        system call (~1 us)."""
         if self._pinned is not None:
             self._repin(self._pinned, _NO_KEYS)
             self._pinned = None
         self.clock += 1
+        intents = self._intents
+        if intents is not None and intents.behind(self.clock):
+            _yield_core()
         return self.clock
 
     def _pin_sample(self, keys: np.ndarray) -> None:

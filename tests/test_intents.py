@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from adapm._engine.intents import NodeIntents, WorkerIntents
+from adapm._engine.intents import BEHIND_CLOCKS, NodeIntents, WorkerIntents
 from adapm._engine.timing import ActionTimer, ImmediateTimer
 
 NUM_KEYS = 10
@@ -253,3 +253,54 @@ def test_activity_says_in_one_call_what_a_round_would_find():
         node.native.activity([a.queue])
     with pytest.raises(TypeError, match="tuple of IntentQueue"):
         node.native.activity((a.queue, 3))
+
+
+def test_behind_when_waiting_intents_are_not_collected_for_more_than_two_clocks():
+    w = WorkerIntents(ActionTimer(lambda0=1, p=0.5), NUM_KEYS)
+    node = NodeIntents(NUM_KEYS)
+    assert not w.behind(100)  # nothing waits: nothing to hurry
+    w.signal(arr(1), 50, 51)
+    assert not w.behind(BEHIND_CLOCKS) and w.behind(BEHIND_CLOCKS + 1)  # last collect: clock 0
+    node.collect(w, 5)
+    assert not w.behind(5 + BEHIND_CLOCKS + 10)  # collected: nothing waits
+    w.signal(arr(2), 60, 61)
+    assert not w.behind(5 + BEHIND_CLOCKS) and w.behind(5 + BEHIND_CLOCKS + 1)
+
+
+def _yields_while_no_round_collects(node):
+    """Worker.advance_clock on a node whose engine starts no round (quiesced): it yields its
+    core at each clock once intents wait uncollected for more than BEHIND_CLOCKS clocks, never
+    while none wait, and no more once a round collected them."""
+    import adapm.worker as worker_module
+
+    w = node.worker()
+    yields = []
+    worker_module._yield_core = lambda: yields.append(w.clock)
+    node.engine.quiesce(10.0)
+    start = w._intents.timer.last_clock
+    for _ in range(BEHIND_CLOCKS + 3):
+        w.advance_clock()
+    idle = list(yields)
+    w.intent(np.array([node.rank], dtype=np.int64), w.clock + 20)
+    for _ in range(3):
+        w.advance_clock()
+    behind = list(yields)
+    node.engine.resume()
+    w.wait_sync()  # a round collects them
+    for _ in range(BEHIND_CLOCKS):
+        w.advance_clock()
+    node.barrier()
+    return start, idle, behind, yields
+
+
+def test_advance_clock_yields_the_core_only_while_the_engine_is_behind():
+    from adapm.testing import run_cluster
+
+    for start, idle, behind, every in run_cluster(
+            _yields_while_no_round_collects, 2, timeout_s=90,
+            config=dict(num_keys=8, value_length=2, connect_timeout_s=20,
+                        request_timeout_s=20)):
+        assert start == 0 and idle == []
+        first = BEHIND_CLOCKS + 3  # the clock when the intent came
+        assert behind == [first + 1, first + 2, first + 3]
+        assert every == behind

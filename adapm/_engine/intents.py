@@ -24,6 +24,11 @@ _native = _load_native()
 # The action horizon of a timer that acts at once (math.inf) as the native int64.
 _NO_HORIZON = 2**63 - 1
 
+# A worker whose queue holds intents that no round has collected while it advanced more than
+# this many clocks is "behind" (WorkerIntents.behind): a round is answered within a clock or two
+# of a worker (the demo's KGE: median 0.8 ms, 1.5 batches), so the running one is held up.
+BEHIND_CLOCKS = 2
+
 
 class WorkerIntents:
     """One worker's intents: its action timer and native queue. ``signal`` is for the worker's
@@ -53,6 +58,13 @@ class WorkerIntents:
     def fresh(self) -> bool:
         """An intent was signalled since the last round collected this queue."""
         return self.queue.fresh()
+
+    def behind(self, clock: int) -> bool:
+        """Intents wait in this queue and the engine has not collected it for more than
+        BEHIND_CLOCKS clocks: the round it waits for is late (for the worker's thread, at
+        ``clock``; see ``Worker.advance_clock``). Reads the clock of the last collect, which
+        the engine thread writes (one int attribute), and one native flag."""
+        return clock - self.timer.last_clock > BEHIND_CLOCKS and self.queue.fresh()
 
     def served(self, clock: int, node: "NodeIntents") -> bool:
         """Every intent active at ``clock`` was acted on and all its keys are told."""
