@@ -299,8 +299,9 @@ class Worker:
         """Raise this worker's logical clock by one; returns the new clock. O(1) (after a
         ``local`` sample, one C call that releases its keys' pins).
 
-        When the node's engine has not collected this worker's waiting intents for more than
-        two clocks (``WorkerIntents.behind``), the thread also yields its core once
+        When the node's engine has not collected this worker's waiting intents for longer than
+        two of its mean round times (``WorkerIntents.behind``), the thread also yields its core
+        once
         (``os.sched_yield``, GIL released): where the workers keep every core busy (2 nodes of
         a worker, an engine thread and ZeroMQ's I/O thread on 2 cores), each thread a sync
         round passes through (ZeroMQ's, on both nodes, and the engines) waits for a core up to a
@@ -313,7 +314,7 @@ class Worker:
             self._pinned = None
         self.clock += 1
         intents = self._intents
-        if intents is not None and intents.behind(self.clock):
+        if intents is not None and intents.behind(time.monotonic()):
             _yield_core()
         return self.clock
 

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from adapm._engine.intents import BEHIND_CLOCKS, NodeIntents, WorkerIntents
+from adapm._engine.intents import MIN_PATIENCE_S, NodeIntents, WorkerIntents
 from adapm._engine.timing import ActionTimer, ImmediateTimer
 
 NUM_KEYS = 10
@@ -255,52 +255,59 @@ def test_activity_says_in_one_call_what_a_round_would_find():
         node.native.activity((a.queue, 3))
 
 
-def test_behind_when_waiting_intents_are_not_collected_for_more_than_two_clocks():
+def test_behind_when_waiting_intents_are_not_collected_within_the_patience():
     w = WorkerIntents(ActionTimer(lambda0=1, p=0.5), NUM_KEYS)
     node = NodeIntents(NUM_KEYS)
-    assert not w.behind(100)  # nothing waits: nothing to hurry
+    since, patience = w.collected_at, w.patience_s
+    assert patience == MIN_PATIENCE_S
+    assert not w.behind(since + 100.0)  # nothing waits: nothing to hurry
     w.signal(arr(1), 50, 51)
-    assert not w.behind(BEHIND_CLOCKS) and w.behind(BEHIND_CLOCKS + 1)  # last collect: clock 0
+    assert not w.behind(since + patience / 2) and w.behind(since + 2 * patience)
     node.collect(w, 5)
-    assert not w.behind(5 + BEHIND_CLOCKS + 10)  # collected: nothing waits
+    assert w.collected_at >= since
+    assert not w.behind(w.collected_at + 100.0)  # collected: nothing waits
     w.signal(arr(2), 60, 61)
-    assert not w.behind(5 + BEHIND_CLOCKS) and w.behind(5 + BEHIND_CLOCKS + 1)
+    w.patience_s = 0.5  # the engine sets it from its rounds' mean time
+    at = w.collected_at
+    assert not w.behind(at + 0.4) and w.behind(at + 0.6)
 
 
 def _yields_while_no_round_collects(node):
     """Worker.advance_clock on a node whose engine starts no round (quiesced): it yields its
-    core at each clock once intents wait uncollected for more than BEHIND_CLOCKS clocks, never
+    core at each clock once intents wait uncollected for longer than the patience, never
     while none wait, and no more once a round collected them."""
+    import time
+
     import adapm.worker as worker_module
 
     w = node.worker()
     yields = []
     worker_module._yield_core = lambda: yields.append(w.clock)
     node.engine.quiesce(10.0)
-    start = w._intents.timer.last_clock
-    for _ in range(BEHIND_CLOCKS + 3):
+    time.sleep(0.1)  # past any patience: but nothing waits
+    for _ in range(5):
         w.advance_clock()
     idle = list(yields)
     w.intent(np.array([node.rank], dtype=np.int64), w.clock + 20)
+    time.sleep(0.1)
     for _ in range(3):
         w.advance_clock()
     behind = list(yields)
     node.engine.resume()
     w.wait_sync()  # a round collects them
-    for _ in range(BEHIND_CLOCKS):
+    for _ in range(3):
         w.advance_clock()
     node.barrier()
-    return start, idle, behind, yields
+    return idle, behind, yields
 
 
 def test_advance_clock_yields_the_core_only_while_the_engine_is_behind():
     from adapm.testing import run_cluster
 
-    for start, idle, behind, every in run_cluster(
+    for idle, behind, every in run_cluster(
             _yields_while_no_round_collects, 2, timeout_s=90,
             config=dict(num_keys=8, value_length=2, connect_timeout_s=20,
                         request_timeout_s=20)):
-        assert start == 0 and idle == []
-        first = BEHIND_CLOCKS + 3  # the clock when the intent came
-        assert behind == [first + 1, first + 2, first + 3]
+        assert idle == []
+        assert behind == [6, 7, 8]  # the clocks after the intent came, at clock 5
         assert every == behind

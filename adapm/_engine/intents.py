@@ -15,6 +15,8 @@ two rounds costs nothing, and a retried message can never apply twice.
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
 from .._native_loader import load as _load_native
@@ -24,10 +26,14 @@ _native = _load_native()
 # The action horizon of a timer that acts at once (math.inf) as the native int64.
 _NO_HORIZON = 2**63 - 1
 
-# A worker whose queue holds intents that no round has collected while it advanced more than
-# this many clocks is "behind" (WorkerIntents.behind): a round is answered within a clock or two
-# of a worker (the demo's KGE: median 0.8 ms, 1.5 batches), so the running one is held up.
-BEHIND_CLOCKS = 2
+# A worker whose queue holds intents that no round has collected for longer than PATIENCE_ROUNDS
+# of the node's mean round times (at least MIN_PATIENCE_S) is "behind" (WorkerIntents.behind):
+# the running round is held up (the demo's KGE: median 0.8 ms, the held-up ones 5-30 ms). In
+# time, not in clocks: a worker whose clocks are short (bench/adaptive.py: ~10 us) is always a
+# few clocks past the last collect, and yielding there ran a round every ~3 clocks, at a third
+# of the throughput.
+PATIENCE_ROUNDS = 2.0
+MIN_PATIENCE_S = 0.002
 
 
 class WorkerIntents:
@@ -35,13 +41,17 @@ class WorkerIntents:
     thread, the rest for the engine thread (each native call holds the GIL, so they never
     interleave)."""
 
-    __slots__ = ("timer", "queue", "signal")
+    __slots__ = ("timer", "queue", "signal", "collected_at", "patience_s")
 
     def __init__(self, timer, num_keys: int) -> None:
         self.timer = timer
         self.queue = _native.IntentQueue(num_keys)
         # signal(keys, start, end): copies keys (int64, checked) for clocks [start, end).
         self.signal = self.queue.signal
+        # When a round last collected this queue (time.monotonic; the engine thread writes it,
+        # the worker's reads it: one float attribute), and how long past that is late.
+        self.collected_at = time.monotonic()
+        self.patience_s = MIN_PATIENCE_S
 
     def horizon(self, clock: int, force: bool = False) -> int:
         """A round at the worker's ``clock``: act on intents with start below this. ``force``
@@ -59,12 +69,12 @@ class WorkerIntents:
         """An intent was signalled since the last round collected this queue."""
         return self.queue.fresh()
 
-    def behind(self, clock: int) -> bool:
-        """Intents wait in this queue and the engine has not collected it for more than
-        BEHIND_CLOCKS clocks: the round it waits for is late (for the worker's thread, at
-        ``clock``; see ``Worker.advance_clock``). Reads the clock of the last collect, which
-        the engine thread writes (one int attribute), and one native flag."""
-        return clock - self.timer.last_clock > BEHIND_CLOCKS and self.queue.fresh()
+    def behind(self, now: float) -> bool:
+        """Intents wait in this queue and no round has collected it for longer than
+        ``patience_s`` before ``now`` (time.monotonic): the round they wait for is late (for the
+        worker's thread; see ``Worker.advance_clock``). Two float attributes the engine thread
+        writes, and one native flag."""
+        return now - self.collected_at > self.patience_s and self.queue.fresh()
 
     def served(self, clock: int, node: "NodeIntents") -> bool:
         """Every intent active at ``clock`` was acted on and all its keys are told."""
@@ -93,7 +103,9 @@ class NodeIntents:
         """A round at ``worker``'s ``clock``: its intents the timer says to act on are counted
         in, its acted-on intents that ended are counted out (one native call). Returns (keys
         acted on, whether any intent was acted on or expired)."""
-        return self.native.collect(worker.queue, clock, worker.horizon(clock, force))
+        got = self.native.collect(worker.queue, clock, worker.horizon(clock, force))
+        worker.collected_at = time.monotonic()
+        return got
 
     def changes(self) -> tuple[np.ndarray, np.ndarray]:
         """(keys, has_intent) whose state differs from what owners were told, each key once, in

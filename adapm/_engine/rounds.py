@@ -31,7 +31,7 @@ import numpy as np
 from .._store import OWNER
 from .._wire.protocol import NO_MOVES, Encoded, Kind, Message, decode
 from .events import Finish, Send
-from .intents import WorkerIntents
+from .intents import MIN_PATIENCE_S, PATIENCE_ROUNDS, WorkerIntents
 from .stream import Event, RoundRecord
 from .timing import ActionTimer, ImmediateTimer
 
@@ -277,8 +277,13 @@ class Rounds:
         replica whose intent ended is dropped and its last delta travels with the report; the
         other replicas send their delta or version; all grouped by owner (hint)."""
         store, intents = self.store, self.intents
+        # How long a worker's intents may wait uncollected before the worker yields its core to
+        # let the late round finish (WorkerIntents.behind; Worker.advance_clock).
+        patience = max(MIN_PATIENCE_S, PATIENCE_ROUNDS * self.round_time_total
+                       / max(self.rounds_done - self.rounds_empty, 1))
         for index, worker in enumerate(list(self.worker_intents)):
             clock = clocks[index] if index < len(clocks) else 0
+            worker.patience_s = patience
             acted, changed = intents.collect(worker, clock, force=index in self._forced)
             if changed:
                 self._quiet = False
