@@ -91,8 +91,8 @@ class Store:
             self.num_keys, self.rank, self.world_size, self.home, self.slab, self.delta,
             self.seqs, self.access_stats, self.lens, self.uniform_length
         )
-        # Fast paths of Worker.pull/push (see native/module.c, fast_call): bound methods, no
-        # Python wrapper, since they exist to save the per-call overhead.
+        # Fast paths of Worker.pull/push (see native/store_module.c, fast_call): bound methods,
+        # no Python wrapper, since they exist to save the per-call overhead.
         self.gather_fast = self.native.gather_fast
         self.scatter_add_fast = self.native.scatter_add_fast
         self.scatter_set_fast = self.native.scatter_set_fast
