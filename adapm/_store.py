@@ -9,6 +9,8 @@ Layout (see native/store.h; the native code does every per-key loop):
   an entry per key held beyond those, not a few words for every key of the space.
 - ``slab``: float32 values; ``delta``: for replicas, updates not yet sent to the owner;
 - ``seqs``: one seqlock word per stripe of keys.
+- ``sample_pool``: the held keys of the sampling domain (:class:`SamplePool`, the ``local``
+  sampler's), kept by the native store in the same calls that insert and remove keys.
 
 ``slab`` and ``delta`` reserve address space for every key (``MAP_NORESERVE``), but memory is only
 committed for slots that are used, and slots are reused through free lists (native/slots.c,
@@ -30,7 +32,7 @@ import numpy as np
 from . import _native_loader
 from ._engine import routing
 from .config import Config
-from .sampling import SamplePool
+from .sampling import Sampling
 
 _native = _native_loader.load()
 
@@ -89,8 +91,8 @@ class Store:
             self.num_keys, self.rank, self.world_size, self.home, self.slab, self.delta,
             self.seqs, self.access_stats, self.lens, self.uniform_length
         )
-        # Fast paths of Worker.pull/push (see native/module.c, fast_call): bound methods, no
-        # Python wrapper, since they exist to save the per-call overhead.
+        # Fast paths of Worker.pull/push (see native/store_module.c, fast_call): bound methods,
+        # no Python wrapper, since they exist to save the per-call overhead.
         self.gather_fast = self.native.gather_fast
         self.scatter_add_fast = self.native.scatter_add_fast
         self.scatter_set_fast = self.native.scatter_set_fast
@@ -250,3 +252,26 @@ class Store:
         self.native.remove(keys, values, deltas)
         return values, deltas
 
+
+class SamplePool:
+    """A node's held keys of the sampling domain, for the ``local`` scheme: ``keys[:count]``.
+
+    The native store keeps it (``Store.keep_pool``): every insert and remove of a key, by any
+    path (the engine, the transport serving a SYNC), changes it in the same native call.
+    Workers read ``keys[:count]`` at any time and must check that a drawn key is still held
+    (the store's gather does).
+    """
+
+    def __init__(self, sampling: Sampling, native) -> None:
+        """``native``: the ``_native.Store`` that keeps it."""
+        self.low = sampling.low
+        # Entries past count keep old, in-domain keys: a racing reader draws a valid key.
+        self.keys = np.full(sampling.size, sampling.low, dtype=np.int64)
+        self._pos = np.full(sampling.size, -1, dtype=np.int64)
+        self._count = np.zeros(1, dtype=np.int64)
+        native.keep_pool(self.keys, self._pos, self._count, self.low)
+
+    @property
+    def count(self) -> int:
+        """How many keys the pool holds now (a snapshot)."""
+        return int(self._count[0])

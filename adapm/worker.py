@@ -19,8 +19,8 @@ import numpy as np
 from . import args
 from ._engine import routing
 from ._engine.events import Call, Op, Request
+from ._sampler import WorkerSampler
 from .errors import AdaPMError, AdaPMTimeout, InvalidArgument, PeerError, StateError
-from .sampling import WorkerSampler
 
 if TYPE_CHECKING:
     from .node import Node
@@ -88,14 +88,20 @@ class Worker:
         # Intents go to the engine; under static partitioning (or on one node) nobody acts.
         self._intents = self._engine.register_worker(self) if self._engine is not None else None
         sampling = node.config.sampling
-        self._sampler = WorkerSampler(self, sampling, node.rank) if sampling is not None else None
         # The keys of this worker's last local sample stay pinned until its next clock (see
         # NodeState.sample_pins): its push of them is then local.
         self._repin = self._engine.state.sample_pins() \
-            if self._engine is not None and self._sampler is not None else None
-        # What the local sampler may draw: keys that stay here (None: every key held).
-        self._staying = self._engine.state.staying if self._engine is not None else None
+            if self._engine is not None and sampling is not None else None
         self._pinned: Optional[np.ndarray] = None
+        self._sampler: Optional[WorkerSampler] = None
+        if sampling is not None:
+            self._sampler = WorkerSampler(
+                sampling, self._store, self._store.sample_pool, rank=node.rank, index=index,
+                counters=self.counters, check_window=self._check_window, intent=self.intent,
+                pull=self.pull, missing_buffer=self._missing_buffer, pin=self._pin_sample,
+                # What the local sampler may draw: keys that stay here (None: every key, for
+                # good, on a single node).
+                staying=self._engine.state.staying if self._engine is not None else None)
 
     @property
     def node(self) -> "Node":

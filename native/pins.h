@@ -1,5 +1,5 @@
 /* Keys a node's workers are using right now, which its engine must not move away yet: the
- * local sample a worker pulled and has not pushed yet (adapm/sampling.py). A count per key (a
+ * local sample a worker pulled and has not pushed yet (adapm/_sampler.py). A count per key (a
  * key may be in several workers' samples), in a hash map sized by the keys pinned, behind a
  * mutex: worker threads pin and release, the engine thread asks (dir_sync_plan defers an
  * intent report that would relocate a pinned key; adapm/_engine/rounds.py reports the end of a

@@ -1,5 +1,6 @@
-/* Sampling support (see adapm/sampling.py): alias tables for weighted draws, and the pool of a
- * node's locally held keys of the sampling domain, for draws that must never go remote.
+/* Sampling support: alias tables for weighted draws (adapm/sampling.py), and the pool of a
+ * node's locally held keys of the sampling domain, for draws that must never go remote
+ * (adapm/_store.py's SamplePool; the draws are adapm/_sampler.py's).
  *
  * Called with the GIL released; touches no Python object.
  */

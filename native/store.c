@@ -38,8 +38,9 @@ int64_t store_check_keys(const int64_t *keys, int64_t n, int64_t num_keys) {
  * working on key i they fetch the directory entries of key i + 2*PREFETCH_AHEAD and, reading
  * the (by then cached) slot of key i + PREFETCH_AHEAD, its value row. The early reads are hints
  * only: a stale slot just prefetches the wrong line; every value is still read or written under
- * the seqlock protocol below. Callers guarantee that every key is in [0, num_keys) (module.c
- * range-checks the batch first), so the hint reads stay inside the directory arrays.
+ * the seqlock protocol below. Callers guarantee that every key is in [0, num_keys)
+ * (store_module.c range-checks the batch first), so the hint reads stay inside the directory
+ * arrays.
  * Tuned with bench/store.py (random batches of 1k..100k keys, dims 16 and 128): without it a
  * gather of 100k random keys ran 2x (dim 16) to 2.5x (dim 128) slower and a scatter 3x; distances
  * from 8 to 32 perform alike, 4 loses up to 40% at dim 16. */

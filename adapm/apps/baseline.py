@@ -16,8 +16,9 @@ from typing import Optional
 import numpy as np
 
 from .._native_loader import load as _load
+from .._sampler import samples_out
 from ..errors import InvalidArgument
-from ..sampling import Sampling, samples_out
+from ..sampling import Sampling
 
 _kernels = _load("adapm._kernels")
 
