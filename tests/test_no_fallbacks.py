@@ -98,9 +98,11 @@ def _shutdown_under_a_waiting_pull(node):
         return None
     w = node.worker()
     pulled = {}
+    started = threading.Event()
 
     def pull():
         start = time.monotonic()
+        started.set()
         try:
             w.pull([0])  # homed on rank 0
         except BaseException as exc:
@@ -109,7 +111,10 @@ def _shutdown_under_a_waiting_pull(node):
 
     thread = threading.Thread(target=pull)
     thread.start()
-    time.sleep(0.5)  # the pull waits now
+    # The pull waits now: the thread runs (on a loaded machine it may start late), and half a
+    # second is ample for it to enter the call it set the event right before.
+    started.wait(30)
+    time.sleep(0.5)
     try:
         w.push([1], np.ones((1, 1), np.float32))
         second_thread = None
