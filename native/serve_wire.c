@@ -192,7 +192,9 @@ static int serve_fast(wserve_t *s, wsink_t *sink, int rank, const wframe_t *f, i
         hp += WIRE_HEADER_BYTES + 8 * narr;
         const int64_t answer_bytes = WIRE_HEADER_BYTES + 8 * narr + lengths[0]
                                      + (narr == 2 ? lengths[1] : 0);
-        const int k = r->kind == WIRE_PULL ? C_PULL_IN : r->kind == WIRE_PUSH ? C_PUSH_IN : C_SET_IN;
+        const int k = r->kind == WIRE_PULL   ? C_PULL_IN
+                      : r->kind == WIRE_PUSH ? C_PUSH_IN
+                                             : C_SET_IN;
         c[k]++;
         c[k + 1] += r->nbytes;
         const int o = narr == 2 ? C_PULL_RESP_OUT : C_ACK_OUT;

@@ -141,14 +141,26 @@ static void release_batch(batch_t *bt) {
     for (int i = 0; i < bt->n; i++) PyBuffer_Release(&bt->b[i]);
 }
 
+/* The buffer of obj as items of itemsize bytes whose format is one of the letters in kinds (a
+ * leading '@', '=' or '<' allowed: this machine's byte order), C-contiguous, and writable if
+ * asked; *count of them. NULL with a TypeError naming the argument otherwise. */
 static void *batch_view(batch_t *bt, PyObject *obj, int writable, Py_ssize_t itemsize,
-                        const char *name, Py_ssize_t *count) {
+                        const char *kinds, const char *name, Py_ssize_t *count) {
     Py_buffer *view = &bt->b[bt->n];
-    if (PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS | (writable ? PyBUF_WRITABLE : 0)) < 0)
+    if (PyObject_GetBuffer(obj, view,
+                           PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0))
+        < 0)
         return NULL;
     bt->n++;
+    const char *f = view->format ? view->format : "B";
+    if (*f == '@' || *f == '=' || *f == '<') f++;
+    if (view->itemsize != itemsize || !f[0] || f[1] || !strchr(kinds, f[0])) {
+        PyErr_Format(PyExc_TypeError, "%s: a C-contiguous%s buffer of %zd-byte items ('%s'), "
+                     "got format '%s' of %zd-byte items", name, writable ? ", writable" : "",
+                     itemsize, kinds, view->format ? view->format : "B", view->itemsize);
+        return NULL;
+    }
     *count = view->len / itemsize;
-    (void)name;
     return view->buf;
 }
 
@@ -179,9 +191,9 @@ static PyObject *Store_gather(StoreObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "OOO", &okeys, &oout, &omiss)) return NULL;
     batch_t bt = {.n = 0};
     Py_ssize_t n, nout, nmiss_cap;
-    int64_t *keys = batch_view(&bt, okeys, 0, 8, "keys", &n);
-    float *out = keys ? batch_view(&bt, oout, 1, 4, "out", &nout) : NULL;
-    int64_t *missing = out ? batch_view(&bt, omiss, 1, 8, "missing", &nmiss_cap) : NULL;
+    int64_t *keys = batch_view(&bt, okeys, 0, 8, "lq", "keys", &n);
+    float *out = keys ? batch_view(&bt, oout, 1, 4, "f", "out", &nout) : NULL;
+    int64_t *missing = out ? batch_view(&bt, omiss, 1, 8, "lq", "missing", &nmiss_cap) : NULL;
     if (!missing) goto fail;
     if (nmiss_cap < n) {
         PyErr_SetString(PyExc_ValueError, "missing buffer is shorter than keys");
@@ -207,9 +219,9 @@ static PyObject *scatter(StoreObject *self, PyObject *args, int mode) {
     if (!PyArg_ParseTuple(args, "OOO", &okeys, &ovals, &omiss)) return NULL;
     batch_t bt = {.n = 0};
     Py_ssize_t n, nvals, nmiss_cap;
-    int64_t *keys = batch_view(&bt, okeys, 0, 8, "keys", &n);
-    float *vals = keys ? batch_view(&bt, ovals, 0, 4, "vals", &nvals) : NULL;
-    int64_t *missing = vals ? batch_view(&bt, omiss, 1, 8, "missing", &nmiss_cap) : NULL;
+    int64_t *keys = batch_view(&bt, okeys, 0, 8, "lq", "keys", &n);
+    float *vals = keys ? batch_view(&bt, ovals, 0, 4, "f", "vals", &nvals) : NULL;
+    int64_t *missing = vals ? batch_view(&bt, omiss, 1, 8, "lq", "missing", &nmiss_cap) : NULL;
     if (!missing) goto fail;
     if (nmiss_cap < n) {
         PyErr_SetString(PyExc_ValueError, "missing buffer is shorter than keys");
@@ -356,12 +368,12 @@ static PyObject *Store_insert(StoreObject *self, PyObject *args) {
         return NULL;
     batch_t bt = {.n = 0};
     Py_ssize_t n, nvals = 0, nversions = 0;
-    int64_t *keys = batch_view(&bt, okeys, 0, 8, "keys", &n), *slots = NULL;
+    int64_t *keys = batch_view(&bt, okeys, 0, 8, "lq", "keys", &n), *slots = NULL;
     float *vals = NULL;
     int64_t *versions = NULL;
     if (!keys) goto fail;
-    if (ovals != Py_None && !(vals = batch_view(&bt, ovals, 0, 4, "vals", &nvals))) goto fail;
-    if (oversions != Py_None && !(versions = batch_view(&bt, oversions, 0, 8, "versions",
+    if (ovals != Py_None && !(vals = batch_view(&bt, ovals, 0, 4, "f", "vals", &nvals))) goto fail;
+    if (oversions != Py_None && !(versions = batch_view(&bt, oversions, 0, 8, "lq", "versions",
                                                         &nversions)))
         goto fail;
     if (check_keys_in_range(self, keys, n) < 0
@@ -411,9 +423,9 @@ static PyObject *Store_take_deltas(StoreObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "OOO", &okeys, &oout, &ononzero)) return NULL;
     batch_t bt = {.n = 0};
     Py_ssize_t n, nout, nnonzero;
-    int64_t *keys = batch_view(&bt, okeys, 0, 8, "keys", &n);
-    float *out = keys ? batch_view(&bt, oout, 1, 4, "out", &nout) : NULL;
-    int8_t *nonzero = out ? batch_view(&bt, ononzero, 1, 1, "nonzero", &nnonzero) : NULL;
+    int64_t *keys = batch_view(&bt, okeys, 0, 8, "lq", "keys", &n);
+    float *out = keys ? batch_view(&bt, oout, 1, 4, "f", "out", &nout) : NULL;
+    int8_t *nonzero = out ? batch_view(&bt, ononzero, 1, 1, "b", "nonzero", &nnonzero) : NULL;
     if (!nonzero || check_keys_in_range(self, keys, n) < 0) goto fail;
     if (nnonzero < n) {
         PyErr_SetString(PyExc_ValueError, "take_deltas: nonzero is shorter than keys");
@@ -438,9 +450,10 @@ static PyObject *Store_refresh(StoreObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "OOOp", &okeys, &ovals, &oversions, &promote)) return NULL;
     batch_t bt = {.n = 0};
     Py_ssize_t n, nvals, nversions;
-    int64_t *keys = batch_view(&bt, okeys, 0, 8, "keys", &n);
-    float *vals = keys ? batch_view(&bt, ovals, 0, 4, "vals", &nvals) : NULL;
-    int64_t *versions = vals ? batch_view(&bt, oversions, 0, 8, "versions", &nversions) : NULL;
+    int64_t *keys = batch_view(&bt, okeys, 0, 8, "lq", "keys", &n);
+    float *vals = keys ? batch_view(&bt, ovals, 0, 4, "f", "vals", &nvals) : NULL;
+    int64_t *versions =
+        vals ? batch_view(&bt, oversions, 0, 8, "lq", "versions", &nversions) : NULL;
     if (!versions || check_keys_in_range(self, keys, n) < 0) goto fail;
     if (nversions != n) {
         PyErr_SetString(PyExc_ValueError, "refresh: versions must match keys");
@@ -465,11 +478,12 @@ static PyObject *Store_remove(StoreObject *self, PyObject *args) {
     batch_t bt = {.n = 0};
     Py_ssize_t n, nvals = 0, ndeltas = 0;
     float *vals = NULL, *deltas = NULL;
-    int64_t *keys = batch_view(&bt, okeys, 0, 8, "keys", &n), *slots = NULL;
+    int64_t *keys = batch_view(&bt, okeys, 0, 8, "lq", "keys", &n), *slots = NULL;
     if (!keys) goto fail;
-    if (ovals != Py_None && !(vals = batch_view(&bt, ovals, 1, 4, "vals_out", &nvals))) goto fail;
+    if (ovals != Py_None && !(vals = batch_view(&bt, ovals, 1, 4, "f", "vals_out", &nvals)))
+        goto fail;
     if (odeltas != Py_None) {
-        if (!(deltas = batch_view(&bt, odeltas, 1, 4, "deltas_out", &ndeltas))) goto fail;
+        if (!(deltas = batch_view(&bt, odeltas, 1, 4, "f", "deltas_out", &ndeltas))) goto fail;
     }
     if (check_keys_in_range(self, keys, n) < 0
         || refuse_repeats(self, keys, n, "remove") < 0)
@@ -547,13 +561,15 @@ static PyObject *Store_inspect(StoreObject *self, PyObject *args) {
     PyObject *o[5];
     if (!PyArg_ParseTuple(args, "OOOOO", &o[0], &o[1], &o[2], &o[3], &o[4])) return NULL;
     static const Py_ssize_t itemsize[5] = {8, 1, 8, 8, 8};
+    static const char *kinds[5] = {"lq", "b", "lq", "d", "lq"};
     static const char *names[5] = {"keys", "states", "versions", "synced_at", "slots"};
     batch_t bt = {.n = 0};
     void *ptr[5] = {NULL};
     Py_ssize_t n = 0, count;
     for (int i = 0; i < 5; i++) {
         if (i > 0 && o[i] == Py_None) continue;
-        if (!(ptr[i] = batch_view(&bt, o[i], i > 0, itemsize[i], names[i], &count))) goto fail;
+        if (!(ptr[i] = batch_view(&bt, o[i], i > 0, itemsize[i], kinds[i], names[i], &count)))
+            goto fail;
         if (i == 0) n = count;
         else if (count != n) {
             PyErr_Format(PyExc_ValueError, "inspect: %s must have one item per key", names[i]);
@@ -614,8 +630,9 @@ static PyObject *Store_set_synced(StoreObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "OOd", &okeys, &oversions, &now)) return NULL;
     batch_t bt = {.n = 0};
     Py_ssize_t n, nversions;
-    int64_t *keys = batch_view(&bt, okeys, 0, 8, "keys", &n);
-    int64_t *versions = keys ? batch_view(&bt, oversions, 0, 8, "versions", &nversions) : NULL;
+    int64_t *keys = batch_view(&bt, okeys, 0, 8, "lq", "keys", &n);
+    int64_t *versions =
+        keys ? batch_view(&bt, oversions, 0, 8, "lq", "versions", &nversions) : NULL;
     if (!versions || check_keys_in_range(self, keys, n) < 0) goto fail;
     if (nversions != n) {
         PyErr_SetString(PyExc_ValueError, "set_synced: one version per key");

@@ -100,6 +100,16 @@ def test_bad_batches_change_nothing(world_size):
         store.remove(np.array([1, 1], np.int64))
     with pytest.raises(IndexError):
         store.insert(np.array([NUM_KEYS], np.int64), OWNER)
+    # Buffers of another dtype than the binding reads (native/store_module.c, batch_view).
+    missing = np.empty(2, np.int64)
+    for call, args in ((store.gather, (np.array([1, 2], np.int32), np.empty(4, np.float32),
+                                       missing)),
+                       (store.gather, (np.array([1, 2]), np.empty(4, np.float64), missing)),
+                       (store.scatter_add, (np.array([1, 2]), np.ones(4, np.float64), missing)),
+                       (store.scatter_set, (np.array([1, 2]), np.ones(4, np.float32),
+                                            np.empty(2, np.int32)))):
+        with pytest.raises(TypeError, match="buffer of"):
+            call(*args)
     for name, array in store.snapshot().items():
         np.testing.assert_array_equal(array, before[name], err_msg=name)
     assert not len(store.native.free_slots())
