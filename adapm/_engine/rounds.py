@@ -276,7 +276,7 @@ class Rounds:
         message to itself (bench/adaptive.py: most reports are about a node's own keys); a
         replica whose intent ended is dropped and its last delta travels with the report; the
         other replicas send their delta or version; all grouped by owner (hint)."""
-        store, intents = self.store, self.intents
+        intents = self.intents
         # How long a worker's intents may wait uncollected before the worker yields its core to
         # let the late round finish (WorkerIntents.behind; Worker.advance_clock).
         patience = max(MIN_PATIENCE_S, PATIENCE_ROUNDS * self.round_time_total

@@ -36,7 +36,6 @@ from .intents import NodeIntents
 from .policy import make_policy
 from .rounds import Rounds
 from .stream import Event
-from .routing import group_by_node
 from .serve import Serving
 from .validate import problem
 
