@@ -155,3 +155,22 @@ def test_readers_and_writers_meet_rehashes_of_the_held_map():
     assert store.gather(hot, out, np.empty(len(hot), dtype=np.int64)) == 0
     assert (out == 2 * pushes).all()
     assert store.memory()[0] == len(hot) - 2  # only the hot keys homed elsewhere are left
+
+
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_the_sampling_pool_follows_every_insert_and_remove(world_size):
+    """The local sampler's pool (Store.keep_pool) holds exactly the held keys of its domain,
+    whatever inserts and removes them: the store's own calls keep it."""
+    store = Store(adapm.Config(num_keys=NUM_KEYS, value_length=1, world_size=world_size,
+                               rendezvous="127.0.0.1:1", sampling=adapm.Sampling(2, 8)))
+    pool = store.sample_pool
+    assert pool.count == 0
+    store.insert(np.array([1, 3, 5, 9], np.int64), OWNER)  # 1 and 9 are outside the domain
+    assert sorted(pool.keys[:pool.count].tolist()) == [3, 5]
+    store.insert(np.array([6], np.int64), REPLICA)
+    store.remove(np.array([3, 9], np.int64))
+    assert sorted(pool.keys[:pool.count].tolist()) == [5, 6]
+    with pytest.raises(RuntimeError, match="keeps a pool already"):
+        store.native.keep_pool(np.zeros(6, np.int64), np.zeros(6, np.int64),
+                               np.zeros(1, np.int64), 2)
+    assert sorted(pool.keys[:pool.count].tolist()) == [5, 6]

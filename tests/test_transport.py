@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import zmq
 
-from adapm._wire.protocol import Kind, encode, message
+from adapm._wire.protocol import Encoded, Kind, encode, message
 from adapm._wire.zmq_transport import Transport, identity_of
 
 TOKEN = "t0ken"
@@ -68,6 +68,28 @@ def test_small_and_large_messages_arrive_whole_and_in_order(pair):
     assert sent["messages_sent"] == received["messages_received"] == 3
     assert sent["wire_messages_sent"] == received["wire_messages_received"] == 2
     assert sent["bytes_sent"] == received["bytes_received"] > 2 * 200_000 * 8
+    assert sent["bytes_sent_pull"] == received["bytes_received_pull"]
+
+
+def test_an_encoded_message_goes_alone_and_in_its_place(pair):
+    """A message encoded already (a round's SYNC, Directory.round_build) among others to the
+    same peer: sent as a wire message of its own between them, in order, and counted as one
+    message of its kind. Its large arrays travel as frames of their own (memoryviews)."""
+    a, b = pair
+    big = np.arange(20_000, dtype=np.int64)  # 160 kB of keys and of positions: own frames
+    inner = _pull(2, big)
+    frames = encode([inner])
+    frames = [memoryview(f) if isinstance(f, np.ndarray) else f for f in frames]
+    assert len(frames) == 4  # headers, payload, keys, positions
+    a.send(1, [_pull(1, [5]), Encoded(Kind.PULL, 0, 2, frames, inner.nbytes), _pull(3, [7])])
+    got = _receive(b, 3)
+    assert [(src, m.kind, m.req_id) for src, m in got] == [(0, Kind.PULL, 1), (0, Kind.PULL, 2),
+                                                          (0, Kind.PULL, 3)]
+    np.testing.assert_array_equal(got[1][1].arrays[0], big)
+    sent, received = a.traffic.snapshot(), b.traffic.snapshot()
+    assert sent["messages_sent"] == received["messages_received"] == 3
+    assert sent["wire_messages_sent"] == received["wire_messages_received"] == 3
+    assert sent["bytes_sent"] == received["bytes_received"]
     assert sent["bytes_sent_pull"] == received["bytes_received_pull"]
 
 
