@@ -225,7 +225,7 @@ static int serve_sync(wserve_t *s, wsink_t *sink, int rank, const wframe_t *f, i
             s->failed = -2;
             s->fatal = fatal;
         } else if (got > 0) {
-            s->synced = 1;
+            s->synced = s->answered = 1;
             c[C_SYNC_RESP_IN]++;
             c[C_SYNC_RESP_IN_BYTES] += in_bytes;
             c[C_ANSWERS_NATIVE]++;

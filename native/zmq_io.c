@@ -298,15 +298,17 @@ static PyObject *ZmqIO_counters(ZmqIOObject *self, PyObject *unused) {
     return d;
 }
 
-/* poll(timeout_ms) -> (events, received, heard). events: bit 0 the eventfd was written (and is
- * read now), bit 1 the handshake monitor has something, bit 2 a SYNC was served here (serve_sync).
- * received: per ZeroMQ message, (sender
- * rank or -1, connection identity bytes, messages or None, why or None, wire bytes): messages
- * as wire_decode parses them (None with why when the framing is bad). heard: the ranks whose
- * messages were served here (serve_owned), for the failure detector. */
-static PyObject *ZmqIO_poll(ZmqIOObject *self, PyObject *arg) {
-    const long timeout = PyLong_AsLong(arg);
-    if (timeout == -1 && PyErr_Occurred()) return NULL;
+/* poll(timeout_ms, hold=False) -> (events, received, heard). events: bit 0 the eventfd was
+ * written (and is read now), bit 1 the handshake monitor has something, bit 2 a SYNC was served
+ * here (serve_sync). received: per ZeroMQ message, (sender rank or -1, connection identity bytes,
+ * messages or None, why or None, wire bytes): messages as wire_decode parses them (None with why
+ * when the framing is bad). heard: the ranks whose messages were served here (serve_owned), for
+ * the failure detector. hold: a peer's SYNC served here is no reason to return (only an answer
+ * to this node's round taken in is), as a served pull never is. */
+static PyObject *ZmqIO_poll(ZmqIOObject *self, PyObject *args) {
+    long timeout;
+    int hold = 0;
+    if (!PyArg_ParseTuple(args, "l|p", &timeout, &hold)) return NULL;
     drain_released();
     pulls_settle(self);
     /* The router, the eventfd the engine loop is woken by, workers' pulls (zmq_pull.c), and
@@ -321,7 +323,7 @@ static PyObject *ZmqIO_poll(ZmqIOObject *self, PyObject *arg) {
         memset(self->passed, 0, (size_t)self->world);
         memset(self->heard, 0, (size_t)self->world);
     }
-    self->synced = 0;
+    self->synced = self->answered = 0;
     /* Requests served here need nothing of Python: go on waiting (the time left) until
      * something does, so that the engine loop does not run a pass per served request. */
     const double deadline = timeout >= 0 ? now_s() + timeout / 1000.0 : 0.0;
@@ -383,8 +385,11 @@ again:
             }
         }
         /* A served SYNC leaves NodeState work (Directory.native_taken: keys that arrived or
-         * left, moves held for other peers): not worth waiting on. */
-        if (!nmsg && !events && !failed && !self->send_failed && !self->synced) {
+         * left, moves held for other peers): not worth waiting on, unless the caller holds
+         * (its round is open, and nothing waits for keys to arrive: the work can wait for the
+         * round's answer). */
+        if (!nmsg && !events && !failed && !self->send_failed
+            && (!self->synced || (hold && !self->answered))) {
             if (timeout < 0) goto again;
             const double left = deadline - now_s();
             if (left > 0) {
@@ -569,9 +574,10 @@ static PyObject *ZmqIO_send(ZmqIOObject *self, PyObject *args) {
 }
 
 static PyMethodDef ZmqIO_methods[] = {
-    {"poll", (PyCFunction)ZmqIO_poll, METH_O,
-     "poll(timeout_ms) -> (events, received, heard). Blocks up to timeout_ms (GIL released) "
-     "until a message, a wake-up or a monitor event; receives up to 256 waiting messages. "
+    {"poll", (PyCFunction)ZmqIO_poll, METH_VARARGS,
+     "poll(timeout_ms, hold=False) -> (events, received, heard). Blocks up to timeout_ms (GIL "
+     "released) until a message, a wake-up or a monitor event; receives up to 256 waiting "
+     "messages. hold: a SYNC served here does not end the wait (an answer taken in does). "
      "events: bit 0 woken through the eventfd (read now), bit 1 the monitor socket is "
      "readable, bit 2 a SYNC was served here (Directory.native_taken has its aftermath). "
      "received: per message (sender rank or -1, identity, messages or None, why or None, "

@@ -69,6 +69,7 @@ typedef struct {
     const char *fatal;
     int synced;            /* a SYNC was served, or an answer taken, in this poll: Python
                             * has things to take up */
+    int answered;          /* an answer to this node's round was taken in this poll */
     int64_t counts[FAST_COUNTERS];
     /* A worker's pulls without Python (zmq_pull.c): */
     int pull_fd;                     /* eventfd: a call was queued (-1: none yet) */

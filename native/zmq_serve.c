@@ -71,6 +71,7 @@ int try_fast(ZmqIOObject *self, Py_ssize_t first, Py_ssize_t end) {
                 self->fatal = s.fatal;
             }
             if (s.synced) self->synced = 1;
+            if (s.answered) self->answered = 1;
             if (served) {
                 self->heard[rank] = 1;
                 return 1;

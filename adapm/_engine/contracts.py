@@ -71,9 +71,12 @@ class Transport(Protocol):
     def send(self, dst: int, messages: list) -> None:
         """``messages`` (in order) to ``dst`` as one wire message."""
 
-    def poll(self, timeout_ms: int) -> list:
+    def poll(self, timeout_ms: int, hold: bool = False) -> list:
         """[(source rank, messages)] that arrived within ``timeout_ms`` or until woken; a rank
-        with no messages was heard from (the transport served what it sent itself)."""
+        with no messages was heard from (the transport served what it sent itself).
+        ``hold``: the caller's round is open and nothing of it waits for keys to arrive, so a
+        peer's SYNC the transport served need not end the wait (a transport may return
+        anyway); an answer to the caller's round that the transport took in still does."""
 
     def wake(self) -> None:
         """Make a blocked :meth:`poll` return now; any thread, never blocks."""

@@ -225,7 +225,8 @@ class EngineLoop:
         try:
             while not self._stop.is_set():
                 timeout_s = min(state.poll_timeout_s(now), next_look - now)
-                for src, messages in transport.poll(math.ceil(max(timeout_s, 0.0) * 1000)):
+                for src, messages in transport.poll(math.ceil(max(timeout_s, 0.0) * 1000),
+                                                    state.poll_hold()):
                     now = clock()
                     liveness.heard_from(src, now)
                     for msg in messages:

@@ -143,6 +143,14 @@ class Rounds:
         wait = self._next_round_at - now
         return min(wait, CLOCK_POLL_S) if wait > 0 else CLOCK_POLL_S
 
+    def poll_hold(self) -> bool:
+        """Whether the loop's poll may go on waiting after the transport served a peer's SYNC
+        (``Transport.poll``'s ``hold``): this node's round is open, so its answer ends the wait,
+        and nothing waits for keys to arrive, so what the served SYNC left (counters, keys that
+        came or left, reports to send again) can be taken up with that answer. Saves a loop
+        pass per served SYNC while a round runs (most of the time in a busy job)."""
+        return bool(self._open) and not self.awaiting and not self.queued
+
     def round_waiting_on(self) -> list[int]:
         """Ranks the running round still waits for: those holding unanswered entries of its
         requests, where the requests were passed on too (a snapshot, for error messages; any

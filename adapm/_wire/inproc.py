@@ -140,7 +140,9 @@ class InprocTransport:
         self.traffic.count("received", frame_bytes(frames), messages)
         return messages
 
-    def poll(self, timeout_ms: int) -> list[tuple[int, list[Message]]]:
+    def poll(self, timeout_ms: int, hold: bool = False) -> list[tuple[int, list[Message]]]:
+        # hold changes nothing here: every mail ends the wait, served or not (the simulator
+        # drives the state event by event anyway).
         return [(src, [] if self.serve(src, frames) else self.receive(frames))
                 for src, frames in self.network.wait_for_mail(self.rank, timeout_ms / 1000.0)]
 

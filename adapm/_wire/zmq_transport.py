@@ -234,15 +234,17 @@ class Transport:
         """Make a blocked :meth:`poll` return now. Any thread; never blocks."""
         os.eventfd_write(self._wake_fd, 1)
 
-    def poll(self, timeout_ms: int) -> list[tuple[int, list[Message]]]:
+    def poll(self, timeout_ms: int, hold: bool = False) -> list[tuple[int, list[Message]]]:
         """Messages that arrived within ``timeout_ms`` (or until woken): [(source rank, messages)].
 
+        ``hold``: a peer's SYNC that the transport served itself (``serve_owned``) does not end
+        the wait; an answer to this node's round that it took in does (see the contract).
         Reads at most a batch per call, so a busy peer cannot starve the caller's other work.
         A message that cannot be parsed raises TransportError. With authentication, a message
         that names another sender than its connection's rank is dropped (see module docstring).
         """
         if self._io is not None:
-            return self._poll_native(timeout_ms)
+            return self._poll_native(timeout_ms, hold)
         try:
             ready = self.poller.poll(timeout_ms)
             if not ready:
@@ -285,10 +287,10 @@ class Transport:
         except zmq.ZMQError as exc:
             raise TransportError(f"rank {self.rank}: receive failed: {exc}") from exc
 
-    def _poll_native(self, timeout_ms: int) -> list[tuple[int, list[Message]]]:
+    def _poll_native(self, timeout_ms: int, hold: bool) -> list[tuple[int, list[Message]]]:
         """:meth:`poll` in one C call (``ZmqIO.poll``): the same checks, on what it parsed."""
         try:
-            events, received, heard = self._io.poll(timeout_ms)
+            events, received, heard = self._io.poll(timeout_ms, hold)
         except OSError as exc:
             raise TransportError(f"rank {self.rank}: receive failed: {exc}") from exc
         if events & 2:
