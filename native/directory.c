@@ -73,7 +73,7 @@ int64_t dir_relocate_in(const directory_t *d, const int64_t *keys, int64_t n,
         const int64_t key = keys[i], len = key_len(s, key);
         was_replica[i] = store_state(s, key) == KEY_REPLICA;
         if (was_replica[i]) /* value = the owner's + our unsent updates */
-            store_refresh(s, keys + i, 1, values + off, len, versions + i, 1);
+            store_refresh(s, keys + i, 1, values + off, len, versions + i, 1, 0.0);
         else /* the j-th fresh key: slots[j] was taken for it above */
             store_insert(s, keys + i, 1, slots + j++, KEY_OWNER, values + off, len, versions + i,
                          0.0);
@@ -285,16 +285,20 @@ int64_t dir_apply_answer(const directory_t *d, const int64_t *keys, int64_t nkey
             by_pos[p] = versions[i];
         }
     }
-    /* Behind: the value that came plus the updates made here since the delta was taken. */
+    /* Behind: the value that came plus the updates made here since the delta was taken, synced
+     * at now in the same step (their entry then needs no second look-up below). */
+    enum { REFRESHED = -2 }; /* by_pos[p] once p was refreshed (versions are >= 0) */
     for (int64_t j = 0, off = 0; j < nr; j++) {
         const int64_t key = keys[refresh[j]], len = key_len(s, key);
         if (off + len > nvalues) break; /* checked by the caller */
-        store_refresh(s, &key, 1, values + off, len, &by_pos[refresh[j]], 0);
+        store_refresh(s, &key, 1, values + off, len, &by_pos[refresh[j]], 0, now);
+        by_pos[refresh[j]] = REFRESHED;
         off += len;
     }
     for (int64_t i = 0; i < n; i++) {
         const int64_t p = pos[i];
-        if (p >= ni) store_set_synced(s, &keys[p], 1, &versions[i], now); /* replicas only */
+        if (p >= ni && by_pos[p] != REFRESHED) /* replicas only */
+            store_set_synced(s, &keys[p], 1, &versions[i], now);
     }
     (void)nkeys;
     return reports;

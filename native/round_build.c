@@ -71,11 +71,13 @@ int64_t dir_round_build(const directory_t *d, const round_in_t *in, const round_
      * worker may add to one found without updates here meanwhile: that update goes with the
      * next round. */
     int64_t nl = 0;
-    for (int64_t i = 0; i < d->held->len; i++)
-        if (store_state(s, d->held->keys[i]) == KEY_REPLICA) {
-            o->s_live[nl] = d->held->keys[i];
-            o->s_nonzero[nl++] = (int8_t)store_has_delta(s, d->held->keys[i]);
-        }
+    int64_t *live_ver = o->s_off; /* each live replica's version; s_off is free until below */
+    for (int64_t i = 0; i < d->held->len; i++) {
+        const int dirty = store_replica_peek(s, d->held->keys[i], &live_ver[nl]);
+        if (dirty < 0) continue;
+        o->s_live[nl] = d->held->keys[i];
+        o->s_nonzero[nl++] = (int8_t)dirty;
+    }
     /* Entries: intents (the reports), deltas (drops, then dirty replicas), checks. */
     memcpy(keys, in->rkeys, (size_t)nr * sizeof(int64_t));
     memcpy(keys + nr, o->drop_keys, (size_t)ndrop * sizeof(int64_t));
@@ -83,13 +85,13 @@ int64_t dir_round_build(const directory_t *d, const round_in_t *in, const round_
     for (int64_t i = 0; i < nl; i++)
         if (o->s_nonzero[i]) {
             keys[nr + ndel] = o->s_live[i];
-            ver[ndel++] = store_version(s, o->s_live[i]);
+            ver[ndel++] = live_ver[i];
         }
     int64_t nc = 0;
     for (int64_t i = 0; i < nl; i++)
         if (!o->s_nonzero[i]) {
             keys[nr + ndel + nc] = o->s_live[i];
-            ver[ndel + nc++] = store_version(s, o->s_live[i]);
+            ver[ndel + nc++] = live_ver[i];
         }
     o->nd = ndel;
     o->nc = nc;

@@ -483,6 +483,14 @@ int store_has_delta(const store_t *s, int64_t key) {
     return any;
 }
 
+int store_replica_peek(const store_t *s, int64_t key, int64_t *version) {
+    held_entry_t *e;
+    const int64_t raw = store_lookup(s, key, &e);
+    if (raw < 0 || !(raw & REPLICA_BIT)) return -1;
+    *version = __atomic_load_n(&e->version, __ATOMIC_ACQUIRE);
+    return (raw & DIRTY_BIT) ? store_has_delta(s, key) : 0;
+}
+
 int64_t store_take_deltas_to(const store_t *s, const int64_t *keys, int64_t n, float *base,
                              int64_t base_floats, const int64_t *offsets) {
     for (int64_t i = 0; i < n; i++)
@@ -508,7 +516,7 @@ int64_t store_take_deltas_to(const store_t *s, const int64_t *keys, int64_t n, f
 }
 
 int64_t store_refresh(const store_t *s, const int64_t *keys, int64_t n, const float *vals,
-                      int64_t vals_floats, const int64_t *versions, int promote) {
+                      int64_t vals_floats, const int64_t *versions, int promote, double now) {
     int64_t off = 0, changed = 0;
     for (int64_t i = 0; i < n; i++) {
         const int64_t key = keys[i];
@@ -529,6 +537,7 @@ int64_t store_refresh(const store_t *s, const int64_t *keys, int64_t n, const fl
             const int64_t version = (versions[i] + (promote ? 1 : 0)) & VERSION_MASK;
             if (!promote) {
                 __atomic_store_n(&e->version, version, __ATOMIC_RELEASE);
+                if (now > 0) e->synced_at = now;
             } else {
                 if (raw & DIRTY_BIT) memset(d, 0, (size_t)len * sizeof(float));
                 if (is_home(s, key)) { /* back to the fixed row's word (the row is the same) */

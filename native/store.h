@@ -191,6 +191,13 @@ int64_t store_take_deltas(const store_t *s, const int64_t *keys, int64_t n, floa
  * the bit. A snapshot: a worker may add to the delta right after. */
 int store_has_delta(const store_t *s, int64_t key);
 
+/* Engine thread: -1 if key is not a replica here; else store_has_delta's answer, with the
+ * replica's version in *version: one look-up where store_state, store_has_delta and
+ * store_version took three (a sync round asks this of every replica it holds), and the
+ * stripe's lock only for a replica with DIRTY_BIT (only workers' pushes set it, under the lock;
+ * every other change of a replica's entry is this thread's). */
+int store_replica_peek(const store_t *s, int64_t key, int64_t *version);
+
 /* KEY_NONE, KEY_OWNER or KEY_REPLICA of each key into out: any thread, a consistent snapshot
  * per key (Store.inspect's, without the rest). */
 void store_states(const store_t *s, const int64_t *keys, int64_t n, int8_t *out);
@@ -202,10 +209,11 @@ int64_t store_take_deltas_to(const store_t *s, const int64_t *keys, int64_t n, f
                              int64_t base_floats, const int64_t *offsets);
 
 /* Replicas only (others are skipped): value = vals + delta (updates made here since the delta
- * was last taken stay visible), version = versions[i]. promote != 0 also makes the key the owner
- * copy (its delta is folded in and cleared). Returns the number of keys changed. */
+ * was last taken stay visible), version = versions[i], and, when now > 0, synced at now (as
+ * store_set_synced: one look-up and lock for both). promote != 0 instead makes the key the
+ * owner copy (its delta is folded in and cleared). Returns the number of keys changed. */
 int64_t store_refresh(const store_t *s, const int64_t *keys, int64_t n, const float *vals,
-                      int64_t vals_floats, const int64_t *versions, int promote);
+                      int64_t vals_floats, const int64_t *versions, int promote, double now);
 
 /* Removes keys: copies value (and, for replicas, delta into deltas_out when not NULL; an owner's
  * row there is zeros) out, then marks them not held. Writes each key's former slot into slots_out (-1 if it was not held) and, when

@@ -461,7 +461,7 @@ static PyObject *Store_refresh(StoreObject *self, PyObject *args) {
     }
     int64_t r;
     NOGIL_BEGIN(n + nvals)
-    r = store_refresh(&self->s, keys, n, vals, nvals, versions, promote);
+    r = store_refresh(&self->s, keys, n, vals, nvals, versions, promote, 0.0);
     NOGIL_END
     release_batch(&bt);
     if (r < 0) return PyErr_Format(PyExc_ValueError, "refresh: values are too short");
