@@ -265,10 +265,10 @@ def _flooded_job(node, ready, flooded, sent_count):
     blind = threading.Event()
     blind.set()
 
-    def blind_poll(timeout_ms):
+    def blind_poll(timeout_ms, hold=False):
         while blind.is_set():
             time.sleep(0.01)
-        return poll(timeout_ms)
+        return poll(timeout_ms, hold)
 
     node.transport.poll = blind_poll
     node.transport.wake()

@@ -557,7 +557,7 @@ def _comm_failure_job(node, rank0_stopped, done):
     puller.start()
     time.sleep(0.3)  # let the pull be sent
 
-    def broken_poll(timeout_ms):
+    def broken_poll(timeout_ms, hold=False):
         raise TransportError("rank 1: receive failed: injected by the test")
 
     node.transport.poll = broken_poll
