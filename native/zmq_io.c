@@ -20,6 +20,7 @@
 #include <dlfcn.h>
 #include <errno.h>
 #include <link.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <time.h>
@@ -49,7 +50,6 @@ static int load_libzmq(void) {
     dl_iterate_phdr(find_libzmq, &h);
     int ok = h != NULL;
     if (ok) {
-        BIND(poll, "zmq_poll");
         BIND(msg_init, "zmq_msg_init");
         BIND(msg_init_size, "zmq_msg_init_size");
         BIND(msg_init_data, "zmq_msg_init_data");
@@ -165,6 +165,8 @@ int sender_of(ZmqIOObject *self, zmsg_t *id, zmsg_t *last) {
     return -1;
 }
 
+static PyObject *zmq_failed(const char *what);
+
 static int ZmqIO_init(ZmqIOObject *self, PyObject *args, PyObject *kwds) {
     static char *kwlist[] = {"router", "wake_fd", "watch", "peers", "identities",
                              "authenticated", NULL};
@@ -216,6 +218,15 @@ static int ZmqIO_init(ZmqIOObject *self, PyObject *args, PyObject *kwds) {
     }
     self->router = (void *)(uintptr_t)router;
     self->watch = (void *)(uintptr_t)watch;
+    size_t len = sizeof(int);
+    if (Z.getsockopt(self->router, Z_FD, &self->router_fd, &len) < 0
+        || (self->watch && (len = sizeof(int),
+                            Z.getsockopt(self->watch, Z_FD, &self->watch_fd, &len) < 0))) {
+        zmq_failed("ZmqIO: zmq_getsockopt(ZMQ_FD)");
+        return -1;
+    }
+    if (!self->watch) self->watch_fd = -1;
+    self->router_idle = 0; /* not known: look before the first wait */
     self->wake_fd = wake_fd;
     self->authenticated = authenticated;
     return 0;
@@ -305,6 +316,86 @@ static PyObject *ZmqIO_counters(ZmqIOObject *self, PyObject *unused) {
  * when the framing is bad). heard: the ranks whose messages were served here (serve_owned), for
  * the failure detector. hold: a peer's SYNC served here is no reason to return (only an answer
  * to this node's round taken in is), as a served pull never is. */
+/* Receives what waits at the router: up to POLL_BATCH messages for Python (their frames in
+ * parts, *nmsg of them, self->ends), those a fast path takes served and closed at once
+ * (try_fast). Sets router_idle when it stopped because nothing more was there: it asked libzmq
+ * (a receive without waiting, or ZMQ_EVENTS), which processes the socket's commands and so
+ * resets its edge-triggered ZMQ_FD, after which a wait on that descriptor cannot miss a message.
+ * A receive that finds a message costs no system call; the look that finds none costs libzmq a
+ * poll() and a getpid(). Without the GIL. */
+static void receive(ZmqIOObject *self, int fast, int *nmsg, Py_ssize_t *nparts, int *failed) {
+    self->router_idle = 0;
+    for (int taken = 0; *nmsg < POLL_BATCH && taken < 4 * POLL_BATCH; taken++) {
+        if (taken) { /* the first is asked for by receiving it; the others: ask first */
+            int ev = 0;
+            size_t len = sizeof ev;
+            if (Z.getsockopt(self->router, Z_EVENTS, &ev, &len) < 0) {
+                *failed = 1;
+                return;
+            }
+            if (!(ev & Z_POLLIN)) {
+                self->router_idle = 1;
+                return;
+            }
+        }
+        int more = 1, flags = Z_DONTWAIT;
+        const Py_ssize_t first = *nparts;
+        while (more) {
+            if (room(self, *nparts) < 0) {
+                *failed = 2;
+                break;
+            }
+            Z.msg_init(&self->parts[*nparts]);
+            if (Z.msg_recv(&self->parts[*nparts], self->router, flags) < 0) {
+                Z.msg_close(&self->parts[*nparts]);
+                /* EAGAIN on a first frame: nothing there (the commands were processed);
+                 * otherwise a failure (a message's frames come together or not at all) */
+                if (*nparts == first && Z.errno_() == EAGAIN) self->router_idle = 1;
+                else *failed = 1;
+                break;
+            }
+            more = Z.msg_more(&self->parts[*nparts]);
+            (*nparts)++;
+            flags = 0;
+        }
+        if (more || *nparts == first) { /* cut short: drop what came of it */
+            for (Py_ssize_t i = first; i < *nparts; i++) Z.msg_close(&self->parts[i]);
+            *nparts = first;
+            return;
+        }
+        if (fast && try_fast(self, first, *nparts)) { /* served: nothing for Python */
+            close_parts(self, first, *nparts);
+            *nparts = first;
+            continue;
+        }
+        self->ends[(*nmsg)++] = (int)*nparts;
+    }
+}
+
+/* Whether the handshake monitor has something for Python (its ZMQ_FD is edge-triggered too: its
+ * events are asked for, which resets the descriptor). */
+static int watch_ready(ZmqIOObject *self, int *failed) {
+    int ev = 0;
+    size_t len = sizeof ev;
+    if (Z.getsockopt(self->watch, Z_EVENTS, &ev, &len) < 0) {
+        *failed = 1;
+        return 0;
+    }
+    return (ev & Z_POLLIN) != 0;
+}
+
+/* poll(timeout_ms, hold=False) -> (events, received, heard). events: bit 0 the eventfd was
+ * written (and is read now), bit 1 the handshake monitor has something, bit 2 a SYNC was served
+ * here (serve_sync). received: per ZeroMQ message, (sender rank or -1, connection identity bytes,
+ * messages or None, why or None, wire bytes): messages as wire_decode parses them (None with why
+ * when the framing is bad). heard: the ranks whose messages were served here (serve_owned), for
+ * the failure detector. hold: a peer's SYNC served here is no reason to return (only an answer
+ * to this node's round taken in is), as a served pull never is.
+ *
+ * It waits with poll() on the sockets' ZMQ_FDs and the eventfds itself rather than through
+ * zmq_poll, which asks each socket's events before and after every wait (a poll() and a
+ * getpid() each, in libzmq): a served 1-key pull cost its engine thread 7 poll() and 7 getpid()
+ * calls that way (strace, bench/engine.py's small messages), 3 and 3 this way. */
 static PyObject *ZmqIO_poll(ZmqIOObject *self, PyObject *args) {
     long timeout;
     int hold = 0;
@@ -313,10 +404,10 @@ static PyObject *ZmqIO_poll(ZmqIOObject *self, PyObject *args) {
     pulls_settle(self);
     /* The router, the eventfd the engine loop is woken by, workers' pulls (zmq_pull.c), and
      * the handshake monitor if any. */
-    zpollitem_t items[4] = {{self->router, 0, Z_POLLIN, 0}, {NULL, self->wake_fd, Z_POLLIN, 0},
-                            {NULL, self->pull_fd, Z_POLLIN, 0}, {self->watch, 0, Z_POLLIN, 0}};
-    const int nitems = self->watch ? 4 : 3;
-    int rc, nmsg = 0, failed = 0, events = 0;
+    struct pollfd fds[4] = {{self->router_fd, POLLIN, 0}, {self->wake_fd, POLLIN, 0},
+                            {self->pull_fd, POLLIN, 0}, {self->watch_fd, POLLIN, 0}};
+    const int nfds = self->watch ? 4 : 3;
+    int nmsg = 0, failed = 0, events = 0, perr = 0;
     Py_ssize_t nparts = 0;
     const int fast = self->directory != NULL;
     if (fast) {
@@ -327,85 +418,51 @@ static PyObject *ZmqIO_poll(ZmqIOObject *self, PyObject *args) {
     /* Requests served here need nothing of Python: go on waiting (the time left) until
      * something does, so that the engine loop does not run a pass per served request. */
     const double deadline = timeout >= 0 ? now_s() + timeout / 1000.0 : 0.0;
-    long wait = timeout;
     Py_BEGIN_ALLOW_THREADS
     if (fast) pulls_send(self); /* workers' pulls queued since the last poll */
-again:
-    rc = Z.poll(items, nitems, wait);
-    if (rc > 0) {
-        if (items[1].revents & Z_POLLIN) {
+    if (self->watch && watch_ready(self, &failed)) events |= 2;
+    for (;;) {
+        if (!self->router_idle && !failed) receive(self, fast, &nmsg, &nparts, &failed);
+        /* A served SYNC leaves NodeState work (Directory.native_taken: keys that arrived or
+         * left, moves held for other peers): not worth waiting on, unless the caller holds
+         * (its round is open, and nothing waits for keys to arrive: the work can wait for the
+         * round's answer). */
+        if (nmsg || events || failed || self->send_failed
+            || (self->synced && !(hold && !self->answered)))
+            break;
+        long wait = -1;
+        if (!self->router_idle) { /* a full batch was served: more may wait, the router is */
+            wait = 0;             /* asked again after a look at the rest, without waiting */
+        } else if (timeout >= 0) {
+            const double left = deadline - now_s();
+            wait = left > 0 ? (long)(left * 1000.0 + 0.999) : 0;
+        }
+        for (int i = 0; i < nfds; i++) fds[i].revents = 0;
+        const int rc = poll(fds, (nfds_t)nfds, wait > INT32_MAX ? INT32_MAX : (int)wait);
+        if (rc < 0) {
+            perr = errno;
+            break;
+        }
+        if (fds[1].revents & POLLIN) {
             uint64_t count;
             if (read(self->wake_fd, &count, sizeof count) < 0) { /* EAGAIN: taken already */
             }
             events |= 1;
         }
-        if (fast && items[2].revents & Z_POLLIN) pulls_send(self); /* nothing for Python */
-        if (nitems == 4 && items[3].revents & Z_POLLIN) events |= 2;
-        if (items[0].revents & Z_POLLIN) {
-            for (int taken = 0; nmsg < POLL_BATCH && taken < 4 * POLL_BATCH; taken++) {
-                if (taken) { /* the first is there (the poll said so); the others: ask */
-                    int ev = 0;
-                    size_t len = sizeof ev;
-                    if (Z.getsockopt(self->router, Z_EVENTS, &ev, &len) < 0) {
-                        failed = 1;
-                        break;
-                    }
-                    if (!(ev & Z_POLLIN)) break;
-                }
-                int more = 1, flags = Z_DONTWAIT;
-                const Py_ssize_t first = nparts;
-                while (more) {
-                    if (room(self, nparts) < 0) {
-                        failed = 2;
-                        break;
-                    }
-                    Z.msg_init(&self->parts[nparts]);
-                    if (Z.msg_recv(&self->parts[nparts], self->router, flags) < 0) {
-                        Z.msg_close(&self->parts[nparts]);
-                        /* EAGAIN on a first frame: nothing after all; otherwise a failure
-                         * (a message's frames come together or not at all) */
-                        failed = nparts == first && Z.errno_() == EAGAIN ? 0 : 1;
-                        break;
-                    }
-                    more = Z.msg_more(&self->parts[nparts]);
-                    nparts++;
-                    flags = 0;
-                }
-                if (more || nparts == first) { /* cut short: drop what came of it */
-                    for (Py_ssize_t i = first; i < nparts; i++) Z.msg_close(&self->parts[i]);
-                    nparts = first;
-                    break;
-                }
-                if (fast && try_fast(self, first, nparts)) { /* served: nothing for Python */
-                    close_parts(self, first, nparts);
-                    nparts = first;
-                    continue;
-                }
-                self->ends[nmsg++] = (int)nparts;
-            }
-        }
-        /* A served SYNC leaves NodeState work (Directory.native_taken: keys that arrived or
-         * left, moves held for other peers): not worth waiting on, unless the caller holds
-         * (its round is open, and nothing waits for keys to arrive: the work can wait for the
-         * round's answer). */
-        if (!nmsg && !events && !failed && !self->send_failed
-            && (!self->synced || (hold && !self->answered))) {
-            if (timeout < 0) goto again;
-            const double left = deadline - now_s();
-            if (left > 0) {
-                wait = (long)(left * 1000.0 + 0.999);
-                for (int i = 0; i < nitems; i++) items[i].revents = 0;
-                goto again;
-            }
-            rc = 0;
-        }
+        if (fast && fds[2].revents & POLLIN) pulls_send(self); /* nothing for Python */
+        if (nfds == 4 && fds[3].revents & POLLIN && watch_ready(self, &failed)) events |= 2;
+        if (fds[0].revents & POLLIN) self->router_idle = 0;
+        if (!rc && self->router_idle && wait >= 0 && deadline - now_s() <= 0)
+            break; /* the time is up */
     }
     Py_END_ALLOW_THREADS
     pulls_settle(self);
     if (self->synced) events |= 4;
-    if (rc < 0) {
-        if (Z.errno_() == EINTR) return Py_BuildValue("(i[][])", 0);
-        return zmq_failed("zmq_poll");
+    if (perr) {
+        close_parts(self, 0, nparts);
+        if (perr == EINTR && !nmsg) return Py_BuildValue("(i[][])", events);
+        errno = perr;
+        return PyErr_SetFromErrno(PyExc_OSError);
     }
     if (self->send_failed) {
         const int e = self->send_failed;

@@ -14,21 +14,16 @@
 
 /* libzmq's ABI (zmq.h, stable since 4.x). */
 typedef struct {
-    void *socket;
-    int fd;
-    short events, revents;
-} zpollitem_t;
-typedef struct {
     _Alignas(void *) unsigned char _[64];
 } zmsg_t;
 #define Z_POLLIN 1
 #define Z_DONTWAIT 1
 #define Z_SNDMORE 2
 #define Z_EVENTS 15
+#define Z_FD 14
 typedef void(zfree_fn)(void *data, void *hint);
 
 typedef struct {
-    int (*poll)(zpollitem_t *, int, long);
     int (*msg_init)(zmsg_t *);
     int (*msg_init_size)(zmsg_t *, size_t);
     int (*msg_init_data)(zmsg_t *, void *, size_t, zfree_fn *, void *);
@@ -49,6 +44,9 @@ extern zapi_t Z; /* zmq_io.c: bound to the process's libzmq by load_libzmq */
 typedef struct {
     PyObject_HEAD
     void *router, *watch;
+    int router_fd, watch_fd; /* their ZMQ_FD (edge-triggered: see wait in zmq_io.c) */
+    int router_idle;         /* the last look at the router found nothing to receive (its
+                              * commands processed): poll() may wait on router_fd */
     int wake_fd;
     int authenticated;
     Py_ssize_t world;
