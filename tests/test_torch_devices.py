@@ -74,12 +74,24 @@ def test_a_model_on_a_device_trains_as_torch_does_there(node, device):
             assert got.device.type == torch.device(device).type
             torch.testing.assert_close(got, getattr(twin, name).weight.detach(), rtol=1e-5,
                                        atol=1e-6, msg=f"{name} at step {step}")
-        # On CUDA the rows agree to 1e-5 but not bit for bit (torch's Adagrad kernel there and
-        # ours on the host round differently), and the head's gradient carries that over the
-        # steps: 3.1e-5 relative after 4 steps on an H100.
-        tol = dict(rtol=1e-5, atol=1e-6) if device == "cpu" else dict(rtol=1e-4, atol=1e-5)
+        # The rows agree to 1e-5 but not always to the bit: torch's kernels and ours round
+        # differently on CUDA, and on CPUs where torch's kernels are vectorised differently
+        # (an AMD EPYC, AVX2 and AVX-512 alike, where ATEN_CPU_CAPABILITY=default agreed to the
+        # bit); DenseSync's round trip through the node (s + (f - s) in float32) moves a head
+        # parameter by up to 1 ulp too. The head's gradient, a sum of products of rows through
+        # a squared error, carries such differences into its step: 3.1e-5 relative after 4
+        # steps on an H100, 3.1e-5 in one step on that EPYC.
         for p, q in zip(ours.head.parameters(), twin.head.parameters()):
-            torch.testing.assert_close(p.detach(), q.detach(), **tol)
+            torch.testing.assert_close(p.detach(), q.detach(), rtol=1e-4, atol=1e-5)
+        # The next step starts from the same rows and head (the optimizers' states are left
+        # as they are): each step is compared, not how this loss amplifies last-bit
+        # differences over four steps (on that EPYC the head was 1.6e-4 relative apart after
+        # three steps without this, 3.9e-3 apart after four).
+        with torch.no_grad():
+            twin.emb.weight.copy_(ours.emb.weight)
+            twin.bag.weight.copy_(ours.bag.weight)
+            for p, q in zip(ours.head.parameters(), twin.head.parameters()):
+                q.copy_(p)
     # the model's state, back to the host
     state = ours.state_dict()
     assert state["emb.weight"].device.type == "cpu"
