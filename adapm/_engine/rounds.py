@@ -292,7 +292,14 @@ class Rounds:
         for index, worker in enumerate(list(self.worker_intents)):
             clock = clocks[index] if index < len(clocks) else 0
             worker.patience_s = patience
-            acted, changed = intents.collect(worker, clock, force=index in self._forced)
+            forced = index in self._forced
+            if not forced and clock == worker.timer.last_clock and worker.empty():
+                # An idle worker (an app's lead worker while the others train): collecting it
+                # would change nothing (no intent to count in or out, and its timer learns only
+                # from clocks that moved), so only the time of the look is kept.
+                worker.collected_at = self.now
+                continue
+            acted, changed = intents.collect(worker, clock, force=forced)
             if changed:
                 self._quiet = False
             self.counters["intents_acted"] += acted
