@@ -309,13 +309,6 @@ static PyObject *ZmqIO_counters(ZmqIOObject *self, PyObject *unused) {
     return d;
 }
 
-/* poll(timeout_ms, hold=False) -> (events, received, heard). events: bit 0 the eventfd was
- * written (and is read now), bit 1 the handshake monitor has something, bit 2 a SYNC was served
- * here (serve_sync). received: per ZeroMQ message, (sender rank or -1, connection identity bytes,
- * messages or None, why or None, wire bytes): messages as wire_decode parses them (None with why
- * when the framing is bad). heard: the ranks whose messages were served here (serve_owned), for
- * the failure detector. hold: a peer's SYNC served here is no reason to return (only an answer
- * to this node's round taken in is), as a served pull never is. */
 /* Receives what waits at the router: up to POLL_BATCH messages for Python (their frames in
  * parts, *nmsg of them, self->ends), those a fast path takes served and closed at once
  * (try_fast). Sets router_idle when it stopped because nothing more was there: it asked libzmq
