@@ -65,6 +65,12 @@ class WorkerIntents:
         """No intent signalled, waiting or acted on: nothing here depends on the clock."""
         return self.queue.empty()
 
+    def idle(self, clock: int) -> bool:
+        """A round at ``clock`` has nothing to collect here: no intent signalled, waiting or
+        acted on, and the clock has not moved since the last round (the timer learns only from
+        clocks that moved)."""
+        return clock == self.timer.last_clock and self.queue.empty()
+
     def fresh(self) -> bool:
         """An intent was signalled since the last round collected this queue."""
         return self.queue.fresh()

@@ -293,10 +293,9 @@ class Rounds:
             clock = clocks[index] if index < len(clocks) else 0
             worker.patience_s = patience
             forced = index in self._forced
-            if not forced and clock == worker.timer.last_clock and worker.empty():
-                # An idle worker (an app's lead worker while the others train): collecting it
-                # would change nothing (no intent to count in or out, and its timer learns only
-                # from clocks that moved), so only the time of the look is kept.
+            if not forced and worker.idle(clock):
+                # An app's lead worker while the others train: collecting it would change
+                # nothing, so only the time of the look is kept.
                 worker.collected_at = self.now
                 continue
             acted, changed = intents.collect(worker, clock, force=forced)
