@@ -97,6 +97,27 @@ def test_force_acts_on_active_intents():
     assert w.served(0, node) and w.served(10, node)
 
 
+def test_idle_is_when_a_round_would_change_nothing():
+    """``idle(clock)`` lets a round skip the worker (Rounds._build_round): where it says so, a
+    collect changes nothing, the timer included; where a collect would change something (the
+    clock moved, an intent waits or is acted on and not over), it does not say so."""
+    timer = ActionTimer(lambda0=1, p=0.5)
+    w, node = WorkerIntents(timer, NUM_KEYS), NodeIntents(NUM_KEYS)
+    assert w.idle(0)
+    assert _round(node, w, 0) == (0, False, [], [])
+    assert (timer.lam, timer.last_clock) == (1.0, 0)
+    assert not w.idle(3)  # the clock moved: the timer learns from it
+    _round(node, w, 3)
+    assert timer.lam > 1.0 and w.idle(3)
+    w = WorkerIntents(ImmediateTimer(), NUM_KEYS)
+    w.signal(arr(1), 2, 4)
+    assert not w.idle(0)  # an intent waits
+    assert _round(node, w, 0)[:3] == (1, True, [1])
+    assert not w.idle(0)  # acted on, not over: a later round counts it out
+    assert _round(node, w, 4)[:3] == (0, True, [1])
+    assert w.idle(4)
+
+
 def test_signal_checks_its_keys():
     w = WorkerIntents(ImmediateTimer(), NUM_KEYS)
     with pytest.raises(IndexError, match="outside"):
