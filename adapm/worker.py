@@ -117,6 +117,12 @@ class Worker:
         Returns float32 of shape (len(keys), L) for a uniform length L, else the values packed
         back to back. With ``out`` (same shape, float32, C-contiguous) it fills ``out`` and returns
         it without allocating. Remote keys cost one round trip per owner node, in parallel.
+
+        Where this worker's intent for the current clock is still waiting for the engine (the
+        worker got there before a sync round did: a round held up by a slow or stalled peer),
+        the pull first waits for the round that acts on it, as :meth:`wait_sync` does, and
+        reads the keys that came here then (``waited_pull_keys``): the keys would otherwise be
+        pulled from the same owners, who are the ones the round waits for.
         """
         self._node._check_open("pull")
         store = self._store
@@ -132,8 +138,44 @@ class Worker:
             keys, out, nmiss = self._pull_checked(keys, out)
         self.counters["local_pull_keys"] += len(keys) - nmiss
         if nmiss:
-            self._pull_missing(keys, out, self._missing[:nmiss].copy())
+            positions = self._missing[:nmiss].copy()
+            if self._intents is not None and self._intents.late(self.clock):
+                positions = self._pull_after_round(keys, out, positions)
+            if len(positions):
+                self._pull_missing(keys, out, positions)
         return out
+
+    def _pull_after_round(self, keys: np.ndarray, out: np.ndarray,
+                          positions: np.ndarray) -> np.ndarray:
+        """Wait for the round that acts on this worker's late intent, then read the keys at
+        ``positions`` that are here now; returns the positions still missing."""
+        self._await_round()
+        store = self._store
+        wanted = keys[positions]
+        if store.uniform_length:
+            rows = np.empty((len(wanted), store.uniform_length), dtype=np.float32)
+        else:
+            rows = np.empty(int(store.lens[wanted].sum()), dtype=np.float32)
+        missing = self._missing_buffer(len(wanted))
+        nmiss = store.gather(wanted, rows, missing)  # one C call, GIL released
+        # Rows still missing are written too (unset): the remote pull overwrites them.
+        if store.uniform_length:
+            out.reshape(len(keys), -1)[positions] = rows
+        else:
+            lengths = store.lens[wanted]
+            out.reshape(-1)[routing.segment_index(self._row_offsets(keys)[positions],
+                                                  lengths)] = rows
+        self.counters["waited_pull_keys"] += len(wanted) - nmiss
+        return positions[missing[:nmiss]]
+
+    def _await_round(self) -> None:
+        """Block until a sync round that starts from now on has acted on every intent of this
+        worker active at its clock and their owners have answered (the keys are here then).
+        Raises AdaPMTimeout after ``Config.request_timeout_s``."""
+        call = self._engine.submit(
+            Request(Op.WAIT_SYNC, worker=self.index, clock=self.clock),
+            f"the sync round acting on worker {self.index}'s intent for clock {self.clock}")
+        self._engine.wait(call)
 
     def _pull_checked(self, keys, out):
         """Pull with full validation (bad input raises here, before anything is read)."""
@@ -403,9 +445,23 @@ class Worker:
         self.counters[local_counter] += len(keys) - nmiss
         if not nmiss:
             return
-        self.counters[remote_counter] += nmiss
         positions = self._missing[:nmiss].copy()
         rows = store.select_rows(values.reshape(-1), keys, positions)
+        if self._intents is not None and self._intents.late(self.clock):
+            # As in pull: the round that acts on the late intent first, then what is here.
+            self._await_round()
+            wanted = keys[positions]
+            missing = self._missing_buffer(len(wanted))
+            if kind is Op.PUSH:
+                nmiss = store.scatter_add(wanted, rows, missing)
+            else:
+                nmiss = store.scatter_set(wanted, rows, missing)
+            self.counters[local_counter] += len(wanted) - nmiss
+            if not nmiss:
+                return
+            still = missing[:nmiss].copy()
+            positions, rows = positions[still], store.select_rows(rows, wanted, still)
+        self.counters[remote_counter] += nmiss
         self._outstanding.append(self._engine.submit(
             Request(kind, keys[positions], positions, rows, worker=self.index, clock=self.clock),
             f"{kind.name} of {nmiss} keys"))

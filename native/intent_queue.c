@@ -114,11 +114,16 @@ int iq_collect(intent_queue_t *q, int64_t clock, int64_t horizon, intent_counts_
     return 0;
 }
 
-int iq_served(const intent_queue_t *q, int64_t clock, const intent_counts_t *counts) {
+int iq_late(const intent_queue_t *q, int64_t clock) {
     for (int64_t i = 0; i < q->pending.len; i++) {
         const intent_batch_t *b = &q->pending.items[i];
-        if (b->start <= clock && clock < b->end) return 0;
+        if (b->start <= clock && clock < b->end) return 1;
     }
+    return 0;
+}
+
+int iq_served(const intent_queue_t *q, int64_t clock, const intent_counts_t *counts) {
+    if (iq_late(q, clock)) return 0;
     for (int64_t i = 0; i < q->acted.len; i++) {
         const intent_batch_t *b = &q->acted.items[i];
         if (b->start <= clock && clock < b->end)

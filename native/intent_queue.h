@@ -50,6 +50,10 @@ int iq_signal(intent_queue_t *q, const int64_t *keys, int64_t n, int64_t start, 
 int iq_collect(intent_queue_t *q, int64_t clock, int64_t horizon, intent_counts_t *counts,
                int64_t *acted_keys, int *changed);
 
+/* Whether an intent active at `clock` (start <= clock < end) waits for a round to act on it:
+ * the worker has reached it before the engine did. O(pending batches). */
+int iq_late(const intent_queue_t *q, int64_t clock);
+
 /* Whether every intent active at `clock` (start <= clock < end) was acted on and every key of
  * those is told: what wait_sync waits for. */
 int iq_served(const intent_queue_t *q, int64_t clock, const intent_counts_t *counts);

@@ -71,6 +71,13 @@ static PyObject *IntentQueue_served(IntentQueueObject *self, PyObject *args) {
     return PyBool_FromLong(iq_served(&self->q, clock, &counts->c));
 }
 
+/* late(clock) -> bool */
+static PyObject *IntentQueue_late(IntentQueueObject *self, PyObject *arg) {
+    const long long clock = PyLong_AsLongLong(arg);
+    if (clock == -1 && PyErr_Occurred()) return NULL;
+    return PyBool_FromLong(iq_late(&self->q, clock));
+}
+
 static PyObject *IntentQueue_empty(IntentQueueObject *self, PyObject *unused) {
     return PyBool_FromLong(!self->q.pending.len && !self->q.acted.len);
 }
@@ -90,6 +97,9 @@ static PyMethodDef IntentQueue_methods[] = {
     {"served", (PyCFunction)IntentQueue_served, METH_VARARGS,
      "served(clock, counts) -> bool. Every intent active at clock was acted on, and all its "
      "keys are told (in counts, an IntentCounts)."},
+    {"late", (PyCFunction)IntentQueue_late, METH_O,
+     "late(clock) -> bool. An intent active at clock was not acted on yet (no round has "
+     "reached it since it was signalled, or since the worker's clock passed its horizon)."},
     {"empty", (PyCFunction)IntentQueue_empty, METH_NOARGS,
      "empty() -> bool. No batch pending or acted on."},
     {"fresh", (PyCFunction)IntentQueue_fresh, METH_NOARGS,

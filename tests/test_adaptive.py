@@ -454,7 +454,8 @@ def test_pull_waits_for_a_key_on_its_way():
 
 
 def _intent_then_pull_job(node, rounds):
-    """Intent for the other node's keys, then pull them at once: in flight, or not yet acted."""
+    """Intent for the other node's keys, then pull them at once: in flight, or not yet acted
+    on (the pull then waits for the round that acts on it)."""
     w = node.worker()
     rng = np.random.default_rng(node.rank)
     other = 1 - node.rank
@@ -491,6 +492,43 @@ def test_pulls_right_after_intent_are_correct_and_counted(management, lengths):
                       management=management, action_timing=False)
     for pulled, local, waited, remote in results:
         assert local + waited + remote == pulled
+        # Each pull reached its keys before a round acted on their intent: it waited for that
+        # round (or for keys already on their way) instead of pulling them from their owner.
+        assert remote == 0 and waited > 0, (local, waited, remote)
+
+
+def _intent_then_push_job(node, rounds):
+    """Intent for the other node's keys, then push to them at once (no pull first), and wait
+    for the push's acknowledgement before the next clock. Returns what this rank pushed, the
+    values after all pushes, and its push counters."""
+    w = node.worker()
+    rng = np.random.default_rng(10 + node.rank)
+    other = 1 - node.rank
+    pushed = np.zeros(node.store.num_keys)
+    for _ in range(rounds):
+        keys = rng.integers(0, 50, 8) * 2 + other  # homes on the other node; duplicates too
+        w.intent(np.unique(keys), w.clock, w.clock + 1)
+        w.push(keys, np.ones((len(keys), 1), np.float32))
+        w.wait()  # a push held for keys on their way here is applied before the intent ends
+        np.add.at(pushed, keys, 1)
+        w.advance_clock()
+    w.wait_sync()
+    node.barrier()
+    s = node.stats()
+    values = w.pull(np.arange(node.store.num_keys))[:, 0]
+    return pushed, values, s.get("messages_sent_push", 0)
+
+
+@pytest.mark.parametrize("management", ["adaptive", "relocation_only", "replication_only"])
+def test_pushes_right_after_intent_wait_for_their_round(management):
+    """Each push reaches its keys before a round acted on their intent, or while they are on
+    their way here: it waits for that round, or the engine holds it until they arrive, and it
+    is applied here. No push goes over the wire, and every key holds the exact sum."""
+    (pushed0, values0, sent0), (pushed1, values1, sent1) = cluster(
+        _intent_then_push_job, 2, args=(60,), num_keys=100, value_length=1,
+        management=management, action_timing=False)
+    assert np.array_equal(values0, pushed0 + pushed1) and np.array_equal(values0, values1)
+    assert sent0 == sent1 == 0, (sent0, sent1)
 
 
 def _replica_updates_job(node, clocks: int):

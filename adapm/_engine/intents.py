@@ -71,6 +71,12 @@ class WorkerIntents:
         clocks that moved)."""
         return clock == self.timer.last_clock and self.queue.empty()
 
+    def late(self, clock: int) -> bool:
+        """An intent active at ``clock`` waits for a round to act on it: the worker reached it
+        before the engine did (the worker's thread asks, on an access that found keys
+        missing; ``Worker.pull``). O(batches waiting), one native call."""
+        return self.queue.late(clock)
+
     def fresh(self) -> bool:
         """An intent was signalled since the last round collected this queue."""
         return self.queue.fresh()
