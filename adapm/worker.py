@@ -202,7 +202,9 @@ class Worker:
         """Add ``updates`` to the values of ``keys`` (duplicates add up). Non-blocking for remote keys.
 
         The local part is applied before return; the remote part is sent and acknowledged later
-        (see :meth:`wait`). ``updates`` is not kept: the caller may reuse it at once.
+        (see :meth:`wait`). ``updates`` is not kept: the caller may reuse it at once. Like
+        :meth:`pull`, a push (or :meth:`set`) that reaches keys of this worker's intent before
+        a sync round acted on it blocks for that round and adds to the keys that came.
         """
         self._update(keys, updates, Op.PUSH, "updates")
 
