@@ -216,7 +216,9 @@ def test_two_nodes_reach_the_baselines_accuracy(big_graph, tmp_path):
         assert all(r["train_seconds"] > 0 and r["examples_per_s"] > 0 for r in run_records)
         assert run_records[-1]["test_acc"] > 0.8, run_records[-1]  # chance: 1 / 8
     # Intent 8 batches ahead keeps the training accesses local: 0 remote in every epoch of
-    # every run on a quiet machine; one run of ~10 with other jobs on the cores went over 0.01%.
+    # every run on a quiet machine. Where other tenants took the cores away in bursts (CI), a
+    # round held up longer than the lead let one batch go remote (0.45% of an epoch) until a
+    # worker that reaches a late intent waited for its round (0 in 14 such runs since).
     shares = [r["remote_share"] for r in two]
     assert all(r["world_size"] == 2 for r in two)
     assert all(0.0 <= share <= 1e-3 for share in shares) and np.mean(shares) <= 1e-4, \
