@@ -232,12 +232,20 @@ class Node:
         return self._stats()
 
     def _stats(self) -> dict:
+        # Read before the workers' counters: a worker counts a key as remote before the engine
+        # can count it as applied here, so the remote counts never dip below zero.
+        served_here = self.engine.state.own_updates_served_here() \
+            if self.engine is not None else (0, 0)
         totals = {name: 0 for name in Worker.COUNTERS}
         with self._workers_lock:
             workers = list(self._workers)
         for handle in workers:
             for name, value in handle.counters.items():
                 totals[name] += value
+        for kind, here in zip(("push", "set"), served_here):
+            # A push or set that waited for keys on their way here is a local one.
+            totals[f"remote_{kind}_keys"] -= here
+            totals[f"local_{kind}_keys"] += here
         totals.update({"messages_sent": 0, "messages_received": 0, "bytes_sent": 0,
                        "bytes_received": 0, "messages_served_natively": 0,
                        "syncs_served_natively": 0, "pulls_sent_natively": 0,

@@ -516,19 +516,22 @@ def _intent_then_push_job(node, rounds):
     node.barrier()
     s = node.stats()
     values = w.pull(np.arange(node.store.num_keys))[:, 0]
-    return pushed, values, s.get("messages_sent_push", 0)
+    return pushed, values, s.get("messages_sent_push", 0), s["local_push_keys"], \
+        s["remote_push_keys"]
 
 
 @pytest.mark.parametrize("management", ["adaptive", "relocation_only", "replication_only"])
 def test_pushes_right_after_intent_wait_for_their_round(management):
     """Each push reaches its keys before a round acted on their intent, or while they are on
     their way here: it waits for that round, or the engine holds it until they arrive, and it
-    is applied here. No push goes over the wire, and every key holds the exact sum."""
-    (pushed0, values0, sent0), (pushed1, values1, sent1) = cluster(
-        _intent_then_push_job, 2, args=(60,), num_keys=100, value_length=1,
-        management=management, action_timing=False)
+    is applied here. No push goes over the wire, each counts as local (stats), and every key
+    holds the exact sum."""
+    results = cluster(_intent_then_push_job, 2, args=(60,), num_keys=100, value_length=1,
+                      management=management, action_timing=False)
+    (pushed0, values0, *_), (pushed1, values1, *_) = results
     assert np.array_equal(values0, pushed0 + pushed1) and np.array_equal(values0, values1)
-    assert sent0 == sent1 == 0, (sent0, sent1)
+    for pushed, _, sent, local, remote in results:
+        assert (sent, local, remote) == (0, pushed.sum(), 0)
 
 
 def _replica_updates_job(node, clocks: int):

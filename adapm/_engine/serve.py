@@ -145,6 +145,8 @@ class Serving:
             values = msg.arrays[2]
             scatter = store.scatter_add if kind == Kind.PUSH else store.scatter_set
             self._expect_none_missing(scatter(keys, values, self._scratch(len(keys))))
+            if origin == self.rank:  # counted as remote by its worker, applied here
+                self._own_updates_here[kind == Kind.SET] += len(keys)
             self._post(origin, Kind.ACK, msg.req_id, [positions])
         else:
             raise ValueError(f"not a keyed request: {kind.name}")

@@ -106,6 +106,11 @@ class NodeState(Serving, Rounds):
         self.barrier_tags: dict[int, dict[int, str]] = {}  # rank 0: epoch -> rank -> kind
         self.barrier_next = 0  # rank 0: the collective being gathered (validate.py bounds on it)
         self.counters = dict.fromkeys(COUNTERS, 0)
+        # Keys of this node's workers' pushes and sets that their worker found missing (and
+        # counted as remote) but that were applied here: held for keys on their way here, or
+        # the keys arrived before the request was routed. [push keys, set keys]; stats() moves
+        # them from the remote to the local counts (own_updates_served_here).
+        self._own_updates_here = [0, 0]
         self.max_hops = 4 * world_size
         self.now = 0.0
         self._local: collections.deque[Message] = collections.deque()
@@ -486,6 +491,13 @@ class NodeState(Serving, Rounds):
         return sorted(set(range(self.world_size)) - arrived)
 
     # --- statistics --------------------------------------------------------------------------
+
+    def own_updates_served_here(self) -> tuple[int, int]:
+        """(push keys, set keys) of this node's workers that the worker counted as remote and
+        that were applied here after all (any thread; each count only grows, and only after the
+        worker counted the keys)."""
+        push, set_ = self._own_updates_here
+        return push, set_
 
     def stats(self) -> dict:
         out = dict(self.counters)
