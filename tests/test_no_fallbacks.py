@@ -103,23 +103,34 @@ def _shutdown_under_a_waiting_pull(node):
     def pull():
         start = time.monotonic()
         started.set()
-        try:
-            w.pull([0])  # homed on rank 0
-        except BaseException as exc:
-            pulled["error"] = exc
+        while True:
+            try:
+                w.pull([0])  # homed on rank 0
+            except StateError as exc:
+                if "in a call from another thread" in str(exc):
+                    continue  # the main thread's probe below held the handle for a moment
+                pulled["error"] = exc
+            except BaseException as exc:
+                pulled["error"] = exc
+            break
         pulled["waited"] = time.monotonic() - start
 
     thread = threading.Thread(target=pull)
     thread.start()
-    # The pull waits now: the thread runs (on a loaded machine it may start late), and half a
-    # second is ample for it to enter the call it set the event right before.
     started.wait(30)
-    time.sleep(0.5)
-    try:
-        w.push([1], np.ones((1, 1), np.float32))
-        second_thread = None
-    except StateError as exc:
-        second_thread = str(exc)
+    # Until the pull's thread is inside its call (which never returns by itself), a use of the
+    # handle from here goes through (a push of a key held here); from then on it is refused.
+    # Probed rather than slept on: cores taken away in bursts once kept the thread out of its
+    # call for longer than half a second.
+    second_thread = None
+    deadline = time.monotonic() + 5
+    while second_thread is None and time.monotonic() < deadline:
+        try:
+            w.push([1], np.ones((1, 1), np.float32))
+        except StateError as exc:
+            second_thread = str(exc)
+        else:
+            time.sleep(0.05)
     try:
         node.shutdown(timeout_s=1)  # rank 0 never meets it: a timeout, after cleanup
     except adapm.AdaPMError:
