@@ -168,14 +168,28 @@ class Worker:
         self.counters["waited_pull_keys"] += len(wanted) - nmiss
         return positions[missing[:nmiss]]
 
-    def _await_round(self) -> None:
+    def _await_round(self, what: Optional[str] = None, timeout_s: Optional[float] = None
+                     ) -> None:
         """Block until a sync round that starts from now on has acted on every intent of this
         worker active at its clock and their owners have answered (the keys are here then).
-        Raises AdaPMTimeout after ``Config.request_timeout_s``."""
-        call = self._engine.submit(
-            Request(Op.WAIT_SYNC, worker=self.index, clock=self.clock),
-            f"the sync round acting on worker {self.index}'s intent for clock {self.clock}")
-        self._engine.wait(call)
+        Raises AdaPMTimeout, naming ``what``, after ``timeout_s`` (default
+        ``Config.request_timeout_s``)."""
+        if what is None:
+            what = f"the sync round acting on worker {self.index}'s intent for clock {self.clock}"
+        call = self._engine.submit(Request(Op.WAIT_SYNC, worker=self.index, clock=self.clock),
+                                   what)
+        self._engine.wait(call, timeout_s)
+
+    def _round_came(self) -> bool:
+        """For a push or set: :meth:`_await_round`, True once it returned. False if it
+        failed: the update then goes to the keys' owners as it would have without the late
+        intent, its part held here already applied (it must not be lost, nor be applied twice
+        by a caller who repeats a push that raised), and any failure shows at :meth:`wait`."""
+        try:
+            self._await_round()
+        except AdaPMError:
+            return False
+        return True
 
     def _pull_checked(self, keys, out):
         """Pull with full validation (bad input raises here, before anything is read)."""
@@ -413,9 +427,7 @@ class Worker:
         self.wait(timeout_s)
         if self._intents is None:
             return
-        call = self._engine.submit(Request(Op.WAIT_SYNC, worker=self.index, clock=self.clock),
-                                   f"wait_sync of worker {self.index}")
-        self._engine.wait(call, timeout_s)
+        self._await_round(f"wait_sync of worker {self.index}", timeout_s)
 
     def _flush_at_shutdown(self, timeout_s: Optional[float]) -> None:
         """``wait_sync`` for shutdown; skipped when another thread is inside a call of this
@@ -449,9 +461,8 @@ class Worker:
             return
         positions = self._missing[:nmiss].copy()
         rows = store.select_rows(values.reshape(-1), keys, positions)
-        if self._intents is not None and self._intents.late(self.clock):
+        if self._intents is not None and self._intents.late(self.clock) and self._round_came():
             # As in pull: the round that acts on the late intent first, then what is here.
-            self._await_round()
             wanted = keys[positions]
             missing = self._missing_buffer(len(wanted))
             if kind is Op.PUSH:
