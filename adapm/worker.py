@@ -184,7 +184,8 @@ class Worker:
         """For a push or set: :meth:`_await_round`, True once it returned. False if it
         failed: the update then goes to the keys' owners as it would have without the late
         intent, its part held here already applied (it must not be lost, nor be applied twice
-        by a caller who repeats a push that raised), and any failure shows at :meth:`wait`."""
+        by a caller who repeats a push that raised); a failure of the node shows as for any
+        remote update (from the push, or at :meth:`wait`)."""
         try:
             self._await_round()
         except AdaPMError:
