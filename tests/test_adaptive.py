@@ -534,6 +534,46 @@ def test_pushes_right_after_intent_wait_for_their_round(management):
         assert (sent, local, remote) == (0, pushed.sum(), 0)
 
 
+def _intent_then_set_job(node, rounds):
+    """As the push job, with set: each clock sets distinct keys of the other node to the
+    clock's number. Returns what this rank set last per key (-1: never), the values after all
+    sets, the set messages it sent, its local set keys less the keys it set, and its remote
+    set keys."""
+    w = node.worker()
+    rng = np.random.default_rng(20 + node.rank)
+    other = 1 - node.rank
+    last = np.full(node.store.num_keys, -1.0)
+    count = 0
+    for _ in range(rounds):
+        keys = np.unique(rng.integers(0, 50, 8)) * 2 + other  # homes on the other node
+        w.intent(keys, w.clock, w.clock + 1)
+        w.set(keys, np.full((len(keys), 1), w.clock, np.float32))
+        w.wait()
+        last[keys] = w.clock
+        count += len(keys)
+        w.advance_clock()
+    w.wait_sync()
+    node.barrier()
+    s = node.stats()
+    values = w.pull(np.arange(node.store.num_keys))[:, 0]
+    return last, values, s.get("messages_sent_set", 0), s["local_set_keys"] - count, \
+        s["remote_set_keys"]
+
+
+@pytest.mark.parametrize("management", ["adaptive", "relocation_only"])
+def test_sets_right_after_intent_wait_for_their_round(management):
+    """A set needs the main copy, which each key's only user gets (relocation): like the
+    pushes above, none goes over the wire, each counts as local, and every key holds the last
+    value its node set (0 where nobody set it)."""
+    results = cluster(_intent_then_set_job, 2, args=(60,), num_keys=100, value_length=1,
+                      management=management, action_timing=False)
+    (last0, values0, *_), (last1, values1, *_) = results
+    expected = np.maximum(np.maximum(last0, last1), 0)  # each key is set by one rank only
+    assert np.array_equal(values0, expected) and np.array_equal(values0, values1)
+    for _, _, sent, local_beyond_sets, remote in results:
+        assert (sent, local_beyond_sets, remote) == (0, 0, 0)
+
+
 def _replica_updates_job(node, clocks: int):
     """Both nodes use keys 0-3 for the whole run (so each key has its owner and a replica on
     the other node); rank r pushes r + 1 per clock. Returns (this rank's owned keys, values
