@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy.stats import poisson
 
-from adapm._engine.timing import ActionTimer, ImmediateTimer, poisson_quantile, quantile_bracket
+from adapm._engine.timing import ActionTimer, ImmediateTimer, poisson_quantile, quantile_brackets
 
 
 @given(st.floats(1e-6, 1 - 1e-9), st.floats(0.0, 5000.0))
@@ -20,7 +20,7 @@ def test_quantile_matches_scipy(p, mu):
 def test_the_quantile_is_the_same_over_its_bracket(p, mu, where):
     """The timer reuses a quantile for every mu in its bracket: any mu there has it."""
     k = poisson_quantile(p, mu)
-    lo, hi = quantile_bracket(p, k)
+    (lo,), (hi,) = quantile_brackets(p, k, k + 1)
     if mu > 0:  # mu's quantile is k: mu lies in k's bracket (up to the bracket's margins)
         assert lo * (1 - 1e-6) <= mu <= hi * (1 + 1e-6), (lo, mu, hi)
     inside = lo + (hi - lo) * (0.5 + 0.5 * where) if hi > lo else hi
@@ -68,6 +68,21 @@ def test_matches_reference_algorithm(steps, alpha, p, lambda0):
         expected = clock + int(poisson.ppf(p, 2 * max(lam, delta)))
         assert timer.horizon(clock) == expected
         assert math.isclose(timer.lam, lam)
+
+
+@given(st.lists(st.integers(0, 5000), min_size=1, max_size=30),
+       st.floats(0.01, 1.0), st.floats(1e-6, 1 - 1e-9), st.floats(0.0, 3000.0))
+@settings(max_examples=150, deadline=None)
+def test_matches_scipy_over_large_jumps(steps, alpha, p, lambda0):
+    """Clocks that jump by thousands per round, and any p: the timer's table of brackets
+    (grown as mu grows) gives scipy's quantile every time."""
+    timer = ActionTimer(alpha=alpha, p=p, lambda0=lambda0)
+    lam, clock = lambda0, 0
+    for step in steps:
+        clock += step
+        if step > 0:
+            lam = (1 - alpha) * lam + alpha * step
+        assert timer.horizon(clock) == clock + int(poisson.ppf(p, 2 * max(lam, step)))
 
 
 def test_immediate_timer_acts_on_everything():

@@ -14,7 +14,10 @@ probability p. Acting early costs little; acting late makes accesses remote. The
 
 from __future__ import annotations
 
+import bisect
 import math
+
+import numpy as np
 
 
 def poisson_quantile(p: float, mu: float) -> int:
@@ -35,25 +38,31 @@ def poisson_quantile(p: float, mu: float) -> int:
     return below if special.pdtr(below, mu) >= p else k
 
 
-def quantile_bracket(p: float, k: int) -> tuple[float, float]:
-    """(lo, hi): the quantile is k for every mu with lo < mu <= hi (a slightly narrower range
-    than the exact one, so that rounding in the inversion never makes it wrong; NaN bounds
-    hold for no mu). Q(mu) = k exactly when P[Poisson(mu) <= k] >= p and, for k > 0,
-    P[Poisson(mu) <= k - 1] < p; both sides are decreasing in mu, and ``pdtri`` inverts them."""
+def quantile_brackets(p: float, start: int, stop: int) -> tuple[list, list]:
+    """(los, his) for k in [start, stop): the quantile is k for every mu with
+    los[i] < mu <= his[i], i = k - start (a slightly narrower range than the exact one, so
+    that rounding in the inversion never makes it wrong; NaN bounds hold for no mu). Q(mu) = k
+    exactly when P[Poisson(mu) <= k] >= p and, for k > 0, P[Poisson(mu) <= k - 1] < p; both
+    sides are decreasing in mu, and ``pdtri`` inverts them (one vectorised call)."""
     from scipy import special
 
-    hi = float(special.pdtri(k, p)) * (1.0 - 1e-9)
-    lo = float(special.pdtri(k - 1, p)) * (1.0 + 1e-9) if k > 0 else 0.0
-    return lo, hi
+    edges = special.pdtri(np.arange(start - 1, stop), p)
+    his = (edges[1:] * (1.0 - 1e-9)).tolist()
+    los = (edges[:-1] * (1.0 + 1e-9)).tolist()
+    if start == 0:
+        los[0] = 0.0  # pdtri(-1, p) is NaN: nothing is below the quantile 0
+    return los, his
 
 
-_BRACKETS = 8  # quantile brackets an ActionTimer keeps
+# The table grows to the brackets of mu up to this (~70,000 of them, ~4 MB); beyond, each
+# quantile is computed (a worker 50,000 clocks a round ahead of its rounds).
+_TABLE_MU = 65536.0
 
 
 class ActionTimer:
     """λ estimate and action horizon of one worker. Not thread-safe (the sync loop owns it)."""
 
-    __slots__ = ("alpha", "p", "lam", "last_clock", "_cache")
+    __slots__ = ("alpha", "p", "lam", "last_clock", "_his", "_los", "_limit")
 
     def __init__(self, alpha: float = 0.1, p: float = 0.9999, lambda0: float = 10.0,
                  clock: int = 0) -> None:
@@ -61,13 +70,41 @@ class ActionTimer:
         self.p = p
         self.lam = float(lambda0)
         self.last_clock = clock
-        # [(lo, hi, quantile)]: the quantile is the same for every mu in (lo, hi], and λ moves a
-        # little every busy round (an incomplete-gamma call per worker and round was ~3% of a
-        # 2-node KGE run's engine thread). Filled now, on the thread that creates the worker:
-        # the quantile's first call imports scipy (a third of a second), which in the engine
+        # The quantile's brackets in a table: the quantile is k for every mu in
+        # (_los[k], _his[k]] (quantile_brackets' margins), found by bisection. mu follows the
+        # clocks a round advanced when they exceed λ, so it jumps around from round to round:
+        # a cache of the last 8 brackets still missed in 141 of 222 rounds of bench/adaptive.py
+        # (an incomplete-gamma inversion each, ~35 us). Built now, on the thread that creates
+        # the worker: the first call imports scipy (a third of a second), which in the engine
         # thread's first round stalled every node's engine (bench/engine.py).
-        k = poisson_quantile(p, 2.0 * self.lam)
-        self._cache = [(*quantile_bracket(p, k), k)]
+        self._his: list[float] = []
+        self._los: list[float] = []
+        self._limit = _TABLE_MU  # the table grows for mu up to this
+        self._extend(2.0 * self.lam)
+
+    def _extend(self, mu: float) -> None:
+        """Grow the table to the brackets up to mu's (at least twice as many as now)."""
+        start = len(self._his)
+        stop = min(max(2 * start, int(mu + 10.0 * math.sqrt(mu) + 32)),
+                   int(_TABLE_MU + 10.0 * math.sqrt(_TABLE_MU) + 32))
+        los, his = quantile_brackets(self.p, start, stop)
+        for lo, hi in zip(los, his):
+            if not (math.isfinite(hi) and math.isfinite(lo)):
+                break  # beyond what the inversion gives: computed per call
+            self._his.append(hi)
+            self._los.append(lo)
+        if not self._his or mu > self._his[-1]:  # it cannot grow that far: no more tries
+            self._limit = self._his[-1] if self._his else 0.0
+
+    def _quantile(self, mu: float) -> int:
+        his = self._his
+        if his and his[-1] < mu <= self._limit:
+            self._extend(mu)
+        k = bisect.bisect_left(his, mu)
+        if k < len(his) and mu > self._los[k]:
+            return k
+        # Within a rounding margin of a bracket's edge, past the table, or mu <= 0.
+        return poisson_quantile(self.p, mu)
 
     def horizon(self, clock: int) -> int:
         """Round with the worker at ``clock``: update λ, return h. Act on intents with start < h."""
@@ -75,15 +112,7 @@ class ActionTimer:
         self.last_clock = clock
         if delta > 0:
             self.lam = (1.0 - self.alpha) * self.lam + self.alpha * delta
-        mu = 2.0 * max(self.lam, float(max(delta, 0)))
-        for lo, hi, k in self._cache:
-            if lo < mu <= hi:
-                return clock + k
-        k = poisson_quantile(self.p, mu)
-        # A few brackets: mu follows the clocks a round advanced (Δ) when they exceed λ, so
-        # it moves among a few quantiles from round to round.
-        self._cache = [(*quantile_bracket(self.p, k), k), *self._cache[:_BRACKETS - 1]]
-        return clock + k
+        return clock + self._quantile(2.0 * max(self.lam, float(max(delta, 0))))
 
 
 class ImmediateTimer:
