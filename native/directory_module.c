@@ -477,9 +477,9 @@ static PyObject *Directory_dense(DirectoryObject *self, PyObject *unused) {
     for (int64_t i = 0; i < h; i++) home_epoch[i] = 0;
     const records_t *recs = &self->recs;
     for (int64_t slot = 0; slot <= recs->map.mask; slot++) {
-        const int64_t key = recs->map.keys[slot];
+        const int64_t key = recs->map.slots[slot].key;
         if (key < 0) continue;
-        const int32_t r = recs->map.vals[slot];
+        const int32_t r = recs->map.slots[slot].val;
         const rec_t *e = rec_at(recs, r);
         hint[key] = e->hint;
         forward[key] = e->forward;

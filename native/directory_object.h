@@ -75,8 +75,8 @@ static inline int64_t dm_route_hop(const directory_t *d, const intent_counts_t *
                                    int is_set) {
     const int st = store_state(d->store, key);
     if (is_set ? st == KEY_OWNER : st != KEY_NONE) return -1;
-    const int32_t r = c ? km_get(&c->map, key) : -1;
-    if (r >= 0 && c->rec[r].count > 0 && !c->rec[r].told) return -2;
+    const ic_rec_t *e = c ? ic_find(c, key) : NULL;
+    if (e && e->count > 0 && !e->told) return -2;
     const int64_t hint = rec_hint(d->recs, key);
     const int64_t h = hint == d->rank ? dir_next_hop(d, key) : hint;
     return h < 0 ? -3 : h;

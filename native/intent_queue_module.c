@@ -257,8 +257,8 @@ static PyObject *per_key(IntentCountsObject *self, PyObject *okeys, int in_fligh
     if (result) {
         uint8_t *out = (uint8_t *)PyByteArray_AS_STRING(result);
         for (int64_t i = 0; i < n; i++) {
-            const int32_t r = km_get(&self->c.map, keys[i]);
-            out[i] = r >= 0 && self->c.rec[r].count > 0 && !(in_flight && self->c.rec[r].told);
+            const ic_rec_t *e = ic_find(&self->c, keys[i]);
+            out[i] = e && e->count > 0 && !(in_flight && e->told);
         }
     }
     PyBuffer_Release(&kv);
@@ -285,12 +285,11 @@ static PyObject *IntentCounts_dense(IntentCountsObject *self, PyObject *unused) 
         uint8_t *t = (uint8_t *)PyByteArray_AS_STRING(told);
         memset(c, 0, (size_t)k * 4);
         memset(t, 0, (size_t)k);
-        const keymap_t *m = &self->c.map;
-        for (int64_t slot = 0; slot <= m->mask; slot++) {
-            const int64_t key = m->keys[slot];
-            if (key < 0 || key >= k) continue;
-            c[key] = self->c.rec[m->vals[slot]].count;
-            t[key] = self->c.rec[m->vals[slot]].told;
+        for (int64_t slot = 0; slot <= self->c.mask; slot++) {
+            const ic_rec_t *e = &self->c.slots[slot];
+            if (e->key < 0 || e->key >= k) continue;
+            c[e->key] = e->count;
+            t[e->key] = e->told;
         }
         result = PyTuple_Pack(2, counts, told);
     }
@@ -331,7 +330,7 @@ static PyObject *IntentCounts_set_counts(IntentCountsObject *self, PyObject *arg
 /* memory() -> (records, bytes) */
 static PyObject *IntentCounts_memory(IntentCountsObject *self, PyObject *unused) {
     if (counts_ready(self) < 0) return NULL;
-    return Py_BuildValue("LL", (long long)self->c.map.live, (long long)ic_bytes(&self->c));
+    return Py_BuildValue("LL", (long long)self->c.live, (long long)ic_bytes(&self->c));
 }
 
 /* activity(queues) -> int: bit 0 keys wait for changes(), bit 1 a queue of queues (a tuple of

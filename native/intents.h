@@ -6,32 +6,36 @@
  * (a mark per key), where numpy needs a sort to count duplicates and another to dedupe.
  *
  * Memory: a record (count, told, mark) only for keys with a nonzero count, told or marked, in a
- * key map (keymap.h): dense arrays cost 6 B per key and node for every key of the key space.
+ * hash table of its own: dense arrays cost 6 B per key and node for every key of the key space.
  * Not thread-safe: the bindings keep the GIL whenever they touch the counts. Touches no Python
  * object.
  */
 #ifndef ADAPM_INTENTS_H
 #define ADAPM_INTENTS_H
 
+#include <stddef.h>
 #include <stdint.h>
 
-#include "keymap.h"
+#include "keymap.h" /* KM_AHEAD */
 
-/* A key's record: its fields in one 16-byte slot (four to a cache line; an array per field
- * cost a miss per field on each count, change and acknowledgement). */
+/* A key's record: its key and fields in one 16-byte slot of an open-addressing table (four to
+ * a cache line). The table is the map: a lookup finds the record in the slot it probes, one
+ * cache line per count, change and acknowledgement. (A key map to an index into a record array
+ * cost three: the map's keys, its values and the record; intents_count was a fifth of the
+ * engine thread's CPU in bench/adaptive.py, most of it waiting on those loads.) */
 typedef struct {
-    int64_t key;
+    int64_t key; /* IC_EMPTY or a key */
     int32_t count;
     uint8_t told, mark;
 } ic_rec_t;
 
+enum { IC_EMPTY = -1 };
+
 typedef struct {
-    keymap_t map; /* key -> record */
-    int64_t len, cap;
-    ic_rec_t *rec;
-    int32_t *free_list;
-    int64_t nfree;
-    int64_t *dirty; /* marked keys, in the order they were marked */
+    ic_rec_t *slots; /* capacity a power of two, at most 3/4 full; linear probing */
+    int64_t mask;    /* capacity - 1 */
+    int64_t live;    /* keys with a record */
+    int64_t *dirty;  /* marked keys, in the order they were marked */
     int64_t ndirty, dirty_cap;
 } intent_counts_t;
 
@@ -41,14 +45,28 @@ void ic_free(intent_counts_t *c);
 /* Room for `more` new records and `more` more dirty keys. 0, or -1 if out of memory. */
 int ic_reserve(intent_counts_t *c, int64_t more);
 
+/* The key's first slot (Fibonacci hashing, as keymap.h). */
+static inline int64_t ic_home(const intent_counts_t *c, int64_t key) {
+    return (int64_t)(((uint64_t)key * 0x9E3779B97F4A7C15ull) >> 20) & c->mask;
+}
+
+/* The key's record, or NULL. Valid until the next change of the counts. */
+static inline const ic_rec_t *ic_find(const intent_counts_t *c, int64_t key) {
+    for (int64_t i = ic_home(c, key);; i = (i + 1) & c->mask) {
+        const ic_rec_t *e = &c->slots[i];
+        if (e->key == key) return e;
+        if (e->key == IC_EMPTY) return NULL;
+    }
+}
+
 static inline int32_t ic_count(const intent_counts_t *c, int64_t key) {
-    const int32_t i = km_get(&c->map, key);
-    return i < 0 ? 0 : c->rec[i].count;
+    const ic_rec_t *e = ic_find(c, key);
+    return e ? e->count : 0;
 }
 
 static inline int ic_told(const intent_counts_t *c, int64_t key) {
-    const int32_t i = km_get(&c->map, key);
-    return i >= 0 && c->rec[i].told;
+    const ic_rec_t *e = ic_find(c, key);
+    return e && e->told;
 }
 
 /* Adds delta (+1 or -1) to the count of keys[i] for every i, in order. A key whose count

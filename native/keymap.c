@@ -7,16 +7,10 @@
 enum { KM_MIN_CAPACITY = 64 };
 
 static int km_alloc(keymap_t *m, int64_t capacity) {
-    int64_t *keys = malloc((size_t)capacity * sizeof(int64_t));
-    int32_t *vals = malloc((size_t)capacity * sizeof(int32_t));
-    if (!keys || !vals) {
-        free(keys);
-        free(vals);
-        return -1;
-    }
-    memset(keys, 0xff, (size_t)capacity * sizeof(int64_t)); /* all KM_EMPTY (-1) */
-    m->keys = keys;
-    m->vals = vals;
+    km_slot_t *slots = malloc((size_t)capacity * sizeof(km_slot_t));
+    if (!slots) return -1;
+    for (int64_t i = 0; i < capacity; i++) slots[i].key = KM_EMPTY;
+    m->slots = slots;
     m->mask = capacity - 1;
     m->live = 0;
     return 0;
@@ -25,10 +19,8 @@ static int km_alloc(keymap_t *m, int64_t capacity) {
 int km_init(keymap_t *m) { return km_alloc(m, KM_MIN_CAPACITY); }
 
 void km_free(keymap_t *m) {
-    free(m->keys);
-    free(m->vals);
-    m->keys = NULL;
-    m->vals = NULL;
+    free(m->slots);
+    m->slots = NULL;
 }
 
 int km_reserve(keymap_t *m, int64_t more) {
@@ -39,7 +31,7 @@ int km_reserve(keymap_t *m, int64_t more) {
     keymap_t next;
     if (km_alloc(&next, grown) < 0) return -1;
     for (int64_t i = 0; i < capacity; i++)
-        if (m->keys[i] >= 0) km_put(&next, m->keys[i], m->vals[i]);
+        if (m->slots[i].key >= 0) km_put(&next, m->slots[i].key, m->slots[i].val);
     km_free(m);
     *m = next;
     return 0;
@@ -47,41 +39,40 @@ int km_reserve(keymap_t *m, int64_t more) {
 
 void km_put(keymap_t *m, int64_t key, int32_t val) {
     int64_t i = km_slot(m, key);
-    while (m->keys[i] >= 0) i = (i + 1) & m->mask;
-    m->keys[i] = key;
-    m->vals[i] = val;
+    while (m->slots[i].key >= 0) i = (i + 1) & m->mask;
+    m->slots[i].key = key;
+    m->slots[i].val = val;
     m->live++;
 }
 
 int32_t km_del(keymap_t *m, int64_t key) {
     int64_t i = km_slot(m, key);
     for (;; i = (i + 1) & m->mask) {
-        const int64_t k = m->keys[i];
+        const int64_t k = m->slots[i].key;
         if (k == KM_EMPTY) return -1;
         if (k == key) break;
     }
-    const int32_t val = m->vals[i];
+    const int32_t val = m->slots[i].val;
     /* Backward-shift deletion (Knuth's Algorithm R): the entries after the hole that could
      * not sit in it move up, so no tombstone is left. Lookups stay as short as the live keys
-     * make them, and a map whose keys come and go (intent counts, records of active keys: a
+     * make them, and a map whose keys come and go (records of active keys, pins: a
      * few hundred each per clock) never fills with tombstones, which forced a rehash, a fresh
      * table and its page faults every few thousand deletions. */
     for (int64_t j = (i + 1) & m->mask;; j = (j + 1) & m->mask) {
-        const int64_t k = m->keys[j];
+        const int64_t k = m->slots[j].key;
         if (k == KM_EMPTY) break;
         const int64_t home = km_slot(m, k);
         /* The entry at j stays where its home lies cyclically in (i, j]. */
         const int stays = i <= j ? (i < home && home <= j) : (i < home || home <= j);
         if (stays) continue;
-        m->keys[i] = k;
-        m->vals[i] = m->vals[j];
+        m->slots[i] = m->slots[j];
         i = j;
     }
-    m->keys[i] = KM_EMPTY;
+    m->slots[i].key = KM_EMPTY;
     m->live--;
     return val;
 }
 
 int64_t km_bytes(const keymap_t *m) {
-    return (m->mask + 1) * (int64_t)(sizeof(int64_t) + sizeof(int32_t));
+    return (m->mask + 1) * (int64_t)sizeof(km_slot_t);
 }

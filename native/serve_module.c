@@ -399,8 +399,8 @@ PyObject *Directory_staying(DirectoryObject *self, PyObject *args) {
         store_states(self->d.store, keys, n, out);
         for (int64_t i = 0; i < n; i++) {
             if (out[i] == KEY_REPLICA) {
-                const int32_t r = c ? km_get(&c->map, keys[i]) : -1;
-                out[i] = !c || (r >= 0 && c->rec[r].count > 0);
+                const ic_rec_t *e = c ? ic_find(c, keys[i]) : NULL;
+                out[i] = !c || (e && e->count > 0);
             } else {
                 out[i] = out[i] == KEY_OWNER;
             }

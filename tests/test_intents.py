@@ -232,6 +232,57 @@ def test_told_state_matches_active_intents(intents, steps):
     assert math.isinf(ImmediateTimer().horizon(0))
 
 
+@given(st.integers(0, 2**32 - 1), st.sampled_from([400, 20_000]))
+@settings(max_examples=20, deadline=None)
+def test_counts_match_the_reference_over_many_keys(seed, num_keys):
+    """Thousands of keys in flight at once: the counts' table grows through several doublings,
+    and records leave it (backward-shift deletion, across the table's end) while others probe
+    past them. After every round the counts, told flags, changes and the records kept match a
+    reference; owners acknowledge only some changes and the rest are reported again."""
+    rng = np.random.default_rng(seed)
+    worker, ref = WorkerIntents(ImmediateTimer(), num_keys), ReferenceQueue()
+    node = NodeIntents(num_keys)
+    count = np.zeros(num_keys, dtype=np.int64)
+    told = np.zeros(num_keys, dtype=bool)
+    marked: list[int] = []  # keys changes() will look at, in the order they were marked
+    clock = 0
+    for _ in range(12):
+        for _ in range(int(rng.integers(1, 6))):
+            # Zipf-like keys: a hot few in most batches, a long tail that comes and goes.
+            keys = ((rng.zipf(1.3, int(rng.integers(1, 1500))) - 1) % num_keys).astype(np.int64)
+            start = clock + int(rng.integers(0, 4))
+            end = start + int(rng.integers(1, 5))
+            worker.signal(keys, start, end)
+            ref.signal(keys, start, end)
+        clock += int(rng.integers(0, 3))
+        acted, expired = ref.collect(clock, math.inf)
+        for batches, delta in ((acted, 1), (expired, -1)):
+            for keys in batches:
+                for k in keys.tolist():
+                    count[k] += delta
+                    if count[k] == (1 if delta > 0 else 0) and k not in marked:
+                        marked.append(k)
+        node.collect(worker, clock)
+        np.testing.assert_array_equal(node.dense()[0], count)
+        keys, flags = node.changes()
+        want = [k for k in marked if (count[k] > 0) != told[k]]
+        assert keys.tolist() == want
+        assert flags.tolist() == [bool(count[k] > 0) for k in want]
+        marked = []
+        # The owners take in a random part; the rest went to a node that no longer owns them.
+        taken = rng.random(len(keys)) < 0.7
+        node.acknowledge(keys[taken], flags[taken])
+        told[keys[taken]] = flags[taken]
+        node.report_again(keys[~taken])
+        marked = keys[~taken].tolist()
+        np.testing.assert_array_equal(node.dense()[1], told)
+        assert node.wants(np.arange(num_keys, dtype=np.int64)).tolist() == (count > 0).tolist()
+        records, _ = node.native.memory()
+        kept = (count > 0) | told
+        kept[marked] = True
+        assert records == int(kept.sum())
+
+
 def test_counts_keep_records_only_for_keys_with_intent():
     """Memory follows the keys with intent: once intents ended and owners were told, no record
     is left; a key reported again keeps one until changes() looked at it."""
