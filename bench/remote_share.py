@@ -1,6 +1,6 @@
 """Every app's training remote share on 2 nodes x 1 worker, per epoch, from its JSON lines.
 
-    python bench/remote_share.py              # every app once (about 5 minutes here)
+    python bench/remote_share.py              # every app once (about a minute here)
     python bench/remote_share.py --repeat 3   # three runs of each
     python bench/remote_share.py --apps demo,gnn
 
