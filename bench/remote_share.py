@@ -28,6 +28,7 @@ import os
 import sys
 import tempfile
 from pathlib import Path
+from typing import Callable
 
 from app_runs import sh  # bench/ is the script's directory: on sys.path
 
@@ -49,7 +50,7 @@ def stats_share(line: dict) -> float:
     return remote / accessed if accessed else 0.0
 
 
-def command(app: str, env: dict) -> tuple[list[str], callable]:
+def command(app: str, env: dict) -> tuple[list[str], Callable[[dict], float]]:
     """The app's 2-node command line (its data generated once, in the temp dir) and how to read
     an epoch's share from one of its JSON lines."""
     out = ["--progress", "off", "--json", "-"]
