@@ -70,23 +70,12 @@ static inline int64_t ic_get(intent_counts_t *c, int64_t key) {
     return i;
 }
 
-/* Drops the record in slot i if it holds nothing. Backward-shift deletion (as km_del): the
- * records after the hole that could not sit in it move up, so no tombstone is left. Moves
- * other records: no slot index may be kept across it. */
+/* Drops the record in slot i if it holds nothing (openaddr.h: moves other records, so no slot
+ * index may be kept across it). */
 static void ic_tidy(intent_counts_t *c, int64_t i) {
     const ic_rec_t *e = &c->slots[i];
     if (e->count || e->told || e->mark) return;
-    for (int64_t j = (i + 1) & c->mask;; j = (j + 1) & c->mask) {
-        const int64_t k = c->slots[j].key;
-        if (k == IC_EMPTY) break;
-        const int64_t home = ic_home(c, k);
-        /* The record at j stays where its home lies cyclically in (i, j]. */
-        const int stays = i <= j ? (i < home && home <= j) : (i < home || home <= j);
-        if (stays) continue;
-        c->slots[i] = c->slots[j];
-        i = j;
-    }
-    c->slots[i].key = IC_EMPTY;
+    oa_delete((unsigned char *)c->slots, sizeof(ic_rec_t), c->mask, i);
     c->live--;
 }
 

@@ -16,7 +16,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "keymap.h" /* KM_AHEAD */
+#include "openaddr.h"
 
 /* A key's record: its key and fields in one 16-byte slot of an open-addressing table (four to
  * a cache line). The table is the map: a lookup finds the record in the slot it probes, one
@@ -29,7 +29,9 @@ typedef struct {
     uint8_t told, mark;
 } ic_rec_t;
 
-enum { IC_EMPTY = -1 };
+enum { IC_EMPTY = OA_EMPTY };
+
+_Static_assert(offsetof(ic_rec_t, key) == 0, "openaddr.h: the key comes first in a slot");
 
 typedef struct {
     ic_rec_t *slots; /* capacity a power of two, at most 3/4 full; linear probing */
@@ -45,9 +47,9 @@ void ic_free(intent_counts_t *c);
 /* Room for `more` new records and `more` more dirty keys. 0, or -1 if out of memory. */
 int ic_reserve(intent_counts_t *c, int64_t more);
 
-/* The key's first slot (Fibonacci hashing, as keymap.h). */
+/* The key's first slot (openaddr.h). */
 static inline int64_t ic_home(const intent_counts_t *c, int64_t key) {
-    return (int64_t)(((uint64_t)key * 0x9E3779B97F4A7C15ull) >> 20) & c->mask;
+    return oa_home(key, c->mask);
 }
 
 /* The key's record, or NULL. Valid until the next change of the counts. */

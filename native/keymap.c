@@ -53,22 +53,7 @@ int32_t km_del(keymap_t *m, int64_t key) {
         if (k == key) break;
     }
     const int32_t val = m->slots[i].val;
-    /* Backward-shift deletion (Knuth's Algorithm R): the entries after the hole that could
-     * not sit in it move up, so no tombstone is left. Lookups stay as short as the live keys
-     * make them, and a map whose keys come and go (records of active keys, pins: a
-     * few hundred each per clock) never fills with tombstones, which forced a rehash, a fresh
-     * table and its page faults every few thousand deletions. */
-    for (int64_t j = (i + 1) & m->mask;; j = (j + 1) & m->mask) {
-        const int64_t k = m->slots[j].key;
-        if (k == KM_EMPTY) break;
-        const int64_t home = km_slot(m, k);
-        /* The entry at j stays where its home lies cyclically in (i, j]. */
-        const int stays = i <= j ? (i < home && home <= j) : (i < home || home <= j);
-        if (stays) continue;
-        m->slots[i] = m->slots[j];
-        i = j;
-    }
-    m->slots[i].key = KM_EMPTY;
+    oa_delete((unsigned char *)m->slots, sizeof(km_slot_t), m->mask, i);
     m->live--;
     return val;
 }

@@ -1,4 +1,4 @@
-/* A hash map from key (int64, >= 0) to a small int (int32): open addressing with linear probing
+/* A hash map from key (int64, >= 0) to a small int (int32): open addressing (openaddr.h), linear probing
  * and backward-shift deletion (no tombstones), capacity a power of two, at most 3/4 full. It holds the
  * directory's records of *active* keys (directory.h), so that a node's memory follows the keys
  * it works with, not the key space. Single-threaded: the engine thread only. Touches no Python
@@ -6,9 +6,12 @@
 #ifndef ADAPM_KEYMAP_H
 #define ADAPM_KEYMAP_H
 
+#include <stddef.h>
 #include <stdint.h>
 
-enum { KM_EMPTY = -1 };
+#include "openaddr.h"
+
+enum { KM_EMPTY = OA_EMPTY };
 
 /* A key and its value in one 16-byte slot: a lookup loads one cache line, not one in an array
  * of keys and another in an array of values (4 more bytes per slot than two arrays; the
@@ -18,6 +21,8 @@ typedef struct {
     int32_t val;
     int32_t spare;
 } km_slot_t;
+
+_Static_assert(offsetof(km_slot_t, key) == 0, "openaddr.h: the key comes first in a slot");
 
 typedef struct {
     km_slot_t *slots;
@@ -29,10 +34,8 @@ typedef struct {
 int km_init(keymap_t *m);
 void km_free(keymap_t *m);
 
-/* Fibonacci hashing: consecutive keys spread over the table. */
-static inline int64_t km_slot(const keymap_t *m, int64_t key) {
-    return (int64_t)(((uint64_t)key * 0x9E3779B97F4A7C15ull) >> 20) & m->mask;
-}
+/* The key's first slot (openaddr.h). */
+static inline int64_t km_slot(const keymap_t *m, int64_t key) { return oa_home(key, m->mask); }
 
 /* The value of key, or -1 if it is not in the map. */
 static inline int32_t km_get(const keymap_t *m, int64_t key) {

@@ -517,6 +517,36 @@ def _check_sync(node: NodeState, ref: Reference, rng, world_size: int) -> None:
         {d: sorted(entry_keys[e].tolist()) for d, e in forwarded.items()}
 
 
+@given(st.integers(0, 2**32 - 1))
+@settings(max_examples=10, deadline=None)
+def test_records_of_many_keys_read_back_as_set(seed):
+    """Thousands of records made and dropped at random: the directory's key map grows through
+    several doublings and deletes by backward shift across its end (the tests above hold 12
+    keys, which never leave its first 64 slots). Every key's masks read back as last set, and
+    a record stays only for the keys whose masks are not empty."""
+    num_keys, world_size, rank = 20_000, 2, 0
+    config = adapm.Config(num_keys=num_keys, value_length=1, world_size=world_size, rank=rank,
+                          rendezvous="127.0.0.1:1", management="adaptive")
+    store = Store(config)
+    owned = home_keys(rank, num_keys, world_size)
+    store.insert(owned, OWNER)
+    node = NodeState(rank, world_size, store, config)
+    intent = np.zeros(num_keys, dtype=np.uint64)  # one mask word per key at 2 nodes
+    replicas = np.zeros(num_keys, dtype=np.uint64)
+    rng = np.random.default_rng(seed)
+    for _ in range(8):
+        keys = rng.choice(owned, int(rng.integers(1, len(owned))), replace=False)
+        s = rng.integers(0, 4, len(keys)).astype(np.uint64)  # the bits of ranks 0 and 1
+        s[rng.random(len(keys)) < 0.5] = 0  # half of them: back to no record
+        r = s & rng.integers(0, 4, len(keys)).astype(np.uint64) & ~np.uint64(1 << rank)
+        node.directory.set_masks(keys.astype(np.int64), s, r)
+        intent[keys], replicas[keys] = s, r
+        got = dense(node)
+        np.testing.assert_array_equal(got["intent"], intent)
+        np.testing.assert_array_equal(got["replicas"], replicas)
+        assert node.directory.memory()[0] == int(((intent != 0) | (replicas != 0)).sum())
+
+
 def test_deciding_on_a_key_not_owned_changes_nothing():
     config = _config(2, 0, 2)
     store = Store(config)
