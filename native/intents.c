@@ -10,9 +10,8 @@
 enum { IC_MIN_CAPACITY = 64, IC_AHEAD = 24 };
 
 static int ic_alloc(intent_counts_t *c, int64_t capacity) {
-    ic_rec_t *slots = malloc((size_t)capacity * sizeof(ic_rec_t));
+    ic_rec_t *slots = oa_new(sizeof(ic_rec_t), capacity);
     if (!slots) return -1;
-    for (int64_t i = 0; i < capacity; i++) slots[i].key = IC_EMPTY;
     c->slots = slots;
     c->mask = capacity - 1;
     c->live = 0;

@@ -7,9 +7,8 @@
 enum { KM_MIN_CAPACITY = 64 };
 
 static int km_alloc(keymap_t *m, int64_t capacity) {
-    km_slot_t *slots = malloc((size_t)capacity * sizeof(km_slot_t));
+    km_slot_t *slots = oa_new(sizeof(km_slot_t), capacity);
     if (!slots) return -1;
-    for (int64_t i = 0; i < capacity; i++) slots[i].key = KM_EMPTY;
     m->slots = slots;
     m->mask = capacity - 1;
     m->live = 0;

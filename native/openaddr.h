@@ -7,6 +7,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 enum { OA_EMPTY = -1 };
@@ -14,6 +15,16 @@ enum { OA_EMPTY = -1 };
 /* The key's first slot (Fibonacci hashing: consecutive keys spread over the table). */
 static inline int64_t oa_home(int64_t key, int64_t mask) {
     return (int64_t)(((uint64_t)key * 0x9E3779B97F4A7C15ull) >> 20) & mask;
+}
+
+/* A table of `capacity` slots of `size` bytes, every one free (malloc'd: free() it); NULL if
+ * out of memory. */
+static inline void *oa_new(size_t size, int64_t capacity) {
+    unsigned char *slots = malloc((size_t)capacity * size);
+    if (!slots) return NULL;
+    const int64_t empty = OA_EMPTY;
+    for (int64_t i = 0; i < capacity; i++) memcpy(slots + (size_t)i * size, &empty, sizeof empty);
+    return slots;
 }
 
 /* The key in slot i of a table of `size`-byte slots. */
