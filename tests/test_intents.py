@@ -268,7 +268,6 @@ def test_counts_match_the_reference_over_many_keys(seed, num_keys):
         want = [k for k in marked if (count[k] > 0) != told[k]]
         assert keys.tolist() == want
         assert flags.tolist() == [bool(count[k] > 0) for k in want]
-        marked = []
         # The owners take in a random part; the rest went to a node that no longer owns them.
         taken = rng.random(len(keys)) < 0.7
         node.acknowledge(keys[taken], flags[taken])
