@@ -38,8 +38,10 @@ Tables:
   others made since its values were read (a concurrent batch; a replica's last sync).
 - ``--per-epoch`` (on its own): KGE and WV quality after each epoch on 2 nodes x 1 (``adapm-run
   -n 2``) against ``--baseline --workers 2`` (the same total workers, data, seed and epochs), a
-  pair of runs per seed: mean and range over the seeds, the ratio of the means and the range of
-  the per-seed ratios, and the 2-node remote share per epoch from the JSON lines. KGE: the app's
+  pair of runs per seed: mean and range over the seeds, the ratio of the means with a 90%
+  interval from resampling the seeds, the range of the per-seed ratios, and the 2-node remote
+  share per epoch from the JSON lines. A ratio that meets the target while its interval
+  reaches below it is said to be within the runs' noise. KGE: the app's
   defaults on a generated KG of 60,000 triples (the demo's size), filtered MRR on 5,000
   validation triples, ``--kge-epochs`` epochs. WV: the ``wv-real`` corpus and settings (the
   app's defaults), analogy accuracy, WordSim-353 Spearman (the app's own evaluation) and the
@@ -362,33 +364,51 @@ def _per_epoch_table(title: str, metric: str, base: list[list[dict]],
                      dist: list[list[dict]], label: str = "2 nodes x 1",
                      base_label: str = "baseline 1 x 2", judge: bool = True) -> None:
     """Print epoch, baseline and 2-node quality (mean [min, max] over seeds), the ratio of the
-    means and the range of the per-seed ratios (same seed: same data split and initial values),
-    and the 2-node remote share (mean [max])."""
+    means with its 90% bootstrap interval and the range of the per-seed ratios (same seed: same
+    data split and initial values), and the 2-node remote share (mean [max])."""
     print(f"\n{title}\n")
     print(f"| epoch | {base_label}: {metric} | {label}: {metric} | ratio of means "
-          f"[per-seed range] | remote share mean [max] |")
+          f"(90% interval) [per-seed range] | remote share mean [max] |")
     print("|---:|---|---|---|---|")
-    ratios, shares = {}, {}
+    ratios, shares, lows = {}, {}, {}
     for e in range(min(len(r) for r in base + dist)):
         b = np.array([r[e][metric] for r in base])
         d = np.array([r[e][metric] for r in dist])
         ratio = d / b
         share = np.array([_remote_share(r[e]) for r in dist])
-        ratios[e + 1], shares[e + 1] = float(d.mean() / b.mean()), float(share.max())
+        low, high = _ratio_interval(b, d)
+        ratios[e + 1], shares[e + 1], lows[e + 1] = (float(d.mean() / b.mean()),
+                                                     float(share.max()), low)
         print(f"| {e + 1} | {b.mean():.4f} [{b.min():.4f}, {b.max():.4f}] | {d.mean():.4f} "
-              f"[{d.min():.4f}, {d.max():.4f}] | {d.mean() / b.mean():.3f} [{ratio.min():.3f}, "
-              f"{ratio.max():.3f}] | {100 * share.mean():.4f}% [{100 * share.max():.4f}%] |",
-              flush=True)
+              f"[{d.min():.4f}, {d.max():.4f}] | {d.mean() / b.mean():.3f} ({low:.3f}-"
+              f"{high:.3f}) [{ratio.min():.3f}, {ratio.max():.3f}] | "
+              f"{100 * share.mean():.4f}% [{100 * share.max():.4f}%] |", flush=True)
     later = {e: r for e, r in ratios.items() if e >= 2}
     if not later or not judge:
         return  # one epoch: nothing from epoch 2 on to judge
     miss = [e for e, r in later.items() if r < 0.98]
+    unsure = [e for e in later if e not in miss and lows[e] < 0.98]
     over = [e for e, r in shares.items() if r > 1e-4]
     print(f"\nfrom epoch 2 on: {label} / baseline {min(later.values()):.3f} at worst (epoch "
           f"{min(later, key=later.get)}); target >= 0.98: "
           + ("met" if not miss else "missed at epochs " + ", ".join(map(str, miss)))
+          + (f" (within the runs' noise at epochs {', '.join(map(str, unsure))}: the 90% "
+             f"interval reaches below 0.98)" if unsure else "")
           + "; remote share <= 0.01% in every run and epoch: "
           + ("met" if not over else "missed at epochs " + ", ".join(map(str, over))))
+
+
+def _ratio_interval(base: np.ndarray, dist: np.ndarray, draws: int = 10_000,
+                    level: float = 0.9) -> tuple[float, float]:
+    """The ``level`` interval of mean(dist) / mean(base) over the seeds, by resampling the
+    seeds (pairs) with replacement. Single runs differ by up to 1.6x either way (a run's
+    trajectory depends on how its threads or nodes interleave), so a 16-seed ratio of means
+    moves by several percent from one batch to the next: the interval says how far."""
+    rng = np.random.default_rng(0)  # the same data, the same interval
+    picks = rng.integers(0, len(base), size=(draws, len(base)))
+    boot = dist[picks].mean(axis=1) / base[picks].mean(axis=1)
+    tail = (1.0 - level) / 2
+    return float(np.quantile(boot, tail)), float(np.quantile(boot, 1.0 - tail))
 
 
 def _paired_runs(cmd: list[str], seeds: int, variants: tuple[list[str], ...] = ([],),
