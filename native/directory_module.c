@@ -607,12 +607,34 @@ static PyObject *Directory_repin(DirectoryObject *self, PyObject *args) {
     return result;
 }
 
+/* pinned(keys) -> bytes of int32: how many times each key is pinned now (0: not). For tests and
+ * inspection; any thread. */
+static PyObject *Directory_pinned(DirectoryObject *self, PyObject *okeys) {
+    Py_buffer kv;
+    if (dm_keyed_buffers(self, okeys, &kv, NULL, NULL, 0, "pinned") < 0) return NULL;
+    const int64_t n = kv.len / 8, *keys = kv.buf;
+    int32_t *out;
+    PyObject *result = dm_new_array(n, 4, (void **)&out);
+    if (result) {
+        pins_lock(&self->pins);
+        for (int64_t i = 0; i < n; i++) {
+            const int32_t count = km_get(&self->pins.map, keys[i]);
+            out[i] = count > 0 ? count : 0;
+        }
+        pins_unlock(&self->pins);
+    }
+    PyBuffer_Release(&kv);
+    return result;
+}
+
 static PyMethodDef Directory_methods[] = {
     {"repin", (PyCFunction)Directory_repin, METH_VARARGS,
      "repin(release, take) -> None. Release one pin of each key of release (int64), then pin "
      "each key of take once. An intent report that would relocate a pinned key owned here is "
      "answered with a redirect to this node (report again), so the key leaves only when its "
      "pins are gone. Any thread; the pins have their own lock."},
+    {"pinned", (PyCFunction)Directory_pinned, METH_O,
+     "pinned(keys) -> bytes of int32: how many times each key is pinned now (tests)."},
     {"check_message", (PyCFunction)Directory_check_message, METH_VARARGS,
      "check_message(kind, arrays) -> None or str. Whether a received message's arrays (flat "
      "over its sections, as protocol.Message.arrays) fit this node: a keyed request's keys, "

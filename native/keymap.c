@@ -57,6 +57,29 @@ int32_t km_del(keymap_t *m, int64_t key) {
     return val;
 }
 
+int32_t km_add(keymap_t *m, int64_t key, int32_t delta) {
+    int64_t i = km_slot(m, key);
+    for (;; i = (i + 1) & m->mask) {
+        const int64_t k = m->slots[i].key;
+        if (k == key) break;
+        if (k == KM_EMPTY) {
+            if (delta <= 0) return 0;
+            m->slots[i].key = key;
+            m->slots[i].val = delta;
+            m->live++;
+            return delta;
+        }
+    }
+    const int32_t val = m->slots[i].val + delta;
+    if (val > 0) {
+        m->slots[i].val = val;
+        return val;
+    }
+    oa_delete((unsigned char *)m->slots, sizeof(km_slot_t), m->mask, i);
+    m->live--;
+    return 0;
+}
+
 int64_t km_bytes(const keymap_t *m) {
     return (m->mask + 1) * (int64_t)sizeof(km_slot_t);
 }

@@ -63,6 +63,13 @@ int km_reserve(keymap_t *m, int64_t more);
 /* Inserts key (not in the map) with val. Needs room (km_reserve). */
 void km_put(keymap_t *m, int64_t key, int32_t val);
 
+/* Adds delta to key's value in one look-up: a key not in the map is inserted with delta when
+ * delta > 0 (needs room: km_reserve) and stays out otherwise; a key whose value falls to 0 or
+ * below is removed (moving other keys' slots, as km_del). Returns the new value, 0 for a key
+ * not in the map now. For counts (the pins): a del and a put per change cost two look-ups and
+ * a backward shift, even where the count stays above zero. */
+int32_t km_add(keymap_t *m, int64_t key, int32_t delta);
+
 /* Removes key; returns its value, or -1 if it was not in the map. Moves other keys' slots
  * (never their values): no slot index may be kept across it. */
 int32_t km_del(keymap_t *m, int64_t key);

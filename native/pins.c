@@ -42,17 +42,14 @@ int pins_defer(pins_t *p, int64_t key) {
 int pins_change(pins_t *p, const int64_t *release, int64_t nr, const int64_t *take, int64_t nt) {
     int rc = 0;
     pins_lock(p);
-    for (int64_t i = 0; i < nr; i++) {
-        const int32_t count = km_del(&p->map, release[i]);
-        if (count > 1) km_put(&p->map, release[i], count - 1); /* its slot is free again */
-    }
+    /* One look-up per key (km_add): a worker's sample (KGE: 1,200 keys a batch, many of them
+     * in the last sample too) cost a del and a put per key each way, ~3.5% of a KGE worker's
+     * CPU on 2 nodes. Releases first: a key not pinned is ignored, whatever take holds. */
+    for (int64_t i = 0; i < nr; i++) km_add(&p->map, release[i], -1);
     if (km_reserve(&p->map, nt) < 0) {
         rc = -1;
     } else {
-        for (int64_t i = 0; i < nt; i++) {
-            const int32_t count = km_del(&p->map, take[i]);
-            km_put(&p->map, take[i], count > 0 ? count + 1 : 1);
-        }
+        for (int64_t i = 0; i < nt; i++) km_add(&p->map, take[i], 1);
     }
     pins_unlock(p);
     return rc;

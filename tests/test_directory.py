@@ -547,6 +547,40 @@ def test_records_of_many_keys_read_back_as_set(seed):
         assert node.directory.memory()[0] == int(((intent != 0) | (replicas != 0)).sum())
 
 
+@given(st.integers(0, 2**32 - 1))
+@settings(max_examples=10, deadline=None)
+def test_pins_count_every_take_and_release(seed):
+    """Workers pin their local samples and release them a clock later (``repin``): random
+    samples with repeated keys, overlapping the last ones, through a map that grows through
+    several doublings and deletes across its end. Each key's pin count equals the takes minus
+    the releases that found it pinned (a release of a key not pinned is ignored, even if the
+    same call takes it)."""
+    num_keys = 50_000
+    config = adapm.Config(num_keys=num_keys, value_length=1, world_size=2, rank=0,
+                          rendezvous="127.0.0.1:1", management="adaptive")
+    store = Store(config)
+    store.insert(home_keys(0, num_keys, 2), OWNER)
+    directory = NodeState(0, 2, store, config).directory
+    rng = np.random.default_rng(seed)
+    count = np.zeros(num_keys, dtype=np.int64)
+    samples: list[np.ndarray] = [np.empty(0, dtype=np.int64)] * 3  # three workers' last
+    for _ in range(30):
+        worker = int(rng.integers(3))
+        hot = rng.integers(0, num_keys, 64)  # keys many samples hold
+        n = int(rng.integers(0, 3000))
+        take = np.concatenate([rng.choice(hot, n // 2), rng.integers(0, num_keys, n - n // 2)])
+        release = samples[worker]
+        if rng.random() < 0.2:  # keys this worker did not pin: ignored where nobody did
+            release = np.concatenate([release, rng.integers(0, num_keys, 50)])
+        for key in release.tolist():
+            count[key] = max(count[key] - 1, 0)
+        np.add.at(count, take, 1)
+        directory.repin(release.astype(np.int64), take.astype(np.int64))
+        samples[worker] = take.astype(np.int64)
+        got = np.frombuffer(directory.pinned(np.arange(num_keys, dtype=np.int64)), np.int32)
+        np.testing.assert_array_equal(got, count)
+
+
 def test_deciding_on_a_key_not_owned_changes_nothing():
     config = _config(2, 0, 2)
     store = Store(config)
