@@ -123,7 +123,7 @@ static int redirected(DirectoryObject *self, int64_t src, const int64_t *keys,
     }
     if (nmine) {
         dm_decision_t dec;
-        const int ok = dm_decide(self, f->variant, d->rank, mine, nmine, mine_flags, &dec);
+        const int ok = dm_decide(self, f->variant, d->rank, mine, nmine, mine_flags, 0, &dec);
         if (ok < 0) {
             if (locked) pins_unlock(locked);
             *fatal = ok == -1 ? "out of memory deciding on redirected reports"

@@ -15,13 +15,16 @@ int64_t dir_relocate_out(const directory_t *d, const int64_t *keys, int64_t n, i
         need += key_len(s, keys[i]);
     }
     if (need > values_floats) return -1 - n;
+    /* Their masks go along, this node's own bit of S included: taken into a record while the
+     * keys are still owned here (dir_rec_get), as a key without one keeps it as a told flag. */
+    for (int64_t i = 0; i < n; i++) (void)dir_rec_get(d, keys[i]);
     store_remove(s, keys, n, values, NULL, values_floats, slots, versions);
     slots_give(d->alloc, s, keys, slots, n); /* out of memory: those slots are not reused */
     const int64_t w = d->words;
     records_t *recs = d->recs;
     for (int64_t i = 0; i < n; i++) {
         const int64_t key = keys[i];
-        const int32_t r = rec_get(recs, key);
+        const int32_t r = rec_get(recs, key); /* made above */
         uint64_t *masks = rec_mask_words(recs, r);
         rec_t *e = rec_at(recs, r);
         if (recs->words) {
@@ -132,10 +135,11 @@ int64_t dir_setup_in(const directory_t *d, int64_t src, const int64_t *keys, int
 
 int64_t dir_policy_decide(const directory_t *d, int variant, int64_t node, const int64_t *keys,
                           int64_t n, const uint8_t *has_intent, int64_t *relocate_to,
-                          uint64_t *setup) {
+                          uint64_t *setup, int own_acked) {
     records_t *recs = d->recs;
     const int64_t w = d->words;
     int64_t dropped = 0;
+    own_acked = own_acked && node == d->rank && d->counts;
     for (int64_t i = 0; i < n; i++) {
         /* Two stages ahead: the map slot of a key 2 * KM_AHEAD on, the record of one KM_AHEAD
          * on (its slot loaded by now), so that their misses overlap this key's work. */
@@ -144,7 +148,12 @@ int64_t dir_policy_decide(const directory_t *d, int variant, int64_t node, const
             const int32_t ahead = rec_find(recs, keys[i + KM_AHEAD]);
             if (ahead >= 0) __builtin_prefetch(rec_at(recs, ahead), 1);
         }
-        const int32_t r = rec_get(recs, keys[i]);
+        if (own_acked && rec_find(recs, keys[i]) < 0) { /* S: at most this node's own bit */
+            relocate_to[i] = -1;
+            memset(setup + i * w, 0, (size_t)w * sizeof(uint64_t));
+            continue;
+        }
+        const int32_t r = dir_rec_get(d, keys[i]);
         uint64_t *masks = rec_mask_words(recs, r);
         relocate_to[i] = policy_decide_key(variant, d->rank, node, w, masks, masks + w,
                                            has_intent[i], setup + i * w, &dropped);

@@ -15,6 +15,7 @@
 
 #include <stdint.h>
 
+#include "intents.h"
 #include "pins.h"
 #include "records.h"
 #include "replica_set.h"
@@ -31,8 +32,32 @@ typedef struct {
     int32_t *home_owner;             /* per key homed here, by key / world_size */
     int64_t num_home;
     pins_t *pins;                    /* keys the node's workers use now (pins.h) */
+    /* This node's intent counts (Directory.use_counts), or NULL. With them, a key owned here
+     * whose only state is this node's own intent (S = {rank}, nothing else in its record) needs
+     * no record: the told flag of its count is that bit (see dir_policy_decide). */
+    const intent_counts_t *counts;
     int average;                     /* Config.replica_updates "average": see sync_serve.c */
 } directory_t;
+
+/* This node's own bit of S for key owned here without a record: the told flag of its intent
+ * count (0 without counts). */
+static inline int dir_own_told(const directory_t *d, int64_t key) {
+    if (!d->counts) return 0;
+    const ic_rec_t *e = ic_find(d->counts, key);
+    return e && e->told;
+}
+
+/* key's record, made if it has none (needs room: dir_reserve). A record made for a key owned
+ * here takes in this node's own bit of S from the told flag (dir_own_told): every record of an
+ * owned key then holds that bit itself. */
+static inline int32_t dir_rec_get(const directory_t *d, int64_t key) {
+    const int32_t found = rec_find(d->recs, key);
+    if (found >= 0) return found;
+    const int32_t r = rec_get(d->recs, key);
+    if (d->recs->words && store_state(d->store, key) == KEY_OWNER && dir_own_told(d, key))
+        rec_mask_words(d->recs, r)[d->rank / 64] |= (uint64_t)1 << (d->rank % 64);
+    return r;
+}
 
 /* Room for n new records (one per key of a batch). 0, or -1 if out of memory. */
 static inline int dir_reserve(const directory_t *d, int64_t n) { return rec_reserve(d->recs, n); }
@@ -61,10 +86,15 @@ int64_t dir_relocate_in(const directory_t *d, const int64_t *keys, int64_t n,
 
 /* The policy's verdicts on node's reports for keys[0..n) (owned here, unique), over the masks
  * of their records (policy_decide_key); needs room for n records. Returns the replicas dropped
- * from R. */
+ * from R. own_acked: node is this node and the caller acknowledges the reports in d->counts at
+ * once (a round's own reports): a key without a record then gets none. Its S is this node's
+ * bit at most (an owned key's record stays while it has another bit, a replica or an epoch),
+ * so the verdict is "nothing moves", and the bit is the told flag the acknowledgement sets. A
+ * record made and dropped per own report was most of the owner's decisions on
+ * bench/adaptive.py, whose nodes mostly report their own keys. */
 int64_t dir_policy_decide(const directory_t *d, int variant, int64_t node, const int64_t *keys,
                           int64_t n, const uint8_t *has_intent, int64_t *relocate_to,
-                          uint64_t *setup);
+                          uint64_t *setup, int own_acked);
 
 /* An owner's decision on one node's intent reports, carried out (see adapm/_engine/serve.py,
  * NodeState._decide): policy_decide's verdicts (relocate_to[i], setup[i][words]) for keys[i]

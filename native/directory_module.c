@@ -25,6 +25,7 @@ static void Directory_dealloc(DirectoryObject *self) {
     answer_fast_free(&self->fast, 1);
     sync_fast_free(&self->fast);
     Py_XDECREF((PyObject *)self->fast.counts_obj);
+    Py_XDECREF(self->counts);
     if (self->ready) {
         rec_free(&self->recs);
         pins_free(&self->pins);
@@ -402,7 +403,7 @@ PyObject *Directory_update_home(DirectoryObject *self, PyObject *args) {
     if (dm_reserve(self, n) < 0) goto release;
     for (int64_t i = 0; i < n; i++) {
         if (epochs[i] <= rec_home_epoch(d->recs, keys[i])) continue;
-        const int32_t r = rec_get(d->recs, keys[i]);
+        const int32_t r = dir_rec_get(d, keys[i]);
         rec_at(d->recs, r)->home_epoch = epochs[i];
         d->home_owner[keys[i] / d->world_size] = (int32_t)owners[i];
     }
@@ -491,6 +492,12 @@ static PyObject *Directory_dense(DirectoryObject *self, PyObject *unused) {
                    (size_t)w * 8);
         }
     }
+    /* Owned keys without a record keep this node's own bit of S as a told flag. */
+    if (recs->words && d->counts)
+        for (int64_t key = 0; key < k; key++)
+            if (rec_find(recs, key) < 0 && store_state(d->store, key) == KEY_OWNER
+                && dir_own_told(d, key))
+                ((uint64_t *)p[5])[key * w + d->rank / 64] |= (uint64_t)1 << (d->rank % 64);
     return result;
 }
 
@@ -607,6 +614,19 @@ static PyObject *Directory_repin(DirectoryObject *self, PyObject *args) {
     return result;
 }
 
+/* use_counts(counts) -> None: this node's intent counts (engine thread; once). */
+static PyObject *Directory_use_counts(DirectoryObject *self, PyObject *ocounts) {
+    const intent_counts_t *c = dm_intent_counts(ocounts, "use_counts");
+    if (!c) return NULL;
+    if (self->counts && self->counts != ocounts) {
+        PyErr_SetString(PyExc_ValueError, "use_counts: this directory has other counts");
+        return NULL;
+    }
+    if (!self->counts) self->counts = Py_NewRef(ocounts);
+    self->d.counts = c;
+    Py_RETURN_NONE;
+}
+
 /* pinned(keys) -> bytes of int32: how many times each key is pinned now (0: not). For tests and
  * inspection; any thread. */
 static PyObject *Directory_pinned(DirectoryObject *self, PyObject *okeys) {
@@ -633,6 +653,10 @@ static PyMethodDef Directory_methods[] = {
      "each key of take once. An intent report that would relocate a pinned key owned here is "
      "answered with a redirect to this node (report again), so the key leaves only when its "
      "pins are gone. Any thread; the pins have their own lock."},
+    {"use_counts", (PyCFunction)Directory_use_counts, METH_O,
+     "use_counts(counts) -> None. This node's IntentCounts: a key owned here whose only state "
+     "is this node's own intent then needs no record (its told flag is that bit of S). Once, "
+     "before the first round; engine thread."},
     {"pinned", (PyCFunction)Directory_pinned, METH_O,
      "pinned(keys) -> bytes of int32: how many times each key is pinned now (tests)."},
     {"check_message", (PyCFunction)Directory_check_message, METH_VARARGS,

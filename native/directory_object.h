@@ -24,6 +24,7 @@ typedef struct {
     outbox_t outbox;         /* moves decided here, held per peer until sent (outbox.h) */
     scratch_buf_t decide_buf[5]; /* dm_decide's */
     sync_fast_t fast;        /* SYNCs served inside the transport (sync_fast.h) */
+    PyObject *counts;        /* the IntentCounts whose counts d.counts points into, or NULL */
     int ready;
 } DirectoryObject;
 
@@ -61,9 +62,10 @@ typedef struct {
 /* The policy's verdict on node's reports for keys[0..n) (owned here, unique) with flags,
  * carried out: relocations and replica set-ups executed and their moves held for the peers
  * (outbox.h). No Python: callable without the GIL (engine thread). 0; -1 out of memory, -2 a
- * mask named a rank outside the world, -3 a key was not owned here (callers check first). */
+ * mask named a rank outside the world, -3 a key was not owned here (callers check first).
+ * own_acked: see dir_policy_decide. */
 int dm_decide(DirectoryObject *self, int variant, int64_t node, const int64_t *keys, int64_t n,
-              const uint8_t *flags, dm_decision_t *out);
+              const uint8_t *flags, int own_acked, dm_decision_t *out);
 
 /* Where a worker's own request sends key (Directory.route_own; and a pull the transport sends
  * itself, sync_fast.c): -1 held here (a pull: owner or replica; a set: owner), -2 on its way
@@ -83,9 +85,10 @@ static inline int64_t dm_route_hop(const directory_t *d, const intent_counts_t *
 }
 
 /* The decision on node's reports for keys[0..n) (serve_module.c): see Directory.decide. owned:
- * the caller has just found every key owned here (else each is checked first: ValueError). */
+ * the caller has just found every key owned here (else each is checked first: ValueError).
+ * own_acked: see dir_policy_decide. */
 PyObject *dm_decide_batch(DirectoryObject *self, int variant, int64_t node, const int64_t *keys,
-                          int64_t n, const uint8_t *flags, int owned);
+                          int64_t n, const uint8_t *flags, int owned, int own_acked);
 
 /* --- methods defined outside directory_module.c (their docstrings are in its table) ------- */
 

@@ -256,8 +256,8 @@ PyObject *Directory_round_build(DirectoryObject *self, PyObject *args) {
             decided = ntold;
             if (variant >= 0
                 && !(decision = dm_decide_batch(self, variant, d->rank, other, ntold, other_flags,
-                                                1))) /* found owned just above */
-                goto done;
+                                                1, c == d->counts))) /* found owned above; */
+                goto done;                      /* acknowledged next */
             ic_acknowledge(c, other, other_flags, ntold);
         }
     }
@@ -474,7 +474,7 @@ PyObject *Directory_redirected(DirectoryObject *self, PyObject *args) {
     }
     if (nm) {
         if (variant >= 0
-            && !(decision = dm_decide_batch(self, variant, d->rank, mine, nm, mine_flags, 1)))
+            && !(decision = dm_decide_batch(self, variant, d->rank, mine, nm, mine_flags, 1, 0)))
             goto done;
         ic_acknowledge(c, mine, mine_flags, nm);
     }

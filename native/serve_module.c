@@ -6,7 +6,7 @@
 #include "policy.h"
 
 int dm_decide(DirectoryObject *self, int variant, int64_t node, const int64_t *keys, int64_t n,
-              const uint8_t *flags, dm_decision_t *out) {
+              const uint8_t *flags, int own_acked, dm_decision_t *out) {
     const directory_t *d = &self->d;
     const int64_t w = d->words, world = d->world_size;
     scratch_buf_t *b = self->decide_buf;
@@ -15,7 +15,8 @@ int dm_decide(DirectoryObject *self, int variant, int64_t node, const int64_t *k
     uint64_t *setup = scratch_room(&b[1], (n ? n * w : 1) * (int64_t)sizeof(uint64_t));
     if (!relocate_to || !setup || dir_reserve(d, n) < 0) return -1; /* the keys' masks, then
                                                                      * their forward pointers */
-    out->dropped = dir_policy_decide(d, variant, node, keys, n, flags, relocate_to, setup);
+    out->dropped = dir_policy_decide(d, variant, node, keys, n, flags, relocate_to, setup,
+                                     own_acked);
     decide_sizes_t z;
     dir_decide_sizes(d, keys, n, relocate_to, setup, &z);
     if (z.relocations < 0) return -2; /* masks only name real ranks (relocate_in checks them) */
@@ -61,7 +62,8 @@ int dm_decide(DirectoryObject *self, int variant, int64_t node, const int64_t *k
  * (dropped, relocated, per_rank), see the docstring of decide; its moves join the peers' held
  * moves (outbox.h). NULL with an exception set (nothing changed) if a key is not owned here. */
 PyObject *dm_decide_batch(DirectoryObject *self, int variant, int64_t node,
-                          const int64_t *keys, int64_t n, const uint8_t *flags, int owned) {
+                          const int64_t *keys, int64_t n, const uint8_t *flags, int owned,
+                          int own_acked) {
     const directory_t *d = &self->d;
     if (!d->masks) {
         PyErr_SetString(PyExc_ValueError, "decide: this directory keeps no intent masks "
@@ -77,7 +79,7 @@ PyObject *dm_decide_batch(DirectoryObject *self, int variant, int64_t node,
     dm_decision_t got;
     int ok;
     NOGIL_BEGIN(n * d->words)
-    ok = dm_decide(self, variant, node, keys, n, flags, &got);
+    ok = dm_decide(self, variant, node, keys, n, flags, own_acked, &got);
     NOGIL_END
     if (ok == -1) return PyErr_NoMemory();
     if (ok == -2) {
@@ -184,7 +186,7 @@ PyObject *Directory_decide(DirectoryObject *self, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "decide: has_intent needs one entry per key");
     else if (dm_check_keys(self, kv.buf, n) == 0
              && dm_refuse_repeated(self, kv.buf, n, "decide") == 0)
-        result = dm_decide_batch(self, variant, node, kv.buf, n, fv.buf, 0);
+        result = dm_decide_batch(self, variant, node, kv.buf, n, fv.buf, 0, 0);
     PyBuffer_Release(&kv);
     PyBuffer_Release(&fv);
     return result;
@@ -293,7 +295,7 @@ PyObject *Directory_serve_sync(DirectoryObject *self, PyObject *args) {
         || PyByteArray_Resize(arrays[3], a.nvalues * 4) < 0)
         goto done;
     /* The plan found these owned (SYNC_OWNED), and nothing has moved since. */
-    if (oi && !(decision = dm_decide_batch(self, variant, origin, ikeys, oi, iflags, 1)))
+    if (oi && !(decision = dm_decide_batch(self, variant, origin, ikeys, oi, iflags, 1, 0)))
         goto done;
     if (locked) {
         pins_unlock(locked);

@@ -102,7 +102,7 @@ int fast_moves_in(DirectoryObject *self, int64_t origin, const carr_t *m, const 
     const int64_t *hkeys = m[9].p, *howners = m[10].p, *hepochs = m[11].p;
     for (int64_t i = 0; i < m[9].n; i++) { /* Directory.update_home: the newest epoch wins */
         if (hepochs[i] <= rec_home_epoch(d->recs, hkeys[i])) continue;
-        const int32_t rec = rec_get(d->recs, hkeys[i]);
+        const int32_t rec = dir_rec_get(d, hkeys[i]);
         rec_at(d->recs, rec)->home_epoch = hepochs[i];
         d->home_owner[hkeys[i] / d->world_size] = (int32_t)howners[i];
     }
@@ -170,7 +170,7 @@ int directory_sync_fast(PyObject *directory, int64_t origin, const carr_t *in, i
     if (p.owned_intents) {
         dm_decision_t dec;
         const int ok = dm_decide(self, f->variant, origin, s.ikeys, p.owned_intents, s.iflags,
-                                 &dec);
+                                 0, &dec);
         if (pins) pins_unlock(pins);
         pins = NULL;
         if (ok < 0) {

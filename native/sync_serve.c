@@ -56,8 +56,12 @@ static int would_relocate(const directory_t *d, const sync_request_t *r, int64_t
     if (w > MAX_WORDS) return 0; /* beyond 4096 ranks reports are not deferred */
     uint64_t m[2 * MAX_WORDS], want[MAX_WORDS];
     const uint64_t *masks = rec_masks(d->recs, key);
-    if (masks) memcpy(m, masks, (size_t)(2 * w) * sizeof(uint64_t));
-    else memset(m, 0, (size_t)(2 * w) * sizeof(uint64_t));
+    if (masks) {
+        memcpy(m, masks, (size_t)(2 * w) * sizeof(uint64_t));
+    } else { /* this node's own bit, if any, is its told flag (dir_policy_decide) */
+        memset(m, 0, (size_t)(2 * w) * sizeof(uint64_t));
+        if (dir_own_told(d, key)) m[d->rank / 64] |= (uint64_t)1 << (d->rank % 64);
+    }
     int64_t dropped = 0;
     return policy_decide_key(r->variant, d->rank, r->origin, w, m, m + w, has_intent, want,
                              &dropped) >= 0;

@@ -244,6 +244,44 @@ def _run(sim: Simulation, s: dict) -> None:
         assert state.counters["late_answers"] == 0 and node.engine.counters["late_answers"] == 0
 
 
+@pytest.mark.parametrize("management", ["adaptive", "replication_only"])
+def test_an_owners_own_intent_without_a_record_still_counts(management):
+    """An owner's own intent for keys nobody else wants needs no directory record: its own bit
+    of S is the told flag of its intent count (native/directory.h, dir_policy_decide). When
+    another node then signals intent for those keys, the owner must still count itself: the
+    keys get replicas there and stay here (adaptive relocates a key only to the one node that
+    wants it). Had the bit been lost, adaptive would relocate them instead. Once the owner's
+    intent ends too, adaptive moves them to the node still wanting them."""
+    config = adapm.Config(num_keys=64, value_length=2, world_size=2, rendezvous="127.0.0.1:1",
+                          management=management, action_timing=False)
+    sim = Simulation(config)
+    try:
+        owner, other = sim.nodes
+        a, b = owner.worker(), other.worker()
+        keys = np.arange(0, 64, 2)  # homed at rank 0
+        a.intent(keys, 0, 5)
+        a.wait_sync()
+        directory = owner.engine.state.directory
+        assert directory.memory()[0] == 0, "records for keys only their owner wants"
+        assert (owner.engine.state.directory_view()["intent"][keys] == 1).all()
+        b.intent(keys, 0, 1000)
+        b.wait_sync()
+        assert (owner.store.snapshot()["state"][keys] == OWNER).all(), "the keys left"
+        assert (other.store.snapshot()["state"][keys] == REPLICA).all()
+        assert (owner.engine.state.directory_view()["intent"][keys] == 3).all()
+        for _ in range(6):  # rank 0's intent ends
+            a.advance_clock()
+        a.wait_sync()
+        sim.run(2000)
+        held = other.store.snapshot()["state"][keys]
+        if management == "adaptive":
+            assert (held == OWNER).all(), "the keys did not follow the one node wanting them"
+        else:
+            assert (held == REPLICA).all()
+    finally:
+        sim.close()
+
+
 def test_deltas_that_cross_a_relocation_come_back():
     """A replica's delta sent to its owner while the owner relocates the key to the replica's
     node comes back inside the owner's answer and is applied there (or sent on): nothing lost.

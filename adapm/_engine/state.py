@@ -98,6 +98,8 @@ class NodeState(Serving, Rounds):
                                            average=config.replica_updates == "average")
         self.variant = self.policy.variant if masks else -1  # native/policy.h; -1: no masks
         self.intents = NodeIntents(store.num_keys) if self.policy.runs_rounds else None
+        if masks and self.intents is not None:  # an owner's own bit of S may be a told flag
+            self.directory.use_counts(self.intents.native)
         self.requests: dict[int, Outstanding] = {}
         self._next_id = 1
         self.queued: list[Message] = []  # keyed requests for keys on their way here
