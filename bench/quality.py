@@ -43,7 +43,8 @@ Tables:
   share per epoch from the JSON lines. A ratio that meets the target while its interval
   reaches below it is said to be within the runs' noise. KGE: the app's
   defaults on a generated KG of 60,000 triples (the demo's size), filtered MRR on 5,000
-  validation triples, ``--kge-epochs`` epochs. WV: the ``wv-real`` corpus and settings (the
+  validation triples, ``--kge-epochs`` epochs (``--kge-nodes N``: N nodes x 1 against
+  ``--baseline --workers N``). WV: the ``wv-real`` corpus and settings (the
   app's defaults), analogy accuracy, WordSim-353 Spearman (the app's own evaluation) and the
   training loss; 2 nodes with the default ``naive`` sampling and with ``--sampling local``, or
   with ``--wv-replica-updates`` one run per way of merging replica updates (``sum``,
@@ -75,7 +76,9 @@ from app_runs import sh  # bench/ is the script's directory: on sys.path
 
 PY = sys.executable
 CACHE = Path(os.environ.get("ADAPM_BENCH_CACHE", Path(tempfile.gettempdir()) / "adapm-bench"))
-ENV = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE"}
+# The apps refuse ADAPM_* variables they do not read (a misspelt setting): this one is ours.
+ENV = {**{k: v for k, v in os.environ.items() if k != "ADAPM_BENCH_CACHE"},
+       "OMP_WAIT_POLICY": "PASSIVE"}
 LAUNCH2 = [PY, "-m", "adapm.launch", "-n", "2"]
 # The wheel that ships MovieLens-100k (recbole/dataset_example/ml-100k/ml-100k.inter, a TSV with
 # the header user_id:token, item_id:token, rating:float, timestamp:float).
@@ -449,17 +452,19 @@ def kge_data(triples: int) -> Path:
 
 def per_epoch_kge(opts) -> None:
     data = kge_data(opts.kge_triples)
+    n = opts.kge_nodes
     cmd = [PY, "-m", "adapm.apps.kge", "--data", str(data), "--epochs", str(opts.kge_epochs),
            "--eval-every", "1", "--progress", "off", "--json", "-"]
     variants = ([],) + tuple(["--management", m] for m in opts.kge_variants.split(",") if m)
-    base, dists = _paired_runs(cmd, opts.seeds, variants)
+    base, dists = _paired_runs(cmd, opts.seeds, variants, n)
     for dist, extra in zip(dists, variants):
-        label = "2 x 1 " + (extra[1] if extra else "adaptive")
+        label = f"{n} x 1 " + (extra[1] if extra else "adaptive")
         _per_epoch_table(
             f"KGE on a generated KG ({opts.kge_triples:,} triples asked, seed 1), the app's "
             f"defaults (ComplEx d=100, 6 negatives per side, local sampling), filtered MRR on "
-            f"5,000 validation triples after each epoch, 2 nodes {label[6:]}; seeds "
-            f"0..{opts.seeds - 1}", "mrr", base, dist, label)
+            f"5,000 validation triples after each epoch, {n} nodes "
+            f"{label.split(' ', 3)[-1]}; seeds 0..{opts.seeds - 1}", "mrr", base, dist, label,
+            f"baseline 1 x {n}")
 
 
 # The KGE app with each batch's push held back L batches (see --staleness): run as
@@ -644,6 +649,8 @@ def main() -> None:
     p.add_argument("--kge-epochs", type=int, default=10, help="epochs of a --per-epoch KGE run")
     p.add_argument("--kge-triples", type=int, default=60_000,
                    help="size of the generated KG of --per-epoch kge and --staleness")
+    p.add_argument("--kge-nodes", type=int, default=2,
+                   help="--per-epoch kge: N nodes x 1 against --baseline --workers N")
     p.add_argument("--kge-variants", default="", metavar="MANAGEMENT,...",
                    help="--per-epoch kge: 2-node runs with these --management variants too")
     p.add_argument("--wv-replica-updates", default="", metavar="MODE,...",
