@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo test test-slow bench clean
+.PHONY: install demo test test-slow bench device-wheels clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -44,6 +44,14 @@ test-slow: install
 bench: install
 	$(PY) bench/store.py
 	$(PY) bench/remote.py
+
+# A lent 16-core device (bench/device.sh) has Python 3.12 without pyzmq and no network: the
+# wheels it needs, fetched here, travel with the device call (carry: [".whl"]).
+device-wheels: install
+	$(PY) -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 \
+		--implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
+		--platform manylinux2014_x86_64 -d .whl \
+		"pyzmq==$$($(PY) -c 'import zmq; print(zmq.__version__)')" "setuptools>=74.1"
 
 clean:
 	rm -rf $(VENV) $(DEMO) build *.egg-info adapm/*.so
