@@ -89,9 +89,9 @@ int64_t dir_relocate_in(const directory_t *d, const int64_t *keys, int64_t n,
  * from R. own_acked: node is this node and the caller acknowledges the reports in d->counts at
  * once (a round's own reports): a key without a record then gets none. Its S is this node's
  * bit at most (an owned key's record stays while it has another bit, a replica or an epoch),
- * so the verdict is "nothing moves", and the bit is the told flag the acknowledgement sets. A
- * record made and dropped per own report was most of the owner's decisions on
- * bench/adaptive.py, whose nodes mostly report their own keys. */
+ * so the verdict is "nothing moves", and the bit is the told flag the acknowledgement sets.
+ * (bench/adaptive.py, whose nodes mostly report their own keys: the decisions and records went
+ * from 17.6% of the engine thread's samples to 14.5-15.9%; the look-up of the record stays.) */
 int64_t dir_policy_decide(const directory_t *d, int variant, int64_t node, const int64_t *keys,
                           int64_t n, const uint8_t *has_intent, int64_t *relocate_to,
                           uint64_t *setup, int own_acked);
