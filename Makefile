@@ -41,9 +41,14 @@ test: install
 test-slow: install
 	$(PY) -m pytest -q -m slow
 
+# Every benchmark that has a quick mode, each against its peer in the same run (about 6
+# minutes here); the full runs, their tables and the rest: docs/benchmarks.md.
+BENCHES := store remote engine adaptive kge mf wv ctr threads gil auth trace
 bench: install
-	$(PY) bench/store.py
-	$(PY) bench/remote.py
+	@for b in $(BENCHES); do \
+		echo "== bench/$$b.py --quick"; \
+		OMP_WAIT_POLICY=PASSIVE $(PY) bench/$$b.py --quick || exit 1; \
+	done
 
 # A lent 16-core device (bench/device.sh) has Python 3.12 without pyzmq and no network: the
 # wheels it needs, fetched here, travel with the device call (carry: [".whl"]).
