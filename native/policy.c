@@ -9,8 +9,8 @@ int64_t policy_decide_key(int variant, int64_t rank, int64_t node, int64_t words
     if (has_intent) s[node_word] |= bit;
     else s[node_word] &= ~bit;
     /* |S| as 0, 1 or 2 (two or more), and the one member when |S| = 1. Without a popcount:
-     * the build targets baseline x86-64, where __builtin_popcountll is a libgcc call (~1.5% of
-     * the engine thread's samples in bench/adaptive.py, one per report). */
+     * the build targets baseline x86-64, where __builtin_popcountll is a libgcc call (0.7-1.4%
+     * of the engine thread's samples in bench/adaptive.py, one per report). */
     int64_t count = 0, only = -1;
     for (int64_t w = 0; w < words && count < 2; w++) {
         const uint64_t x = s[w];
