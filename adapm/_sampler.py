@@ -82,6 +82,11 @@ class WorkerSampler:
             lens = store.lens[sampling.low:sampling.high]
             self._row_length = int(lens[0]) if np.all(lens == lens[0]) else 0
 
+    @property
+    def scheme(self) -> str:
+        """The job's sampling scheme: ``local`` or ``naive``."""
+        return self._sampling.scheme
+
     def rng_state(self) -> dict:
         """The random stream's state (JSON-serialisable), so that a run resumed from a
         checkpoint draws what the uninterrupted run would have drawn."""

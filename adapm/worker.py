@@ -281,19 +281,25 @@ class Worker:
         int64 of ``count * n`` keys, sample after sample (in ``out``, when given: int64,
         C-contiguous, writable, of that length). No intent is signalled and nothing is pinned
         or read, so this is only offered where neither matters: on a single node, which holds
-        every key of the domain for good (StateError elsewhere, and without a sampling domain).
-        Non-blocking; O(count * n), one numpy draw per sample, holding the GIL. Counted in
-        ``stats()`` as ``sampled_keys`` and ``sampled_local_keys``; the loop counts its reads
-        and adds of the keys with :meth:`count_accesses`, as pull_sample's read is counted.
+        every key of the domain for good; and, on a node of a multi-node job, under the
+        ``naive`` scheme, whose draws do not depend on where keys are (the caller signals their
+        intent before the loop reads them, as prepare_sample does). StateError elsewhere (the
+        ``local`` scheme on several nodes: a sample's keys depend on when they are read), and
+        without a sampling domain. Non-blocking; O(count * n), one numpy draw per sample,
+        holding the GIL. Counted in ``stats()`` as ``sampled_keys`` and ``sampled_local_keys``
+        (the loop reads every key here; one it finds elsewhere it pulls through the worker,
+        which counts that pull as remote); the loop counts its reads and adds of the keys with
+        :meth:`count_accesses`, as pull_sample's read is counted.
         """
         self._node._check_open("sample_keys")
         if self._sampler is None:
             raise StateError("sample_keys: this job has no sampling domain; set "
                              "Config(sampling=adapm.Sampling(low, high, ...))")
-        if self._engine is not None:
+        if self._engine is not None and self._sampler.scheme != "naive":
             raise StateError(f"sample_keys: rank {self._node.rank} is a node of a job of "
-                             f"{self._node.world_size}, where a sample's keys depend on when "
-                             f"they are read (use prepare_sample and pull_sample)")
+                             f"{self._node.world_size}, where a {self._sampler.scheme!r} "
+                             f"sample's keys depend on when they are read (use prepare_sample "
+                             f"and pull_sample, or the 'naive' scheme)")
         return self._sampler.keys(n, count, out)
 
     # --- intent and clocks -------------------------------------------------------------------

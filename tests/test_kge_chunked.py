@@ -76,7 +76,7 @@ def test_native_loops_compute_the_per_batch_path(data, tmp_path, monkeypatch, mo
     calls = _count_calls(monkeypatch, name)
     chunked = _train(data, tmp_path / "chunked", "--model", model, *setup)
     assert len(calls) == 2 * 3 and set(calls) == {BATCH}  # three calls an epoch
-    monkeypatch.setattr(kge.KGETrainer, "chunked", lambda self, worker: None)
+    monkeypatch.setattr(kge.KGETrainer, "chunked", lambda self, worker, ahead=0: None)
     per_batch = _train(data, tmp_path / "per-batch", "--model", model, *setup)
     assert len(calls) == 6  # the per-batch path made none
     assert _numbers(chunked[0]) == _numbers(per_batch[0])

@@ -63,7 +63,7 @@ def test_native_loops_compute_the_per_batch_path(data, tmp_path, monkeypatch):
     assert len(table_calls) == 2 * 3 and set(table_calls) == {BATCH}  # three calls an epoch
     node = _train(data, tmp_path / "node")
     assert len(rows_calls) == 2 * 3 and set(rows_calls) == {BATCH}
-    monkeypatch.setattr(mf.MFTrainer, "chunked", lambda self, worker: None)
+    monkeypatch.setattr(mf.MFTrainer, "chunked", lambda self, worker, ahead=0: None)
     per_batch = _train(data, tmp_path / "per-batch", "--baseline")
     node_per_batch = _train(data, tmp_path / "node-per-batch")
     assert len(table_calls) == 6 and len(rows_calls) == 6  # the per-batch paths called neither

@@ -196,7 +196,7 @@ class KGETrainer:
         return _Plan(keys[:count], np.ascontiguousarray(inverse.reshape(3, b).T),
                      2 * self.task.neg * b)
 
-    def chunked(self, worker):
+    def chunked(self, worker, ahead: int = 0):
         """A ``run(points, batch_size) -> (losses, steps)`` that trains many batches in one
         native call with the GIL released (per batch what plan and step do, with the same
         arithmetic), over the baseline's plain shared array (``ArrayWorker.table``) or the store
@@ -206,7 +206,8 @@ class KGETrainer:
         per-batch path) for RESCAL (keys of two lengths), for a node of a multi-node job (a
         ``local`` sample is drawn among the keys held when it is pulled, and pinned: a run
         cannot draw ahead) and without rows. Over a store, a batch with a key held elsewhere
-        goes through ``step`` with its sample as drawn."""
+        goes through ``step`` with its sample as drawn. ``ahead`` is the runner's (see
+        ``runner.Trainer``); KGE's plans draw no random numbers, so it changes nothing here."""
         if not self.uniform:
             return None
         if isinstance(worker, ArrayWorker):

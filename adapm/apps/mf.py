@@ -279,13 +279,14 @@ class MFTrainer:
                                     batch_size, keys, counts)
         return keys[:total], counts
 
-    def chunked(self, worker):
+    def chunked(self, worker, ahead: int = 0):
         """A ``run(points, batch_size) -> (losses, steps)`` that trains many batches in one
         native call with the GIL released (per batch what plan, pull, step and push do, with the
         same arithmetic), over the baseline's plain shared array or a node's store
         (``Worker.native_rows``); None where the worker offers no rows. Over a store, a batch
         with a key held elsewhere goes through ``step`` (pull and push route it); the runner
-        signals intent (``intent_keys``) and advances the clocks."""
+        signals intent (``intent_keys``) and advances the clocks. ``ahead`` is the runner's
+        (``runner.Trainer``); MF's plans draw no random numbers, so it changes nothing here."""
         if isinstance(worker, ArrayWorker):
             if not hasattr(_kernels, "mf_train_table"):
                 return None  # a build of the kernels from before the call

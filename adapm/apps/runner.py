@@ -92,14 +92,17 @@ class Trainer(Protocol):
         """Train one batch: pull, one native kernel call, push. Returns (loss sum, steps), or
         (loss sum, steps, units) for a task with a ``unit`` (e.g. words)."""
 
-    # Optional: ``chunked(worker) -> run or None``: ``run(points, batch_size) -> (losses,
-    # steps)`` trains many batches of ``points`` (batch_size each, the last maybe fewer) in one
-    # native call with the GIL released and returns each batch's loss sum (in order) and the
-    # steps; the runner then advances one clock per batch. For a worker that acts on intent
-    # (``Worker.acts_on_intent``) the trainer also needs ``intent_keys(points, batch_size) ->
-    # (keys, counts)``: each batch's intent keys back to back and their number per batch (what
-    # ``plan(...).intent_keys`` would give), which the runner signals ahead. None: the
-    # per-batch path (plan, intent, step).
+    # Optional: ``chunked(worker, ahead=0) -> run or None``, called at the start of each epoch
+    # (``ahead``: the batches the per-batch path would plan ahead of its steps, for a trainer
+    # whose plans and steps draw from one random stream): ``run(points, batch_size) -> (losses,
+    # steps)`` or ``(losses, steps, units)`` trains the epoch's next batches, ``points``
+    # (batch_size each, the last maybe fewer), in a few native calls with the GIL released and
+    # returns each batch's loss sum (in order), the steps (and units); the runner then advances
+    # one clock per batch. For a worker that acts on intent (``Worker.acts_on_intent``) the
+    # trainer also needs ``intent_keys(points, batch_size) -> (keys, counts)``: each batch's
+    # intent keys back to back and their number per batch (what ``plan(...).intent_keys``
+    # would give), which the runner signals ahead, for the same batches in the same order as
+    # its runs. None: the per-batch path (plan, intent, step).
     #
     # Optional, for a trainer that carries state from epoch to epoch (a random stream, a
     # learning-rate schedule): ``state() -> dict`` (JSON-serialisable; stored in checkpoints)
@@ -557,7 +560,7 @@ class _Thread:
         self.done, self.loss, self.steps, self.units = 0, 0.0, 0, 0
         self.points = len(order)
         chunked = getattr(trainer, "chunked", None)
-        run = chunked(w) if chunked is not None else None
+        run = chunked(w, ahead=ahead) if chunked is not None else None
         intent = getattr(w, "acts_on_intent", False)
         if run is not None and intent and not hasattr(trainer, "intent_keys"):
             run = None  # the trainer cannot say a run's intents: batch by batch
@@ -585,11 +588,12 @@ class _Thread:
         for start in range(0, len(order), span):
             if signal is not None:
                 signal(start // bs + chunk + ahead)
-            losses, steps = run(order[start:start + span], bs)
+            losses, steps, *units = run(order[start:start + span], bs)
             for loss in losses:
                 self.loss += loss
                 w.advance_clock()
             self.steps += steps
+            self.units += sum(units)
             self.done += len(losses)
 
     def _intent_signaller(self, order: np.ndarray, bs: int, ahead: int):

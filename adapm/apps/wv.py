@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections import deque
 from dataclasses import dataclass
 from typing import Optional
 
@@ -46,6 +47,7 @@ import adapm
 from .. import _argtypes
 from .._native_loader import load as _load
 from . import runner, wv_data, wv_eval
+from .baseline import ArrayWorker
 from .datafiles import DataError, write_atomically
 
 _kernels = _load("adapm._kernels")
@@ -129,7 +131,7 @@ class WVTask:
         return rows.reshape(-1)
 
     def trainer(self, batch_size: int, points: np.ndarray, epochs: int) -> "WVTrainer":
-        return WVTrainer(self, points, epochs)
+        return WVTrainer(self, points, epochs, batch_size)
 
     # --- evaluation and export ---------------------------------------------------------------
 
@@ -172,20 +174,25 @@ class WVTask:
 
 
 class WVTrainer:
-    """One worker thread's batches: buffers grown as needed, one kernel call per batch."""
+    """One worker thread's batches: buffers grown as needed, one kernel call per batch; or many
+    batches in two native calls (:meth:`chunked`)."""
 
-    def __init__(self, task: WVTask, points: np.ndarray, epochs: int) -> None:
+    def __init__(self, task: WVTask, points: np.ndarray, epochs: int,
+                 batch_size: int = 64) -> None:
         self.task = task
+        self.batch_size = batch_size
         # Seeded by the part's first sentence: a part draws the same streams whatever the node
         # count (parts are disjoint, so no two threads share a stream).
         self.rng = np.random.default_rng([task.seed, 4, int(points[0]) if len(points) else 0])
         lengths = task.ends[points] - task.starts[points]
         self.epoch_words = int(lengths.sum())
+        self.epoch_batches = -(-len(points) // batch_size)
         self.total_words = max(1, self.epoch_words * epochs)  # for the learning-rate decay
         self.done_words = 0
         self.values = np.empty(0, dtype=np.float32)
         self.updates = np.empty(0, dtype=np.float32)
         self.row_of = np.full(task.num_keys, -1, dtype=np.int32)  # native scratch, key -> row
+        self._chunked: Optional[dict] = None  # the epoch's chunked run (chunked, intent_keys)
 
     def state(self) -> dict:
         """For checkpoints: the random stream (words seen follow from the epochs done)."""
@@ -221,13 +228,33 @@ class WVTrainer:
         return (self.values[:rows * width].reshape(rows, width),
                 self.updates[:rows * width].reshape(rows, width))
 
+    def _lr(self, progress):
+        """The learning rate at ``progress`` (words done over all epochs' words; a float or an
+        array, the same float64 arithmetic either way)."""
+        task = self.task
+        if task.sgd:  # gensim's alpha: linear from lr to min_alpha
+            return np.maximum(MIN_SGD_LR, task.lr - (task.lr - MIN_SGD_LR) * progress)
+        return task.lr * np.maximum(MIN_LR_FRACTION, 1.0 - progress)
+
     def step(self, worker, plan: _Plan, sample: Optional[int]) -> tuple[float, int, int]:
+        drawn = drawn_values = None
+        if plan.sample_size:
+            drawn, drawn_values = worker.pull_sample(sample)
+        lr = float(self._lr(self.done_words / self.total_words))
+        seed = int(self.rng.integers(0, 1 << 63))
+        loss, pairs = self._train(worker, plan, drawn, drawn_values, lr, seed)
+        self.done_words += plan.words
+        return loss, pairs * (1 + self.task.neg), plan.words
+
+    def _train(self, worker, plan: _Plan, drawn, drawn_values, lr: float,
+               seed: int) -> tuple[float, int]:
+        """One batch through the worker's pull and push: its pool (``drawn``, with its values
+        as pulled), the kernel, the updates pushed."""
         task = self.task
         nk = len(plan.keys)
         extra_keys = plan.keys[:0]
         pool = np.empty(0, dtype=np.int64)
-        if plan.sample_size:
-            drawn, drawn_values = worker.pull_sample(sample)
+        if drawn is not None:
             pool = np.empty(len(drawn), dtype=np.int64)
             extra = np.empty((2, len(drawn)), dtype=np.int64)  # keys, first drawn at
             # Room for every drawn row after the batch's: the merge copies the extra keys'
@@ -240,19 +267,221 @@ class WVTrainer:
         else:
             values, updates = self._buffers(nk)
         worker.pull(plan.keys, out=values[:nk])
-        progress = self.done_words / self.total_words
-        if task.sgd:  # gensim's alpha: linear from lr to min_alpha
-            lr = max(MIN_SGD_LR, task.lr - (task.lr - MIN_SGD_LR) * progress)
-        else:
-            lr = task.lr * max(MIN_LR_FRACTION, 1.0 - progress)
-        seed = int(self.rng.integers(0, 1 << 63))
         loss, pairs = _kernels.wv_train_batch(task.dim, values, updates, plan.in_rows,
                                               plan.out_rows, plan.windows, plan.ends, pool,
                                               task.neg, lr, seed, task.sgd)
         keys = np.concatenate([plan.keys, extra_keys]) if len(extra_keys) else plan.keys
         worker.push(keys, updates)
-        self.done_words += plan.words
-        return loss, pairs * (1 + task.neg), plan.words
+        return loss, pairs
+
+    # --- many batches per native call ----------------------------------------------------------
+
+    def _epoch_seeds(self, ahead: int) -> tuple[np.ndarray, np.ndarray]:
+        """Each batch's plan and train seeds for an epoch, drawn from the trainer's stream in
+        the order the per-batch path draws them (the runner plans ``ahead`` batches ahead of
+        its steps: plans 0..ahead, then a step and the next plan in turn), in one draw: the
+        same numbers, and the stream left where that path leaves it."""
+        n = self.epoch_batches
+        if n == 0:
+            return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64)
+        draws = self.rng.integers(0, 1 << 63, size=2 * n)
+        first = min(ahead, n - 1) + 1  # plans before the first step
+        i = np.arange(n)
+        step_at = first + i + np.clip(np.minimum(i, n - 1 - ahead), 0, None)
+        plan_at = np.arange(n)
+        plan_at[first:] = step_at[np.arange(first, n) - ahead] - 1  # plan i + ahead before step i
+        return draws[plan_at], draws[step_at]
+
+    def _plan_run(self, worker, points: np.ndarray, seeds: tuple, first: int) -> "_Run":
+        """Batches ``first``.. of the epoch (``points``, batch_size each) planned in one native
+        call, and their pools drawn, batch after batch, from the worker's sampling stream
+        (``sample_keys``: what prepare_sample and pull_sample draw)."""
+        task, bs = self.task, self.batch_size
+        starts = task.starts[points]
+        lengths = task.ends[points] - starts
+        nb = -(-len(points) // bs)
+        table = np.zeros((nb, _kernels.WV_BATCH_COLUMNS), dtype=np.int64)
+        table[:, 0] = bs
+        if nb:
+            table[-1, 0] = len(points) - bs * (nb - 1)
+        table[:, 1] = seeds[0][first:first + nb]
+        table[:, 2] = seeds[1][first:first + nb]
+        total = int(lengths.sum())
+        rows = np.empty((3, total), dtype=np.int64)
+        ends = np.empty(len(points), dtype=np.int64)
+        keys = np.empty(2 * total, dtype=np.int64)
+        _kernels.wv_plan_run(task.corpus.tokens, starts, lengths, task.keep, task.window, table,
+                             self.row_of, rows, ends, keys)
+        positions = table[:, 3]
+        pools = positions if task.neg else np.zeros_like(positions)
+        samples = np.empty(int(pools.sum()), dtype=np.int64)
+        at = 0
+        for n in pools.tolist():  # one draw per batch, as the per-batch path's
+            if n:
+                worker.sample_keys(n, 1, out=samples[at:at + n])
+                at += n
+        words = np.add.reduceat(lengths, np.arange(0, len(points), bs)) if nb else lengths
+        return _Run(table, rows, ends, keys, samples, pools, words)
+
+    def intent_keys(self, points: np.ndarray, batch_size: int) -> tuple[np.ndarray, np.ndarray]:
+        """For a chunked run on a node that acts on intent (see :meth:`chunked`): plans the
+        epoch's next batches (``points``), draws their pools and keeps both for the run; returns
+        each batch's keys and pool back to back and their number per batch, for the intent the
+        per-batch path signals (its plan's keys, then prepare_sample's draws)."""
+        state = self._chunked
+        if state is None or batch_size != self.batch_size:
+            raise RuntimeError("intent_keys: call chunked(worker) for the epoch first, with "
+                               "this trainer's batch size")
+        run = self._plan_run(state["worker"], points, state["seeds"], state["planned"])
+        state["planned"] += len(run.table)
+        state["queue"].append(run)
+        nk, nd = run.table[:, 4], run.pools
+        k0, d0 = (np.cumsum(nk) - nk).tolist(), (np.cumsum(nd) - nd).tolist()
+        parts = []
+        for b, (k, d) in enumerate(zip(nk.tolist(), nd.tolist())):  # a batch's keys, its pool
+            parts += [run.keys[k0[b]:k0[b] + k], run.samples[d0[b]:d0[b] + d]]
+        return (np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)), nk + nd
+
+    def chunked(self, worker, ahead: int = 0):
+        """A ``run(points, batch_size) -> (losses, steps, words)`` that trains many batches
+        in two native calls with the GIL released (per batch what plan and step do, with the
+        same arithmetic and the same random numbers: the trainer's seeds drawn in the per-batch
+        path's order, for a runner that plans ``ahead`` batches ahead, and each batch's pool from
+        the worker's sampling stream, ``sample_keys``), over the baseline's plain shared array
+        (``ArrayWorker.table``) or a node's store (``Worker.native_rows``). On a node that acts
+        on intent, the runner signals each batch's keys ahead through :meth:`intent_keys`, which
+        plans the batches then; the run trains what it planned. Call once per epoch, before the
+        epoch's first batch. None (the per-batch path) without rows, and on a node of a
+        multi-node job under ``local`` sampling (drawn among the keys held when pulled, and
+        pinned: a run cannot draw ahead). Over a store, a batch with a key held elsewhere goes
+        through the worker's pull and push, with its plan and pool as made."""
+        task = self.task
+        if isinstance(worker, ArrayWorker):
+            data, offsets, lens = worker.table()
+            rows = None
+            intent = False
+        else:
+            rows = worker.native_rows()
+            intent = worker.acts_on_intent
+            if rows is None or (intent and task.sampling.scheme != "naive"):
+                self._chunked = None
+                return None
+        seeds = self._epoch_seeds(ahead)
+        state = self._chunked = {"worker": worker, "seeds": seeds, "planned": 0,
+                                 "queue": deque()}
+        width, neg = 2 * task.dim, task.neg
+        scratch: dict = {}
+
+        def buffer(name: str, n: int, dtype) -> np.ndarray:
+            if name not in scratch or len(scratch[name]) < n:
+                scratch[name] = np.empty(n, dtype=dtype)
+            return scratch[name][:n]
+
+        def train(run: "_Run", first: int, last: int) -> tuple[list, int, int]:
+            """Batches [first, last) of ``run``, any that stops the native loop through the
+            worker."""
+            nb = len(run.table)
+            lrs = self._lr((self.done_words + run.words_before(first, last)) / self.total_words)
+            losses = buffer("losses", nb, np.float64)
+            counts = buffer("counts", 2 * nb, np.int64)
+            big = int((run.table[:, 4] + run.pools).max()) if nb else 0
+            values = buffer("values", big * width, np.float32)
+            updates = buffer("updates", big * width, np.float32)
+            iscratch = buffer("iscratch", 4 * big, np.int64)
+            all_lrs = np.zeros(nb)
+            all_lrs[first:last] = lrs
+            out: list = []
+            at = first
+            while at < last:
+                if rows is None:
+                    done = _kernels.wv_train_table(
+                        task.dim, neg, task.sgd, run.table, run.rows, run.ends, run.keys,
+                        run.samples, all_lrs, data, offsets, lens, self.row_of, iscratch,
+                        values, updates, losses, counts, at, last)
+                    stop = left = 0
+                else:
+                    left_keys = buffer("left_keys", big, np.int64)
+                    left_rows = buffer("left_rows", big * width, np.float32)
+                    done, stop, left = _kernels.wv_train_rows(
+                        task.dim, neg, task.sgd, run.table, run.rows, run.ends, run.keys,
+                        run.samples, all_lrs, rows, left_keys, left_rows, self.row_of,
+                        iscratch, values, updates, losses, counts, at, last)
+                trained = slice(at, at + done)
+                pulled = int(run.table[trained, 4].sum() + run.pools[trained].sum())
+                worker.count_accesses(pulled, int(counts[2 * at + 1:2 * (at + done):2].sum()))
+                out += [(float(loss), int(pairs)) for loss, pairs in
+                        zip(losses[trained].tolist(), counts[2 * at:2 * (at + done):2].tolist())]
+                at += done
+                if stop == _kernels.WV_STOP_PUSH:
+                    worker.push(left_keys[:left], left_rows[:left * width])
+                elif stop == _kernels.WV_STOP_PULL:
+                    plan, drawn = run.batch(at)
+                    drawn_values = worker.pull(drawn) if drawn is not None else None
+                    out.append(self._train(worker, plan, drawn, drawn_values,
+                                           float(all_lrs[at]), int(run.table[at, 2])))
+                    at += 1
+            words = int(run.words[first:last].sum())
+            self.done_words += words
+            return [loss for loss, _ in out], sum(p for _, p in out) * (1 + neg), words
+
+        def run(points: np.ndarray, batch_size: int) -> tuple[list, int, int]:
+            if batch_size != self.batch_size:
+                raise ValueError(f"batches of {batch_size} sentences; this trainer plans "
+                                 f"{self.batch_size}")
+            if not intent:
+                planned = self._plan_run(worker, points, state["seeds"], state["planned"])
+                state["planned"] += len(planned.table)
+                return train(planned, 0, len(planned.table))
+            # What intent_keys planned, in order (a run may span two of its calls).
+            losses, steps, words = [], 0, 0
+            need = -(-len(points) // batch_size)
+            queue = state["queue"]
+            while need:
+                if not queue:
+                    raise RuntimeError("a chunked run on a node that acts on intent needs its "
+                                       "batches' intent_keys first")
+                head = queue[0]
+                last = min(len(head.table), head.cursor + need)
+                more = train(head, head.cursor, last)
+                losses += more[0]
+                steps += more[1]
+                words += more[2]
+                need -= last - head.cursor
+                head.cursor = last
+                if head.cursor == len(head.table):
+                    queue.popleft()
+            return losses, steps, words
+
+        return run
+
+
+@dataclass
+class _Run:
+    """A run of planned batches (wv_plan_run's outputs, see native/kernels/wv_run.h), their pools
+    and words; ``cursor``: the batches trained so far."""
+    table: np.ndarray    # (batches, WV_BATCH_COLUMNS): sentences, seeds, positions, keys
+    rows: np.ndarray     # (3, cap): in_rows, out_rows, windows, batch after batch
+    ends: np.ndarray     # per sentence: its end among its batch's positions
+    keys: np.ndarray     # the batches' distinct keys, back to back
+    samples: np.ndarray  # the batches' pools, back to back
+    pools: np.ndarray    # per batch: its pool's size (its positions, or 0 without negatives)
+    words: np.ndarray    # per batch: its words before subsampling
+    cursor: int = 0
+
+    def words_before(self, first: int, last: int) -> np.ndarray:
+        """Per batch of [first, last): the words of the batches from first up to it."""
+        words = self.words[first:last]
+        return np.cumsum(words) - words
+
+    def batch(self, b: int) -> tuple[_Plan, Optional[np.ndarray]]:
+        """Batch b's plan and pool (None without one), for the worker's pull and push."""
+        t = self.table
+        s0, p0, k0 = (int(x) for x in t[:b, [0, 3, 4]].sum(axis=0))
+        d0 = int(self.pools[:b].sum())
+        ns, n, nk, nd = int(t[b, 0]), int(t[b, 3]), int(t[b, 4]), int(self.pools[b])
+        plan = _Plan(self.keys[k0:k0 + nk], self.rows[0, p0:p0 + n], self.rows[1, p0:p0 + n],
+                     self.rows[2, p0:p0 + n], self.ends[s0:s0 + ns], int(self.words[b]), nd)
+        return plan, (self.samples[d0:d0 + nd] if nd else None)
 
 
 def write_word2vec(directory: str, words: list[str], vectors: np.ndarray) -> None:

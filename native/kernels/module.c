@@ -12,6 +12,7 @@
 #include "mf.h"
 #include "table.h"
 #include "wv.h"
+#include "wv_run.h"
 
 /* ---- KGE ------------------------------------------------------------------------------------ */
 
@@ -315,13 +316,17 @@ PyMODINIT_FUNC PyInit__kernels(void) {
     wv_init_tables();
     if (PyModule_AddFunctions(m, wv_methods) < 0 || PyModule_AddFunctions(m, mf_methods) < 0 ||
         PyModule_AddFunctions(m, kge_rows_methods) < 0 ||
+        PyModule_AddFunctions(m, wv_run_methods) < 0 ||
         PyModule_AddIntConstant(m, "MODEL_COMPLEX", KGE_COMPLEX) < 0 ||
         PyModule_AddIntConstant(m, "MODEL_DISTMULT", KGE_DISTMULT) < 0 ||
         PyModule_AddIntConstant(m, "MODEL_RESCAL", KGE_RESCAL) < 0 ||
         PyModule_AddIntConstant(m, "MF_STOP_PULL", MF_STOP_PULL) < 0 ||
         PyModule_AddIntConstant(m, "MF_STOP_PUSH", MF_STOP_PUSH) < 0 ||
         PyModule_AddIntConstant(m, "KGE_STOP_PULL", KGE_STOP_PULL) < 0 ||
-        PyModule_AddIntConstant(m, "KGE_STOP_PUSH", KGE_STOP_PUSH) < 0) {
+        PyModule_AddIntConstant(m, "KGE_STOP_PUSH", KGE_STOP_PUSH) < 0 ||
+        PyModule_AddIntConstant(m, "WV_STOP_PULL", WV_RUN_STOP_PULL) < 0 ||
+        PyModule_AddIntConstant(m, "WV_STOP_PUSH", WV_RUN_STOP_PUSH) < 0 ||
+        PyModule_AddIntConstant(m, "WV_BATCH_COLUMNS", WV_B_COLS) < 0) {
         Py_DECREF(m);
         return NULL;
     }
