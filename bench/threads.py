@@ -24,7 +24,9 @@ inside:
 - native / batch (us): the part of it spent inside the project's native calls that release the
   GIL (the kernels' ``*_train_batch``, ``mf_train_table`` and ``mf_train_rows`` (many MF
   batches a call over the baseline's array and over one node's store), ``kge_train_table`` and
-  ``kge_train_rows`` (the same for KGE), ``mf_plan``, ``wv_plan``, ``wv_merge_pool``, the
+  ``kge_train_rows`` (the same for KGE), ``wv_train_table``, ``wv_train_rows`` and
+  ``wv_plan_run`` (WV's runs: a call plans a run's batches, one trains them), ``mf_plan``,
+  ``wv_plan``, ``wv_merge_pool``, the
   store module's ``unique_inverse`` (KGE's plan), ``table_gather`` /
   ``table_scatter_add``, the store's ``gather_fast`` / ``scatter_*_fast``, and ``gather`` /
   ``scatter_*`` when their batch is large enough to release it: see RELEASE_GIL_FROM);
@@ -141,7 +143,13 @@ def child(app: str, argv: list[str]) -> None:
                                         name="kge_train_table")
         kernels.kge_train_rows = timed(kernels.kge_train_rows, batch=lambda out: out[0],
                                        name="kge_train_rows")
-    for name in ("mf_plan", "wv_plan", "wv_merge_pool", "table_gather", "table_scatter_add"):
+    if hasattr(kernels, "wv_train_table"):  # many WV batches a call: the array, a store
+        kernels.wv_train_table = timed(kernels.wv_train_table, batch=lambda n: n,
+                                       name="wv_train_table")
+        kernels.wv_train_rows = timed(kernels.wv_train_rows, batch=lambda out: out[0],
+                                      name="wv_train_rows")
+    for name in ("mf_plan", "wv_plan", "wv_plan_run", "wv_merge_pool", "table_gather",
+                 "table_scatter_add"):
         if hasattr(kernels, name):  # a --compare checkout may not have them all
             setattr(kernels, name, timed(getattr(kernels, name), name=name))
 

@@ -19,8 +19,10 @@ the same speed: docs/quality.md). A data
 point is a sentence (a line, cut every 10,000 tokens); sentences are split randomly across nodes
 and threads, and intent is signalled ``--ahead`` sentences ahead (2000, as the paper).
 
-One native call per mini-batch of sentences (``native/kernels/wv.c``): the batch's rows are
-pulled once, trained in order as word2vec trains them, and their changes pushed once. Each
+One native kernel call per mini-batch of sentences (``native/kernels/wv.c``): the batch's
+rows are pulled once, trained in order as word2vec trains them, and their changes pushed once;
+a worker's batches run many to a native call with the GIL released (``WVTrainer.chunked``,
+``native/kernels/wv_run.c``), with the same numbers as batch by batch. Each
 pair's negatives are drawn from a pool of one PM sample per word of the batch (drawing a PM sample
 per negative would copy ~30 rows per word); the pool follows the unigram^0.75 distribution, so
 each negative does too, but the negatives of one batch share the pool's words.
@@ -413,7 +415,7 @@ class WVTrainer:
                         zip(losses[trained].tolist(), counts[2 * at:2 * (at + done):2].tolist())]
                 at += done
                 if stop == _kernels.WV_STOP_PUSH:
-                    worker.push(left_keys[:left], left_rows[:left * width])
+                    worker.push(left_keys[:left], left_rows[:left * width].reshape(left, width))
                 elif stop == _kernels.WV_STOP_PULL:
                     plan, drawn = run.batch(at)
                     drawn_values = worker.pull(drawn) if drawn is not None else None
