@@ -188,7 +188,7 @@ def test_a_batch_with_keys_held_elsewhere_goes_through_the_worker(data):
     task = _task(data)
     points = np.arange(300, dtype=np.int64)  # 19 batches of 16
     bs, batches = 16, 19
-    width = 2 * task.dim
+    width = task.value_length
     init = task.init_rows(np.arange(task.num_keys, dtype=np.int64)).reshape(-1, width)
     init[:, :task.dim] += 0.01  # output vectors not all zero, so that what is pushed shows
     # a mid-frequency word's output vector elsewhere: some batches meet it, some do not
@@ -232,7 +232,7 @@ def _planned(data, neg=2, bs=5, sentences=40):
     rows: the arguments of wv_train_table."""
     task = _task(data, neg=neg)
     rng = np.random.default_rng(1)
-    width = 2 * task.dim
+    width = task.value_length
     points = np.arange(sentences, dtype=np.int64)
     starts = task.starts[points]
     lengths = task.ends[points] - starts
@@ -253,7 +253,8 @@ def _planned(data, neg=2, bs=5, sentences=40):
     samples = rng.integers(task.vocab_size, task.num_keys, int(pools.sum()))
     big = int((table[:, 4] + pools).max())
     data_ = rng.normal(0, 0.1, (task.num_keys, width)).astype(F32).reshape(-1)
-    return dict(dim=task.dim, negatives=neg, sgd=True, batches=table, plan_rows=plan_rows,
+    return dict(dim=task.dim, width=width, negatives=neg, sgd=True, batches=table,
+                plan_rows=plan_rows,
                 ends=ends, keys=keys[:int(table[:, 4].sum())], samples=samples,
                 lrs=np.full(nb, 0.025), data=data_,
                 key_offset=np.arange(task.num_keys, dtype=np.int64) * width,
@@ -296,6 +297,7 @@ def _bad_plan(args):
      "row_of has"),
     (lambda a: a.update(first=2, last=1), ValueError, "first 2 and last 1"),
     (lambda a: a.update(dim=0), ValueError, "dim 0"),
+    (lambda a: a.update(sgd=False), ValueError, "width 4: .* AdaGrad accumulator"),
 ])
 def test_a_bad_run_trains_nothing(data, change, exc, match):
     args = _planned(data)

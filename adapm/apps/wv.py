@@ -104,7 +104,9 @@ class WVTask:
             default_replica_updates(self.sgd, adapm.Config.from_env(num_keys=1).world_size)
         V = self.vocab_size = len(corpus.words)
         self.num_keys = 2 * V
-        self.value_length = 2 * self.dim
+        # A row is [vector | AdaGrad accumulator]; SGD keeps no accumulator, so its rows are the
+        # vector alone: half the bytes every pull, push, relocation and replica sync moves.
+        self.value_length = self.dim if self.sgd else 2 * self.dim
         self.sampling = adapm.Sampling(V, 2 * V, weights=corpus.counts ** 0.75,
                                        scheme=getattr(opts, "sampling", "naive"),
                                        seed=opts.seed)
@@ -121,8 +123,8 @@ class WVTask:
     def init_rows(self, keys: np.ndarray) -> np.ndarray:
         """word2vec's initial values (see INIT_ACCUMULATOR); a function of the seed and key."""
         d, V = self.dim, self.vocab_size
-        rows = np.zeros((len(keys), 2 * d), dtype=np.float32)
-        rows[:, d:] = INIT_ACCUMULATOR
+        rows = np.zeros((len(keys), self.value_length), dtype=np.float32)
+        rows[:, d:] = INIT_ACCUMULATOR  # AdaGrad's (SGD's rows end at the vector)
         inputs = np.flatnonzero(keys < V)
         blocks = keys[inputs] // _INIT_BLOCK
         for block in np.unique(blocks):  # a loop over blocks of keys, not over keys
@@ -223,7 +225,7 @@ class WVTrainer:
                      n if task.neg and n else 0)
 
     def _buffers(self, rows: int) -> tuple[np.ndarray, np.ndarray]:
-        width = 2 * self.task.dim
+        width = self.task.value_length
         if len(self.values) < rows * width:
             self.values = np.empty(2 * rows * width, dtype=np.float32)
             self.updates = np.empty_like(self.values)
@@ -271,7 +273,7 @@ class WVTrainer:
         worker.pull(plan.keys, out=values[:nk])
         loss, pairs = _kernels.wv_train_batch(task.dim, values, updates, plan.in_rows,
                                               plan.out_rows, plan.windows, plan.ends, pool,
-                                              task.neg, lr, seed, task.sgd)
+                                              task.neg, lr, seed, task.sgd, task.value_length)
         keys = np.concatenate([plan.keys, extra_keys]) if len(extra_keys) else plan.keys
         worker.push(keys, updates)
         return loss, pairs
@@ -371,7 +373,7 @@ class WVTrainer:
         seeds = self._epoch_seeds(ahead)
         state = self._chunked = {"worker": worker, "seeds": seeds, "planned": 0,
                                  "queue": deque()}
-        width, neg = 2 * task.dim, task.neg
+        width, neg = task.value_length, task.neg
         scratch: dict = {}
 
         def buffer(name: str, n: int, dtype) -> np.ndarray:
@@ -399,7 +401,7 @@ class WVTrainer:
                     done = _kernels.wv_train_table(
                         task.dim, neg, task.sgd, run.table, run.rows, run.ends, run.keys,
                         run.samples, all_lrs, data, offsets, lens, self.row_of, iscratch,
-                        values, updates, losses, counts, at, last)
+                        values, updates, losses, counts, at, last, width)
                     stop = left = 0
                 else:
                     left_keys = buffer("left_keys", big, np.int64)
@@ -407,7 +409,7 @@ class WVTrainer:
                     done, stop, left = _kernels.wv_train_rows(
                         task.dim, neg, task.sgd, run.table, run.rows, run.ends, run.keys,
                         run.samples, all_lrs, rows, left_keys, left_rows, self.row_of,
-                        iscratch, values, updates, losses, counts, at, last)
+                        iscratch, values, updates, losses, counts, at, last, width)
                 trained = slice(at, at + done)
                 pulled = int(run.table[trained, 4].sum() + run.pools[trained].sum())
                 worker.count_accesses(pulled, int(counts[2 * at + 1:2 * (at + done):2].sum()))

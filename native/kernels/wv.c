@@ -135,7 +135,7 @@ __attribute__((target_clones("arch=x86-64-v3", "default")))
 #endif
 static void train(const wv_batch_t *b, float *neu1e, float *grad, double *loss_out,
                   int64_t *pairs_out) {
-    const int64_t dim = b->dim, width = 2 * dim;
+    const int64_t dim = b->dim, width = b->width ? b->width : 2 * dim;
     float *values = b->values;
     uint64_t rng = b->seed;
     double loss = 0.0;
@@ -185,9 +185,9 @@ int wv_train_batch(const wv_batch_t *b, double *loss, int64_t *pairs, wv_fault_t
     if (wv_check_batch(b, fault) < 0) return WV_BAD_INPUT;
     /* The updates are the difference of the rows after and before training, not a second
      * buffer written beside each change: that halves the memory the inner loops touch (rows
-     * are 2 * dim floats, a batch's rows exceed the L2 cache). The difference is exact where
+     * are up to 2 * dim floats, a batch's rows exceed the L2 cache). The difference is exact where
      * the value at most doubles or halves (Sterbenz), so old + update == new there. */
-    const int64_t floats = b->num_rows * 2 * b->dim;
+    const int64_t floats = b->num_rows * (b->width ? b->width : 2 * b->dim);
     memcpy(b->updates, b->values, (size_t)floats * sizeof(float));
     float scratch[2 * WV_MAX_DIM]; /* the binding bounds dim by WV_MAX_DIM */
     train(b, scratch, scratch + b->dim, loss, pairs);

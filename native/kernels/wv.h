@@ -10,9 +10,12 @@
 
 #include <stdint.h>
 
-/* One batch. Every row of values is [vector | AdaGrad accumulator], 2 * dim floats. */
+/* One batch. Every row of values is width floats: [vector | AdaGrad accumulator] (width
+ * >= 2 * dim) under AdaGrad, the vector alone (width >= dim) under SGD, which has no
+ * accumulator; floats past those are left alone. */
 typedef struct {
     int64_t dim;
+    int64_t width;                /* floats per row (0: 2 * dim, the AdaGrad layout) */
     float *values;                /* num_rows rows, trained in place */
     float *updates;               /* as values, must not overlap it: receives the changes */
     int64_t num_rows;

@@ -8,14 +8,15 @@
 static PyObject *py_wv_train_batch(PyObject *module, PyObject *args, PyObject *kwargs) {
     static const char *fn = "wv_train_batch";
     static char *kwlist[] = {"dim", "values", "updates", "in_rows", "out_rows", "windows",
-                             "sentence_ends", "pool", "negatives", "lr", "seed", "sgd", NULL};
-    long long dim, negatives;
+                             "sentence_ends", "pool", "negatives", "lr", "seed", "sgd", "width",
+                             NULL};
+    long long dim, negatives, width = 0;
     double lr;
     int sgd = 0;
     PyObject *ovalues, *oupdates, *oin, *oout, *owin, *oends, *opool, *oseed;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "LOOOOOOOLdO|p", kwlist, &dim, &ovalues,
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "LOOOOOOOLdO|pL", kwlist, &dim, &ovalues,
                                      &oupdates, &oin, &oout, &owin, &oends, &opool, &negatives,
-                                     &lr, &oseed, &sgd))
+                                     &lr, &oseed, &sgd, &width))
         return NULL;
     if (!PyLong_Check(oseed))
         return PyErr_Format(PyExc_TypeError, "%s: seed must be an int", fn);
@@ -30,6 +31,11 @@ static PyObject *py_wv_train_batch(PyObject *module, PyObject *args, PyObject *k
     if (negatives < 0)
         return PyErr_Format(PyExc_ValueError, "%s: negatives must be >= 0, got %lld", fn,
                             negatives);
+    if (width == 0) width = 2 * dim;
+    if (width < (sgd ? dim : 2 * dim) || width > 2 * (long long)WV_MAX_DIM)
+        return PyErr_Format(PyExc_ValueError, "%s: width %lld: rows need the vector (dim = %lld "
+                            "floats)%s, and at most %d floats", fn, width, dim,
+                            sgd ? "" : " and its AdaGrad accumulator (2 * dim)", 2 * WV_MAX_DIM);
     views_t vs = {.n = 0};
     Py_buffer *values, *updates, *in_rows, *out_rows, *windows, *ends, *pool;
     if (!(values = take(&vs, ovalues, fn, "values", F32, 1, 0)) ||
@@ -41,9 +47,9 @@ static PyObject *py_wv_train_batch(PyObject *module, PyObject *args, PyObject *k
         !(pool = take(&vs, opool, fn, "pool", I64, 0, 1)))
         goto fail;
     const int64_t nvalues = count(values), npos = count(in_rows);
-    if (nvalues % (2 * dim)) {
+    if (nvalues % width) {
         PyErr_Format(PyExc_ValueError, "%s: values has %lld floats, not a whole number of rows "
-                     "of 2 * dim = %lld", fn, (long long)nvalues, 2 * dim);
+                     "of width = %lld", fn, (long long)nvalues, width);
         goto fail;
     }
     if (count(updates) != nvalues) {
@@ -62,9 +68,10 @@ static PyObject *py_wv_train_batch(PyObject *module, PyObject *args, PyObject *k
         goto fail;
     const wv_batch_t batch = {
         .dim = dim,
+        .width = width,
         .values = values->buf,
         .updates = updates->buf,
-        .num_rows = nvalues / (2 * dim),
+        .num_rows = nvalues / width,
         .in_rows = in_rows->buf,
         .out_rows = out_rows->buf,
         .windows = windows->buf,
@@ -87,8 +94,8 @@ static PyObject *py_wv_train_batch(PyObject *module, PyObject *args, PyObject *k
     Py_END_ALLOW_THREADS
     if (rc != WV_OK) {
         static const char *names[] = {"in_rows", "out_rows", "windows", "sentence_ends", "pool"};
-        static const char *why[] = {"a row outside [0, len(values) / (2 * dim))",
-                                    "a row outside [0, len(values) / (2 * dim))",
+        static const char *why[] = {"a row outside [0, len(values) / width)",
+                                    "a row outside [0, len(values) / width)",
                                     "a window below 1",
                                     "not ascending within [0, positions], ending at positions",
                                     "empty with negatives > 0, or a row outside the values"};
@@ -408,13 +415,14 @@ fail:
 
 PyDoc_STRVAR(wv_train_batch_doc,
 "wv_train_batch(dim, values, updates, in_rows, out_rows, windows, sentence_ends, pool,\n"
-"               negatives, lr, seed, sgd=False) -> (loss_sum, pairs)\n"
+"               negatives, lr, seed, sgd=False, width=2*dim) -> (loss_sum, pairs)\n"
 "\n"
 "Trains one batch of skip-gram with negative sampling in place, as word2vec does it, with\n"
 "AdaGrad, or with word2vec's plain SGD when sgd (see native/kernels/wv.h for the exact order\n"
 "of updates).\n"
 "\n"
-"values: float32, writable, rows of 2*dim floats ([vector | AdaGrad accumulator]). updates:\n"
+"values: float32, writable, rows of width floats: [vector | AdaGrad accumulator] (width >=\n"
+"2*dim), or under sgd the vector alone (width >= dim; SGD has no accumulator). updates:\n"
 "float32, the size of values, not overlapping it: receives values after minus values before\n"
 "(exact where a value at most doubled or halved). in_rows, out_rows, windows: int64, one per position of the batch's words (the rows of\n"
 "its input and output vectors, its reduced window >= 1). sentence_ends: int64, exclusive ends of\n"

@@ -106,7 +106,7 @@ int64_t wv_train_run(const wv_run_t *r, int64_t first, int64_t last, const int64
                      const int64_t *samples, const double *lrs, double *losses, int64_t *counts,
                      int *stop, int64_t *num_left, int64_t *at) {
     const rows_t *rows = r->rows;
-    const int64_t width = 2 * r->dim, max_rows = r->max_rows;
+    const int64_t width = r->width, max_rows = r->max_rows;
     *stop = WV_RUN_DONE;
     *num_left = 0;
     const int64_t bad = check_run(r, first, last, batches, rows3, cap, ends, keys, samples, at);
@@ -142,7 +142,7 @@ int64_t wv_train_run(const wv_run_t *r, int64_t first, int64_t last, const int64
             return b - first;
         }
         const wv_batch_t batch = {
-            .dim = r->dim, .values = r->values, .updates = r->updates, .num_rows = nr,
+            .dim = r->dim, .width = width, .values = r->values, .updates = r->updates, .num_rows = nr,
             .in_rows = rows3 + p0, .out_rows = rows3 + cap + p0, .windows = rows3 + 2 * cap + p0,
             .num_positions = np, .sentence_ends = ends + s0, .num_sentences = ns, .pool = pool,
             .pool_size = nd, .negatives = r->negatives, .lr = (float)lrs[b],

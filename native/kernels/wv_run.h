@@ -60,7 +60,9 @@ int64_t wv_plan_run(const int32_t *tokens, int64_t num_tokens, const int64_t *st
                     int64_t *ends, int64_t *keys);
 
 typedef struct {
-    int64_t dim;       /* rows are [vector | AdaGrad accumulator], 2 * dim floats */
+    int64_t dim;
+    int64_t width;     /* floats per row (wv_batch_t's: >= 2 * dim under AdaGrad, >= dim under
+                        * SGD) */
     int64_t negatives; /* per (word, context) pair */
     int sgd;           /* wv_train_batch's */
     const rows_t *rows;

@@ -116,6 +116,7 @@ typedef struct {
     views_t vs;
     Py_buffer *batches, *rows3, *ends, *keys, *samples, *lrs, *losses, *counts;
     long long first, last; /* the batches to train: [first, last) */
+    long long width;       /* floats per row (0: 2 * dim) */
     int64_t left_room; /* rows left_keys and left_rows hold (take_store) */
     wv_run_t run;      /* run.rows (and left_*) set by take_rows */
 } run_args_t;
@@ -124,10 +125,14 @@ static int parse_run(PyObject *args, PyObject *kwargs, char **kwlist, run_args_t
                      PyObject **o) {
     a->first = 0;
     a->last = -1;
-    return PyArg_ParseTupleAndKeywords(args, kwargs, "LLpOOOOOOOOOOOOOOO|LL", kwlist, &a->dim,
-                                       &a->negatives, &a->sgd, &o[0], &o[1], &o[2], &o[3], &o[4],
-                                       &o[5], &o[6], &o[7], &o[8], &o[9], &o[10], &o[11], &o[12],
-                                       &o[13], &o[14], &a->first, &a->last);
+    a->width = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "LLpOOOOOOOOOOOOOOO|LLL", kwlist, &a->dim,
+                                     &a->negatives, &a->sgd, &o[0], &o[1], &o[2], &o[3], &o[4],
+                                     &o[5], &o[6], &o[7], &o[8], &o[9], &o[10], &o[11], &o[12],
+                                     &o[13], &o[14], &a->first, &a->last, &a->width))
+        return 0;
+    if (a->width == 0) a->width = 2 * a->dim;
+    return 1;
 }
 
 /* o: batches, plan_rows, ends, keys, samples, lrs, then 3 objects for take_rows, then row_of,
@@ -136,6 +141,12 @@ static int take_run(run_args_t *a, PyObject **o, int (*take_rows)(run_args_t *, 
     const char *fn = a->fn;
     if (a->dim < 1 || a->dim > WV_MAX_DIM) {
         PyErr_Format(PyExc_ValueError, "%s: dim %lld outside [1, %d]", fn, a->dim, WV_MAX_DIM);
+        return -1;
+    }
+    if (a->width < (a->sgd ? a->dim : 2 * a->dim) || a->width > 2 * (long long)WV_MAX_DIM) {
+        PyErr_Format(PyExc_ValueError, "%s: width %lld: rows need the vector (dim = %lld floats)"
+                     "%s, and at most %d floats", fn, a->width, a->dim,
+                     a->sgd ? "" : " and its AdaGrad accumulator (2 * dim)", 2 * WV_MAX_DIM);
         return -1;
     }
     if (a->negatives < 0 || a->negatives > INT32_MAX) {
@@ -196,7 +207,7 @@ static int take_run(run_args_t *a, PyObject **o, int (*take_rows)(run_args_t *, 
                      (long long)count(a->samples), (long long)samples);
         return -1;
     }
-    const int64_t width = 2 * a->dim, num_keys = count(row_of);
+    const int64_t width = a->width, num_keys = count(row_of);
     if (num_keys > a->run.rows->num_keys) {
         PyErr_Format(PyExc_ValueError, "%s: row_of has %lld items, one per key of the run, but "
                      "the rows hold %lld keys", fn, (long long)num_keys,
@@ -224,6 +235,7 @@ static int take_run(run_args_t *a, PyObject **o, int (*take_rows)(run_args_t *, 
         return -1;
     }
     a->run.dim = a->dim;
+    a->run.width = a->width;
     a->run.negatives = a->negatives;
     a->run.sgd = a->sgd;
     a->run.num_keys = num_keys;
@@ -286,7 +298,7 @@ static PyObject *py_wv_train_table(PyObject *module, PyObject *args, PyObject *k
     static char *kwlist[] = {"dim", "negatives", "sgd", "batches", "plan_rows", "ends", "keys",
                              "samples", "lrs", "data", "key_offset", "key_len", "row_of",
                              "iscratch", "values", "updates", "losses", "counts", "first", "last",
-                             NULL};
+                             "width", NULL};
     table_run_t t = {.a = {.fn = "wv_train_table", .vs = {.n = 0}}};
     run_args_t *a = &t.a;
     PyObject *o[15];
@@ -306,8 +318,8 @@ fail:
 
 /* A node's rows: the capsule of Store.rows(), then left_keys and left_rows. */
 static int take_store(run_args_t *a, PyObject **o) {
-    const int64_t width = 2 * a->dim;
-    const rows_t *rows = store_rows(o[0], a->fn, "store_rows", width, "2 * dim");
+    const int64_t width = a->width;
+    const rows_t *rows = store_rows(o[0], a->fn, "store_rows", width, "width");
     if (!rows) return -1;
     Py_buffer *left_keys, *left_rows;
     if (!(left_keys = take(&a->vs, o[1], a->fn, "left_keys", I64, 1, 1)) ||
@@ -326,7 +338,7 @@ static PyObject *py_wv_train_rows(PyObject *module, PyObject *args, PyObject *kw
     static char *kwlist[] = {"dim", "negatives", "sgd", "batches", "plan_rows", "ends", "keys",
                              "samples", "lrs", "store_rows", "left_keys", "left_rows", "row_of",
                              "iscratch", "values", "updates", "losses", "counts", "first", "last",
-                             NULL};
+                             "width", NULL};
     run_args_t args_ = {.fn = "wv_train_rows", .vs = {.n = 0}}, *a = &args_;
     PyObject *o[15];
     if (!parse_run(args, kwargs, kwlist, a, o)) return NULL;
@@ -361,7 +373,7 @@ PyDoc_STRVAR(wv_plan_run_doc,
 PyDoc_STRVAR(wv_train_table_doc,
 "wv_train_table(dim, negatives, sgd, batches, plan_rows, ends, keys, samples, lrs, data,\n"
 "               key_offset, key_len, row_of, iscratch, values, updates, losses, counts,\n"
-"               first=0, last=-1) -> batches\n"
+"               first=0, last=-1, width=2*dim) -> batches\n"
 "\n"
 "Trains batches [first, last) (last -1: to the end) of a planned run (wv_plan_run's outputs)\n"
 "over the baseline's table in one call with the GIL released: per batch what WVTrainer.step does, in the same order with the same\n"
@@ -370,20 +382,21 @@ PyDoc_STRVAR(wv_train_table_doc,
 "each batch's pool back to back (one key per position where negatives > 0). row_of: int32,\n"
 "one per key of the run's key space (keys and samples below its length, which may not exceed\n"
 "the rows'), all -1 (left so); iscratch: int64, 4 rows' worth of the largest batch (its keys\n"
-"plus its pool); values, updates: float32, as many rows of 2 * dim. losses: float64 per batch;\n"
-"counts: int64, per batch its pairs and the keys it gathered and scatter-added.\n"
+"plus its pool); values, updates: float32, as many rows of width floats (wv_train_batch's).\n"
+"losses: float64 per batch; counts: int64, per batch its pairs and the keys it gathered and\n"
+"scatter-added.\n"
 "\n"
-"The whole run is checked before anything is written (ValueError naming the first bad plan\n"
-"entry, key or sample; TypeError for a dtype, ValueError for a size, a layout or shared\n"
-"memory). Returns the number of batches trained. Blocking; the GIL is released for the run.\n"
+"Batches [first, last) are checked before anything is written (ValueError naming the first\n"
+"bad plan entry, key or sample; TypeError for a dtype, ValueError for a size, a layout or\n"
+"shared memory). Returns the number of batches trained. Blocking; the GIL is released for the run.\n"
 "Thread-safe over one table on distinct scratch.");
 
 PyDoc_STRVAR(wv_train_rows_doc,
 "wv_train_rows(dim, negatives, sgd, batches, plan_rows, ends, keys, samples, lrs, store_rows,\n"
 "              left_keys, left_rows, row_of, iscratch, values, updates, losses, counts,\n"
-"              first=0, last=-1) -> (batches, stop, left)\n"
+"              first=0, last=-1, width=2*dim) -> (batches, stop, left)\n"
 "\n"
-"wv_train_table over a node's store (store_rows: Store.rows(), rows of 2 * dim floats).\n"
+"wv_train_table over a node's store (store_rows: Store.rows(), rows of width floats).\n"
 "Returns the batches trained and why it returned: stop 0, all of them; WV_STOP_PULL, the\n"
 "next batch has keys not held here (nothing of it written: train it through the worker and\n"
 "call again from the batch after it); WV_STOP_PUSH, the last batch trained had keys that left\n"
