@@ -49,8 +49,8 @@ class WorkerSampler:
     sampler adds its counts to. ``check_window(start, end)`` returns the checked window of
     ``prepare_sample``; ``intent(keys, start, end)`` and ``pull(keys, out)`` are the worker's
     own (the ``naive`` scheme's signal and fetch); ``missing_buffer(n)`` is int64 scratch of at
-    least ``n``; ``pin(keys)`` pins the keys of a local sample before they are read (until the
-    worker's next clock). ``staying(keys)`` says per key whether it is held here and stays (the
+    least ``n``; ``pin(keys, add=False)`` pins the keys of a local sample before they are read
+    (until the worker's next clock), in place of or (``add``) beside the keys pinned already. ``staying(keys)`` says per key whether it is held here and stays (the
     ``local`` scheme draws only those); None on a single node, which holds every key for good.
     """
 
@@ -60,7 +60,7 @@ class WorkerSampler:
                  intent: Callable[[np.ndarray, int, int], None],
                  pull: Callable[[np.ndarray, Optional[np.ndarray]], np.ndarray],
                  missing_buffer: Callable[[int], np.ndarray],
-                 pin: Callable[[np.ndarray], None],
+                 pin: Callable[..., None],
                  staying: Optional[Callable[[np.ndarray], np.ndarray]]) -> None:
         self._sampling = sampling
         self._store = store
@@ -140,8 +140,10 @@ class WorkerSampler:
 
     def keys(self, n, count, out: Optional[np.ndarray]) -> np.ndarray:
         """The keys of ``count`` successive samples of ``n`` (see ``Worker.sample_keys``): the
-        draws of ``count`` prepare + pull pairs, in order, without reading values. Only where
-        every key of the domain is held here for good (one node): the caller checks."""
+        draws of ``count`` prepare + pull pairs, in order, without reading values; under the
+        ``local`` scheme on a node of a multi-node job pinned (beside this clock's pins) and
+        drawn again where a key left before its pin, as a pull draws again where its read
+        misses one."""
         s = self._sampling
         n = _as_count(n)
         if isinstance(count, bool) or not isinstance(count, (int, np.integer)) or count < 0:
@@ -158,7 +160,8 @@ class WorkerSampler:
             raise StateError(f"sample_keys: rank {self._rank} holds no key of the "
                              f"sampling domain [{s.low}, {s.high}), so the local scheme has "
                              f"nothing to draw from")
-        if local and s.weights is None and s.replacement:
+        several = local and self._staying is not None  # a node of a multi-node job
+        if local and s.weights is None and s.replacement and not several:
             # _draw's steps for this case, one numpy draw per sample (the same stream: each
             # sample's positions, then one lookup of all of them in the pool). On one node no
             # drawn key is unfit (_unfit), so there is nothing to draw again.
@@ -168,10 +171,26 @@ class WorkerSampler:
         else:
             for i in range(count):
                 out[i * n:(i + 1) * n] = self._draw(n, local=local)
+        if several:
+            self._hold(out)
         counters = self._counters
         counters["sampled_keys"] += total
         counters["sampled_local_keys"] += total
         return out
+
+    def _hold(self, keys: np.ndarray) -> None:
+        """Pins ``keys`` (drawn among the keys that stay here) beside this clock's pins, then
+        draws again, and pins, any that stopped staying between the draw and the pin (a pinned
+        key that stays does not leave before the worker's next clock)."""
+        fresh = keys
+        for _ in range(_MAX_REDRAW_ROUNDS):
+            self._pin(fresh, add=True)
+            bad = ~self._staying(keys)
+            if not bad.any():
+                return
+            self._redraw(keys, bad, local=True)  # in place
+            fresh = keys[bad]
+        raise self._gave_up(len(keys))
 
     def _check_out(self, out, n: int) -> None:
         if not self._row_length:

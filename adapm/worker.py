@@ -279,27 +279,24 @@ class Worker:
         :meth:`pull_sample`, one pair after the other, would give: the same random stream, in
         the same order, so a run that draws through either gives the same numbers. Returns
         int64 of ``count * n`` keys, sample after sample (in ``out``, when given: int64,
-        C-contiguous, writable, of that length). No intent is signalled and nothing is pinned
-        or read, so this is only offered where neither matters: on a single node, which holds
-        every key of the domain for good; and, on a node of a multi-node job, under the
-        ``naive`` scheme, whose draws do not depend on where keys are (the caller signals their
-        intent before the loop reads them, as prepare_sample does). StateError elsewhere (the
-        ``local`` scheme on several nodes: a sample's keys depend on when they are read), and
-        without a sampling domain. Non-blocking; O(count * n), one numpy draw per sample,
-        holding the GIL. Counted in ``stats()`` as ``sampled_keys`` and ``sampled_local_keys``
-        (the loop reads every key here; one it finds elsewhere it pulls through the worker,
-        which counts that pull as remote); the loop counts its reads and adds of the keys with
-        :meth:`count_accesses`, as pull_sample's read is counted.
+        C-contiguous, writable, of that length). Nothing is read. On a single node every key
+        of the domain is held here for good: nothing else is done. On a node of a multi-node
+        job, under the ``naive`` scheme the draws do not depend on where keys are, and the
+        caller signals their intent before its loop reads them (as prepare_sample does); under
+        the ``local`` scheme they are drawn among the keys held here that stay, as pull_sample
+        draws them, and pinned until this worker's next clock beside any pinned already (as
+        pull_sample pins its sample), so that the loop that reads them right after finds them
+        and its adds to them stay local. Raises StateError without a sampling domain.
+        Non-blocking; O(count * n), one numpy draw per sample, holding the GIL. Counted in
+        ``stats()`` as ``sampled_keys`` and ``sampled_local_keys`` (the loop reads every key
+        here; one it finds elsewhere it pulls through the worker, which counts that pull as
+        remote); the loop counts its reads and adds of the keys with :meth:`count_accesses`,
+        as pull_sample's read is counted.
         """
         self._node._check_open("sample_keys")
         if self._sampler is None:
             raise StateError("sample_keys: this job has no sampling domain; set "
                              "Config(sampling=adapm.Sampling(low, high, ...))")
-        if self._engine is not None and self._sampler.scheme != "naive":
-            raise StateError(f"sample_keys: rank {self._node.rank} is a node of a job of "
-                             f"{self._node.world_size}, where a {self._sampler.scheme!r} "
-                             f"sample's keys depend on when they are read (use prepare_sample "
-                             f"and pull_sample, or the 'naive' scheme)")
         return self._sampler.keys(n, count, out)
 
     # --- intent and clocks -------------------------------------------------------------------
@@ -389,11 +386,17 @@ class Worker:
             _yield_core()
         return self.clock
 
-    def _pin_sample(self, keys: np.ndarray) -> None:
-        """Pin the keys of a local sample just read (until the next clock; see __init__)."""
+    def _pin_sample(self, keys: np.ndarray, add: bool = False) -> None:
+        """Pin the keys of a local sample just read (until the next clock; see __init__): in
+        place of the keys pinned so far this clock, or with ``add`` beside them."""
         if self._repin is not None:
-            self._repin(_NO_KEYS if self._pinned is None else self._pinned, keys)
-            self._pinned = keys.copy()  # the caller owns ``keys``
+            pinned = self._pinned
+            if add and pinned is not None:
+                self._repin(_NO_KEYS, keys)
+                self._pinned = np.concatenate([pinned, keys])
+            else:
+                self._repin(_NO_KEYS if pinned is None else pinned, keys)
+                self._pinned = keys.copy()  # the caller owns ``keys``
 
     # --- completion --------------------------------------------------------------------------
 

@@ -247,6 +247,16 @@ int64_t store_gather(const store_t *s, const int64_t *keys, int64_t n, float *ou
     return nmiss;
 }
 
+int64_t store_missing(const store_t *s, const int64_t *keys, int64_t n, int64_t *missing) {
+    if (store_check_keys(keys, n, s->num_keys) >= 0) return -1;
+    int64_t nmiss = 0;
+    const int token = held_enter(s->held);
+    for (int64_t i = 0; i < n; i++)
+        if (store_state(s, keys[i]) == KEY_NONE) missing[nmiss++] = i;
+    held_exit(s->held, token);
+    return nmiss;
+}
+
 /* An owner copy's write: a new version, so replicas learn they are behind. Under the lock. */
 static inline void bump_version(const store_t *s, int64_t h, held_entry_t *e) {
     if (e) {

@@ -160,6 +160,10 @@ static inline int64_t store_floats_of(const store_t *s, const int64_t *keys, int
  * expect checked keys (they prefetch directory entries of keys ahead of the one they work on). */
 int64_t store_check_keys(const int64_t *keys, int64_t n, int64_t num_keys);
 
+/* The positions of keys not held here now to missing[] (a snapshot; nothing read or written);
+ * returns how many, or -1 if a key lies outside [0, num_keys). Any thread. */
+int64_t store_missing(const store_t *s, const int64_t *keys, int64_t n, int64_t *missing);
+
 /* Copies the values of locally held keys into out (request order, rows packed back to back).
  * Positions of keys not held here go to missing[]; their rows in out are left untouched.
  * Returns the number of missing positions, or -1 if out is too small (out_floats). */

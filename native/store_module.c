@@ -316,8 +316,8 @@ static PyObject *Store_scatter_set_fast(StoreObject *self, PyObject *args) { ret
 
 /* Store.rows(): the store's rows for the kernels' native training loops (kernels/rows.h). The
  * capsule owns its rows_t and a reference to the Store, so the store's memory outlives every
- * loop that holds the capsule. The functions are store_gather and store_scatter (add): keys
- * held elsewhere come back as missing, as for a worker's pull and push. */
+ * loop that holds the capsule. The functions are store_gather, store_scatter (add) and
+ * store_missing: keys held elsewhere come back as missing, as for a worker's pull and push. */
 static int64_t rows_gather(void *ctx, const int64_t *keys, int64_t n, float *out,
                            int64_t out_floats, int64_t *missing) {
     return store_gather(ctx, keys, n, out, out_floats, missing);
@@ -326,6 +326,10 @@ static int64_t rows_gather(void *ctx, const int64_t *keys, int64_t n, float *out
 static int64_t rows_scatter_add(void *ctx, const int64_t *keys, int64_t n, const float *vals,
                                 int64_t vals_floats, int64_t *missing) {
     return store_scatter(ctx, keys, n, vals, vals_floats, missing, 0);
+}
+
+static int64_t rows_missing(void *ctx, const int64_t *keys, int64_t n, int64_t *missing) {
+    return store_missing(ctx, keys, n, missing);
 }
 
 static void rows_capsule_free(PyObject *capsule) {
@@ -340,7 +344,7 @@ static PyObject *Store_rows(StoreObject *self, PyObject *unused) {
     if (!rows) return PyErr_NoMemory();
     *rows = (rows_t){.abi = ROWS_ABI, .ctx = &self->s, .num_keys = self->s.num_keys,
                      .row_floats = self->s.uniform_len, .gather = rows_gather,
-                     .scatter_add = rows_scatter_add};
+                     .scatter_add = rows_scatter_add, .missing = rows_missing};
     PyObject *capsule = PyCapsule_New(rows, ROWS_CAPSULE, rows_capsule_free);
     if (!capsule) {
         PyMem_Free(rows);

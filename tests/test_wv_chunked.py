@@ -330,9 +330,10 @@ def test_plan_run_checks_its_sentences(data):
     assert (args["row_of"] == -1).all()
 
 
-def test_sample_keys_on_two_nodes_only_for_naive_sampling():
+def test_sample_keys_on_two_nodes():
     """sample_keys on a node of a multi-node job: naive draws (which do not depend on where
-    keys are) are prepare_sample's, in the same stream; local is refused."""
+    keys are) are prepare_sample's, in the same stream; local ones are drawn among the keys held
+    here and pinned until the next clock: read at once, none is remote."""
     import adapm
     from adapm.testing import run_cluster
 
@@ -346,23 +347,21 @@ def test_sample_keys_on_two_nodes_only_for_naive_sampling():
     prepared = run_cluster(_sample_keys_job, 2, args=("prepare",), timeout_s=90,
                            config=config("naive"))
     assert drawn == prepared and drawn[0] != drawn[1]  # the ranks' streams differ
-    assert run_cluster(_sample_keys_job, 2, args=("sample_keys",), timeout_s=90,
-                       config=config("local")) == ["refused", "refused"]
+    local = run_cluster(_sample_keys_job, 2, args=("local",), timeout_s=90,
+                        config=config("local"))
+    assert all(len(keys) == 21 for keys in local)
 
 
 def _sample_keys_job(node, way):
-    from adapm.errors import StateError
-
     w = node.worker()
     if way == "prepare":
         handles = [w.prepare_sample(7, w.clock + 1) for _ in range(3)]
         w.advance_clock()
         keys = np.concatenate([w.pull_sample(h)[0] for h in handles])
     else:
-        try:
-            keys = w.sample_keys(7, 3)
-        except StateError as exc:
-            assert "'local'" in str(exc) and "of a job of 2" in str(exc)
-            return "refused"
+        keys = w.sample_keys(7, 3)
+    if way == "local":
+        w.pull(keys)  # at once: every key is held here, pinned
+        assert node.stats()["remote_pull_keys"] == 0
     assert node.stats()["sampled_keys"] == 21
     return keys.tolist()

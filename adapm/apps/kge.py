@@ -196,30 +196,45 @@ class KGETrainer:
         return _Plan(keys[:count], np.ascontiguousarray(inverse.reshape(3, b).T),
                      2 * self.task.neg * b)
 
+    def intent_keys(self, points: np.ndarray, batch_size: int) -> tuple[np.ndarray, np.ndarray]:
+        """Each batch's distinct keys (``plan(...).keys``, what the per-batch path signals as
+        intent: a ``local`` sample is drawn among the keys held here) back to back, and their
+        number per batch."""
+        parts = [self.plan(points[i:i + batch_size]).keys
+                 for i in range(0, len(points), batch_size)]
+        keys = np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
+        return keys, np.array([len(p) for p in parts], dtype=np.int64)
+
     def chunked(self, worker, ahead: int = 0):
         """A ``run(points, batch_size) -> (losses, steps)`` that trains many batches in one
         native call with the GIL released (per batch what plan and step do, with the same
-        arithmetic), over the baseline's plain shared array (``ArrayWorker.table``) or the store
-        of a node alone (``Worker.native_rows``). Each batch's negatives are drawn before the
-        call, batch after batch from the worker's sampling stream (``sample_keys``): the draws
-        the per-batch path makes, in its order, so the numbers are the same. None (the
-        per-batch path) for RESCAL (keys of two lengths), for a node of a multi-node job (a
-        ``local`` sample is drawn among the keys held when it is pulled, and pinned: a run
-        cannot draw ahead) and without rows. Over a store, a batch with a key held elsewhere
-        goes through ``step`` with its sample as drawn. ``ahead`` is the runner's (see
-        ``runner.Trainer``); KGE's plans draw no random numbers, so it changes nothing here."""
+        arithmetic), over the baseline's plain shared array (``ArrayWorker.table``) or a node's
+        store (``Worker.native_rows``). Each batch's negatives are drawn before the call, batch
+        after batch from the worker's sampling stream (``sample_keys``): the draws the
+        per-batch path makes, in its order, so on one node the numbers are the same. On a node
+        of a multi-node job a ``local`` sample is drawn among the keys held here that stay and
+        pinned until the worker's next clock, as pull_sample does, for the whole run (at most
+        ahead/4 batches there: 2 at KGE's default), once the run's batches are known to have
+        their keys here (a run trains the leading batches that have; a first batch without
+        goes alone through the per-batch path, whose pull waits for its keys before it pins
+        anything); the runner signals each batch's keys ahead (:meth:`intent_keys`). None (the per-batch path) for RESCAL (keys of two lengths),
+        without rows, and under ``naive`` sampling on several nodes (a naive sample is
+        signalled as intent when it is prepared, ahead). Over a store, a
+        batch with a key held elsewhere goes through ``step`` with its sample as drawn.
+        ``ahead`` is the runner's (see ``runner.Trainer``); KGE's plans draw no random numbers,
+        so it changes nothing here."""
+        task = self.task
         if not self.uniform:
             return None
         if isinstance(worker, ArrayWorker):
             data, offsets, lens = worker.table()
             rows = None
         else:
-            if worker.acts_on_intent:
-                return None
             rows = worker.native_rows()
-            if rows is None:
+            if rows is None or (worker.acts_on_intent and task.sampling.scheme != "local"):
                 return None
-        task, width = self.task, self.ent_row
+        intent = not isinstance(worker, ArrayWorker) and worker.acts_on_intent
+        width = self.ent_row
         k2, per_point = 2 * task.neg, 1 + 2 * task.neg
         max_rows = len(self.values)  # (3 + 2 neg) batch_size rows: kge_train_rows's scratch
         iscratch = np.empty(6 * max_rows, dtype=np.int64)
@@ -227,7 +242,8 @@ class KGETrainer:
         left_rows = np.empty((len(left_keys), width), dtype=np.float32)
         # grown on demand: a call's samples, and per batch its loss and keys touched
         out = {"samples": np.empty(0, dtype=np.int64), "losses": np.empty(0),
-               "keys": np.empty(0, dtype=np.int64)}
+               "keys": np.empty(0, dtype=np.int64), "flat": np.empty(0, dtype=np.int64),
+               "missing": np.empty(0, dtype=np.int64)}
 
         def buffer(name: str, n: int) -> np.ndarray:
             if len(out[name]) < n:
@@ -259,9 +275,36 @@ class KGETrainer:
             worker.count_accesses(touched, touched)
             return losses[:batches].tolist(), len(points) * per_point
 
+        def held_batches(points: np.ndarray, batch_size: int) -> int:
+            """How many leading batches of ``points`` have every key here now (a snapshot)."""
+            n = len(points)
+            flat = buffer("flat", 3 * n)
+            flat[:n], flat[n:2 * n], flat[2 * n:] = points[:, 0], points[:, 1] + self.E, \
+                points[:, 2]
+            missing = buffer("missing", 3 * n)
+            nmiss = _kernels.rows_missing(rows, flat, missing)
+            if not nmiss:
+                return -(-n // batch_size)
+            return int((missing[:nmiss] % n).min()) // batch_size
+
         def run_rows(points: np.ndarray, batch_size: int) -> tuple[list, int]:
             # A batch whose keys are not all here (STOP_PULL), or whose keys left before its
             # push (STOP_PUSH), goes through the worker's pull and push, which route them.
+            if intent:
+                # The run's samples are pinned until the next clock: a pull that waits for
+                # keys on their way must not wait with them pinned (a peer that waits the same
+                # way for keys pinned here would never get them). So the run trains the
+                # batches whose keys are all here; a first batch with a key still to come
+                # goes alone through the per-batch path (its pull waits, then it draws and pins
+                # its sample), and the runner calls again for the rest.
+                ok = held_batches(points, batch_size)
+                if ok == 0:
+                    plan = self.plan(points[:batch_size])
+                    sample = worker.prepare_sample(plan.sample_size, worker.clock) \
+                        if plan.sample_size else None
+                    loss, steps = self.step(worker, plan, sample)
+                    return [loss], steps
+                points = points[:ok * batch_size]
             samples, losses, keys = prepare(points, batch_size)
             result: list = []
             at, n = 0, len(points)

@@ -96,7 +96,8 @@ class Trainer(Protocol):
     # (``ahead``: the batches the per-batch path would plan ahead of its steps, for a trainer
     # whose plans and steps draw from one random stream): ``run(points, batch_size) -> (losses,
     # steps)`` or ``(losses, steps, units)`` trains the epoch's next batches, ``points``
-    # (batch_size each, the last maybe fewer), in a few native calls with the GIL released and
+    # (batch_size each, the last maybe fewer), or a prefix of them (at least one batch: the
+    # runner gives the rest to the next call), in a few native calls with the GIL released and
     # returns each batch's loss sum (in order), the steps (and units); the runner then advances
     # one clock per batch. For a worker that acts on intent (``Worker.acts_on_intent``) the
     # trainer also needs ``intent_keys(points, batch_size) -> (keys, counts)``: each batch's
@@ -585,16 +586,20 @@ class _Thread:
         chunk = CHUNK_BATCHES if ahead is None else max(1, min(CHUNK_BATCHES, ahead // 4))
         span = chunk * bs
         signal = self._intent_signaller(order, bs, ahead) if ahead is not None else None
-        for start in range(0, len(order), span):
+        start = 0
+        while start < len(order):
             if signal is not None:
                 signal(start // bs + chunk + ahead)
             losses, steps, *units = run(order[start:start + span], bs)
+            if not losses:
+                raise RuntimeError("a trainer's run trained no batch")
             for loss in losses:
                 self.loss += loss
                 w.advance_clock()
             self.steps += steps
             self.units += sum(units)
             self.done += len(losses)
+            start += len(losses) * bs  # a run may train a prefix of the batches given
 
     def _intent_signaller(self, order: np.ndarray, bs: int, ahead: int):
         """For the chunked loop: signals the epoch's standing keys, then the intents of batches

@@ -291,7 +291,61 @@ PyDoc_STRVAR(kge_train_rows_doc,
 "for (3 + 2 * neg) * batch_size keys and rows), `left` of them, for the caller to push.\n"
 "Checks and errors as kge_train_table. Blocking; the GIL is released for the run.");
 
+static PyObject *py_rows_missing(PyObject *module, PyObject *args, PyObject *kwargs) {
+    static const char *fn = "rows_missing";
+    static char *kwlist[] = {"store_rows", "keys", "missing", NULL};
+    PyObject *orows, *okeys, *omissing;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOO", kwlist, &orows, &okeys, &omissing))
+        return NULL;
+    const rows_t *rows = PyCapsule_GetPointer(orows, ROWS_CAPSULE);
+    if (!rows) {
+        PyErr_Clear();
+        return PyErr_Format(PyExc_TypeError, "%s: store_rows must be a store's rows "
+                            "(Store.rows(): a capsule named '%s')", fn, ROWS_CAPSULE);
+    }
+    if (rows->abi != ROWS_ABI)
+        return PyErr_Format(PyExc_TypeError, "%s: store_rows come from a build of "
+                            "adapm._native of another layout (%d, this module reads %d): "
+                            "rebuild both", fn, rows->abi, ROWS_ABI);
+    views_t vs = {.n = 0};
+    Py_buffer *keys, *missing;
+    if (!(keys = take(&vs, okeys, fn, "keys", I64, 0, 1)) ||
+        !(missing = take(&vs, omissing, fn, "missing", I64, 1, 1)) ||
+        check_no_overlap(&vs, missing, fn, "missing") < 0)
+        goto fail;
+    if (count(missing) < count(keys)) {
+        PyErr_Format(PyExc_ValueError, "%s: missing needs room for %lld positions", fn,
+                     (long long)count(keys));
+        goto fail;
+    }
+    int64_t n;
+    Py_BEGIN_ALLOW_THREADS
+    n = rows->missing(rows->ctx, keys->buf, count(keys), missing->buf);
+    Py_END_ALLOW_THREADS
+    if (n < 0) {
+        PyErr_Format(PyExc_ValueError, "%s: a key lies outside [0, %lld)", fn,
+                     (long long)rows->num_keys);
+        goto fail;
+    }
+    release_views(&vs);
+    return PyLong_FromLongLong(n);
+fail:
+    release_views(&vs);
+    return NULL;
+}
+
+PyDoc_STRVAR(rows_missing_doc,
+"rows_missing(store_rows, keys, missing) -> count\n"
+"\n"
+"Which of keys (int64) a node's store (store_rows: Store.rows()) does not hold now: their\n"
+"positions go to missing (int64, room for len(keys)), and their number is returned. Nothing\n"
+"is read or written: a snapshot, for a native loop's caller that wants its keys here before\n"
+"it draws and pins anything. ValueError for a key outside the store's keys. The GIL is\n"
+"released; any thread.");
+
 PyMethodDef kge_rows_methods[] = {
+    {"rows_missing", (PyCFunction)(void (*)(void))py_rows_missing, METH_VARARGS | METH_KEYWORDS,
+     rows_missing_doc},
     {"kge_train_table", (PyCFunction)(void (*)(void))py_kge_train_table,
      METH_VARARGS | METH_KEYWORDS, kge_train_table_doc},
     {"kge_train_rows", (PyCFunction)(void (*)(void))py_kge_train_rows,

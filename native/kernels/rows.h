@@ -20,7 +20,7 @@
 #include <stdint.h>
 
 #define ROWS_CAPSULE "adapm._native.rows"
-#define ROWS_ABI 1
+#define ROWS_ABI 2
 
 typedef struct {
     int abi;             /* ROWS_ABI */
@@ -31,6 +31,10 @@ typedef struct {
                       int64_t *missing);
     int64_t (*scatter_add)(void *ctx, const int64_t *keys, int64_t n, const float *vals,
                            int64_t vals_floats, int64_t *missing);
+    /* The positions of keys[0..n) whose rows are not held here now, to missing (room for n),
+     * and how many there are; nothing is read or written (a snapshot: a key may come or go
+     * right after). -1 where a key lies outside [0, num_keys). */
+    int64_t (*missing)(void *ctx, const int64_t *keys, int64_t n, int64_t *missing);
 } rows_t;
 
 #endif

@@ -88,7 +88,15 @@ static int64_t rows_scatter_add(void *ctx, const int64_t *keys, int64_t n, const
     return table_scatter_add(ctx, keys, n, vals, vals_floats, &bad) == TABLE_OK ? 0 : -1;
 }
 
+static int64_t rows_missing(void *ctx, const int64_t *keys, int64_t n, int64_t *missing) {
+    const table_t *t = ctx;
+    for (int64_t i = 0; i < n; i++)
+        if (keys[i] < 0 || keys[i] >= t->num_keys) return -1;
+    return 0; /* the table holds every key */
+}
+
 rows_t table_rows(const table_t *t) {
     return (rows_t){.abi = ROWS_ABI, .ctx = (void *)t, .num_keys = t->num_keys, .row_floats = 0,
-                    .gather = rows_gather, .scatter_add = rows_scatter_add};
+                    .gather = rows_gather, .scatter_add = rows_scatter_add,
+                    .missing = rows_missing};
 }
