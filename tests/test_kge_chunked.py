@@ -545,3 +545,23 @@ def test_a_batch_with_keys_held_elsewhere_goes_through_step(data, model):
     assert (losses, steps, accessed) == want[:3]
     assert np.array_equal(rows, want[3]) and np.array_equal(elsewhere, want[4])
     assert not np.array_equal(elsewhere, init)  # batches went through step and pushed there
+
+
+def test_rows_missing_names_the_keys_not_held():
+    """rows_missing over a node's store: the positions of the keys it does not hold (in request
+    order, duplicates each), nothing for the keys it does; a key outside the store fails."""
+    width = 4
+    data = np.arange(20 * width, dtype=F32)
+    held = np.array([0, 3, 4, 7, 19], dtype=np.int64)
+    store = store_with(data, width, held)
+    keys = np.array([3, 5, 19, 5, 0, 18, 7], dtype=np.int64)
+    missing = np.full(len(keys), -1, np.int64)
+    assert K.rows_missing(store.native.rows(), keys, missing) == 3
+    assert missing[:3].tolist() == [1, 3, 5]
+    assert K.rows_missing(store.native.rows(), held, missing) == 0
+    with pytest.raises(ValueError, match=r"outside \[0, 20\)"):
+        K.rows_missing(store.native.rows(), np.array([2, 20], np.int64), missing)
+    with pytest.raises(ValueError, match="missing needs room for 7"):
+        K.rows_missing(store.native.rows(), keys, missing[:6])
+    with pytest.raises(TypeError, match="Store.rows"):
+        K.rows_missing(object(), keys, missing)
