@@ -50,8 +50,9 @@ class WorkerSampler:
     ``prepare_sample``; ``intent(keys, start, end)`` and ``pull(keys, out)`` are the worker's
     own (the ``naive`` scheme's signal and fetch); ``missing_buffer(n)`` is int64 scratch of at
     least ``n``; ``pin(keys, add=False)`` pins the keys of a local sample before they are read
-    (until the worker's next clock), in place of or (``add``) beside the keys pinned already. ``staying(keys)`` says per key whether it is held here and stays (the
-    ``local`` scheme draws only those); None on a single node, which holds every key for good.
+    (until the worker's next clock), in place of or (``add``) beside the keys pinned already.
+    ``staying(keys)`` says per key whether it is held here and stays (the ``local`` scheme
+    draws only those); None on a single node, which holds every key for good.
     """
 
     def __init__(self, sampling: "Sampling", store: SampleStore, pool: "SamplePool", *,
@@ -188,8 +189,9 @@ class WorkerSampler:
             bad = ~self._staying(keys)
             if not bad.any():
                 return
-            self._redraw(keys, bad, local=True)  # in place
-            fresh = keys[bad]
+            before = keys.copy()
+            self._redraw(keys, bad, local=True)  # in place (and wherever else a key went)
+            fresh = keys[keys != before]
         raise self._gave_up(len(keys))
 
     def _check_out(self, out, n: int) -> None:
