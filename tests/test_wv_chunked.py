@@ -106,7 +106,8 @@ def test_two_nodes_train_in_native_runs_under_naive_sampling(data, tmp_path, sam
     job = tmp_path / "job.py"
     job.write_text(JOB)
     proc = run([*LAUNCHER, "-n", "2", "--prefix", "off", PY, str(job), "--corpus",
-                str(data / "corpus.txt"), "--dim", "16", "--epochs", "3", "--min-count", "1", "--batch-size", "16",
+                str(data / "corpus.txt"), "--dim", "16", "--epochs", "3", "--min-count", "1",
+                "--batch-size", "16",
                 "--progress", "off", "--sampling", sampling, "--json", "-"])
     counts = [int(n) for n in re.findall(r"native runs (\d+)", proc.stderr)]
     assert len(counts) == 2

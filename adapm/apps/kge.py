@@ -217,10 +217,11 @@ class KGETrainer:
         ahead/4 batches there: 2 at KGE's default), once the run's batches are known to have
         their keys here (a run trains the leading batches that have; a first batch without
         goes alone through the per-batch path, whose pull waits for its keys before it pins
-        anything); the runner signals each batch's keys ahead (:meth:`intent_keys`). None (the per-batch path) for RESCAL (keys of two lengths),
-        without rows, and under ``naive`` sampling on several nodes (a naive sample is
-        signalled as intent when it is prepared, ahead). Over a store, a
-        batch with a key held elsewhere goes through ``step`` with its sample as drawn.
+        anything); the runner signals each batch's keys ahead (:meth:`intent_keys`). None (the
+        per-batch path) for RESCAL (keys of two lengths), without rows, and under ``naive``
+        sampling on several nodes (a naive sample is signalled as intent when it is prepared,
+        ahead). Over a store, a batch with a key held elsewhere goes through ``step`` with its
+        sample as drawn.
         ``ahead`` is the runner's (see ``runner.Trainer``); KGE's plans draw no random numbers,
         so it changes nothing here."""
         task = self.task

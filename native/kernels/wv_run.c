@@ -142,7 +142,8 @@ int64_t wv_train_run(const wv_run_t *r, int64_t first, int64_t last, const int64
             return b - first;
         }
         const wv_batch_t batch = {
-            .dim = r->dim, .width = width, .values = r->values, .updates = r->updates, .num_rows = nr,
+            .dim = r->dim, .width = width, .values = r->values, .updates = r->updates,
+            .num_rows = nr,
             .in_rows = rows3 + p0, .out_rows = rows3 + cap + p0, .windows = rows3 + 2 * cap + p0,
             .num_positions = np, .sentence_ends = ends + s0, .num_sentences = ns, .pool = pool,
             .pool_size = nd, .negatives = r->negatives, .lr = (float)lrs[b],

@@ -251,7 +251,8 @@ static int take_run(run_args_t *a, PyObject **o, int (*take_rows)(run_args_t *, 
 static int64_t train(run_args_t *a, const char *what, int *stop, int64_t *left) {
     int64_t rc, at = 0;
     Py_BEGIN_ALLOW_THREADS
-    rc = wv_train_run(&a->run, a->first, a->last, a->batches->buf, a->rows3->buf, a->rows3->shape[1],
+    rc = wv_train_run(&a->run, a->first, a->last, a->batches->buf, a->rows3->buf,
+                      a->rows3->shape[1],
                       a->ends->buf, a->keys->buf, a->samples->buf, a->lrs->buf, a->losses->buf,
                       a->counts->buf, stop, left, &at);
     Py_END_ALLOW_THREADS
@@ -376,9 +377,10 @@ PyDoc_STRVAR(wv_train_table_doc,
 "               first=0, last=-1, width=2*dim) -> batches\n"
 "\n"
 "Trains batches [first, last) (last -1: to the end) of a planned run (wv_plan_run's outputs)\n"
-"over the baseline's table in one call with the GIL released: per batch what WVTrainer.step does, in the same order with the same\n"
-"arithmetic (wv_merge_pool of its pool, one gather of its keys and the pool's others,\n"
-"wv_train_batch with lr lrs[b] and the batch's train seed, one scatter-add). samples: int64,\n"
+"over the baseline's table in one call with the GIL released: per batch what WVTrainer.step\n"
+"does, in the same order with the same arithmetic (wv_merge_pool of its pool, one gather of\n"
+"its keys and the pool's others, wv_train_batch with lr lrs[b] and the batch's train seed,\n"
+"one scatter-add). samples: int64,\n"
 "each batch's pool back to back (one key per position where negatives > 0). row_of: int32,\n"
 "one per key of the run's key space (keys and samples below its length, which may not exceed\n"
 "the rows'), all -1 (left so); iscratch: int64, 4 rows' worth of the largest batch (its keys\n"
@@ -388,7 +390,8 @@ PyDoc_STRVAR(wv_train_table_doc,
 "\n"
 "Batches [first, last) are checked before anything is written (ValueError naming the first\n"
 "bad plan entry, key or sample; TypeError for a dtype, ValueError for a size, a layout or\n"
-"shared memory). Returns the number of batches trained. Blocking; the GIL is released for the run.\n"
+"shared memory). Returns the number of batches trained. Blocking; the GIL is released for the\n"
+"run.\n"
 "Thread-safe over one table on distinct scratch.");
 
 PyDoc_STRVAR(wv_train_rows_doc,
