@@ -1045,3 +1045,33 @@ def test_store_run_checks_its_rows():
     store.gather(np.arange(20, dtype=np.int64), values, np.empty(20, np.int64))
     assert np.array_equal(values.reshape(-1), data)  # nothing trained by a failed call
     assert K.mf_train_rows(**args) == (5, 0, 0)
+
+
+# ---- the epoch schedule's sort ----------------------------------------------------------------
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(-2**63, 2**63 - 1), max_size=300), st.integers(1, 40),
+       st.booleans())
+def test_radix_argsort_is_numpys_stable_argsort(values, spread, small):
+    """Any int64 keys, duplicates and negatives included (few distinct ones, or a range that
+    leaves some digits shared by every key): numpy's argsort(kind="stable"), exactly."""
+    keys = np.array(values, dtype=np.int64)
+    if small:
+        keys = keys % spread - spread // 2
+    order = np.full(len(keys), -1, np.int64)
+    assert K.radix_argsort(keys, order) is None
+    assert np.array_equal(order, np.argsort(keys, kind="stable"))
+
+
+def test_radix_argsort_checks_its_buffers():
+    keys = np.arange(5, dtype=np.int64)[::-1].copy()
+    with pytest.raises(ValueError, match="order needs one item per key"):
+        K.radix_argsort(keys, np.empty(4, np.int64))
+    with pytest.raises(TypeError, match="keys must be int64"):
+        K.radix_argsort(keys.astype(np.int32), np.empty(5, np.int64))
+    with pytest.raises(ValueError, match="shares memory"):
+        K.radix_argsort(keys, keys)
+    order = np.empty(5, np.int64)
+    K.radix_argsort(keys, order)
+    assert order.tolist() == [4, 3, 2, 1, 0]

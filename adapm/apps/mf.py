@@ -137,7 +137,7 @@ class MFTask:
             rows = np.random.default_rng([self.seed, 6, epoch]).permutation(self.num_rows)
             key = (rows[self.train.rows[points]].astype(np.int64) << 32) | rng.integers(
                 0, 1 << 32, len(points))
-            return points[np.argsort(key)]
+            return points[_argsort(key)]
         columns = np.random.default_rng([self.seed, 5, epoch]).permutation(self.num_cols)
         position = np.empty(self.num_cols, dtype=np.int64)
         position[columns] = np.arange(self.num_cols)
@@ -149,7 +149,7 @@ class MFTask:
         # One sort of (column position, random tie-break) packed into an int64: a sixth of the
         # time of np.lexsort on two keys (0.32 s against 2.2 s for 5M entries here).
         key = (where.astype(np.int64) << 32) | rng.integers(0, 1 << 32, len(points))
-        return points[np.argsort(key)]
+        return points[_argsort(key)]
 
     def standing_keys(self, points: np.ndarray) -> np.ndarray:
         """A worker's row keys: it wants them for the whole epoch (signalled once per epoch, not
@@ -361,6 +361,16 @@ class MFTrainer:
                                        plan.h_rows, plan.x, plan.reg, self.task.lr)
         worker.push(plan.keys, updates)
         return loss, len(plan.x)
+
+
+def _argsort(key: np.ndarray) -> np.ndarray:
+    """np.argsort(key, kind="stable") by the kernels' radix sort, GIL released (numpy's sort
+    took more than half of an MF worker's CPU per batch: 0.8 s against 0.3 s for 5M keys). Ties
+    (a row's two entries with one 32-bit tie-break, about one an epoch in 16 at 10M entries)
+    keep their order; numpy's default sort, used before, may swap them."""
+    order = np.empty(len(key), dtype=np.int64)
+    _kernels.radix_argsort(key, order)
+    return order
 
 
 def _delimiter(text: str) -> str:

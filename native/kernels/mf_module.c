@@ -4,6 +4,7 @@
  */
 #include "rows_binding.h"
 #include "mf.h"
+#include "radix.h"
 
 static PyObject *py_mf_train_batch(PyObject *module, PyObject *args, PyObject *kwargs) {
     static const char *fn = "mf_train_batch";
@@ -584,7 +585,52 @@ PyDoc_STRVAR(mf_format_doc,
 "'<row+base><sep><col+base><sep><value>\\n' per entry (int64, int64, float32; the value with 9\n"
 "significant digits, which reads back as the same float32). The GIL is released.");
 
+static PyObject *py_radix_argsort(PyObject *module, PyObject *args, PyObject *kwargs) {
+    static const char *fn = "radix_argsort";
+    static char *kwlist[] = {"keys", "order", NULL};
+    PyObject *okeys, *oorder;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO", kwlist, &okeys, &oorder)) return NULL;
+    views_t vs = {.n = 0};
+    Py_buffer *keys, *order;
+    if (!(keys = take(&vs, okeys, fn, "keys", I64, 0, 1)) ||
+        !(order = take(&vs, oorder, fn, "order", I64, 1, 1)) ||
+        check_no_overlap(&vs, order, fn, "order") < 0)
+        goto fail;
+    if (count(order) != count(keys)) {
+        PyErr_Format(PyExc_ValueError, "%s: order needs one item per key (%lld, got %lld)", fn,
+                     (long long)count(keys), (long long)count(order));
+        goto fail;
+    }
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = radix_argsort(keys->buf, count(keys), order->buf);
+    Py_END_ALLOW_THREADS
+    if (rc == -1) {
+        PyErr_NoMemory();
+        goto fail;
+    }
+    if (rc < 0) {
+        PyErr_Format(PyExc_ValueError, "%s: %lld keys: at most 2^32 - 1", fn,
+                     (long long)count(keys));
+        goto fail;
+    }
+    release_views(&vs);
+    Py_RETURN_NONE;
+fail:
+    release_views(&vs);
+    return NULL;
+}
+
+PyDoc_STRVAR(radix_argsort_doc,
+"radix_argsort(keys, order) -> None\n"
+"\n"
+"order (int64, writable, len(keys)) gets the positions of keys (int64) in ascending order, equal\n"
+"keys in their order in keys: numpy's argsort(keys, kind='stable'), by radix sort (O(n), 24\n"
+"bytes of scratch per key). MF's epoch schedule. Blocking; the GIL is released.");
+
 PyMethodDef mf_methods[] = {
+    {"radix_argsort", (PyCFunction)(void (*)(void))py_radix_argsort,
+     METH_VARARGS | METH_KEYWORDS, radix_argsort_doc},
     {"mf_train_batch", (PyCFunction)(void (*)(void))py_mf_train_batch,
      METH_VARARGS | METH_KEYWORDS, mf_train_batch_doc},
     {"mf_plan", (PyCFunction)(void (*)(void))py_mf_plan, METH_VARARGS | METH_KEYWORDS,
