@@ -286,6 +286,9 @@ def cases(draw):
 # check, not a delta (the replica's dirty bit alone is not an update).
 @example(case=(2, 0, "adaptive", 1, [("replica", 0), ("push", 0), ("round", 3)]))
 @example(case=(2, 0, "adaptive", 1, [("replica", 0), ("push", 0), ("round", 0)]))
+# An answer that refreshes a replica set up by an earlier step, at the seed's time: with a time
+# of 0 (no engine's clock) the native refresh kept the older sync time, the reference did not.
+@example(case=(2, 0, "adaptive", 1, [("setup", 1), ("answer", 0)]))
 def test_native_decisions_and_relocations_match_the_reference(case):
     world_size, rank, management, lengths, ops = case
     config = _config(world_size, rank, np.array(lengths) if isinstance(lengths, list) else lengths,
@@ -413,10 +416,13 @@ def _check_answer(node: NodeState, ref: Reference, rng, world_size: int, seed: i
     values = rng.integers(-9, 9, store.floats_for(keys[refresh])).astype(np.float32)
     src = int(rng.integers(0, world_size))
     told = np.zeros(NUM_KEYS, dtype=bool)
-    want = ref.apply_answer(keys, flags, ni, src, pos, versions, refresh, values, told, seed)
+    # The engine's clock is time.monotonic(), always > 0: store_refresh takes a time of 0 as
+    # "leave the sync time" (native/store.h), so 0 is no time an answer can come at.
+    now = seed + 1.0
+    want = ref.apply_answer(keys, flags, ni, src, pos, versions, refresh, values, told, now)
     node.intents = NodeIntents(NUM_KEYS)  # nothing told yet
     got = node.directory.apply_answer(keys, flags.view(np.uint8), ni, src, pos, versions,
-                                      refresh, values, node.intents.native, float(seed))
+                                      refresh, values, node.intents.native, now)
     assert got == want
     np.testing.assert_array_equal(node.intents.dense()[1], told)
     np.testing.assert_array_equal(store.snapshot()["synced_at"],
