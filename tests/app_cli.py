@@ -35,3 +35,29 @@ def run(cmd, timeout=240, expect=0, cwd=None, env=None):
 def records(stdout: str) -> list[dict]:
     """The JSON lines of an app's stdout."""
     return [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
+
+
+_COUNTING_JOB = """
+import sys
+from adapm._native_loader import load
+from adapm.apps import {app}
+K = load("adapm._kernels")
+calls = []
+original = K.{kernel}
+def counted(*args, **kwargs):
+    calls.append(1)
+    return original(*args, **kwargs)
+K.{kernel} = counted
+code = {app}.main(sys.argv[1:])
+sys.stderr.write(f"native runs {{len(calls)}}\\n")  # one write: the ranks share the pipe
+sys.exit(code)
+"""
+
+
+def counting_job(directory, app: str, kernel: str):
+    """A script that runs ``python -m adapm.apps.<app>`` with its arguments and, at the end,
+    writes ``native runs N`` to stderr: the calls it made of the kernel ``kernel`` (one line a
+    rank under the launcher; read them with ``re.findall(r"native runs (\\d+)", stderr)``)."""
+    path = directory / f"{app}_{kernel}_job.py"
+    path.write_text(_COUNTING_JOB.format(app=app, kernel=kernel))
+    return path

@@ -21,8 +21,8 @@ from adapm.apps.baseline import ArrayNode
 from adapm.errors import InvalidArgument, StateError
 from adapm.testing import run_cluster
 
-from app_cli import LAUNCHER, PY, records, run
-from store_rows import store_with
+from app_cli import LAUNCHER, PY, counting_job, records, run
+from store_rows import SplitWorker, store_with
 
 K = load("adapm._kernels")
 N = load()
@@ -107,30 +107,12 @@ def _chunked_on_two_nodes(node, data, scheme):
     return task.trainer(BATCH).chunked(w) is not None
 
 
-JOB = """
-import sys
-from adapm._native_loader import load
-from adapm.apps import kge
-K = load("adapm._kernels")
-calls = []
-original = K.kge_train_rows
-def counted(*args, **kwargs):
-    calls.append(1)
-    return original(*args, **kwargs)
-K.kge_train_rows = counted
-code = kge.main(sys.argv[1:])
-sys.stderr.write(f"native runs {len(calls)}\\n")  # one write: the ranks share the pipe
-sys.exit(code)
-"""
-
-
 def test_two_nodes_train_in_native_runs(data, tmp_path):
     """Two real nodes under the launcher, local sampling (the default): every node trains in
     native runs of ahead/4 batches, each batch's keys signalled ahead (intent_keys), the run's
     samples drawn among the keys that stay and pinned; what it learns is close to what the
     baseline learns, and its accesses stay local."""
-    job = tmp_path / "job.py"
-    job.write_text(JOB)
+    job = counting_job(tmp_path, "kge", "kge_train_rows")
     app = ["--data", str(data), "--dim", "8", "--neg", "3", "--epochs", "3", "--batch-size",
            str(BATCH), "--eval-max", "300", "--progress", "off", "--seed", "5", "--json", "-"]
     proc = run([*LAUNCHER, "-n", "2", "--prefix", "off", PY, str(job), *app])
@@ -454,56 +436,6 @@ def test_store_run_checks_its_rows():
 # ---- the trainer's fallback: a batch with keys held elsewhere goes through step ---------------
 
 
-class _SplitWorker:
-    """A worker of a node whose store holds some keys, the rest "elsewhere" (a plain array that
-    pull and push route to), drawing its samples from its own stream: what a PM worker does for
-    keys held on another node, without the other node."""
-
-    acts_on_intent = False
-
-    def __init__(self, store, elsewhere, sampling, seed):
-        self.store, self.elsewhere = store, elsewhere
-        self.sampling, self.rng = sampling, np.random.default_rng(seed)
-        self.accessed = [0, 0]
-        self.prepared = {}
-
-    def native_rows(self):
-        return self.store.native.rows()
-
-    def count_accesses(self, pulled, pushed):
-        self.accessed[0] += pulled
-        self.accessed[1] += pushed
-
-    def sample_keys(self, n, count=1, out=None):
-        keys = np.concatenate([self.sampling.draw(self.rng, n) for _ in range(count)])
-        if out is None:
-            return keys
-        out[:] = keys
-        return out
-
-    def prepare_sample(self, n, start):
-        self.prepared[len(self.prepared)] = n
-        return len(self.prepared) - 1
-
-    def pull_sample(self, handle, out):
-        keys = self.sampling.draw(self.rng, self.prepared.pop(handle))
-        return keys, self.pull(keys, out)
-
-    def pull(self, keys, out):
-        missing = np.empty(len(keys), np.int64)
-        pos = missing[:self.store.gather(keys, out, missing)]
-        out[pos] = self.elsewhere[keys[pos]]
-        self.accessed[0] += len(keys)
-        return out
-
-    def push(self, keys, updates):
-        updates = updates.reshape(len(keys), -1)
-        missing = np.empty(len(keys), np.int64)
-        pos = missing[:self.store.scatter_add(keys, updates, missing)]
-        np.add.at(self.elsewhere, keys[pos], updates[pos])
-        self.accessed[1] += len(keys)
-
-
 @pytest.mark.parametrize("model", ["complex", "distmult"])
 def test_a_batch_with_keys_held_elsewhere_goes_through_step(data, model):
     """A run over a store that lacks some keys: the batches with them stop the native loop
@@ -520,7 +452,7 @@ def test_a_batch_with_keys_held_elsewhere_goes_through_step(data, model):
     results = []
     for chunked in (True, False):
         store = store_with(init.reshape(-1), width, held)
-        worker = _SplitWorker(store, init.copy(), task.sampling, seed=2)
+        worker = SplitWorker(store, init.copy(), task.sampling, seed=2)
         trainer = task.trainer(BATCH)
         if chunked:
             run = trainer.chunked(worker)

@@ -15,8 +15,8 @@ import pytest
 from adapm._native_loader import load
 from adapm.apps import wv, wv_data
 
-from app_cli import LAUNCHER, PY, records, run
-from store_rows import store_with
+from app_cli import LAUNCHER, PY, counting_job, records, run
+from store_rows import SplitWorker, store_with
 
 K = load("adapm._kernels")
 F32 = np.float32
@@ -81,30 +81,12 @@ def test_native_runs_compute_the_per_batch_path(data, tmp_path, monkeypatch, set
     assert chunked[1] == per_batch[1]
 
 
-JOB = """
-import sys
-from adapm._native_loader import load
-from adapm.apps import wv
-K = load("adapm._kernels")
-calls = []
-original = K.wv_train_rows
-def counted(*args, **kwargs):
-    calls.append(1)
-    return original(*args, **kwargs)
-K.wv_train_rows = counted
-code = wv.main(sys.argv[1:])
-sys.stderr.write(f"native runs {len(calls)}\\n")  # one write: the ranks share the pipe
-sys.exit(code)
-"""
-
-
 @pytest.mark.parametrize("sampling,native", [("naive", True), ("local", False)])
 def test_two_nodes_train_in_native_runs_under_naive_sampling(data, tmp_path, sampling, native):
     """Two real nodes under the launcher: with naive sampling (the default) every node trains
     in native runs, its batches' keys and pools signalled ahead (intent_keys), all of them
     local; under local sampling (drawn among the keys held when pulled) the per-batch path."""
-    job = tmp_path / "job.py"
-    job.write_text(JOB)
+    job = counting_job(tmp_path, "wv", "wv_train_rows")
     proc = run([*LAUNCHER, "-n", "2", "--prefix", "off", PY, str(job), "--corpus",
                 str(data / "corpus.txt"), "--dim", "16", "--epochs", "3", "--min-count", "1",
                 "--batch-size", "16",
@@ -122,55 +104,6 @@ def test_two_nodes_train_in_native_runs_under_naive_sampling(data, tmp_path, sam
 
 
 # ---- a batch with a key held elsewhere goes through the worker -----------------------------
-
-
-class _SplitWorker:
-    """A worker of a node whose store holds some keys, the rest "elsewhere" (a plain array that
-    pull and push route to), drawing its samples from its own stream: what a PM worker does for
-    keys held on another node, without the other node."""
-
-    acts_on_intent = False
-
-    def __init__(self, store, elsewhere, sampling, seed):
-        self.store, self.elsewhere = store, elsewhere
-        self.sampling, self.rng = sampling, np.random.default_rng(seed)
-        self.accessed = [0, 0]
-        self.prepared = {}
-
-    def native_rows(self):
-        return self.store.native.rows()
-
-    def count_accesses(self, pulled, pushed):
-        self.accessed[0] += pulled
-        self.accessed[1] += pushed
-
-    def sample_keys(self, n, count=1, out=None):
-        out[:] = np.concatenate([self.sampling.draw(self.rng, n) for _ in range(count)])
-        return out
-
-    def prepare_sample(self, n, start):
-        self.prepared[len(self.prepared)] = self.sampling.draw(self.rng, n)
-        return len(self.prepared) - 1
-
-    def pull_sample(self, handle):
-        keys = self.prepared.pop(handle)
-        return keys, self.pull(keys)
-
-    def pull(self, keys, out=None):
-        if out is None:
-            out = np.empty((len(keys), self.elsewhere.shape[1]), F32)
-        missing = np.empty(len(keys), np.int64)
-        pos = missing[:self.store.gather(keys, out, missing)]
-        out[pos] = self.elsewhere[keys[pos]]
-        self.accessed[0] += len(keys)
-        return out
-
-    def push(self, keys, updates):
-        updates = updates.reshape(len(keys), -1)
-        missing = np.empty(len(keys), np.int64)
-        pos = missing[:self.store.scatter_add(keys, updates, missing)]
-        np.add.at(self.elsewhere, keys[pos], updates[pos])
-        self.accessed[1] += len(keys)
 
 
 def _task(data, **changes):
@@ -199,7 +132,7 @@ def test_a_batch_with_keys_held_elsewhere_goes_through_the_worker(data):
     results = []
     for chunked in (True, False):
         store = store_with(init.reshape(-1), width, held)
-        worker = _SplitWorker(store, init.copy(), task.sampling, seed=2)
+        worker = SplitWorker(store, init.copy(), task.sampling, seed=2)
         trainer = task.trainer(bs, points, 1)
         if chunked:
             stepped = []

@@ -297,16 +297,8 @@ static PyObject *py_rows_missing(PyObject *module, PyObject *args, PyObject *kwa
     PyObject *orows, *okeys, *omissing;
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOO", kwlist, &orows, &okeys, &omissing))
         return NULL;
-    const rows_t *rows = PyCapsule_GetPointer(orows, ROWS_CAPSULE);
-    if (!rows) {
-        PyErr_Clear();
-        return PyErr_Format(PyExc_TypeError, "%s: store_rows must be a store's rows "
-                            "(Store.rows(): a capsule named '%s')", fn, ROWS_CAPSULE);
-    }
-    if (rows->abi != ROWS_ABI)
-        return PyErr_Format(PyExc_TypeError, "%s: store_rows come from a build of "
-                            "adapm._native of another layout (%d, this module reads %d): "
-                            "rebuild both", fn, rows->abi, ROWS_ABI);
+    const rows_t *rows = store_rows_any(orows, fn, "store_rows");
+    if (!rows) return NULL;
     views_t vs = {.n = 0};
     Py_buffer *keys, *missing;
     if (!(keys = take(&vs, okeys, fn, "keys", I64, 0, 1)) ||

@@ -32,10 +32,9 @@ static inline int take_table_rows(views_t *vs, PyObject *odata, PyObject *ooffse
     return 0;
 }
 
-/* A node's rows: the capsule of Store.rows() (`name` in the errors), of this build's layout,
- * with rows of `width` floats (`what`, e.g. "2 * rank", in the error). NULL with an error set. */
-static inline const rows_t *store_rows(PyObject *o, const char *fn, const char *name,
-                                       int64_t width, const char *what) {
+/* A node's rows: the capsule of Store.rows() (`name` in the errors), of this build's layout.
+ * NULL with an error set. */
+static inline const rows_t *store_rows_any(PyObject *o, const char *fn, const char *name) {
     const rows_t *rows = PyCapsule_GetPointer(o, ROWS_CAPSULE);
     if (!rows) {
         PyErr_Clear();
@@ -49,6 +48,14 @@ static inline const rows_t *store_rows(PyObject *o, const char *fn, const char *
                      ROWS_ABI);
         return NULL;
     }
+    return rows;
+}
+
+/* store_rows_any's rows, with rows of `width` floats (`what`, e.g. "2 * rank", in the error). */
+static inline const rows_t *store_rows(PyObject *o, const char *fn, const char *name,
+                                       int64_t width, const char *what) {
+    const rows_t *rows = store_rows_any(o, fn, name);
+    if (!rows) return NULL;
     if (rows->row_floats != width) {
         PyErr_Format(PyExc_ValueError, "%s: the store's rows are %lld floats, not %s = %lld", fn,
                      (long long)rows->row_floats, what, (long long)width);
