@@ -290,6 +290,40 @@ def test_requests_served_in_c_keep_their_sender_alive():
     assert results[0]["remote_push_keys"] > 0
 
 
+
+def _burst_job(node, pushes):
+    """Rank 0 pushes ``pushes`` one-key updates of rank 1's keys as fast as it can: its engine
+    bundles those that queue up while it is busy into wire messages of many requests."""
+    w = node.worker()
+    node.barrier()
+    before = node.stats()
+    if node.rank == 0:
+        one = np.ones((1, 2), np.float32)
+        for i in range(pushes):
+            w.push(np.array([2 * (i % 50) + 1]), one)  # odd: homed on rank 1
+        w.wait()
+    node.barrier()
+    after = node.stats()
+    out = w.pull(np.arange(1, 100, 2))
+    return {k: after.get(k, 0) - before.get(k, 0) for k in (
+        "messages_received_push", "wire_messages_received", "messages_served_natively")}, out
+
+
+def test_a_burst_of_bundled_requests_is_served_in_c():
+    """However many requests one wire message bundles, the owner serves them in C (bundles of
+    more than 32 went to Python before: none of this burst was served natively), and every
+    update counts once."""
+    pushes = 4000
+    results = cluster(_burst_job, 2, args=(pushes,), num_keys=100, value_length=2,
+                      management="static_partition")
+    got, out = results[1]
+    assert got["messages_received_push"] == pushes, got
+    assert got["wire_messages_received"] < pushes / 4, got  # bundled, as the test intends
+    # A heartbeat in the same receive sends the rest of that poll's messages through Python.
+    assert got["messages_served_natively"] >= 0.98 * pushes, got
+    for _, values in results:
+        np.testing.assert_array_equal(values, np.full((50, 2), pushes // 50, np.float32))
+
 def _large_batches_job(node, num_keys, dim):
     w = node.worker()
     keys = np.arange(num_keys)
