@@ -98,12 +98,8 @@ int64_t kge_train_rows(const kge_run_t *r, const int64_t *points, int64_t n,
             return KGE_RUN_ROWS_FAILED;
         }
         if (left > 0) { /* keys that left meanwhile: their updates go back to the caller */
-            for (int64_t j = 0; j < left; j++) {
-                const int64_t pos = missing[j];
-                r->left_keys[j] = batch_keys[pos];
-                memcpy(r->left_rows + j * width, r->updates + pos * width,
-                       (size_t)width * sizeof(float));
-            }
+            rows_hand_back(batch_keys, r->updates, width, missing, left, r->left_keys,
+                           r->left_rows);
             *stop = KGE_STOP_PUSH;
             *num_left = left;
             return b + 1;

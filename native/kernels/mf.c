@@ -315,12 +315,8 @@ int64_t mf_train_rows(const mf_run_t *r, const int64_t *points, int64_t n, doubl
                                                nk * width, r->missing);
         if (left < 0) return -1 - n - b; /* not reached: the gather checked the same keys */
         if (left > 0) { /* keys that left meanwhile: their updates go back to the caller */
-            for (int64_t j = 0; j < left; j++) {
-                const int64_t at = r->missing[j];
-                r->left_keys[j] = r->scratch_keys[at];
-                memcpy(r->left_rows + j * width, r->updates + at * width,
-                       (size_t)width * sizeof(float));
-            }
+            rows_hand_back(r->scratch_keys, r->updates, width, r->missing, left, r->left_keys,
+                           r->left_rows);
             *stop = MF_STOP_PUSH;
             *num_left = left;
             return b + 1;

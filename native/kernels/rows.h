@@ -18,6 +18,7 @@
 #define ADAPM_KERNELS_ROWS_H
 
 #include <stdint.h>
+#include <string.h>
 
 #define ROWS_CAPSULE "adapm._native.rows"
 #define ROWS_ABI 2
@@ -36,5 +37,18 @@ typedef struct {
      * right after). -1 where a key lies outside [0, num_keys). */
     int64_t (*missing)(void *ctx, const int64_t *keys, int64_t n, int64_t *missing);
 } rows_t;
+
+/* A training loop's STOP_PUSH: scatter_add found `left` keys of a batch gone (positions in
+ * missing) between its gather and its write. Their keys and update rows (width floats each, in
+ * updates by position) go to left_keys and left_rows, for the caller to push through the node. */
+static inline void rows_hand_back(const int64_t *keys, const float *updates, int64_t width,
+                                  const int64_t *missing, int64_t left, int64_t *left_keys,
+                                  float *left_rows) {
+    for (int64_t j = 0; j < left; j++) {
+        const int64_t pos = missing[j];
+        left_keys[j] = keys[pos];
+        memcpy(left_rows + j * width, updates + pos * width, (size_t)width * sizeof(float));
+    }
+}
 
 #endif

@@ -165,12 +165,8 @@ int64_t wv_train_run(const wv_run_t *r, int64_t first, int64_t last, const int64
             return WV_RUN_ROWS_FAILED;
         }
         if (left > 0) { /* keys that left meanwhile: their updates go back to the caller */
-            for (int64_t j = 0; j < left; j++) {
-                const int64_t pos = missing[j];
-                r->left_keys[j] = gathered[pos];
-                memcpy(r->left_rows + j * width, r->updates + pos * width,
-                       (size_t)width * sizeof(float));
-            }
+            rows_hand_back(gathered, r->updates, width, missing, left, r->left_keys,
+                           r->left_rows);
             *stop = WV_RUN_STOP_PUSH;
             *num_left = left;
             return b + 1 - first;
