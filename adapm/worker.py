@@ -30,8 +30,8 @@ _PRUNE_OUTSTANDING = 1024
 
 # How often a worker waiting in a native pull checks whether the engine thread failed.
 _FAILURE_CHECK_S = 0.5
-# PullCall.wait's states (native/zmq_pull.c)
-_PULL_DONE, _PULL_DECLINED, _PULL_FAILED = 2, 3, 4
+# PullCall.wait's states (native/zmq_calls.c)
+_PULL_QUEUED, _PULL_DONE, _PULL_DECLINED, _PULL_FAILED = 0, 2, 3, 4
 
 # op -> (operation name for errors, local counter, remote counter)
 _UPDATE_NAMES = {
@@ -84,6 +84,8 @@ class Worker:
         self._missing = np.empty(1024, dtype=np.int64)
         self._in_use = threading.RLock()  # see _one_thread_at_a_time
         self._outstanding: list[Call] = []
+        # Pushes the transport sends without the engine loop (ZmqIO.push): (call, keys).
+        self._native_pushes: list = []
         self._engine = node.engine  # None on a single node: everything is local
         # Intents go to the engine; under static partitioning (or on one node) nobody acts.
         self._intents = self._engine.register_worker(self) if self._engine is not None else None
@@ -176,6 +178,7 @@ class Worker:
         ``Config.request_timeout_s``)."""
         if what is None:
             what = f"the sync round acting on worker {self.index}'s intent for clock {self.clock}"
+        self._native_routed()
         call = self._engine.submit(Request(Op.WAIT_SYNC, worker=self.index, clock=self.clock),
                                    what)
         self._engine.wait(call, timeout_s)
@@ -412,13 +415,19 @@ class Worker:
         timeout_s = args.as_timeout(timeout_s)
         first_error: Optional[BaseException] = None
         outstanding, self._outstanding = self._outstanding, []
-        if outstanding:
+        pushes, self._native_pushes = self._native_pushes, []
+        if outstanding or pushes:
             engine = self._engine
             timeout_s = engine.request_timeout_s if timeout_s is None else timeout_s
             deadline = time.monotonic() + timeout_s
         for call in outstanding:
             try:
                 engine.wait(call, timeout_s, deadline=deadline)
+            except AdaPMError as exc:
+                first_error = first_error or exc
+        for call, n in pushes:
+            try:
+                self._await_push(call, n, timeout_s, deadline)
             except AdaPMError as exc:
                 first_error = first_error or exc
         if first_error is not None:
@@ -485,7 +494,21 @@ class Worker:
             still = missing[:nmiss].copy()
             positions, rows = positions[still], store.select_rows(rows, wanted, still)
         self.counters[remote_counter] += nmiss
-        self._outstanding.append(self._engine.submit(
+        engine = self._engine
+        native = engine.native
+        # Through the transport, without the engine loop (native/zmq_calls.c), unless a request
+        # of this worker is still on the loop's path: a push must not overtake it (a set).
+        if kind is Op.PUSH and native is not None and store.uniform_length and \
+                not self._requests_open():
+            call = native.push(keys[positions], positions, rows, store.uniform_length,
+                               self.index, self.clock)
+            if call is not None:
+                self._native_pushes.append((call, nmiss))
+                if len(self._native_pushes) > _PRUNE_OUTSTANDING:
+                    self._prune()
+                return
+        self._native_routed()
+        self._outstanding.append(engine.submit(
             Request(kind, keys[positions], positions, rows, worker=self.index, clock=self.clock),
             f"{kind.name} of {nmiss} keys"))
         if len(self._outstanding) > _PRUNE_OUTSTANDING:
@@ -523,7 +546,7 @@ class Worker:
         engine = self._engine
         what = f"PULL of {len(positions)} keys"
         store = self._store
-        # Through the transport, without the engine loop (native/zmq_pull.c), unless a push or
+        # Through the transport, without the engine loop (native/zmq_calls.c), unless a push or
         # set of this worker is still on the loop's path: a pull must not overtake it.
         native = engine.native
         if native is not None and store.uniform_length and not self._requests_open():
@@ -532,6 +555,7 @@ class Worker:
                 self.counters["waited_pull_keys"] += call.waited
                 self.counters["remote_pull_keys"] += len(positions) - call.waited
                 return
+        self._native_routed()
         call = engine.submit(Request(Op.PULL, keys[positions], positions, worker=self.index,
                                      clock=self.clock), what)
         flat = out.reshape(-1)
@@ -549,9 +573,58 @@ class Worker:
         self.counters["remote_pull_keys"] += len(positions) - waited
 
     def _requests_open(self) -> bool:
-        """Whether a push or set of this worker still waits for its answer (newest first: an
-        open one is usually among the last)."""
+        """Whether a push or set of this worker on the engine loop's path still waits for its
+        answer (newest first: an open one is usually among the last)."""
         return any(not call.done for call in reversed(self._outstanding))
+
+    def _native_routed(self) -> None:
+        """Before a request takes the engine loop's path: every push this worker queued with
+        the transport has been routed (sent, or handed to the loop, which takes it before
+        what is submitted from now on), so that the request does not overtake one (a set
+        after a push of the same key, a pull after it). Usually at once: the engine routes
+        a queued push on its next look."""
+        if not self._native_pushes or self._native_pushes[-1][0].wait_routed(0) != _PULL_QUEUED:
+            return  # the engine routes queued pushes in order: the newest is the last
+        engine = self._engine
+        deadline = time.monotonic() + engine.request_timeout_s
+        call = self._native_pushes[-1][0]
+        while call.wait_routed(min(_FAILURE_CHECK_S, max(0.0, deadline - time.monotonic()))) \
+                == _PULL_QUEUED:
+            engine.raise_if_failed()
+            if time.monotonic() >= deadline:
+                raise AdaPMTimeout(f"rank {self._node.rank}: the communication thread did not "
+                                   f"take a push of worker {self.index} within "
+                                   f"{engine.request_timeout_s:g}s")
+
+    def _await_push(self, call, n: int, timeout_s: float, deadline: float) -> None:
+        """Wait until a push the transport sent (``ZmqIO.push``) is acknowledged; raises its
+        failure, or AdaPMTimeout naming the ranks waited for after ``deadline``."""
+        engine = self._engine
+        while True:
+            state = call.wait(min(_FAILURE_CHECK_S, max(0.0, deadline - time.monotonic())))
+            if state == _PULL_DONE:
+                return
+            if state == _PULL_FAILED:
+                raise self._push_failure(call)
+            engine.raise_if_failed()
+            if time.monotonic() >= deadline:
+                call.abandon()
+                ranks = call.waiting_on()
+                via = " (passed on there by another node)" if call.forwarded else ""
+                who = (f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {ranks}") if ranks \
+                    else "the communication thread"
+                raise AdaPMTimeout(f"rank {self._node.rank}: no answer from {who}{via} to PUSH "
+                                   f"of {n} keys within {timeout_s:g}s")
+
+    def _push_failure(self, call) -> BaseException:
+        engine = self._engine
+        if call.exception is not None:  # handed to the engine loop, which failed it
+            return call.exception
+        if engine.error is not None:
+            return engine.error
+        if engine.native_error is not None:  # the node was shut down meanwhile
+            return engine.native_error
+        return PeerError(call.error)
 
     def _await_native(self, call, what: str) -> bool:
         """Wait for a pull the transport serves (``ZmqIO.pull``): True when ``out`` holds every
@@ -590,6 +663,12 @@ class Worker:
         return self._missing
 
     def _prune(self) -> None:
+        pushes = self._native_pushes
+        if pushes and pushes[0][0].done:
+            self._native_pushes = [entry for entry in pushes if not entry[0].done]
+            for call, _ in pushes:
+                if call.done and call.wait(0) == _PULL_FAILED:
+                    raise self._push_failure(call)
         done = [call for call in self._outstanding if call.done]
         if not done:
             return

@@ -146,7 +146,7 @@ void directory_sync_sent(PyObject *directory, int64_t origin);
 int directory_answer_fast(PyObject *directory, int64_t src, int64_t req, const carr_t *a,
                           int narrays, const char **fatal);
 
-/* A worker's pull for the transport (zmq_pull.c, sync_fast.c), engine thread, without the GIL.
+/* A worker's pull or push for the transport (zmq_calls.c, sync_fast.c), engine thread, without the GIL.
  * directory_route_pull: for keys[0..n) (not held here a moment ago) hop[i] = -1 if held here
  * now, else the rank to ask (Directory.route_own's choice); returns how many are held here, or
  * -1 if the pull must take the Python path (a key whose intent this node reported and whose
@@ -156,6 +156,9 @@ int directory_answer_fast(PyObject *directory, int64_t src, int64_t req, const c
  * -1 if out of memory. */
 int64_t directory_route_pull(PyObject *directory, const int64_t *keys, int64_t n, int64_t *hop);
 int directory_gather_one(PyObject *directory, int64_t key, float *row, int64_t floats);
+/* directory_scatter_one: adds row (floats of it) to key's, for a worker's push (zmq_calls.c);
+ * 0, or -1 if key is not held here. Engine thread, without the GIL. */
+int directory_scatter_one(PyObject *directory, int64_t key, const float *row, int64_t floats);
 int directory_learn_native(PyObject *directory, const int64_t *keys, int64_t n, int64_t rank);
 
 /* Adds the ZmqIO and Frame types (zmq_io.c) to the module; 0 on success. */

@@ -2,7 +2,7 @@
  * tables, a batch's distinct keys) and its init, which adds what the other binding files
  * define: Store (store_module.c), Directory (directory_module.c), IntentQueue and IntentCounts
  * (intent_queue_module.c), the wire codec's functions (wire_module.c), ZmqIO, Frame and
- * PullCall (zmq_io.c, zmq_pull.c), SERVE_WIRE_COUNTERS (serve_wire.c), and the store's
+ * PullCall (zmq_io.c, zmq_calls.c), SERVE_WIRE_COUNTERS (serve_wire.c), and the store's
  * constants.
  */
 #define PY_SSIZE_T_CLEAN

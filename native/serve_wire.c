@@ -22,6 +22,8 @@ const char *const counter_names[FAST_COUNTERS] = {
     "bytes_sent_sync_resp", "syncs_served_natively", "messages_sent_pull", "bytes_sent_pull",
     "messages_received_pull_resp", "bytes_received_pull_resp", "pulls_sent_natively",
     "messages_received_sync_resp", "bytes_received_sync_resp", "answers_taken_natively",
+    "messages_sent_push", "bytes_sent_push", "messages_received_ack", "bytes_received_ack",
+    "pushes_sent_natively", "pushes_handed_to_engine",
 };
 
 typedef struct {

@@ -1,7 +1,7 @@
 /* The directory's work for the transport without Python: a peer's SYNC served inside the
  * transport's receive call (sync_fast.h) and the two Directory methods around it, serve_syncs
  * (on, off) and native_taken (what NodeState does after); a worker's pull routed, served where
- * its keys arrived, and its answers' hints learnt (zmq_pull.c). */
+ * its keys arrived, and its answers' hints learnt (zmq_calls.c). */
 #define _GNU_SOURCE /* clock_gettime */
 #include <time.h>
 
@@ -267,7 +267,7 @@ PyObject *Directory_native_taken(DirectoryObject *self, PyObject *unused) {
     return result;
 }
 
-/* --- a worker's pull routed for the transport (zmq_pull.c) ------------------------------- */
+/* --- a worker's pull routed for the transport (zmq_calls.c) ------------------------------- */
 
 int64_t directory_route_pull(PyObject *directory, const int64_t *keys, int64_t n, int64_t *hop) {
     DirectoryObject *self = (DirectoryObject *)directory;
@@ -288,6 +288,12 @@ int directory_gather_one(PyObject *directory, int64_t key, float *row, int64_t f
     const store_t *s = ((DirectoryObject *)directory)->d.store;
     int64_t missing;
     return store_gather(s, &key, 1, row, floats, &missing) == 0 ? 0 : -1;
+}
+
+int directory_scatter_one(PyObject *directory, int64_t key, const float *row, int64_t floats) {
+    const store_t *s = ((DirectoryObject *)directory)->d.store;
+    int64_t missing;
+    return store_scatter(s, &key, 1, row, floats, &missing, 0) == 0 ? 0 : -1;
 }
 
 int directory_learn_native(PyObject *directory, const int64_t *keys, int64_t n, int64_t rank) {

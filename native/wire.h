@@ -1,5 +1,5 @@
 /* The wire format's fixed header (see wire_module.c for the whole format): parsed here for the
- * decoder (wire_module.c) and for the transport's fast paths (zmq_serve.c, zmq_pull.c), which
+ * decoder (wire_module.c) and for the transport's fast paths (zmq_serve.c, zmq_calls.c), which
  * read messages without making Python objects. */
 #ifndef ADAPM_WIRE_H
 #define ADAPM_WIRE_H

@@ -200,7 +200,8 @@ static int ZmqIO_init(ZmqIOObject *self, PyObject *args, PyObject *kwds) {
     self->world = world;
     if (!(self->idents = PyMem_Calloc((size_t)(world ? world : 1), sizeof(PyObject *)))
         || !(self->passed = PyMem_Calloc((size_t)(world ? world : 1), 1))
-        || !(self->heard = PyMem_Calloc((size_t)(world ? world : 1), 1))) {
+        || !(self->heard = PyMem_Calloc((size_t)(world ? world : 1), 1))
+        || !(self->sent_at = PyMem_Calloc((size_t)(world ? world : 1), sizeof(double)))) {
         PyErr_NoMemory();
         return -1;
     }
@@ -232,11 +233,13 @@ static int ZmqIO_init(ZmqIOObject *self, PyObject *args, PyObject *kwds) {
     return 0;
 }
 
-static double now_s(void) {
+double zmq_io_now(void) {
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
+
+static double now_s(void) { return zmq_io_now(); }
 
 static void close_parts(ZmqIOObject *self, Py_ssize_t from, Py_ssize_t to) {
     for (Py_ssize_t i = from; i < to; i++) Z.msg_close(&self->parts[i]);
@@ -249,6 +252,7 @@ static void ZmqIO_dealloc(ZmqIOObject *self) {
     PyMem_Free(self->idents);
     PyMem_Free(self->passed);
     PyMem_Free(self->heard);
+    PyMem_Free(self->sent_at);
     PyMem_RawFree(self->missing);
     Py_XDECREF(self->directory);
     PyMem_Free(self->peers);
@@ -291,6 +295,17 @@ static PyObject *ZmqIO_serve_owned(ZmqIOObject *self, PyObject *args) {
     self->rank = rank;
     Py_XSETREF(self->directory, Py_NewRef(directory));
     Py_RETURN_NONE;
+}
+
+/* sent_at() -> [seconds]: see the method table. */
+static PyObject *ZmqIO_sent_at(ZmqIOObject *self, PyObject *unused) {
+    PyObject *out = PyList_New(self->world);
+    for (Py_ssize_t r = 0; out && r < self->world; r++) {
+        PyObject *v = PyFloat_FromDouble(self->sent_at[r]);
+        if (!v) Py_CLEAR(out);
+        else PyList_SET_ITEM(out, r, v);
+    }
+    return out;
 }
 
 /* counters() -> {name: count} of the fast path (traffic names, added to the transport's). */
@@ -395,7 +410,7 @@ static PyObject *ZmqIO_poll(ZmqIOObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "l|p", &timeout, &hold)) return NULL;
     drain_released();
     pulls_settle(self);
-    /* The router, the eventfd the engine loop is woken by, workers' pulls (zmq_pull.c), and
+    /* The router, the eventfd the engine loop is woken by, workers' pulls (zmq_calls.c), and
      * the handshake monitor if any. */
     struct pollfd fds[4] = {{self->router_fd, POLLIN, 0}, {self->wake_fd, POLLIN, 0},
                             {self->pull_fd, POLLIN, 0}, {self->watch_fd, POLLIN, 0}};
@@ -420,7 +435,7 @@ static PyObject *ZmqIO_poll(ZmqIOObject *self, PyObject *args) {
          * left, moves held for other peers): not worth waiting on, unless the caller holds
          * (its round is open, and nothing waits for keys to arrive: the work can wait for the
          * round's answer). */
-        if (nmsg || events || failed || self->send_failed
+        if (nmsg || events || failed || self->send_failed || pulls_handed(self)
             || (self->synced && !(hold && !self->answered)))
             break;
         long wait = -1;
@@ -640,18 +655,42 @@ static PyMethodDef ZmqIO_methods[] = {
      "pull(keys, positions, out, row) -> PullCall or None. A worker's pull of keys (int64) not "
      "held here a moment ago, at ascending positions of its batch (int64), into out (float32 "
      "rows of row floats, writable; row p at p * row), served without the engine loop "
-     "(native/zmq_pull.c): the engine thread routes it inside poll, serves what arrived "
+     "(native/zmq_calls.c): the engine thread routes it inside poll, serves what arrived "
      "meanwhile, asks the owners and fills out from their answers. None where it cannot (no "
      "directory, an unusual request). Any thread, with the GIL; never blocks. Wait on the "
      "call (PullCall.wait); keys, positions and out must not change until it ends."},
+    {"push", (PyCFunction)ZmqIO_push, METH_VARARGS,
+     "push(keys, positions, rows, row, worker, clock) -> PullCall or None. A worker's push of "
+     "keys (int64) not held here a moment ago, at ascending positions of its batch (int64), "
+     "rows (float32, row floats per key, in the order of keys), sent without the engine loop "
+     "(native/zmq_calls.c): the engine thread routes it inside poll, adds the rows of keys "
+     "that arrived meanwhile here, sends one PUSH per owner and takes their ACKs in; a push "
+     "routing cannot take goes to the engine loop (handoffs). Copies its arrays (the caller "
+     "may reuse them at once). None where it cannot (no directory, an unusual request). Any "
+     "thread, with the GIL; never blocks. PullCall.wait says when it is acknowledged."},
+    {"handoffs", (PyCFunction)ZmqIO_handoffs, METH_NOARGS,
+     "handoffs() -> [(call, keys, positions, rows, worker, clock)]: pushes of ZmqIO.push that "
+     "routing could not take (a key on its way here, one whose intent this node reported and "
+     "whose owner has not answered): the engine loop submits them and completes each call "
+     "(PullCall.complete). keys, positions (int64) and rows (float32) as bytes. Engine thread; "
+     "poll returns when there are some."},
+    {"pushed_here", (PyCFunction)ZmqIO_pushed_here, METH_NOARGS,
+     "pushed_here() -> int. Keys of pushes of ZmqIO.push that were added to here: they had "
+     "arrived by the time the engine routed the push (their workers counted them as remote). "
+     "Any thread."},
     {"native_answer", (PyCFunction)ZmqIO_native_answer, METH_VARARGS,
      "native_answer(kind, req_id, src, arrays, text, apply) -> None, a reason (str) or "
-     "False. An answer to a pull of ZmqIO.pull that reached the engine loop (a PULL_RESP, an "
-     "ERROR with text, a FORWARDED notice): checked (apply false: None if fit, else why) or "
-     "taken in (apply true). False: no such pull is open (a late answer). Engine thread."},
+     "False. An answer to a pull of ZmqIO.pull or a push of ZmqIO.push that reached the "
+     "engine loop (a PULL_RESP or ACK, an ERROR with text, a FORWARDED notice): checked "
+     "(apply false: None if fit, else why) or taken in (apply true). False: no such call is "
+     "open (a late answer). Engine thread."},
     {"fail_native", (PyCFunction)ZmqIO_fail_native, METH_O,
-     "fail_native(text) -> None. Every pull of ZmqIO.pull still queued or open fails with "
-     "text (the engine stopped); their waiters wake."},
+     "fail_native(text) -> None. Every pull and push of ZmqIO.pull and ZmqIO.push still "
+     "queued, open or handed fails with text (the engine stopped); their waiters wake."},
+    {"sent_at", (PyCFunction)ZmqIO_sent_at, METH_NOARGS,
+     "sent_at() -> [seconds] by rank: when poll last sent that peer something itself (an "
+     "answer it served, a worker's pull or push), on time.monotonic's clock; 0.0: never. "
+     "For the failure detector: such a message spares the peer a heartbeat."},
     {"counters", (PyCFunction)ZmqIO_counters, METH_NOARGS,
      "counters() -> dict. What poll() served itself, in the transport's counter names."},
     {"send_frames", (PyCFunction)ZmqIO_send_frames, METH_VARARGS,

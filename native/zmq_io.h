@@ -1,8 +1,8 @@
 /* What the ZeroMQ I/O files share: zmq_io.c (libzmq reached through pyzmq's, received frames,
  * the ZmqIO type: poll and send), zmq_serve.c (a received message handed to the fast paths of
- * serve_wire.h inside poll, its answer sent with libzmq) and zmq_pull.c (a worker's pull of keys
- * held elsewhere, sent and answered inside poll). Engine thread only, as the sockets are, except where
- * zmq_pull.c says otherwise. */
+ * serve_wire.h inside poll, its answer sent with libzmq) and zmq_calls.c (a worker's pull or
+ * push of keys held elsewhere, sent and answered inside poll). Engine thread only, as the
+ * sockets are, except where zmq_calls.c says otherwise. */
 #ifndef ADAPM_ZMQ_IO_H
 #define ADAPM_ZMQ_IO_H
 
@@ -60,6 +60,9 @@ typedef struct {
     PyObject **idents;     /* by rank: the identity its connection names (bytes; no auth) */
     uint8_t *passed;       /* by rank, per poll: a message of it went to Python (order) */
     uint8_t *heard;        /* by rank, per poll: a message of it was served here */
+    double *sent_at;       /* by rank: when this object last sent it something itself (an
+                            * answer served here, a worker's pull or push; CLOCK_MONOTONIC
+                            * seconds, 0: never), for the failure detector's heartbeats */
     int64_t *missing;      /* scratch for the store calls */
     int64_t missing_cap;
     int send_failed;       /* errno of a fast answer libzmq refused (0: none; -1 keys vanished,
@@ -69,42 +72,52 @@ typedef struct {
                             * has things to take up */
     int answered;          /* an answer to this node's round was taken in this poll */
     int64_t counts[FAST_COUNTERS];
-    /* A worker's pulls without Python (zmq_pull.c): */
+    /* A worker's pulls and pushes without Python (zmq_calls.c): */
     int pull_fd;                     /* eventfd: a call was queued (-1: none yet) */
     pthread_mutex_t pull_lock;       /* guards the queue: workers append, the engine takes */
     int pull_lock_ready;
-    struct PullCallObject **queue, **taking, **open, **finished;
-    Py_ssize_t nqueue, qcap, ntaking, tcap, nopen, ocap, nfinished, fcap;
+    struct PullCallObject **queue, **taking, **open, **finished, **handed;
+    Py_ssize_t nqueue, qcap, ntaking, tcap, nopen, ocap, nfinished, fcap, nhanded, hcap;
     int64_t next_req;
     int64_t *hop;                    /* routing scratch */
     int64_t hop_cap;
+    int64_t pushed_here;             /* keys of pushes applied here: they had arrived (any
+                                      * thread reads it; the engine thread adds) */
 } ZmqIOObject;
 
 /* zmq_io.c */
 /* The rank whose connection sent the message whose routing id is id and last frame last, or
  * -1 (see there). */
 int sender_of(ZmqIOObject *self, zmsg_t *id, zmsg_t *last);
+/* Seconds on CLOCK_MONOTONIC (Python's time.monotonic). */
+double zmq_io_now(void);
 
 /* zmq_serve.c */
 /* Serves the ZeroMQ message in parts[first..end) inside poll if a fast path takes it: a
- * worker's pull answered (zmq_pull.c), or what serve_wire.h serves (a peer's pulls, pushes and
+ * worker's pull answered (zmq_calls.c), or what serve_wire.h serves (a peer's pulls, pushes and
  * sets of keys owned here; a SYNC answered here; an answer to this node's round request taken
  * in): 1 if so (the caller closes the parts), 0 if Python is to take it. Without the GIL. */
 int try_fast(ZmqIOObject *self, Py_ssize_t first, Py_ssize_t end);
 /* The frames parts[first..end) as wframe_t (at most max): their number, or -1 if more. */
 int zmq_frames(ZmqIOObject *self, Py_ssize_t first, Py_ssize_t end, wframe_t *f, int max);
 
-/* zmq_pull.c: a worker's pull of keys not held here, without Python: queued by the worker
- * (ZmqIO.pull), routed and sent by the engine thread inside poll (pulls_send), answered there
- * (pulls_take_answer, in the place of try_fast), the worker woken. pulls_init/pulls_free with
- * the object; pulls_settle drops the references of finished calls (with the GIL). */
+/* zmq_calls.c: a worker's pull or push of keys not held here, without Python: queued by the
+ * worker (ZmqIO.pull, ZmqIO.push), routed and sent by the engine thread inside poll
+ * (pulls_send), answered there (pulls_take_answer, in the place of try_fast), the worker woken;
+ * a push the engine loop must route is handed to it (ZmqIO.handoffs; pulls_handed says there
+ * is one). pulls_init/pulls_free with the object; pulls_settle drops the references of finished
+ * calls (with the GIL). */
 int pulls_init(ZmqIOObject *self);
 void pulls_free(ZmqIOObject *self);
 void pulls_send(ZmqIOObject *self);
 int pulls_take_answer(ZmqIOObject *self, Py_ssize_t first, Py_ssize_t end, int rank);
 void pulls_settle(ZmqIOObject *self);
+static inline int pulls_handed(const ZmqIOObject *self) { return self->nhanded > 0; }
 int register_pull_call_type(PyObject *module);
 PyObject *ZmqIO_pull(ZmqIOObject *self, PyObject *args);
+PyObject *ZmqIO_push(ZmqIOObject *self, PyObject *args);
+PyObject *ZmqIO_handoffs(ZmqIOObject *self, PyObject *unused);
+PyObject *ZmqIO_pushed_here(ZmqIOObject *self, PyObject *unused);
 PyObject *ZmqIO_native_answer(ZmqIOObject *self, PyObject *args);
 PyObject *ZmqIO_fail_native(ZmqIOObject *self, PyObject *arg);
 

@@ -1,6 +1,6 @@
 /* The fast paths inside ZmqIO.poll (zmq_io.h): a received ZeroMQ message handed to the
  * transport-independent ones (serve_wire.h) with libzmq's frames, its answer sent on the
- * peer's connection; or a worker's pull answered (zmq_pull.c). */
+ * peer's connection; or a worker's pull answered (zmq_calls.c). */
 #include "zmq_io.h"
 
 #define ZMQ_FRAMES_MAX 128 /* frames of a message the fast paths look at */
@@ -10,6 +10,7 @@ typedef struct {
     wsink_t sink;
     zmsg_t hm, pm;
     void *peer;
+    int sent; /* an answer went out */
 } zmq_sink_t;
 
 static int zmq_open(wsink_t *sink, size_t hsize, size_t psize, uint8_t **h, uint8_t **p) {
@@ -37,6 +38,7 @@ static int zmq_send(wsink_t *sink) {
         Z.msg_close(&z->pm);
         return e ? e : EIO;
     }
+    z->sent = 1;
     return 0;
 }
 
@@ -74,6 +76,7 @@ int try_fast(ZmqIOObject *self, Py_ssize_t first, Py_ssize_t end) {
             if (s.answered) self->answered = 1;
             if (served) {
                 self->heard[rank] = 1;
+                if (sink.sent) self->sent_at[rank] = zmq_io_now();
                 return 1;
             }
         }

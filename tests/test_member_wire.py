@@ -194,7 +194,7 @@ def any_kind(node, rng):
 
 
 def native_pull_answer_inconsistent(node, rng):
-    """Answers to workers' pulls that the transport sent itself (native/zmq_pull.c; the job's
+    """Answers to workers' pulls that the transport sent itself (native/zmq_calls.c; the job's
     pulls of rank 1's keys), inconsistent: a position no pull asked for, a row too many, an
     error without text, and a forward notice."""
     rid = NATIVE_REQUESTS + int(rng.integers(0, 64))

@@ -291,38 +291,39 @@ def test_requests_served_in_c_keep_their_sender_alive():
 
 
 
-def _burst_job(node, pushes):
-    """Rank 0 pushes ``pushes`` one-key updates of rank 1's keys as fast as it can: its engine
-    bundles those that queue up while it is busy into wire messages of many requests."""
+def _burst_job(node, sets):
+    """Rank 0 sets rank 1's keys one at a time, as fast as it can: its engine bundles the sets
+    that queue up while it is busy into wire messages of many requests (pushes would go
+    through the transport one by one, ZmqIO.push)."""
     w = node.worker()
     node.barrier()
     before = node.stats()
     if node.rank == 0:
-        one = np.ones((1, 2), np.float32)
-        for i in range(pushes):
-            w.push(np.array([2 * (i % 50) + 1]), one)  # odd: homed on rank 1
+        for i in range(sets):
+            w.set(np.array([2 * (i % 50) + 1]), np.full((1, 2), i, np.float32))  # odd: rank 1's
         w.wait()
     node.barrier()
     after = node.stats()
     out = w.pull(np.arange(1, 100, 2))
     return {k: after.get(k, 0) - before.get(k, 0) for k in (
-        "messages_received_push", "wire_messages_received", "messages_served_natively")}, out
+        "messages_received_set", "wire_messages_received", "messages_served_natively")}, out
 
 
 def test_a_burst_of_bundled_requests_is_served_in_c():
     """However many requests one wire message bundles, the owner serves them in C (bundles of
-    more than 32 went to Python before: none of this burst was served natively), and every
-    update counts once."""
-    pushes = 4000
-    results = cluster(_burst_job, 2, args=(pushes,), num_keys=100, value_length=2,
+    more than 32 went to Python before: none of this burst was served natively), in order."""
+    sets = 4000
+    results = cluster(_burst_job, 2, args=(sets,), num_keys=100, value_length=2,
                       management="static_partition")
     got, out = results[1]
-    assert got["messages_received_push"] == pushes, got
-    assert got["wire_messages_received"] < pushes / 4, got  # bundled, as the test intends
+    assert got["messages_received_set"] == sets, got
+    assert got["wire_messages_received"] < sets / 4, got  # bundled, as the test intends
     # A heartbeat in the same receive sends the rest of that poll's messages through Python.
-    assert got["messages_served_natively"] >= 0.98 * pushes, got
+    assert got["messages_served_natively"] >= 0.98 * sets, got
+    last = np.arange(sets - 50, sets, dtype=np.float32)  # the last set of each key wins
     for _, values in results:
-        np.testing.assert_array_equal(values, np.full((50, 2), pushes // 50, np.float32))
+        np.testing.assert_array_equal(values, np.repeat(last[:, None], 2, axis=1))
+
 
 def _large_batches_job(node, num_keys, dim):
     w = node.worker()
@@ -712,9 +713,10 @@ def test_cluster_failure_on_leaked_thread():
 
 def _native_pulls_job(node, rounds):
     """Rank 1 sets keys it owns; rank 0 pulls them, through the transport on both sides
-    (native/zmq_pull.c, native/zmq_serve.c), and pushes to them between pulls: each pull must
-    show every earlier push of its worker (the pull waits for the engine's path while a push
-    is unanswered)."""
+    (native/zmq_calls.c, native/zmq_serve.c), and pushes to them and sets them between pulls:
+    each pull must show every earlier push and set of its worker (pushes go through the
+    transport too, in order with the pulls; a set takes the engine's path, and so does what
+    follows it while it is unanswered)."""
     w = node.worker()
     remote = np.array([1, 3, 5, 7], np.int64)  # homed on rank 1
     if node.rank == 1:
@@ -729,6 +731,11 @@ def _native_pulls_job(node, rounds):
             if i % 3 == 2:
                 w.push(remote[::2], np.ones((2, 2), np.float32))
                 expect[::2] += 1
+            if i % 10 == 9:
+                w.set(remote[1:2], np.full((1, 2), -i, np.float32))
+                expect[1] = -i
+                w.push(remote[1:2], np.ones((1, 2), np.float32))  # behind the set
+                expect[1] += 1
             got = w.pull(remote, out=out)
             seen.append(bool((got == expect).all()))
             mixed = w.pull(np.array([0, 3, 2, 5], np.int64))  # local and remote keys
@@ -743,7 +750,48 @@ def test_pulls_through_the_transport_read_their_writes():
                       management="static_partition")
     stats, seen = results[0]
     assert len(seen) == 120 and all(seen), seen
-    # Most pulls went through the transport; those behind an unanswered push did not.
-    assert 40 <= stats["pulls_sent_natively"] < 120, stats
+    # Most pulls and pushes went through the transport; those behind an unanswered set did
+    # not.
+    assert 60 <= stats["pulls_sent_natively"] < 120, stats
+    # 20 pushes, and 6 right behind a set, which must not overtake it.
+    assert 10 <= stats["pushes_sent_natively"] <= 20, stats
+    assert stats["remote_push_keys"] == 20 * 2 + 6, stats
     assert stats["remote_pull_keys"] == 60 * 4 + 60 * 2, stats
     assert results[1][0]["pulls_sent_natively"] == 0
+
+
+def _handoff_job(node, batches):
+    """Rank 0 signals intent for new keys of rank 1 two clocks ahead and pushes them one at a
+    time while the sync round reports that intent: pushes whose keys are between that report
+    and its answer cannot be routed by the transport and go to the engine loop
+    (ZmqIO.handoffs), which holds them until the keys arrive; the others go to the owner, or
+    are local once the keys came."""
+    w = node.worker()
+    node.barrier()
+    pushed = np.zeros(node.config.num_keys, np.int64)
+    if node.rank == 0:
+        one = np.ones((1, 2), np.float32)
+        for b in range(batches):
+            keys = 2 * (np.arange(8) + 8 * b) + 1  # homed on rank 1, new each batch
+            w.intent(keys, w.clock + 2, w.clock + 3)
+            deadline = time.monotonic() + 0.03
+            while time.monotonic() < deadline:
+                for key in keys:
+                    w.push(np.array([key]), one)
+                    pushed[key] += 1
+            for _ in range(3):
+                w.advance_clock()
+        w.wait_sync()
+    node.barrier()
+    out = w.pull(np.arange(node.config.num_keys))
+    return node.stats(), pushed, out
+
+
+def test_pushes_the_transport_cannot_route_go_to_the_engine_loop():
+    results = cluster(_handoff_job, 2, args=(40,), num_keys=2 * 8 * 40, value_length=2,
+                      action_timing=False)
+    stats, pushed, _ = results[0]
+    assert stats["pushes_handed_to_engine"] > 0, stats
+    assert stats["pushes_sent_natively"] > 0, stats
+    for rank, (_, _, values) in enumerate(results):  # every push counted once
+        np.testing.assert_array_equal(values[:, 0], pushed.astype(np.float32), f"rank {rank}")

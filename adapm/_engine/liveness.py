@@ -41,7 +41,8 @@ class Liveness:
             self.heard[rank] = now
 
     def sent_to(self, rank: int, now: float) -> None:
-        if rank in self.sent:
+        """This node sent ``rank`` something at ``now`` (the latest time told counts)."""
+        if rank in self.sent and now > self.sent[rank]:
             self.sent[rank] = now
 
     def said_goodbye(self, rank: int) -> None:

@@ -31,9 +31,11 @@ import time
 import traceback
 from typing import Optional
 
+import numpy as np
+
 from .._wire.protocol import Kind, message
 from ..errors import AdaPMError, AdaPMTimeout, NodeFailure
-from .events import Call, Finish, Received, Request, Send, Submitted, Tick
+from .events import Call, Finish, Op, Received, Request, Send, Submitted, Tick
 from .liveness import Liveness
 from .validate import problem
 
@@ -44,6 +46,22 @@ _LIVENESS = frozenset({Kind.HEARTBEAT, Kind.GOODBYE, Kind.FAILED})
 _FAILURE_CHECK_S = 0.5
 # Longest time between two looks after the peers and the round's deadline.
 _LOOK_S = 0.05
+
+
+class _HandedPush(Call):
+    """A worker's push that the transport could not route itself (``ZmqIO.handoffs``), on the
+    state machine's path: finishing it completes the transport's call, which its worker
+    waits on."""
+
+    __slots__ = ("native_call",)
+
+    def __init__(self, what: str, native_call) -> None:
+        super().__init__(what)
+        self.native_call = native_call
+
+    def finish(self, parts: list, error: Optional[BaseException] = None) -> None:
+        super().finish(parts, error)
+        self.native_call.complete(error)
 
 
 class EngineLoop:
@@ -75,7 +93,7 @@ class EngineLoop:
         # them. The in-process transport has no such path.
         serve_owned = getattr(transport, "serve_owned", None)
         # A worker's pull of keys held elsewhere goes through the native I/O when it can
-        # (Worker._pull_missing; native/zmq_pull.c); answers to it that reach this loop are
+        # (Worker._pull_missing; native/zmq_calls.c); answers to it that reach this loop are
         # handed back there (NodeState.native_calls).
         self.native = None
         self.native_error: Optional[AdaPMError] = None  # what fail_pending failed them with
@@ -246,6 +264,8 @@ class EngineLoop:
                     if self._outbox:
                         self._flush(now)
                 now = clock()
+                if self.native is not None:  # before submissions: they may follow these
+                    self._take_handoffs(now)
                 while submissions:
                     call, request = submissions.popleft()
                     self._live.add(call)
@@ -270,6 +290,18 @@ class EngineLoop:
                                + traceback.format_exc())
             error.__cause__ = exc
             self._fail(error)
+
+    def _take_handoffs(self, now: float) -> None:
+        """Workers' pushes the transport could not route (a key on its way here, one whose
+        intent this node reported and whose owner has not answered): submitted to the state
+        machine as the worker would have."""
+        for native_call, keys, positions, rows, worker, clock in self.native.handoffs():
+            keys = np.frombuffer(keys, dtype=np.int64)
+            call = _HandedPush(f"PUSH of {len(keys)} keys", native_call)
+            self._live.add(call)
+            self._carry_out(self.state.handle(Submitted(call, Request(
+                Op.PUSH, keys, np.frombuffer(positions, dtype=np.int64),
+                np.frombuffer(rows, dtype=np.float32), worker=worker, clock=clock)), now))
 
     def _fail(self, error: AdaPMError) -> None:
         """End the loop with ``error``: every waiting call raises it, and every later one."""
@@ -304,6 +336,9 @@ class EngineLoop:
         """Heartbeats to idle peers; the error that ends this node, if a peer is silent too
         long or the sync round hangs."""
         liveness = self.liveness
+        if self.native is not None:  # what the transport sent itself: answers, pulls, pushes
+            for dst, sent in enumerate(self.native.sent_at()):
+                liveness.sent_to(dst, sent)
         for dst in liveness.heartbeats_due(now):
             self.transport.send(dst, [message(Kind.HEARTBEAT, self.rank, 0)])
             liveness.sent_to(dst, now)

@@ -399,9 +399,10 @@ class NodeState(Serving, Rounds):
         req = self.requests.get(msg.req_id)
         if req is None:
             if msg.req_id >= NATIVE_REQUESTS and self.native_calls is not None:
-                # A worker's pull sent by the transport (native/zmq_pull.c), whose answer came
-                # this way (with other messages, or after one of its sender's that did).
-                text = (f"rank {self.rank}: rank {msg.src} could not serve a pull: "
+                # A worker's pull or push sent by the transport (native/zmq_calls.c), whose
+                # answer came this way (with other messages, or after one of its sender's that
+                # did).
+                text = (f"rank {self.rank}: rank {msg.src} could not serve a request: "
                         f"{msg.header.get('msg')}" if msg.kind == Kind.ERROR else None)
                 if self.native_calls.native_answer(int(msg.kind), msg.req_id, msg.src,
                                                    msg.arrays, text, True) is not False:
@@ -499,6 +500,8 @@ class NodeState(Serving, Rounds):
         that were applied here after all (any thread; each count only grows, and only after the
         worker counted the keys)."""
         push, set_ = self._own_updates_here
+        if self.native_calls is not None:  # pushes the transport routed (ZmqIO.push)
+            push += self.native_calls.pushed_here()
         return push, set_
 
     def stats(self) -> dict:

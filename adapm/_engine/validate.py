@@ -102,7 +102,7 @@ def _answer_problem(msg: Message, state) -> Optional[str]:
     req = state.requests.get(msg.req_id)
     if req is None:
         if msg.req_id >= NATIVE_REQUESTS and state.native_calls is not None:
-            # An answer to a worker's pull that the transport sent (native/zmq_pull.c): checked
+            # An answer to a worker's pull that the transport sent (native/zmq_calls.c): checked
             # there, against that pull (False: none open, a late answer).
             if msg.kind == Kind.ERROR:
                 return None if isinstance(msg.header.get("msg"), str) else "an error without text"

@@ -119,7 +119,7 @@ _SLICES = {kind: [(sum(len(s) for s in sections[:i]), sum(len(s) for s in sectio
                   for i in range(len(sections))] for kind, sections in SCHEMA.items()}
 
 # Request ids from here on belong to workers' pulls that the transport sends itself
-# (native/zmq_pull.c, PULL_BASE); the engine's own count up from 1.
+# (native/zmq_calls.c, PULL_BASE); the engine's own count up from 1.
 NATIVE_REQUESTS = 1 << 62
 KEYED = frozenset({Kind.PULL, Kind.PUSH, Kind.SET, Kind.SYNC})
 # Kinds that end with the move sections.

@@ -319,7 +319,7 @@ class Transport:
 
     def native_io(self):
         """The native I/O once :meth:`serve_owned` made it serve here: workers' pulls go
-        through it without the engine loop (``ZmqIO.pull``, native/zmq_pull.c), and the loop
+        through it without the engine loop (``ZmqIO.pull``, native/zmq_calls.c), and the loop
         hands it the answers to them that reach Python. None otherwise."""
         io = self._io
         return io if io is not None and self.traffic.extra is not None else None
