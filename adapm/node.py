@@ -249,7 +249,8 @@ class Node:
         totals.update({"messages_sent": 0, "messages_received": 0, "bytes_sent": 0,
                        "bytes_received": 0, "messages_served_natively": 0,
                        "syncs_served_natively": 0, "pulls_sent_natively": 0,
-                       "answers_taken_natively": 0})
+                       "answers_taken_natively": 0, "pushes_sent_natively": 0,
+                       "pushes_handed_to_engine": 0})
         if self.transport is not None:
             totals.update(self.transport.traffic.snapshot())
         totals.update({"relocations_in": 0, "relocations_out": 0, "replica_setups": 0,

@@ -4,14 +4,19 @@
 # reaches no network:
 #
 #   here, once (pip reaches PyPI):    make device-wheels      # pyzmq and setuptools -> .whl/
-#   there, through the device tool:   bash bench/device.sh PART   (carry: [".whl"])
+#   there, through the device tool:   bash bench/device.sh PART   (carry: [".whl", ".cppkit"])
 #
 # PART (each fits one call of at most 10 minutes; the tool's timeout_s 600):
 #   scale     bench/scale.py --workers 8 --size full: KGE, WV, MF on 8 x 1, 4 x 2 and 2 x 4
 #             against the baseline's 1 x 8 (issue 25), then KGE's MRR after each epoch on
 #             8 x 1 against 1 x 8 (issue 27); about 8 minutes
 #   threads   bench/threads.py --threads 1,8: one node's worker threads (issue 29); about 5
-#   all       both, for a longer call
+#   cpp       MF on one node x 8 threads beside the original C++ AdaPM's MF app on the same
+#             data, alternating (issue 29); about 3. The C++ AdaPM is not built by this
+#             project: a kit built outside it (.cppkit/: its binaries, their libraries and a
+#             run_mf.sh that runs one node; git-ignored) travels with the call. Without the
+#             kit this part says so and does nothing.
+#   all       scale and threads, for a longer call
 # Each table goes to $OUT (the device tool's folder that comes back; ./device-out elsewhere)
 # as it is printed, so a part cut off by its timeout still returns what it finished.
 # DEVICE_SMALL=1 runs the same steps on small data and 2 workers (to try the script here).
@@ -51,6 +56,13 @@ else
     quality=(--kge-triples 1000000 --kge-epochs 3 --kge-nodes 8)
     threads=(--threads 1,8 --epochs 2)
 fi
+if [ "${DEVICE_SMALL:-0}" = 1 ]; then
+    mf_gen=(--rows 20000 --cols 5000 --entries 2000000)
+    cpp_threads=2
+else
+    mf_gen=(--rows 200000 --cols 50000 --entries 11000000) # bench/threads.py's full MF data
+    cpp_threads=8
+fi
 
 run() { # run NAME SECONDS COMMAND...: its output into $out/NAME.txt, cut at SECONDS
     local name=$1 limit=$2
@@ -73,4 +85,22 @@ if [ "$part" = scale ] || [ "$part" = all ]; then
 fi
 if [ "$part" = threads ] || [ "$part" = all ]; then
     run threads 540 $PY bench/threads.py "${threads[@]}"
+fi
+if [ "$part" = cpp ]; then
+    if [ ! -x .cppkit/run_mf.sh ]; then
+        echo "== cpp: no .cppkit/run_mf.sh here (carry it with the call); nothing run"
+        exit 0
+    fi
+    data=${TMPDIR:-/tmp}/adapm-bench-threads-mf-$(IFS=-; echo "${mf_gen[*]:1:1}-${mf_gen[*]:3:1}-${mf_gen[*]:5:1}")
+    [ -f "$data/test.mmc" ] || $PY -m adapm.apps.mf generate "$data" "${mf_gen[@]}" --seed 1 \
+        > "$out/prepare-cpp.log" 2>&1 || { tail -20 "$out/prepare-cpp.log"; exit 1; }
+    mf=($PY -m adapm.apps.mf --train "$data/train.mmc" --test "$data/test.mmc" --epochs 3
+        --progress off --seed 1 --json -)
+    for round in 1 2; do
+        run "cpp-$round" 200 .cppkit/run_mf.sh "$data" "$cpp_threads" 3
+        run "adapm-$round" 120 "${mf[@]}" --workers "$cpp_threads"
+        run "adapm-columnwise-$round" 120 "${mf[@]}" --workers "$cpp_threads" \
+            --schedule columnwise
+        run "baseline-$round" 120 "${mf[@]}" --baseline --workers "$cpp_threads"
+    done
 fi

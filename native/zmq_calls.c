@@ -25,7 +25,8 @@
  * push, so its keys, positions and rows are copied into the call, and a push is never declined:
  * one that routing cannot take (as above) is handed to the engine loop (ZmqIO.handoffs), which
  * submits it to the state machine and completes the call when the state machine finishes it
- * (PullCall.complete). Keys that arrived meanwhile are added to here. The owners' ACKs come back
+ * (ZmqIO.complete); until then workers' pulls take the loop's path too, since one served here
+ * could miss that push. Keys that arrived meanwhile are added to here. The owners' ACKs come back
  * many to a wire message (serve_wire.c answers a bundle of requests with one), and are taken in
  * here bundle and all. Through the engine loop a push and its ACK cost the requester's engine
  * thread ~23 us, bundled (bench/engine.py). */
@@ -52,7 +53,8 @@ typedef struct PullCallObject {
     int forwarded; /* an owner passed entries on (for the worker's error text) */
     int64_t req;
     int kind;             /* WIRE_PULL or WIRE_PUSH */
-    int handed;           /* a push handed to the engine loop, which completes it */
+    int handed;           /* a push handed to the engine loop, which completes it (1; 2 once
+                           * ZmqIO.complete ran) */
     Py_buffer kv, pv, ov; /* a pull's keys, positions (ascending), out rows: held while the
                            * call lives */
     int held;             /* how many of kv, pv, ov are held */
@@ -146,17 +148,7 @@ static PyObject *PullCall_wait_routed(PullCallObject *self, PyObject *arg) {
     return wait_beyond(self, arg, PULL_QUEUED);
 }
 
-/* complete(error) -> None: the engine loop finished a handed push (error: None or the
- * exception its worker raises). */
-static PyObject *PullCall_complete(PullCallObject *self, PyObject *error) {
-    if (!self->handed) {
-        PyErr_SetString(PyExc_ValueError, "complete: only a push handed to the engine loop");
-        return NULL;
-    }
-    if (error != Py_None && !self->exc) self->exc = Py_NewRef(error);
-    finish(self, error == Py_None ? PULL_DONE : PULL_FAILED, NULL);
-    Py_RETURN_NONE;
-}
+
 
 /* Under the call's mutex, which the engine holds while it writes rows into out: once abandon
  * returns, out is the caller's again (the engine writes rows only after checking abandoned). */
@@ -210,9 +202,6 @@ static PyMethodDef PullCall_methods[] = {
      "wait_routed(timeout_s) -> state. Blocks (GIL released) up to timeout_s until the engine "
      "has routed the call: sent it, answered it here, declined it, or handed a push to the "
      "engine loop (which takes it before the requests submitted after this returns)."},
-    {"complete", (PyCFunction)PullCall_complete, METH_O,
-     "complete(error) -> None. The engine loop finished a push that ZmqIO.handoffs gave it: "
-     "error None (done) or the exception its worker is to raise (failed)."},
     {"abandon", (PyCFunction)PullCall_abandon, METH_NOARGS,
      "abandon() -> None. The worker gives up (timeout); later answers are late ones."},
     {"waiting_on", (PyCFunction)PullCall_waiting_on, METH_NOARGS,
@@ -305,6 +294,7 @@ static void fail_all(ZmqIOObject *self, const char *text) {
     for (Py_ssize_t i = 0; i < self->nhanded; i++) { /* not taken by the engine loop yet */
         finish(self->handed[i], PULL_FAILED, text);
         retire(self, self->handed[i]);
+        self->handed_open--;
     }
     self->nhanded = 0;
     pulls_settle(self);
@@ -559,6 +549,7 @@ static void hand_off(ZmqIOObject *self, PullCallObject *c) {
         return retire(self, c);
     }
     c->handed = 1;
+    self->handed_open++;
     self->counts[C_PUSHES_HANDED]++;
     opened(c);
 }
@@ -624,7 +615,10 @@ static void start(ZmqIOObject *self, PullCallObject *c) {
     }
     if (c->kind == WIRE_PUSH) return start_push(self, c);
     int64_t *hop = self->hop;
-    int64_t here = directory_route_pull(self->directory, keys, n, hop);
+    /* While a push handed to the engine loop is not done, a pull takes the loop's path too:
+     * its keys may have arrived meanwhile, and a pull served here would miss the push. */
+    int64_t here =
+        self->handed_open ? -1 : directory_route_pull(self->directory, keys, n, hop);
     int64_t *count = c->at; /* per rank, counted here first */
     for (int64_t i = 0; here >= 0 && i < n; i++)
         if (hop[i] >= 0 && (hop[i] == self->rank || !self->peers[hop[i]])) here = -1;
@@ -781,7 +775,8 @@ typedef struct {
 /* Takes back the marks answer_unfit left for answers t[0..k). */
 static void unmark(taken_t *t, int64_t k) {
     for (int64_t j = k; j-- > 0;)
-        for (int64_t i = 0; i < t[j].n; i++) t[j].c->answered[index_of(t[j].c, t[j].positions[i])] = 0;
+        for (int64_t i = 0; i < t[j].n; i++)
+            t[j].c->answered[index_of(t[j].c, t[j].positions[i])] = 0;
 }
 
 int pulls_take_answer(ZmqIOObject *self, Py_ssize_t first, Py_ssize_t end, int rank) {
@@ -856,7 +851,8 @@ PyObject *ZmqIO_native_answer(ZmqIOObject *self, PyObject *args) {
     Py_ssize_t at;
     PullCallObject *c = open_call(self, req, &at);
     if (!c || src < 0 || src >= self->world) Py_RETURN_FALSE;
-    if ((kind == WIRE_PULL_RESP && c->kind != WIRE_PULL) || (kind == WIRE_ACK && c->kind != WIRE_PUSH))
+    if ((kind == WIRE_PULL_RESP && c->kind != WIRE_PULL)
+        || (kind == WIRE_ACK && c->kind != WIRE_PUSH))
         return PyUnicode_FromFormat("a %s answers a %s", kind == WIRE_ACK ? "ACK" : "PULL_RESP",
                                     c->kind == WIRE_PULL ? "pull" : "push");
     if (kind == WIRE_ACK) {
@@ -948,6 +944,23 @@ PyObject *ZmqIO_handoffs(ZmqIOObject *self, PyObject *unused) {
     for (Py_ssize_t i = 0; i < self->nhanded; i++) Py_DECREF((PyObject *)self->handed[i]);
     self->nhanded = 0; /* the list's items hold the calls now */
     return out;
+}
+
+/* complete(call, error) -> None: see the method table (zmq_io.c). */
+PyObject *ZmqIO_complete(ZmqIOObject *self, PyObject *args) {
+    PyObject *call, *error;
+    if (!PyArg_ParseTuple(args, "O!O", &PullCallType, &call, &error)) return NULL;
+    PullCallObject *c = (PullCallObject *)call;
+    if (!c->handed || c->handed == 2) {
+        PyErr_SetString(PyExc_ValueError, "complete: not a push handed to the engine loop, or "
+                                          "one completed already");
+        return NULL;
+    }
+    c->handed = 2;
+    self->handed_open--;
+    if (error != Py_None && !c->exc) c->exc = Py_NewRef(error);
+    finish(c, error == Py_None ? PULL_DONE : PULL_FAILED, NULL);
+    Py_RETURN_NONE;
 }
 
 /* pushed_here() -> int: see the method table (zmq_io.c). Any thread. */

@@ -672,8 +672,12 @@ static PyMethodDef ZmqIO_methods[] = {
      "handoffs() -> [(call, keys, positions, rows, worker, clock)]: pushes of ZmqIO.push that "
      "routing could not take (a key on its way here, one whose intent this node reported and "
      "whose owner has not answered): the engine loop submits them and completes each call "
-     "(PullCall.complete). keys, positions (int64) and rows (float32) as bytes. Engine thread; "
+     "(complete). keys, positions (int64) and rows (float32) as bytes. Engine thread; "
      "poll returns when there are some."},
+    {"complete", (PyCFunction)ZmqIO_complete, METH_VARARGS,
+     "complete(call, error) -> None. The engine loop finished a push that handoffs gave it: "
+     "error None (done) or the exception its worker is to raise (failed). Until then the "
+     "workers' pulls take the engine loop's path (one could miss the push). Engine thread."},
     {"pushed_here", (PyCFunction)ZmqIO_pushed_here, METH_NOARGS,
      "pushed_here() -> int. Keys of pushes of ZmqIO.push that were added to here: they had "
      "arrived by the time the engine routed the push (their workers counted them as remote). "

@@ -83,6 +83,7 @@ typedef struct {
     int64_t hop_cap;
     int64_t pushed_here;             /* keys of pushes applied here: they had arrived (any
                                       * thread reads it; the engine thread adds) */
+    int64_t handed_open;             /* pushes handed to the engine loop, not completed yet */
 } ZmqIOObject;
 
 /* zmq_io.c */
@@ -117,6 +118,7 @@ int register_pull_call_type(PyObject *module);
 PyObject *ZmqIO_pull(ZmqIOObject *self, PyObject *args);
 PyObject *ZmqIO_push(ZmqIOObject *self, PyObject *args);
 PyObject *ZmqIO_handoffs(ZmqIOObject *self, PyObject *unused);
+PyObject *ZmqIO_complete(ZmqIOObject *self, PyObject *args);
 PyObject *ZmqIO_pushed_here(ZmqIOObject *self, PyObject *unused);
 PyObject *ZmqIO_native_answer(ZmqIOObject *self, PyObject *args);
 PyObject *ZmqIO_fail_native(ZmqIOObject *self, PyObject *arg);

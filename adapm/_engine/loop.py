@@ -53,15 +53,16 @@ class _HandedPush(Call):
     state machine's path: finishing it completes the transport's call, which its worker
     waits on."""
 
-    __slots__ = ("native_call",)
+    __slots__ = ("native_call", "io")
 
-    def __init__(self, what: str, native_call) -> None:
+    def __init__(self, what: str, native_call, io) -> None:
         super().__init__(what)
         self.native_call = native_call
+        self.io = io
 
     def finish(self, parts: list, error: Optional[BaseException] = None) -> None:
         super().finish(parts, error)
-        self.native_call.complete(error)
+        self.io.complete(self.native_call, error)
 
 
 class EngineLoop:
@@ -297,7 +298,7 @@ class EngineLoop:
         machine as the worker would have."""
         for native_call, keys, positions, rows, worker, clock in self.native.handoffs():
             keys = np.frombuffer(keys, dtype=np.int64)
-            call = _HandedPush(f"PUSH of {len(keys)} keys", native_call)
+            call = _HandedPush(f"PUSH of {len(keys)} keys", native_call, self.native)
             self._live.add(call)
             self._carry_out(self.state.handle(Submitted(call, Request(
                 Op.PUSH, keys, np.frombuffer(positions, dtype=np.int64),

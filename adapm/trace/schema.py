@@ -94,6 +94,12 @@ ROUND_STATS = {
                              "without the engine loop (moves, deltas, checks and reports)",
     "pulls_sent_natively": "workers' pulls of keys held elsewhere that the transport routed, "
                            "sent and took the answers of in C, without the engine loop",
+    "pushes_sent_natively": "workers' pushes of keys held elsewhere that the transport routed, "
+                            "sent and took the acknowledgements of in C, without the engine "
+                            "loop",
+    "pushes_handed_to_engine": "workers' pushes the transport could not route (a key on its "
+                               "way here, or one whose intent this node reported and whose "
+                               "owner has not answered): the engine loop took them",
     "answers_taken_natively": "answers to this node's sync-round requests that the transport "
                               "took in in C without the engine loop (moves, hints, refreshes "
                               "and acknowledgements)",
