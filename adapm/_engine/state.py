@@ -195,6 +195,11 @@ class NodeState(Serving, Rounds):
         taken = self.directory.native_taken()
         if taken is not None:  # SYNCs the transport served since the last event
             self._native_served(*taken)
+            if self._arrived:
+                # Requests that waited for keys which came meanwhile go on before this event: a
+                # worker's pull submitted now must not be served ahead of its earlier push.
+                self._arrived = False
+                self._retry_awaiting()
         kind = type(event)
         if kind is Received:
             self._dispatch(event.message)
