@@ -457,6 +457,18 @@ PyObject *ZmqIO_push(ZmqIOObject *self, PyObject *args) {
 
 /* --- the engine's side: route, serve what is here, send ---------------------------------- */
 
+/* A request sent to rank: its time (for the heartbeats) and counters, message bytes under
+ * kind (C_PULL_OUT or C_PUSH_OUT; its bytes counter follows), padding in the wire bytes only. */
+static void count_sent(ZmqIOObject *self, int64_t rank, int64_t bytes, int kind,
+                       int64_t padding) {
+    self->sent_at[rank] = zmq_io_now();
+    self->counts[C_WIRE_OUT]++;
+    self->counts[C_MSGS_OUT]++;
+    self->counts[C_BYTES_OUT] += bytes + padding;
+    self->counts[kind]++;
+    self->counts[kind + 1] += bytes;
+}
+
 /* One PULL of the call's keys with hop == rank to that rank. 0, or an errno. */
 static int send_part(ZmqIOObject *self, PullCallObject *c, const int64_t *hop, int64_t rank,
                      int64_t m) {
@@ -475,24 +487,9 @@ static int send_part(ZmqIOObject *self, PullCallObject *c, const int64_t *hop, i
             k[j] = keys[i];
             p[j++] = pos[i];
         }
-    if (Z.msg_send(&hm, self->peers[rank], Z_SNDMORE) < 0) {
-        const int e = Z.errno_();
-        Z.msg_close(&hm);
-        Z.msg_close(&pm);
-        return e;
-    }
-    if (Z.msg_send(&pm, self->peers[rank], 0) < 0) {
-        const int e = Z.errno_();
-        Z.msg_close(&pm);
-        return e;
-    }
-    self->sent_at[rank] = zmq_io_now();
-    self->counts[C_WIRE_OUT]++;
-    self->counts[C_MSGS_OUT]++;
-    self->counts[C_BYTES_OUT] += WIRE_HEADER_BYTES + 16 + 16 * m;
-    self->counts[C_PULL_OUT]++;
-    self->counts[C_PULL_OUT_BYTES] += WIRE_HEADER_BYTES + 16 + 16 * m;
-    return 0;
+    const int e = zmq_send_pair(self->peers[rank], &hm, &pm);
+    if (!e) count_sent(self, rank, WIRE_HEADER_BYTES + 16 + 16 * m, C_PULL_OUT, 0);
+    return e;
 }
 
 /* One PUSH of the call's keys with hop == rank to that rank: keys, positions and rows in the
@@ -520,25 +517,11 @@ static int send_push_part(ZmqIOObject *self, PullCallObject *c, const int64_t *h
             j++;
         }
     memset((uint8_t *)v + lengths[2], 0, rows_bytes - (size_t)lengths[2]);
-    if (Z.msg_send(&hm, self->peers[rank], Z_SNDMORE) < 0) {
-        const int e = Z.errno_();
-        Z.msg_close(&hm);
-        Z.msg_close(&pm);
-        return e;
-    }
-    if (Z.msg_send(&pm, self->peers[rank], 0) < 0) {
-        const int e = Z.errno_();
-        Z.msg_close(&pm);
-        return e;
-    }
-    self->sent_at[rank] = zmq_io_now();
-    const int64_t wire = WIRE_HEADER_BYTES + 24 + 16 * m + (int64_t)rows_bytes;
-    self->counts[C_WIRE_OUT]++;
-    self->counts[C_MSGS_OUT]++;
-    self->counts[C_BYTES_OUT] += wire;
-    self->counts[C_PUSH_OUT]++;
-    self->counts[C_PUSH_OUT_BYTES] += WIRE_HEADER_BYTES + 24 + 16 * m + lengths[2];
-    return 0;
+    const int e = zmq_send_pair(self->peers[rank], &hm, &pm);
+    if (!e)
+        count_sent(self, rank, WIRE_HEADER_BYTES + 24 + 16 * m + lengths[2], C_PUSH_OUT,
+                   (int64_t)rows_bytes - lengths[2]);
+    return e;
 }
 
 /* A push that routing cannot take goes to the engine loop (ZmqIO.handoffs), which submits it

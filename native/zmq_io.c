@@ -241,6 +241,21 @@ double zmq_io_now(void) {
 
 static double now_s(void) { return zmq_io_now(); }
 
+int zmq_send_pair(void *peer, zmsg_t *hm, zmsg_t *pm) {
+    if (Z.msg_send(hm, peer, Z_SNDMORE) < 0) {
+        const int e = Z.errno_();
+        Z.msg_close(hm);
+        Z.msg_close(pm);
+        return e ? e : EIO;
+    }
+    if (Z.msg_send(pm, peer, 0) < 0) {
+        const int e = Z.errno_();
+        Z.msg_close(pm);
+        return e ? e : EIO;
+    }
+    return 0;
+}
+
 static void close_parts(ZmqIOObject *self, Py_ssize_t from, Py_ssize_t to) {
     for (Py_ssize_t i = from; i < to; i++) Z.msg_close(&self->parts[i]);
 }

@@ -92,6 +92,9 @@ typedef struct {
 int sender_of(ZmqIOObject *self, zmsg_t *id, zmsg_t *last);
 /* Seconds on CLOCK_MONOTONIC (Python's time.monotonic). */
 double zmq_io_now(void);
+/* Sends a wire message of a header frame hm and a payload frame pm to peer (libzmq owns them
+ * after, sent or not): 0, or an errno. */
+int zmq_send_pair(void *peer, zmsg_t *hm, zmsg_t *pm);
 
 /* zmq_serve.c */
 /* Serves the ZeroMQ message in parts[first..end) inside poll if a fast path takes it: a

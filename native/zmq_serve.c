@@ -27,19 +27,9 @@ static int zmq_open(wsink_t *sink, size_t hsize, size_t psize, uint8_t **h, uint
 
 static int zmq_send(wsink_t *sink) {
     zmq_sink_t *z = (zmq_sink_t *)sink;
-    if (Z.msg_send(&z->hm, z->peer, Z_SNDMORE) < 0) {
-        const int e = Z.errno_();
-        Z.msg_close(&z->hm);
-        Z.msg_close(&z->pm);
-        return e ? e : EIO;
-    }
-    if (Z.msg_send(&z->pm, z->peer, 0) < 0) {
-        const int e = Z.errno_();
-        Z.msg_close(&z->pm);
-        return e ? e : EIO;
-    }
-    z->sent = 1;
-    return 0;
+    const int e = zmq_send_pair(z->peer, &z->hm, &z->pm);
+    z->sent = !e;
+    return e;
 }
 
 int zmq_frames(ZmqIOObject *self, Py_ssize_t first, Py_ssize_t end, wframe_t *f, int max) {

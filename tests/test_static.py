@@ -426,8 +426,10 @@ def test_stats_count_remote_keys_and_traffic():
     assert s1["messages_received_set"] == 1
     assert s1["messages_sent_pull_resp"] == 1 and s1["messages_sent_ack"] == 2
     # Every key of them owned there: served by the transport in C (native/zmq_io.c), counted
-    # like the rest.
-    assert s1["messages_served_natively"] == 3 and s0["messages_served_natively"] == 0
+    # like the rest. The pull may have come in one receive with the barrier's release, which
+    # goes to Python and takes the rest of that receive's messages of rank 0 with it (their
+    # order kept); the push and set come after the pull's answer.
+    assert s1["messages_served_natively"] in (2, 3) and s0["messages_served_natively"] == 0
     assert s1["bytes_received_pull"] == s0["bytes_sent_pull"]
     assert s1["bytes_received_push"] == s0["bytes_sent_push"]
     assert s1["bytes_sent_pull_resp"] == s0["bytes_received_pull_resp"]
@@ -753,8 +755,9 @@ def test_pulls_through_the_transport_read_their_writes():
     # Most pulls and pushes went through the transport; those behind an unanswered set did
     # not.
     assert 60 <= stats["pulls_sent_natively"] < 120, stats
-    # 20 pushes, and 6 right behind a set, which must not overtake it.
-    assert 10 <= stats["pushes_sent_natively"] <= 20, stats
+    # 20 pushes, and 6 right behind a set, which must not overtake it (`seen` says they did
+    # not; such a push goes through the transport only once the set was answered).
+    assert 10 <= stats["pushes_sent_natively"] <= 26, stats
     assert stats["remote_push_keys"] == 20 * 2 + 6, stats
     assert stats["remote_pull_keys"] == 60 * 4 + 60 * 2, stats
     assert results[1][0]["pulls_sent_natively"] == 0
