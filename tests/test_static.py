@@ -296,8 +296,8 @@ def _burst_job(node, sets):
     that queue up while it is busy into wire messages of many requests (pushes would go
     through the transport one by one, ZmqIO.push)."""
     w = node.worker()
-    node.barrier()
     before = node.stats()
+    node.barrier()  # rank 1 measures before rank 0 makes it serve anything
     if node.rank == 0:
         for i in range(sets):
             w.set(np.array([2 * (i % 50) + 1]), np.full((1, 2), i, np.float32))  # odd: rank 1's
