@@ -524,6 +524,42 @@ static int send_push_part(ZmqIOObject *self, PullCallObject *c, const int64_t *h
     return e;
 }
 
+/* Routes the call's keys into self->hop (directory_route_pull): how many are held here, or -1
+ * where the call must take the engine loop's path (routing needs the state machine, a key's
+ * owner is this node or no peer, or no room in the open list: nothing may fail once parts are
+ * sent). */
+static int64_t route(ZmqIOObject *self, const PullCallObject *c) {
+    int64_t *hop = self->hop;
+    int64_t here = directory_route_pull(self->directory, c->keys, c->n, hop);
+    for (int64_t i = 0; here >= 0 && i < c->n; i++)
+        if (hop[i] >= 0 && (hop[i] == self->rank || !self->peers[hop[i]])) here = -1;
+    if (here >= 0 && room_for_one(&self->open, self->nopen, &self->ocap) < 0) here = -1;
+    return here;
+}
+
+typedef int (*send_part_fn)(ZmqIOObject *, PullCallObject *, const int64_t *, int64_t, int64_t);
+
+/* Sends the call's parts (c->at[r] keys to each rank r, by send), then finishes it if
+ * nothing is left to wait for, or keeps it open for its answers. */
+static void send_parts(ZmqIOObject *self, PullCallObject *c, send_part_fn send,
+                       const char *failed) {
+    for (int64_t r = 0; r < self->world; r++) {
+        if (!c->at[r]) continue;
+        const int e = send(self, c, self->hop, r, c->at[r]);
+        if (e) { /* the node cannot go on (as when the engine's send fails) */
+            self->send_failed = e;
+            finish(c, PULL_FAILED, failed);
+            return retire(self, c);
+        }
+    }
+    opened(c);
+    if (!c->remaining) {
+        finish(c, PULL_DONE, NULL);
+        return retire(self, c);
+    }
+    self->open[self->nopen++] = c;
+}
+
 /* A push that routing cannot take goes to the engine loop (ZmqIO.handoffs), which submits it
  * to the state machine before any request the worker submits after it (wait_routed). */
 static void hand_off(ZmqIOObject *self, PullCallObject *c) {
@@ -540,14 +576,9 @@ static void hand_off(ZmqIOObject *self, PullCallObject *c) {
 /* Routes a queued push: adds the rows of keys that arrived meanwhile here, sends one PUSH per
  * owner, or hands the push to the engine loop. */
 static void start_push(ZmqIOObject *self, PullCallObject *c) {
-    const int64_t n = c->n, *keys = c->keys;
-    int64_t *hop = self->hop;
-    int64_t here = directory_route_pull(self->directory, keys, n, hop);
-    for (int64_t i = 0; here >= 0 && i < n; i++)
-        if (hop[i] >= 0 && (hop[i] == self->rank || !self->peers[hop[i]])) here = -1;
-    /* Room in the open list first: nothing may fail once parts are sent. */
-    if (here < 0 || room_for_one(&self->open, self->nopen, &self->ocap) < 0)
-        return hand_off(self, c);
+    const int64_t n = c->n, *keys = c->keys, *hop = self->hop;
+    const int64_t here = route(self, c);
+    if (here < 0) return hand_off(self, c);
     int64_t *count = c->at; /* per rank, counted here first */
     for (int64_t i = 0; i < n; i++) {
         if (hop[i] >= 0) {
@@ -562,21 +593,7 @@ static void start_push(ZmqIOObject *self, PullCallObject *c) {
     c->remaining = n - here;
     __atomic_fetch_add(&self->pushed_here, here, __ATOMIC_RELAXED);
     self->counts[C_PUSHES_NATIVE]++;
-    for (int64_t r = 0; r < self->world; r++) {
-        if (!count[r]) continue;
-        const int e = send_push_part(self, c, hop, r, count[r]);
-        if (e) { /* the node cannot go on (as when the engine's send fails) */
-            self->send_failed = e;
-            finish(c, PULL_FAILED, "sending the push failed");
-            return retire(self, c);
-        }
-    }
-    opened(c);
-    if (!c->remaining) {
-        finish(c, PULL_DONE, NULL);
-        return retire(self, c);
-    }
-    self->open[self->nopen++] = c;
+    send_parts(self, c, send_push_part, "sending the push failed");
 }
 
 /* Routes and sends one queued call (or declines it). */
@@ -597,16 +614,12 @@ static void start(ZmqIOObject *self, PullCallObject *c) {
         self->hop_cap = n;
     }
     if (c->kind == WIRE_PUSH) return start_push(self, c);
-    int64_t *hop = self->hop;
+    const int64_t *hop = self->hop;
     /* While a push handed to the engine loop is not done, a pull takes the loop's path too:
      * its keys may have arrived meanwhile, and a pull served here would miss the push. */
-    int64_t here =
-        self->handed_open ? -1 : directory_route_pull(self->directory, keys, n, hop);
+    const int64_t here = self->handed_open ? -1 : route(self, c);
     int64_t *count = c->at; /* per rank, counted here first */
-    for (int64_t i = 0; here >= 0 && i < n; i++)
-        if (hop[i] >= 0 && (hop[i] == self->rank || !self->peers[hop[i]])) here = -1;
-    /* Room in the open list first: nothing may fail once parts are sent. */
-    if (here < 0 || room_for_one(&self->open, self->nopen, &self->ocap) < 0) {
+    if (here < 0) {
         finish(c, PULL_DECLINED, NULL);
         return retire(self, c);
     }
@@ -626,21 +639,7 @@ static void start(ZmqIOObject *self, PullCallObject *c) {
     c->waited = here;
     c->remaining = n - here;
     self->counts[C_PULLS_NATIVE]++;
-    for (int64_t r = 0; r < self->world; r++) {
-        if (!count[r]) continue;
-        const int e = send_part(self, c, hop, r, count[r]);
-        if (e) { /* the node cannot go on (as when the engine's send fails) */
-            self->send_failed = e;
-            finish(c, PULL_FAILED, "sending the pull failed");
-            return retire(self, c);
-        }
-    }
-    if (!c->remaining) {
-        finish(c, PULL_DONE, NULL);
-        return retire(self, c);
-    }
-    opened(c);
-    self->open[self->nopen++] = c;
+    send_parts(self, c, send_part, "sending the pull failed");
 }
 
 void pulls_send(ZmqIOObject *self) {
