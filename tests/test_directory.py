@@ -13,6 +13,8 @@ included), the routing state, the home table and the masks, and every move sent 
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pytest
 from hypothesis import example, given, settings
@@ -585,6 +587,44 @@ def test_pins_count_every_take_and_release(seed):
         samples[worker] = take.astype(np.int64)
         got = np.frombuffer(directory.pinned(np.arange(num_keys, dtype=np.int64)), np.int32)
         np.testing.assert_array_equal(got, count)
+
+
+def test_pins_changed_by_threads_at_once_are_all_counted():
+    """A worker changes the pins holding the GIL when they are free, and lets the GIL go to
+    wait when another thread holds them: one thread pins and releases large samples (which
+    hold the pins without the GIL), another small ones at the same time. Every take and
+    release counts, in either way, and a pin that both threads took is released by both."""
+    num_keys = 100_000
+    config = adapm.Config(num_keys=num_keys, value_length=1, world_size=2, rank=0,
+                          rendezvous="127.0.0.1:1", management="adaptive")
+    store = Store(config)
+    store.insert(home_keys(0, num_keys, 2), OWNER)
+    directory = NodeState(0, 2, store, config).directory
+    shared = np.arange(0, 100, dtype=np.int64)  # in both threads' samples
+    errors = []
+
+    def pinning(size: int, times: int, seed: int) -> None:
+        try:
+            rng = np.random.default_rng(seed)
+            last = np.empty(0, dtype=np.int64)
+            for _ in range(times):
+                take = np.concatenate([shared, rng.integers(0, num_keys, size)])
+                directory.repin(last, take)
+                last = take
+            directory.repin(last, np.empty(0, dtype=np.int64))
+        except BaseException as exc:  # noqa: BLE001 - raised below, in the test's thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=pinning, args=(40_000, 30, 1)),
+               threading.Thread(target=pinning, args=(200, 3000, 2))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not any(t.is_alive() for t in threads), "a repin hung"
+    assert not errors, errors
+    left = np.frombuffer(directory.pinned(np.arange(num_keys, dtype=np.int64)), np.int32)
+    assert not left.any(), f"{np.count_nonzero(left)} keys still pinned"
 
 
 def test_deciding_on_a_key_not_owned_changes_nothing():
