@@ -231,8 +231,13 @@ class Transport:
             raise TransportError(f"rank {self.rank}: sending {kind.name} to rank {dst}: {exc}") from exc
 
     def wake(self) -> None:
-        """Make a blocked :meth:`poll` return now. Any thread; never blocks."""
-        os.eventfd_write(self._wake_fd, 1)
+        """Make a blocked :meth:`poll` return now. Any thread; never blocks. Through the native
+        I/O where there is one: it keeps the GIL (os.eventfd_write lets it go, and the woken
+        engine thread takes it)."""
+        if self._io is not None:
+            self._io.wake()
+        else:
+            os.eventfd_write(self._wake_fd, 1)
 
     def poll(self, timeout_ms: int, hold: bool = False) -> list[tuple[int, list[Message]]]:
         """Messages that arrived within ``timeout_ms`` (or until woken): [(source rank, messages)].
