@@ -160,9 +160,11 @@ static PyObject *unique_inverse_py(PyObject *module, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "unique_inverse: at most 2**31 - 1 keys per call");
         goto done;
     }
-    Py_BEGIN_ALLOW_THREADS
+    /* A batch's keys (a few hundred: ~5 us) keep the GIL: letting it go and taking it back
+     * from the engine thread cost a KGE worker on 2 nodes ~15 us a call. */
+    NOGIL_BEGIN(n)
     count = unique_inverse(views[0].buf, n, views[1].buf, views[2].buf);
-    Py_END_ALLOW_THREADS
+    NOGIL_END
     if (count < 0) PyErr_NoMemory();
 done:
     for (int i = 0; i < held; i++) PyBuffer_Release(&views[i]);
@@ -172,8 +174,8 @@ done:
 static PyMethodDef module_methods[] = {
     {"unique_inverse", unique_inverse_py, METH_VARARGS,
      "unique_inverse(keys, unique, inverse) -> count. The distinct int64 keys in order of first "
-     "appearance into unique[:count], each position's index among them into inverse; O(n), GIL "
-     "released."},
+     "appearance into unique[:count], each position's index among them into inverse; O(n), the "
+     "GIL released from 32,768 keys on."},
     {"check_keys", check_keys, METH_VARARGS,
      "check_keys(keys, num_keys) -> int. Index of the first key outside [0, num_keys), or -1."},
     {"policy_decide", policy_decide_py, METH_VARARGS,

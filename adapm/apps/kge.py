@@ -184,8 +184,8 @@ class KGETrainer:
 
     def plan(self, points: np.ndarray) -> _Plan:
         """The batch's distinct keys in order of first appearance and each triple's rows in
-        them: one O(n) native call with the GIL released (numpy's unique sorted them, ~13 us
-        more of GIL per batch). The order of the keys changes no number: the kernel reads and
+        them: one O(n) native call (~5 us; numpy's unique sorted them, ~13 us more per batch).
+        The order of the keys changes no number: the kernel reads and
         changes each row by its index, and the sample's rows follow all of them in the push,
         as before."""
         b = len(points)
