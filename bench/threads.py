@@ -27,8 +27,8 @@ inside:
   ``kge_train_rows`` (the same for KGE), ``wv_train_table``, ``wv_train_rows`` and
   ``wv_plan_run`` (WV's runs: a call plans a run's batches, one trains them), ``mf_plan``,
   ``wv_plan``, ``wv_merge_pool``, the
-  store module's ``unique_inverse`` (KGE's plan), ``table_gather`` /
-  ``table_scatter_add``, the store's ``gather_fast`` / ``scatter_*_fast``, and ``gather`` /
+  ``table_gather`` / ``table_scatter_add``, the store's ``gather_fast`` /
+  ``scatter_*_fast``, and the store module's ``unique_inverse`` (KGE's plan), ``gather`` /
   ``scatter_*`` when their batch is large enough to release it: see RELEASE_GIL_FROM);
 - schedule / batch (us): the part spent in the task's per-epoch ``epoch_order`` and
   ``standing_keys`` (MF), over the batches: numpy's work on whole arrays (sorts, fancy
@@ -154,8 +154,10 @@ def child(app: str, argv: list[str]) -> None:
             setattr(kernels, name, timed(getattr(kernels, name), name=name))
 
     native = load()
-    if hasattr(native, "unique_inverse"):  # KGE's plan (O(n), always releases the GIL)
-        native.unique_inverse = timed(native.unique_inverse, name="unique_inverse")
+    if hasattr(native, "unique_inverse"):  # KGE's plan (O(n); releases the GIL only for
+        # RELEASE_GIL_FROM keys or more since session 30, as the store's gather and scatter)
+        native.unique_inverse = timed(native.unique_inverse, name="unique_inverse",
+                                      releases=lambda keys, *_: len(keys) >= RELEASE_GIL_FROM)
 
     def big(keys, values, missing) -> bool:
         return len(keys) + values.size >= RELEASE_GIL_FROM
