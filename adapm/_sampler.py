@@ -177,7 +177,10 @@ class WorkerSampler:
             # no sequence is kept: one draw of all the samples, one look at which stay, where
             # a draw per sample took a numpy draw and a staying() call each (KGE on 2 nodes:
             # 2 samples a run, ~5% of a worker's time in these calls).
-            out[:] = pool.keys[self._rng.integers(0, pool.count, total, dtype=np.int64)]
+            # (At least 1: keys may all have left since the check above; _redraw then draws
+            # again until some are held, as _draw would.)
+            held = max(pool.count, 1)
+            out[:] = pool.keys[self._rng.integers(0, held, total, dtype=np.int64)]
             bad = self._unfit(out, local=True)
             if bad.any():
                 self._redraw(out, bad, local=True)

@@ -185,9 +185,8 @@ class KGETrainer:
     def plan(self, points: np.ndarray) -> _Plan:
         """The batch's distinct keys in order of first appearance and each triple's rows in
         them: one O(n) native call (~5 us; numpy's unique sorted them, ~13 us more per batch).
-        The order of the keys changes no number: the kernel reads and
-        changes each row by its index, and the sample's rows follow all of them in the push,
-        as before."""
+        The order of the keys changes no number: the kernel reads and changes each row by its
+        index, and the sample's rows follow all of them in the push, as before."""
         b = len(points)
         flat = np.concatenate([points[:, 0], points[:, 1] + self.E, points[:, 2]]).astype(
             np.int64, copy=False)
