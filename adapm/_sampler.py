@@ -28,9 +28,6 @@ _MAX_REDRAW_ROUNDS = 1000
 # With weights, redraws are by rejection (from all keys, keeping those held here) this many
 # times, then by weight among the held keys directly (WorkerSampler._draw_held_weighted).
 _WEIGHTED_REJECTIONS = 8
-# Keys a peer waits for (WorkerSampler._hold) are drawn again this many times, then pinned all
-# the same: a node whose every held key is wanted elsewhere still draws its sample.
-_REFUSING_ROUNDS = 8
 
 
 class SampleStore(Protocol):
@@ -196,29 +193,17 @@ class WorkerSampler:
 
     def _hold(self, keys: np.ndarray) -> None:
         """Pins ``keys`` (drawn among the keys that stay here) beside this clock's pins, then
-        draws again, and pins, any that stopped staying between the draw and the pin, and any
-        that a peer waits for: its relocation is deferred while the key is pinned here, and
-        pinned once more it would keep the peer waiting another round (KGE on 2 nodes:
-        deferred reports -28%, keys a worker waited for -20 to -27%); after _REFUSING_ROUNDS
-        such keys are pinned all the same. A pinned key that stays does not leave before the
-        worker's next clock."""
-        at = None  # positions of keys still to pin (None: all)
-        for attempt in range(_MAX_REDRAW_ROUNDS):
-            refused = self._pin(keys if at is None else keys[at], add=True,
-                                refuse=attempt < _REFUSING_ROUNDS)
+        draws again, and pins, any that stopped staying between the draw and the pin (a pinned
+        key that stays does not leave before the worker's next clock)."""
+        fresh = keys
+        for _ in range(_MAX_REDRAW_ROUNDS):
+            self._pin(fresh, add=True)
             bad = ~self._staying(keys)
-            unpinned = None
-            if refused is not None and refused.any():
-                unpinned = np.flatnonzero(refused) if at is None else at[refused]
-                bad[unpinned] = True
             if not bad.any():
                 return
             before = keys.copy()
             self._redraw(keys, bad, local=True)  # in place (and wherever else a key went)
-            changed = keys != before
-            if unpinned is not None:  # drawn again, maybe the same key: not pinned yet
-                changed[unpinned] = True
-            at = np.flatnonzero(changed)
+            fresh = keys[keys != before]
         raise self._gave_up(len(keys))
 
     def _check_out(self, out, n: int) -> None:

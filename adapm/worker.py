@@ -389,25 +389,17 @@ class Worker:
             _yield_core()
         return self.clock
 
-    def _pin_sample(self, keys: np.ndarray, add: bool = False,
-                    refuse: bool = False) -> Optional[np.ndarray]:
+    def _pin_sample(self, keys: np.ndarray, add: bool = False) -> None:
         """Pin the keys of a local sample just read (until the next clock; see __init__): in
-        place of the keys pinned so far this clock, or with ``add`` beside them. ``refuse``:
-        keys a peer waits for (their relocation deferred because they are pinned here) are
-        not pinned; returns which (bool per key; None without ``refuse`` or pins)."""
-        if self._repin is None:
-            return None
-        refused = np.empty(len(keys), dtype=np.uint8) if refuse else None
-        pinned = self._pinned
-        if add and pinned is not None:
-            count = self._repin(_NO_KEYS, keys, refused)
-        else:
-            count = self._repin(_NO_KEYS if pinned is None else pinned, keys, refused)
-            pinned = None
-        mask = refused.view(bool) if refused is not None else None
-        taken = keys[~mask] if count else keys  # released at the next clock: only these
-        self._pinned = taken.copy() if pinned is None else np.concatenate([pinned, taken])
-        return mask
+        place of the keys pinned so far this clock, or with ``add`` beside them."""
+        if self._repin is not None:
+            pinned = self._pinned
+            if add and pinned is not None:
+                self._repin(_NO_KEYS, keys)
+                self._pinned = np.concatenate([pinned, keys])
+            else:
+                self._repin(_NO_KEYS if pinned is None else pinned, keys)
+                self._pinned = keys.copy()  # the caller owns ``keys``
 
     # --- completion --------------------------------------------------------------------------
 

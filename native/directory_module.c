@@ -585,47 +585,39 @@ static PyObject *Directory_check_sync_answer(DirectoryObject *self, PyObject *ar
     return check_result(r, why);
 }
 
-/* repin(release, take, refused=None) -> number refused: any thread (the pins have their own
- * lock). */
+/* repin(release, take) -> None: any thread (the pins have their own lock). */
 static PyObject *Directory_repin(DirectoryObject *self, PyObject *args) {
-    PyObject *orel, *otake, *oref = Py_None;
-    if (!PyArg_ParseTuple(args, "OO|O", &orel, &otake, &oref)) return NULL;
-    Py_buffer v[3];
-    int held = 0;
+    PyObject *orel, *otake;
+    if (!PyArg_ParseTuple(args, "OO", &orel, &otake)) return NULL;
+    Py_buffer rv, tv;
+    if (borrow(orel, &rv, 8, 0, "repin: release") < 0) return NULL;
+    if (borrow(otake, &tv, 8, 0, "repin: take") < 0) {
+        PyBuffer_Release(&rv);
+        return NULL;
+    }
     PyObject *result = NULL;
-    if (borrow(orel, &v[0], 8, 0, "repin: release") < 0) goto done;
-    held++;
-    if (borrow(otake, &v[1], 8, 0, "repin: take") < 0) goto done;
-    held++;
-    const int64_t nr = v[0].len / 8, nt = v[1].len / 8;
-    uint8_t *refused = NULL;
-    if (oref != Py_None) {
-        if (borrow(oref, &v[2], 1, 1, "repin: refused") < 0) goto done;
-        held++;
-        if (v[2].len != nt) {
-            PyErr_Format(PyExc_ValueError, "repin: refused has %zd entries for %lld keys taken",
-                         v[2].len, (long long)nt);
-            goto done;
+    if (dm_check_keys(self, rv.buf, rv.len / 8) == 0
+        && dm_check_keys(self, tv.buf, tv.len / 8) == 0) {
+        int rc;
+        const int64_t nr = rv.len / 8, nt = tv.len / 8;
+        /* The GIL is let go only if the pins are busy (or the keys many): the engine thread
+         * may hold them while it needs the GIL (it keeps them locked from a check to the keys'
+         * leaving; see dir_sync_pins), so a worker must not wait for them holding it. Letting
+         * it go for every change cost a KGE worker on 2 nodes ~90 us a call, waiting to take
+         * the GIL back from the engine thread, for ~20 us of work. */
+        if (nr + nt >= RELEASE_GIL_FROM
+            || !pins_try_change(&self->pins, rv.buf, nr, tv.buf, nt, &rc)) {
+            Py_BEGIN_ALLOW_THREADS
+            rc = pins_change(&self->pins, rv.buf, nr, tv.buf, nt);
+            Py_END_ALLOW_THREADS
         }
-        refused = v[2].buf;
+        if (rc < 0)
+            PyErr_NoMemory();
+        else
+            result = Py_NewRef(Py_None);
     }
-    if (dm_check_keys(self, v[0].buf, nr) < 0 || dm_check_keys(self, v[1].buf, nt) < 0) goto done;
-    int64_t rc;
-    /* The GIL is let go only if the pins are busy (or the keys many): the engine thread may
-     * hold them while it needs the GIL (it keeps them locked from a check to the keys'
-     * leaving; see dir_sync_pins), so a worker must not wait for them holding it. Letting it
-     * go for every change cost a KGE worker on 2 nodes ~90 us a call, waiting to take the GIL
-     * back from the engine thread, for ~20 us of work. */
-    if (nr + nt >= RELEASE_GIL_FROM
-        || !pins_try_change(&self->pins, v[0].buf, nr, v[1].buf, nt, refused, &rc)) {
-        Py_BEGIN_ALLOW_THREADS
-        rc = pins_change(&self->pins, v[0].buf, nr, v[1].buf, nt, refused);
-        Py_END_ALLOW_THREADS
-    }
-    if (rc < 0) PyErr_NoMemory();
-    else result = PyLong_FromLongLong(rc);
-done:
-    for (int i = 0; i < held; i++) PyBuffer_Release(&v[i]);
+    PyBuffer_Release(&rv);
+    PyBuffer_Release(&tv);
     return result;
 }
 
@@ -664,13 +656,10 @@ static PyObject *Directory_pinned(DirectoryObject *self, PyObject *okeys) {
 
 static PyMethodDef Directory_methods[] = {
     {"repin", (PyCFunction)Directory_repin, METH_VARARGS,
-     "repin(release, take, refused=None) -> int. Release one pin of each key of release "
-     "(int64), then pin each key of take once. An intent report that would relocate a pinned "
-     "key owned here is answered with a redirect to this node (report again), so the key "
-     "leaves only when its pins are gone. refused (uint8, writable, one per key of take): a "
-     "key whose report is being deferred so (a peer waits for it) is not pinned, its entry "
-     "set to 1 (others 0): a sampler draws it again rather than hold the peer up another "
-     "round. Returns how many were refused. Any thread; the pins have their own lock."},
+     "repin(release, take) -> None. Release one pin of each key of release (int64), then pin "
+     "each key of take once. An intent report that would relocate a pinned key owned here is "
+     "answered with a redirect to this node (report again), so the key leaves only when its "
+     "pins are gone. Any thread; the pins have their own lock."},
     {"use_counts", (PyCFunction)Directory_use_counts, METH_O,
      "use_counts(counts) -> None. This node's IntentCounts: a key owned here whose only state "
      "is this node's own intent then needs no record (its told flag is that bit of S). Once, "

@@ -40,41 +40,29 @@ int pins_defer(pins_t *p, int64_t key) {
 }
 
 /* pins_change's work, the pins locked by the caller. */
-static int64_t change_locked(pins_t *p, const int64_t *release, int64_t nr,
-                             const int64_t *take, int64_t nt, uint8_t *refused) {
+static int change_locked(pins_t *p, const int64_t *release, int64_t nr, const int64_t *take,
+                         int64_t nt) {
     /* One look-up per key (km_add): a worker's sample (KGE: 1,200 keys a batch, many of them
      * in the last sample too) cost a del and a put per key each way: the pins took 2.8% of a
      * KGE worker's samples on 2 nodes, 2.1% with this. Releases first: a key not pinned is
      * ignored, whatever take holds. */
     for (int64_t i = 0; i < nr; i++) km_add(&p->map, release[i], -1);
     if (km_reserve(&p->map, nt) < 0) return -1;
-    int64_t nref = 0;
-    const int deferring = refused && p->deferred.live; /* usually none: no look-up */
-    for (int64_t i = 0; i < nt; i++) {
-        if (refused) {
-            refused[i] = deferring && km_get(&p->deferred, take[i]) >= 0;
-            if (refused[i]) {
-                nref++;
-                continue;
-            }
-        }
-        km_add(&p->map, take[i], 1);
-    }
-    return nref;
+    for (int64_t i = 0; i < nt; i++) km_add(&p->map, take[i], 1);
+    return 0;
 }
 
-int64_t pins_change(pins_t *p, const int64_t *release, int64_t nr, const int64_t *take,
-                    int64_t nt, uint8_t *refused) {
+int pins_change(pins_t *p, const int64_t *release, int64_t nr, const int64_t *take, int64_t nt) {
     pins_lock(p);
-    const int64_t rc = change_locked(p, release, nr, take, nt, refused);
+    const int rc = change_locked(p, release, nr, take, nt);
     pins_unlock(p);
     return rc;
 }
 
 int pins_try_change(pins_t *p, const int64_t *release, int64_t nr, const int64_t *take,
-                    int64_t nt, uint8_t *refused, int64_t *rc) {
+                    int64_t nt, int *rc) {
     if (pthread_mutex_trylock(&p->lock) != 0) return 0;
-    *rc = change_locked(p, release, nr, take, nt, refused);
+    *rc = change_locked(p, release, nr, take, nt);
     pins_unlock(p);
     return 1;
 }

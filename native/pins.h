@@ -28,19 +28,15 @@ int pins_init(pins_t *p);
 void pins_free(pins_t *p);
 
 /* Releases one pin of each of release[0..nr) (keys not pinned are ignored), then pins each of
- * take[0..nt) once. With refused (room for nt), a key taken whose report is being deferred (a
- * peer waits for it: pins_defer) is not pinned, and refused[i] says which were not (a sampler
- * draws those again: pinned once more, the key would keep the peer waiting another round).
- * Returns how many were refused, or -1 if out of memory (the releases are done, no key taken). */
-int64_t pins_change(pins_t *p, const int64_t *release, int64_t nr, const int64_t *take,
-                    int64_t nt, uint8_t *refused);
+ * take[0..nt) once. Returns 0, or -1 if out of memory (the releases are done, no key taken). */
+int pins_change(pins_t *p, const int64_t *release, int64_t nr, const int64_t *take, int64_t nt);
 
 /* pins_change if the pins are free now, without waiting: 1 if it ran (its result in *rc), 0 if
  * another thread holds them (nothing changed). A caller that holds the GIL may change the pins
  * this way without letting it go: it never waits on the engine thread, which may hold the pins
  * while it waits for the GIL (dir_sync_pins). */
 int pins_try_change(pins_t *p, const int64_t *release, int64_t nr, const int64_t *take,
-                    int64_t nt, uint8_t *refused, int64_t *rc);
+                    int64_t nt, int *rc);
 
 /* Between pins_lock and pins_unlock (engine thread): whether a report on key may be deferred
  * (again), or not (deferred for PINS_MAX_DEFER_MS already, or out of memory: then it is taken
