@@ -555,6 +555,15 @@ def test_records_of_many_keys_read_back_as_set(seed):
         assert node.directory.memory()[0] == int(((intent != 0) | (replicas != 0)).sum())
 
 
+def _pins_node(num_keys: int) -> NodeState:
+    """Rank 0 of a 2-node adaptive job, its home keys owned: for the pins (its directory's)."""
+    config = adapm.Config(num_keys=num_keys, value_length=1, world_size=2, rank=0,
+                          rendezvous="127.0.0.1:1", management="adaptive")
+    store = Store(config)
+    store.insert(home_keys(0, num_keys, 2), OWNER)
+    return NodeState(0, 2, store, config)
+
+
 @given(st.integers(0, 2**32 - 1))
 @settings(max_examples=10, deadline=None)
 def test_pins_count_every_take_and_release(seed):
@@ -564,11 +573,8 @@ def test_pins_count_every_take_and_release(seed):
     the releases that found it pinned (a release of a key not pinned is ignored, even if the
     same call takes it)."""
     num_keys = 50_000
-    config = adapm.Config(num_keys=num_keys, value_length=1, world_size=2, rank=0,
-                          rendezvous="127.0.0.1:1", management="adaptive")
-    store = Store(config)
-    store.insert(home_keys(0, num_keys, 2), OWNER)
-    directory = NodeState(0, 2, store, config).directory
+    node = _pins_node(num_keys)  # kept: the directory works over its store
+    directory = node.directory
     rng = np.random.default_rng(seed)
     count = np.zeros(num_keys, dtype=np.int64)
     samples: list[np.ndarray] = [np.empty(0, dtype=np.int64)] * 3  # three workers' last
@@ -595,11 +601,8 @@ def test_pins_changed_by_threads_at_once_are_all_counted():
     hold the pins without the GIL), another small ones at the same time. Every take and
     release counts, in either way, and a pin that both threads took is released by both."""
     num_keys = 100_000
-    config = adapm.Config(num_keys=num_keys, value_length=1, world_size=2, rank=0,
-                          rendezvous="127.0.0.1:1", management="adaptive")
-    store = Store(config)
-    store.insert(home_keys(0, num_keys, 2), OWNER)
-    directory = NodeState(0, 2, store, config).directory
+    node = _pins_node(num_keys)  # kept: the directory works over its store
+    directory = node.directory
     shared = np.arange(0, 100, dtype=np.int64)  # in both threads' samples
     errors = []
 
