@@ -142,9 +142,9 @@ class WorkerSampler:
     def keys(self, n, count, out: Optional[np.ndarray]) -> np.ndarray:
         """The keys of ``count`` successive samples of ``n`` (see ``Worker.sample_keys``): the
         draws of ``count`` prepare + pull pairs, in order, without reading values; under the
-        ``local`` scheme on a node of a multi-node job pinned (beside this clock's pins) and
-        drawn again where a key left before its pin, as a pull draws again where its read
-        misses one."""
+        ``local`` scheme on a node of a multi-node job (drawn at once there when uniform)
+        pinned (beside this clock's pins) and drawn again where a key left before its pin, as
+        a pull draws again where its read misses one."""
         s = self._sampling
         n = _as_count(n)
         if isinstance(count, bool) or not isinstance(count, (int, np.integer)) or count < 0:

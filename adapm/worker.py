@@ -287,10 +287,11 @@ class Worker:
         job, under the ``naive`` scheme the draws do not depend on where keys are, and the
         caller signals their intent before its loop reads them (as prepare_sample does); under
         the ``local`` scheme they are drawn among the keys held here that stay, as pull_sample
-        draws them, and pinned until this worker's next clock beside any pinned already (as
-        pull_sample pins its sample), so that the loop that reads them right after finds them
-        and its adds to them stay local. Raises StateError without a sampling domain.
-        Non-blocking; O(count * n), one numpy draw per sample, holding the GIL. Counted in
+        draws them (uniform without weights: all samples in one draw, as which keys stay
+        decides the numbers there anyway), and pinned until this worker's next clock beside
+        any pinned already (as pull_sample pins its sample), so that the loop that reads them
+        right after finds them and its adds to them stay local. Raises StateError without a
+        sampling domain. Non-blocking; O(count * n), holding the GIL. Counted in
         ``stats()`` as ``sampled_keys`` and ``sampled_local_keys`` (the loop reads every key
         here; one it finds elsewhere it pulls through the worker, which counts that pull as
         remote); the loop counts its reads and adds of the keys with :meth:`count_accesses`,
