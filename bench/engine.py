@@ -30,6 +30,12 @@ workers' CPU and ZeroMQ's I/O threads are not in it. Each workload isolates one 
   clock, so every round each holder sends its deltas and gets the merged rows back. Per
   replicated key and round (a delta out and a refresh in), engine CPU of both nodes.
 - **empty rounds**: ``wait_sync()`` with no intent at all. Per round.
+- **a wake-up alone** (the floor under the empty round): one process, two threads, no
+  engine: a "worker" thread writes an eventfd and waits on a lock; an "engine" thread, blocked
+  in a pyzmq poll of a ROUTER socket and that eventfd (as the engine's poll), reads the eventfd
+  and releases the lock. Per round trip, the "engine" thread's CPU: what a Python loop pays to
+  be woken for a worker's call and to wake the worker again, before it does any work. The
+  empty round's line less this one is the engine's own work per round.
 - **ZeroMQ alone** (the floor under the first line): two processes that only echo a small
   message over the same sockets (a ROUTER to receive, a DEALER per peer to send, a poll on
   the ROUTER and an eventfd), through pyzmq as the engine uses it, no engine at all. Per
@@ -143,6 +149,55 @@ def _job(node, counts: dict) -> dict:
     return out
 
 
+def _wakeup_floor(n: int) -> float:
+    """Thread CPU of the woken thread per worker -> engine -> worker round trip (see the
+    module docstring), best of three runs (the machine's noise only adds)."""
+    import _thread
+    import threading
+
+    import zmq
+
+    ctx = zmq.Context()
+    router = ctx.socket(zmq.ROUTER)
+    router.bind_to_random_port("tcp://127.0.0.1")
+    wake = os.eventfd(0, os.EFD_NONBLOCK)
+    poller = zmq.Poller()
+    poller.register(router, zmq.POLLIN)
+    poller.register(wake, zmq.POLLIN)
+    best = float("inf")
+    for _ in range(3):
+        latch: list = [None]
+        cpu: list = [0.0]
+
+        def engine() -> None:
+            started, done = time.thread_time(), 0
+            while done < n:
+                if not poller.poll(1000):
+                    continue
+                try:
+                    os.eventfd_read(wake)
+                except BlockingIOError:
+                    continue
+                latch[0].release()
+                done += 1
+            cpu[0] = time.thread_time() - started
+
+        thread = threading.Thread(target=engine)
+        thread.start()
+        for _ in range(n):
+            lock = _thread.allocate_lock()
+            lock.acquire()
+            latch[0] = lock
+            os.eventfd_write(wake, 1)
+            if not lock.acquire(timeout=60):
+                raise RuntimeError("the wake-up floor's engine thread did not answer")
+        thread.join(60)
+        best = min(best, cpu[0] / n)
+    os.close(wake)
+    ctx.destroy(linger=0)
+    return best
+
+
 def _echo(port_q, n: int) -> None:
     """The far side of :func:`_zmq_floor`: receive and answer ``n`` messages."""
     import zmq
@@ -199,7 +254,7 @@ def _zmq_floor(n: int) -> float:
     return (mine + theirs) / (2 * n)
 
 
-def _table(results: list[dict], counts: dict, floor_s: float) -> list[str]:
+def _table(results: list[dict], counts: dict, floor_s: float, wakeup_s: float) -> list[str]:
     both = {name: {k: sum(r[name][k] for r in results) for k in results[0][name]}
             for name in results[0]}
     small = both["small messages"]
@@ -212,7 +267,8 @@ def _table(results: list[dict], counts: dict, floor_s: float) -> list[str]:
     per_bside = [s["engine_cpu_s"] / max(s["messages_received"], 1) for s in bside]
     moved = both["moved rows"]
     rows_moved = moved["relocations_in"]
-    per_row = (moved["engine_cpu_s"] - per_message * moved["messages_received"]) / max(rows_moved, 1)
+    per_row = ((moved["engine_cpu_s"] - per_message * moved["messages_received"])
+               / max(rows_moved, 1))
     replica = both["replica sync"]
     replica_units = counts["replicated"] * counts["clocks"]  # key-rounds per holder
     per_replica = replica["engine_cpu_s"] / max(replica_units, 1)
@@ -245,6 +301,11 @@ def _table(results: list[dict], counts: dict, floor_s: float) -> list[str]:
         f"**{per_replica * 1e6:.1f} us** | |",
         f"| per empty round (wait_sync, no intent) | {empty['engine_cpu_s']:.3f} s | "
         f"{empty['rounds']} rounds | **{per_round * 1e6:.1f} us** | 5 us |",
+        f"| ... a wake-up alone: a Python loop woken by a worker's call and waking it again "
+        f"(no engine, best of 3) | | {counts['empty']} round trips | "
+        f"**{wakeup_s * 1e6:.1f} us** | |",
+        f"| ... the empty round less the wake-up: the engine's own work per round | | | "
+        f"**{(per_round - wakeup_s) * 1e6:.1f} us** | |",
         f"| ZeroMQ alone: per received message of a small-message echo (pyzmq, no engine) | | "
         f"{2 * counts['pulls']} messages | **{floor_s * 1e6:.1f} us** | |",
         "",
@@ -271,7 +332,8 @@ def main(argv=None) -> int:
     print(f"machine: nproc={os.cpu_count()}, {platform.machine()}, python "
           f"{platform.python_version()}, numpy {np.__version__}; 2 nodes on loopback")
     floor_s = _zmq_floor(counts["pulls"])
-    print("\n".join(_table(results, counts, floor_s)))
+    wakeup_s = _wakeup_floor(counts["empty"])
+    print("\n".join(_table(results, counts, floor_s, wakeup_s)))
     return 0
 
 
