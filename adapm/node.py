@@ -14,7 +14,7 @@ from ._engine import routing
 from ._engine.events import Op, Request
 from ._engine.loop import EngineLoop
 from ._engine.state import NodeState
-from ._store import OWNER, REPLICA, Store
+from ._store import OWNER, Store
 from ._wire import auth, rendezvous
 from ._wire.zmq_transport import Transport
 from .args import as_timeout
@@ -153,12 +153,7 @@ class Node:
         state = NodeState(config.rank, config.world_size, store, config)
         if state.policy.replicates_everything:
             # Every node holds every key: replicas of all keys homed elsewhere, synced each round.
-            others = np.setdiff1d(np.arange(config.num_keys, dtype=np.int64),
-                                  store.local_keys(), assume_unique=True)
-            # In sync now (the owners' values, version 0): staleness counts from here.
-            values = restored.read(others) if restored is not None else None
-            store.insert(others, REPLICA, values, synced_at=time.monotonic())
-            state.directory.replicas_added(others)
+            state.replicate_everything(restored.read if restored is not None else None)
         return state
 
     def _start_trace(self):

@@ -142,7 +142,7 @@ def _job(node, counts: dict) -> dict:
         w.wait_sync()
     node.barrier()
     w.wait_sync()
-    held = node.engine.state.directory.replica_count()
+    held = node.engine.state.replicas_held()
     if held:
         raise RuntimeError(f"rank {node.rank}: {held} replicas still held before the empty rounds")
     measure("empty rounds", empty_rounds)

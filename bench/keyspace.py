@@ -74,17 +74,15 @@ def _metadata_bytes(node) -> tuple[int, int, int]:
     home_words = node.store.home.nbytes
     records, record_bytes = held, store_bytes - home_words
     if node.engine is not None:
-        state = node.engine.state
-        dense = 0
-        directory_records, directory_bytes = state.directory.memory()
+        memory = node.engine.state.memory()
+        directory_records, directory_bytes = memory["directory"]
         home_table = 4 * len(range(node.rank, node.store.num_keys, node.world_size))
-        dense += home_table
+        dense = home_table
         records += directory_records
         record_bytes += directory_bytes - home_table
-        if state.intents is not None:  # intent counts: records of keys with intent
-            counted, count_bytes = state.intents.native.memory()
-            records += counted
-            record_bytes += count_bytes
+        counted, count_bytes = memory["intent_counts"]  # records of keys with intent
+        records += counted
+        record_bytes += count_bytes
     else:
         dense = 0
     return home_words + dense, records, record_bytes

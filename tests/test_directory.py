@@ -2,8 +2,8 @@
 reference in numpy.
 
 The engine decides on intent reports and carries the decision out in one native pass
-(``NodeState._decide``: relocations out, replica set-ups, home updates), and takes relocations
-in with another (``_relocate_in``). The reference is what the Python pieces say:
+(``Directory.decide``: relocations out, replica set-ups, home updates), and takes relocations
+in with another (``Directory.moves_in``). The reference is what the Python pieces say:
 ``policy.on_intent``, ``Store.remove`` / ``insert`` / ``promote`` / ``gather``,
 ``Router.moved_out`` / ``moved_in`` / ``update_home`` and the policy's ``take`` / ``install``.
 Random sequences of intent reports, relocations in, replica set-ups and pushes run on both, and
@@ -21,6 +21,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 import adapm
+from adapm._engine.events import Received
 from adapm._engine.intents import NodeIntents, WorkerIntents
 from adapm._engine.policy import make_policy
 from adapm._engine.timing import ImmediateTimer
@@ -28,7 +29,7 @@ from adapm._engine.routing import Router, group_by_node, home_keys, home_of
 from adapm._engine.state import NodeState
 from adapm._store import NONE, OWNER, REPLICA, Store
 from adapm._wire.protocol import (
-    DTYPES, HOME_UPDATES, MOVE_SECTIONS, NO_MOVES, RELOCATIONS, SETUPS, Kind, Message,
+    DTYPES, HOME_UPDATES, MOVE_SECTIONS, NO_MOVES, RELOCATIONS, SETUPS, Kind, Message, decode,
 )
 
 NUM_KEYS = 12
@@ -54,6 +55,18 @@ def _merged(held: list) -> list:
         else:
             out.extend(np.concatenate(column) for column in zip(*parts))
     return out
+
+
+def _decide(node: NodeState, keys, reporter: int, flags) -> int:
+    """Node ``reporter`` reports ``flags`` (intent or not) for ``keys`` (owned here), as a SYNC
+    is decided on: the replicas the decision dropped at the owner (no variant without masks
+    decides anything)."""
+    if node.variant < 0 or not len(keys):
+        return 0
+    dropped, _, _ = node.directory.decide(
+        node.variant, reporter, np.ascontiguousarray(keys, dtype=np.int64),
+        np.ascontiguousarray(flags, dtype=bool).view(np.uint8))
+    return dropped
 
 
 def _config(world_size: int, rank: int, lengths, management="adaptive") -> adapm.Config:
@@ -310,10 +323,9 @@ def test_native_decisions_and_relocations_match_the_reference(case):
             keys = rng.choice(owned, rng.integers(1, len(owned) + 1), replace=False)
             reporter = int(rng.integers(0, world_size))
             flags = rng.integers(0, 2, len(keys)).astype(bool)
-            drops = node.counters["replica_drops_at_owner"]
-            node._decide(keys, reporter, flags)
+            got = _decide(node, keys, reporter, flags)
             dropped, expected = ref.decide(keys, reporter, flags)
-            assert node.counters["replica_drops_at_owner"] - drops == dropped
+            assert got == dropped
             sent = node.held_moves()
             assert sorted(sent) == sorted(expected)
             for peer, arrays in sent.items():
@@ -361,7 +373,9 @@ def test_native_decisions_and_relocations_match_the_reference(case):
             r = _masks(rng, n, world_size)
             epochs = rng.integers(0, 20, n)
             src = int(rng.choice(others))
-            node._take_moves(src, _moves(relocations=(keys, values, versions, s, r, epochs)))
+            counts = node.intents.native if node.intents is not None else None
+            node.directory.moves_in(src, _moves(relocations=(keys, values, versions, s, r, epochs)),
+                                    counts, 0.0)
             ref.relocate_in(keys, values, versions, s, r, epochs)
         elif what == "replica":
             free = np.flatnonzero(state == NONE)
@@ -381,13 +395,11 @@ def test_native_decisions_and_relocations_match_the_reference(case):
             values = rng.integers(-9, 9, store.floats_for(keys)).astype(np.float32)
             versions = rng.integers(0, 50, len(keys))
             wanted = rng.integers(0, 2, NUM_KEYS).astype(bool)
-            node.intents = _wanting(np.flatnonzero(wanted))
             src = int(rng.choice(others))
-            node.now = float(seed)
-            node._take_moves(src, _moves(setups=(keys, values, versions)))
+            node.directory.moves_in(src, _moves(setups=(keys, values, versions)),
+                                    _wanting(np.flatnonzero(wanted)).native, float(seed))
             taken = ref.setup_in(src, keys, values, versions, wanted, float(seed))
             np.testing.assert_array_equal(store.synced_at(taken), ref.store.synced_at(taken))
-            node.intents = NodeIntents(NUM_KEYS)
         else:  # updates to held keys: replicas keep them as unsent deltas
             held = np.flatnonzero(state != NONE)
             if not len(held):
@@ -422,14 +434,13 @@ def _check_answer(node: NodeState, ref: Reference, rng, world_size: int, seed: i
     # "leave the sync time" (native/store.h), so 0 is no time an answer can come at.
     now = seed + 1.0
     want = ref.apply_answer(keys, flags, ni, src, pos, versions, refresh, values, told, now)
-    node.intents = NodeIntents(NUM_KEYS)  # nothing told yet
+    intents = NodeIntents(NUM_KEYS)  # nothing told yet
     got = node.directory.apply_answer(keys, flags.view(np.uint8), ni, src, pos, versions,
-                                      refresh, values, node.intents.native, now)
+                                      refresh, values, intents.native, now)
     assert got == want
-    np.testing.assert_array_equal(node.intents.dense()[1], told)
+    np.testing.assert_array_equal(intents.dense()[1], told)
     np.testing.assert_array_equal(store.snapshot()["synced_at"],
                                   ref.store.snapshot()["synced_at"])
-    node.intents = NodeIntents(NUM_KEYS)
 
 
 def _wanting(keys) -> NodeIntents:
@@ -486,14 +497,15 @@ def _check_sync(node: NodeState, ref: Reference, rng, world_size: int) -> None:
               ckeys, pos[ni + nd:], rng.integers(0, 4, nc).astype(np.int64)]
     expected, dropped, moves, queued, forwarded = ref.serve_sync(
         origin, *[a.astype(bool) if i == 2 else a for i, a in enumerate(arrays)])
+    entry_keys = np.concatenate((arrays[0], arrays[3], arrays[7]))
+    if origin == node.rank:  # its own SYNC (keys on their way here): the native pass alone
+        _check_own_sync(node, arrays, expected, dropped, moves, queued, forwarded, entry_keys)
+        return
     drops = node.counters["replica_drops_at_owner"]
-    node._keyed(Message(Kind.SYNC, origin, 7, {"k": int(Kind.SYNC), "s": origin, "i": 7,
-                                               "o": origin}, [*arrays, *NO_MOVES]))
+    sync = Message(Kind.SYNC, origin, 7, {"k": int(Kind.SYNC), "s": origin, "i": 7, "o": origin},
+                   [*arrays, *NO_MOVES])
+    out = [(ins.dst, ins.message) for ins in node.handle(Received(sync), 1.0)]
     assert node.counters["replica_drops_at_owner"] - drops == dropped
-    out = [(send.dst, send.message) for send in node._out]
-    out += [(node.rank, m) for m in node._local]
-    node._out.clear()
-    node._local.clear()
     answers = [m for dst, m in out if m.kind == Kind.SYNC_RESP]
     if expected is None:
         assert not answers
@@ -509,20 +521,49 @@ def _check_sync(node: NodeState, ref: Reference, rng, world_size: int) -> None:
         if m.kind in (Kind.SYNC, Kind.SYNC_RESP) and any(len(a) for a in m.moves()):
             assert dst not in held
             held[dst] = m.moves()
-    assert sorted(held) == sorted(moves)
-    for peer, arrays_ in held.items():
-        for got, want in zip(arrays_, moves[peer]):
-            np.testing.assert_array_equal(got, want)
-    entry_keys = np.concatenate((arrays[0], arrays[3], arrays[7]))
+    _same_moves(held, moves)
     assert sorted(k for m in node.queued for k in m.keys().tolist()) == \
         sorted(entry_keys[queued].tolist())
-    node.queued.clear()
+    node.queued.clear()  # served by no later step (the reference forgets them too)
     sent = {}
     for dst, m in out:
         if m.kind == Kind.SYNC:
             sent.setdefault(dst, []).extend(m.keys().tolist())
     assert {d: sorted(k) for d, k in sent.items()} == \
         {d: sorted(entry_keys[e].tolist()) for d, e in forwarded.items()}
+
+
+def _check_own_sync(node: NodeState, arrays: list, expected, dropped: int, moves: dict,
+                    queued, forwarded: dict, entry_keys: np.ndarray) -> None:
+    """A SYNC of the node's own (``node.handle`` would answer it to itself, as an answer to
+    its own round): the native pass against the reference. Every move stays held (no carrier
+    went to a peer); the entries not owned here are those queued (hop -1) or forwarded."""
+    answer, decision, rest_index, rest_hop = node.directory.serve_sync(
+        node.variant, node.rank, *arrays)
+    assert (decision[0] if decision is not None else 0) == dropped
+    if expected is None:
+        assert answer is None
+    else:
+        for got, want in zip(answer[:8], expected):
+            np.testing.assert_array_equal(got, want)
+    _same_moves(node.held_moves(), moves)
+    index = np.frombuffer(rest_index, dtype=np.int64) if rest_index is not None else []
+    hops = np.frombuffer(rest_hop, dtype=np.int64) if rest_hop is not None else []
+    assert sorted(entry_keys[[i for i, h in zip(index, hops) if h < 0]].tolist()) == \
+        sorted(entry_keys[queued].tolist())
+    sent = {}
+    for i, hop in zip(index, hops):
+        if hop >= 0:
+            sent.setdefault(int(hop), []).append(int(entry_keys[i]))
+    assert {d: sorted(k) for d, k in sent.items()} == \
+        {d: sorted(entry_keys[e].tolist()) for d, e in forwarded.items()}
+
+
+def _same_moves(held: dict, moves: dict) -> None:
+    assert sorted(held) == sorted(moves)
+    for peer, arrays in held.items():
+        for got, want in zip(arrays, moves[peer]):
+            np.testing.assert_array_equal(got, want)
 
 
 @given(st.integers(0, 2**32 - 1))
@@ -640,14 +681,15 @@ def test_deciding_on_a_key_not_owned_changes_nothing():
                              np.zeros(1, np.uint64))
     before = store.snapshot()["state"], node.directory.dense()
     with pytest.raises(ValueError, match="key 1 is not owned here"):
-        node._decide(np.array([0, 1], dtype=np.int64), 0, np.zeros(2, dtype=bool))
+        _decide(node, np.array([0, 1], dtype=np.int64), 0, np.zeros(2, dtype=bool))
     np.testing.assert_array_equal(store.snapshot()["state"], before[0])
     assert node.directory.dense() == before[1]
     assert not node.held_moves()
     with pytest.raises(ValueError, match="key 2 is owned here already"):
-        node._take_moves(1, _moves(relocations=(
+        node.directory.moves_in(1, _moves(relocations=(
             np.array([1, 2], dtype=np.int64), np.zeros(4, np.float32), np.zeros(2, np.int64),
-            np.zeros(2, np.uint64), np.zeros(2, np.uint64), np.ones(2, np.int64))))
+            np.zeros(2, np.uint64), np.zeros(2, np.uint64), np.ones(2, np.int64))),
+            node.intents.native, 1.0)
     np.testing.assert_array_equal(store.snapshot()["state"], before[0])
 
 
@@ -871,9 +913,7 @@ def test_serve_sync_fuzzed(messages):
             for a, b in zip(before, after):
                 np.testing.assert_array_equal(a, b)
             continue
-        if decision is not None:
-            node._decided(decision)  # frees the slots of keys that left
-        snap = store.snapshot()
+        snap = store.snapshot()  # the slots of keys that left are free again
         held = snap["state"] != NONE
         slots = snap["slot"][held]
         assert (snap["slot"][~held] == -1).all() and (slots >= 0).all()
@@ -921,15 +961,21 @@ def test_a_sync_answer_that_answers_an_entry_twice_is_refused():
     """Each entry of a round's request is answered once (served, redirected or returned): an
     answer naming one twice is dropped before it is applied (validate.problem, native
     check_sync_answer), since it would decide on or re-report the same key twice."""
-    from adapm._engine.rounds import _Round
+    from adapm._engine.events import Tick
     from adapm._engine.validate import problem
 
-    config = _config(2, 0, 2)
+    config = adapm.Config(num_keys=NUM_KEYS, value_length=2, world_size=2, rank=0,
+                          rendezvous="127.0.0.1:1", management="adaptive",
+                          action_timing=False)
     store = Store(config)
     store.insert(home_keys(0, NUM_KEYS, 2), OWNER)
     node = NodeState(0, 2, store, config)
-    keys = np.array([1, 3], np.int64)  # homed at rank 1: two intent reports to it
-    req_id = node._new_round_request(2, _Round(keys, 2, 0, np.ones(2, dtype=bool)))
+    # A worker's intent for keys 1 and 3 (homed at rank 1): the round reports both to it.
+    node.register_worker(0).signal(np.array([1, 3], np.int64), 0, 10)
+    (sent,) = node.handle(Tick([0]), 1.0)
+    (sync,) = decode(sent.message.frames)
+    assert sent.dst == 1 and sync.kind == Kind.SYNC and sync.arrays[0].tolist() == [1, 3]
+    req_id = sync.req_id
     none, no_rows = np.empty(0, np.int64), np.empty(0, np.float32)
 
     def redirecting(entries):

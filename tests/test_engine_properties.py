@@ -320,44 +320,84 @@ def test_deltas_that_cross_a_relocation_come_back():
 
 
 def test_returned_deltas_for_keys_that_moved_on_are_sent_on():
-    """A delta that comes back for a key this node has since relocated onward follows the key
-    (here: to rank 2, where this node sent it) as a SYNC of the running round."""
-    from adapm._engine.events import Send
+    """A replica's last delta that comes back (its owner had relocated the key to this node
+    meanwhile) for a key this node has since relocated onward follows the key, as a SYNC of the
+    running round. The events as the engine loop hands them over, rank 1 of 3, key 0 homed at
+    rank 0: this node's intent for key 0 gets it a replica; a push to it; the intent ends, so
+    the next round drops the replica and sends its delta with the report; rank 0 meanwhile
+    relocated key 0 here (it could not know yet) and rank 2 now wants it; rank 0's answer
+    redirects the report here, where the key is decided at once (to rank 2, the one node that
+    wants it), and returns the delta, which must follow the key to rank 2."""
+    from adapm._engine.events import Received, Send, Tick
     from adapm._engine.routing import home_keys
     from adapm._engine.state import NodeState
     from adapm._store import Store
-    from adapm._wire.protocol import Kind
+    from adapm._wire.protocol import Kind, decode, encode, message
 
     config = adapm.Config(num_keys=6, value_length=2, world_size=3, rank=1,
-                          rendezvous="127.0.0.1:1", management="adaptive")
+                          rendezvous="127.0.0.1:1", management="adaptive", action_timing=False)
     store = Store(config)
     store.insert(home_keys(1, 6, 3), OWNER)
     state = NodeState(1, 3, store, config)
-    # key 0 (homed at rank 0) came here, and went on to rank 2, the only node with intent
-    i64 = np.int64
-    moves = list(NO_MOVES)
-    moves[0:6] = (np.array([0], i64), np.zeros(2, np.float32), np.zeros(1, i64),
-                  np.array([4], np.uint64), np.zeros(1, np.uint64), np.ones(1, i64))
-    state._take_moves(0, moves)
-    state._decide(np.array([0], i64), 2, np.ones(1, dtype=bool))
-    assert state.directory_view()["forward"][0] == 2
-    state.held_moves()  # taken and dropped
-    state._out = out = []
-    state._returned(np.array([0]), np.array([5.0, 6.0], dtype=np.float32))
-    while state._local:
-        state._dispatch(state._local.popleft())
-    sends = [ins for ins in out if isinstance(ins, Send)]
-    assert len(sends) == 1 and sends[0].dst == 2 and sends[0].message.kind == Kind.SYNC
-    arrays = sends[0].message.arrays
+    i64, f32, u64 = np.int64, np.float32, np.uint64
+    none, no_rows = np.empty(0, i64), np.empty(0, f32)
+    key = np.array([0], i64)
+
+    def sent(instructions) -> list:
+        """(destination, decoded message) of each Send."""
+        out = []
+        for ins in instructions:
+            if isinstance(ins, Send):
+                frames = getattr(ins.message, "frames", None)
+                out += [(ins.dst, m) for m in (decode(frames) if frames else [ins.message])]
+        return out
+
+    def received(msg) -> Received:
+        """``msg`` as it arrives: encoded and decoded as the transports do."""
+        (msg,) = decode(encode([msg]))
+        return Received(msg)
+
+    def answer(req_id: int, positions=none, moved=none, ranks=none, back=none, rows=no_rows,
+               moves=NO_MOVES) -> Received:
+        return received(message(Kind.SYNC_RESP, 0, req_id, [
+            positions, np.full(len(positions), -1, i64), none, no_rows, moved, ranks, back,
+            rows, *moves]))
+
+    state.register_worker(0).signal(key, 0, 1)  # this node's intent: clock 0 only
+    ((dst, report),) = sent(state.handle(Tick([0]), 1.0))
+    assert dst == 0 and report.arrays[0].tolist() == [0]
+    setup = list(NO_MOVES)
+    setup[6:9] = (key, np.zeros(2, f32), np.array([1], i64))  # a replica of key 0 here
+    state.handle(answer(report.req_id, positions=report.arrays[1], moves=setup), 1.1)
+    assert store.states(key).tolist() == [REPLICA]
+    store.scatter_add(key, np.array([5.0, 6.0], f32), np.empty(1, i64))  # an unsent delta
+    ((dst, sync),) = sent(state.handle(Tick([1]), 2.0))  # the intent ended
+    assert dst == 0 and sync.arrays[0].tolist() == [0] and sync.arrays[3].tolist() == [0]
+    assert store.states(key).tolist() == [NONE], "the replica is dropped"
+    relocation = list(NO_MOVES)  # rank 0 relocated key 0 here, wanted by this node alone
+    relocation[0:6] = (key, np.zeros(2, f32), np.array([2], i64), np.array([2], u64),
+                       np.zeros(1, u64), np.ones(1, i64))
+    state.handle(received(message(Kind.MOVES, 0, 0, relocation)), 2.1)
+    assert store.states(key).tolist() == [OWNER]
+    wants = message(Kind.SYNC, 2, 5, [key, np.zeros(1, i64), np.ones(1, np.int8), none, none,
+                                      no_rows, none, none, none, none, *NO_MOVES], o=2)
+    state.handle(received(wants), 2.2)  # rank 2's intent for key 0
+    out = sent(state.handle(answer(sync.req_id, moved=sync.arrays[1], ranks=np.array([1], i64),
+                                   back=sync.arrays[4], rows=np.array([5.0, 6.0], f32)), 2.3))
+    assert state.directory_view()["forward"][0] == 2, "key 0 went on to rank 2"
+    syncs = [(dst, m) for dst, m in out if m.kind == Kind.SYNC]
+    assert len(syncs) == 1 and syncs[0][0] == 2, out
+    arrays = syncs[0][1].arrays
     assert arrays[3].tolist() == [0] and arrays[5].tolist() == [5.0, 6.0]
-    assert sends[0].message.header["o"] == 1 and len(state._open) == 1  # the round waits
+    assert syncs[0][1].header["o"] == 1 and state.round_running  # the round waits
     assert state.counters["returned_deltas"] == 1
 
 
-@pytest.mark.parametrize("contract", ["Engine", "Transport"])
+@pytest.mark.parametrize("contract", ["Engine", "Transport", "EngineState"])
 def test_both_implementations_keep_the_contract(contract):
-    """The engine thread and the simulator's engine, the ZeroMQ and the in-process transport:
-    every member of their Protocol (adapm._engine.contracts), methods with its parameters."""
+    """The engine thread and the simulator's engine, the ZeroMQ and the in-process transport,
+    the state machine: every member of their Protocol (adapm._engine.contracts), methods with
+    its parameters, properties as properties."""
     import inspect
 
     from adapm._engine import contracts
@@ -374,14 +414,21 @@ def test_both_implementations_keep_the_contract(contract):
         if contract == "Engine":
             state = sim.nodes[0].engine.state
             objects = [EngineLoop(state, InprocNetwork(2).endpoint(0), 1.0), sim.engines[0]]
+        elif contract == "EngineState":
+            objects = [sim.nodes[0].engine.state]
         else:
             objects = [zmq_transport, InprocNetwork(2).endpoint(0)]
         methods = {name: inspect.signature(member) for name, member in vars(protocol).items()
                    if inspect.isfunction(member) and not name.startswith("_")}
+        properties = [name for name, member in vars(protocol).items()
+                      if isinstance(member, property)]
         for obj in objects:
             what = type(obj).__name__
             for name in protocol.__annotations__:
                 assert hasattr(obj, name), f"{what} lacks {name}"
+            for name in properties:
+                assert isinstance(getattr(type(obj), name, None), property), \
+                    f"{what} lacks the property {name}"
             for name, signature in methods.items():
                 assert hasattr(type(obj), name), f"{what} lacks {name}()"
                 mine = inspect.signature(getattr(type(obj), name))

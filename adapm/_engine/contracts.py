@@ -1,9 +1,11 @@
-"""The engine's two contracts: what runs a node's engine state, and what carries its messages.
+"""The engine's three contracts: the state machine, what runs it, and what carries its messages.
 
-:class:`Engine` is what a :class:`~adapm.node.Node` and its workers use of the thing that runs
-the node's :class:`~.state.NodeState`: :class:`~.loop.EngineLoop` (a thread per node) and, in
-tests, :class:`~.sim.SimEngine` (many nodes in one thread). :class:`Transport` is what those
-use of the thing that moves whole messages between ranks: the ZeroMQ transport
+:class:`EngineState` is the whole surface of a node's state machine
+(:class:`~.state.NodeState`) for everything outside it: the runners, the node and its workers,
+the benchmarks. :class:`Engine` is what a :class:`~adapm.node.Node` and its workers use of the
+thing that runs the state: :class:`~.loop.EngineLoop` (a thread per node) and, in tests,
+:class:`~.sim.SimEngine` (many nodes in one thread). :class:`Transport` is what those use of
+the thing that moves whole messages between ranks: the ZeroMQ transport
 (:class:`adapm._wire.zmq_transport.Transport`) and the in-process one
 (:class:`adapm._wire.inproc.InprocTransport`). ``tests/test_engine_properties.py`` checks that
 each implementation offers every member with the same parameters.
@@ -15,6 +17,76 @@ from typing import Optional, Protocol
 
 from ..errors import AdaPMError
 from .events import Call, Request
+
+
+class EngineState(Protocol):
+    """One node's engine state machine: events in, instructions out (``handle``), over the
+    native engine (``directory``: routing, decisions, relocations, the rounds' and the fast
+    paths' wire work). ``handle`` and the set-up calls are for the thread that runs it (one at a
+    time); the queries for any thread (snapshots)."""
+
+    rank: int
+    world_size: int
+    config: object  # the node's Config
+    policy: object  # the management variant's policy (adapm._engine.policy)
+    directory: object  # the native Directory, which a transport serves through (serve_owned)
+    counters: dict  # the state's event counts (stats() reads a copy)
+    closing: bool  # set: start no more sync rounds (quiesce); cleared: start them again
+    rounds_started: int
+
+    def handle(self, event, now: float) -> list:
+        """One event (Received, Submitted, Tick) at time ``now``: the instructions it causes
+        (Send, Finish), in order."""
+
+    def register_worker(self, clock: int) -> object:
+        """A new worker's intents queue (index order), or None when nothing acts on intent."""
+
+    def serve_through(self, native_calls=None) -> None:
+        """The transport serves natively and takes round answers in; ``native_calls``: its
+        native I/O that workers' calls go through, or None."""
+
+    def replicate_everything(self, read=None) -> None:
+        """``full_replication``: a replica of every key homed elsewhere, in sync now."""
+
+    def poll_timeout_s(self, now: float) -> float:
+        """How long the runner may sleep before the next Tick is worth handling."""
+
+    def poll_hold(self) -> bool:
+        """Whether a poll may go on waiting after the transport served a peer's SYNC."""
+
+    @property
+    def round_running(self) -> bool:
+        """A sync round is open."""
+
+    @property
+    def round_started_at(self) -> Optional[float]:
+        """When the running round started, or None."""
+
+    def round_waiting_on(self) -> list:
+        """Ranks the running round still waits for."""
+
+    def subscribe(self, sink) -> None:
+        """Report events to ``sink`` (an EventSink) from now on."""
+
+    def stats(self) -> dict: ...
+
+    def staying(self, keys): ...
+
+    def sample_pins(self): ...
+
+    def replicas_held(self) -> int: ...
+
+    def moves_held(self) -> bool: ...
+
+    def memory(self) -> dict: ...
+
+    def directory_view(self) -> dict: ...
+
+    def held_moves(self) -> dict: ...
+
+    def barrier_missing(self, epoch: int) -> list: ...
+
+    def own_updates_served_here(self) -> tuple: ...
 
 
 class Engine(Protocol):

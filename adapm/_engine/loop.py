@@ -91,16 +91,14 @@ class EngineLoop:
                                         daemon=True)
         # A peer's pulls, pushes and sets of keys all owned here are served by the transport
         # in C, as the state would serve them (Transport.serve_owned): this loop never sees
-        # them. The in-process transport has no such path.
-        serve_owned = getattr(transport, "serve_owned", None)
-        # A worker's pull of keys held elsewhere goes through the native I/O when it can
+        # them. A worker's pull of keys held elsewhere goes through the native I/O when it can
         # (Worker._pull_missing; native/zmq_calls.c); answers to it that reach this loop are
-        # handed back there (NodeState.native_calls).
+        # handed back there (NodeState.serve_through).
         self.native = None
         self.native_error: Optional[AdaPMError] = None  # what fail_pending failed them with
-        if serve_owned is not None and serve_owned(state.directory):
-            state.native_answers = True
-            self.native = state.native_calls = transport.native_io()
+        if transport.serve_owned(state.directory):
+            self.native = transport.native_io()
+            state.serve_through(self.native)
 
     # --- any thread --------------------------------------------------------------------------
 
@@ -133,7 +131,7 @@ class EngineLoop:
         the engine thread for every intent (once per clock) made it compete with the workers
         for the GIL (bench/adaptive.py: rounds took 3-4 ms instead of ~1.8).
         """
-        if not self.state._open:
+        if not self.state.round_running:
             self.transport.wake()
 
     def wait(self, call: Call, timeout_s: Optional[float] = None,
@@ -193,8 +191,8 @@ class EngineLoop:
         self.state.closing = True
         self.transport.wake()
         deadline = time.monotonic() + timeout_s
-        while ((self.passes < first and self._thread.is_alive()) or self.state._open) and \
-                self.error is None and time.monotonic() < deadline:
+        while ((self.passes < first and self._thread.is_alive()) or self.state.round_running) \
+                and self.error is None and time.monotonic() < deadline:
             if self.passes != seen:  # the next pass starts now, not after its poll timeout
                 seen = self.passes
                 self.transport.wake()
@@ -355,7 +353,8 @@ class EngineLoop:
             self._broadcast(message(Kind.FAILED, self.rank, 0, r=rank, msg=text))
             return NodeFailure(text, rank, what)
         state = self.state
-        if state._open and now - state._round_start > self.request_timeout_s:
+        started = state.round_started_at
+        if started is not None and now - started > self.request_timeout_s:
             return AdaPMTimeout(f"rank {self.rank}: sync round #{state.rounds_started} not "
                                 f"answered within {self.request_timeout_s:g}s by ranks "
                                 f"{state.round_waiting_on()}")

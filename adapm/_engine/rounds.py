@@ -151,6 +151,16 @@ class Rounds:
         pass per served SYNC while a round runs (most of the time in a busy job)."""
         return bool(self._open) and not self.awaiting and not self.queued
 
+    @property
+    def round_running(self) -> bool:
+        """A sync round is open: its requests are not all answered (any thread; a snapshot)."""
+        return bool(self._open)
+
+    @property
+    def round_started_at(self) -> Optional[float]:
+        """When the running round started (the engine's clock), or None when none runs."""
+        return self._round_start if self._open else None
+
     def round_waiting_on(self) -> list[int]:
         """Ranks the running round still waits for: those holding unanswered entries of its
         requests, where the requests were passed on too (a snapshot, for error messages; any

@@ -50,7 +50,7 @@ class SimEngine:
         self.native = None
         self.native_error = None
         if sim.native and transport.serve_owned(state.directory):
-            state.native_answers = True
+            state.serve_through(None)
         sim.engines.append(self)
 
     def start(self) -> None:
@@ -84,7 +84,8 @@ class SimEngine:
 
     def quiesce(self, timeout_s: float) -> None:
         self.state.closing = True
-        self.sim.run_until(lambda: not self.state._open, what=f"rank {self.rank}: quiesce")
+        self.sim.run_until(lambda: not self.state.round_running,
+                           what=f"rank {self.rank}: quiesce")
 
     def resume(self) -> None:
         self.state.closing = False
@@ -171,8 +172,8 @@ class Simulation:
     def settle(self) -> None:
         """Run until no message is in flight and no round runs (rounds may still be due)."""
         self.run_until(lambda: not self.network.links_with_mail()
-                       and not any(e.state._open or e.state.directory.held_peers()
-                                           for e in self.engines),
+                       and not any(e.state.round_running or e.state.moves_held()
+                                   for e in self.engines),
                        what="settle")
 
     # --- collectives (every node at once) ----------------------------------------------------

@@ -21,11 +21,12 @@ from __future__ import annotations
 
 import collections
 import logging
+import time
 
 import numpy as np
 
 from .._native_loader import load as _load_native
-from .._store import NONE
+from .._store import NONE, REPLICA
 from .._wire.protocol import (
     ANSWERS, CARRIERS, KEYED, MOVE_SECTIONS, NATIVE_REQUESTS, Kind, Message, message, subset,
 )
@@ -120,12 +121,11 @@ class NodeState(Serving, Rounds):
         self._arrived = False  # keys came in: retry what waits for them
         self._scratch_buffer = np.empty(1024, dtype=np.int64)
         self.sinks: list = []  # event stream subscribers (see .stream)
-        # The transport's native I/O when workers' pulls go through it (EngineLoop sets it): the
-        # answers to those pulls that reach this object are handed back to it (_answer).
+        # The transport's native I/O when workers' pulls go through it: the answers to those
+        # pulls that reach this object are handed back to it (_answer). See serve_through.
         self.native_calls = None
-        # The transport serves and takes in what it can itself (native/serve_wire.h; the engine
-        # sets it, for ZeroMQ and for the simulator's in-process transport alike): the round's
-        # requests are registered with the directory, which may take their answers in.
+        # The transport serves and takes in what it can itself: the round's requests are
+        # registered with the directory, which may take their answers in. See serve_through.
         self.native_answers = False
         self.clock = 0  # smallest worker clock at the last Tick (kept while a sink listens)
         Rounds.__init__(self)
@@ -133,6 +133,45 @@ class NodeState(Serving, Rounds):
         # for this object is taken up at the next event, _native_served).
         self.directory.serve_syncs(self.variant,
                                    self.intents.native if self.intents is not None else None)
+
+    # --- set-up (before the engine runs) -----------------------------------------------------
+
+    def serve_through(self, native_calls=None) -> None:
+        """The transport serves what the native fast paths take (its ``serve_owned`` was given
+        ``self.directory`` and said yes; native/serve_wire.h, for ZeroMQ and the simulator's
+        in-process transport alike) and takes answers to this node's rounds in itself.
+        ``native_calls``: the transport's native I/O that workers' pulls and pushes go through
+        (``ZmqIO``), or None. Call before the engine runs."""
+        self.native_answers = True
+        self.native_calls = native_calls
+
+    def replicate_everything(self, read=None) -> None:
+        """``full_replication``: hold a replica of every key homed elsewhere, in sync with its
+        owner as of now (version 0; staleness counts from here). ``read(keys)``: their values
+        (a checkpoint being restored), zeros without. Call before the engine runs."""
+        others = np.setdiff1d(np.arange(self.store.num_keys, dtype=np.int64),
+                              self.store.local_keys(), assume_unique=True)
+        values = read(others) if read is not None else None
+        self.store.insert(others, REPLICA, values, synced_at=time.monotonic())
+        self.directory.replicas_added(others)
+
+    # --- queries (any thread; snapshots) -----------------------------------------------------
+
+    def replicas_held(self) -> int:
+        """Replicas held here (of keys owned elsewhere)."""
+        return self.directory.replica_count()
+
+    def moves_held(self) -> bool:
+        """Relocations, replica set-ups or home updates wait here for a message to a peer
+        (the engine thread's view; for the simulator's check that nothing is left)."""
+        return bool(self.directory.held_peers())
+
+    def memory(self) -> dict:
+        """The engine's metadata beside the store: ``directory`` (records, bytes; the home
+        table included) and ``intent_counts`` (records, bytes; (0, 0) when nothing acts on
+        intent)."""
+        counts = self.intents.native.memory() if self.intents is not None else (0, 0)
+        return {"directory": tuple(self.directory.memory()), "intent_counts": tuple(counts)}
 
     def sample_pins(self):
         """``repin(release, take)`` for this node's workers (any thread): the keys of a local
