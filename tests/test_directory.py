@@ -4,8 +4,9 @@ reference in numpy.
 The engine decides on intent reports and carries the decision out in one native pass
 (``Directory.decide``: relocations out, replica set-ups, home updates), and takes relocations
 in with another (``Directory.moves_in``). The reference is what the Python pieces say:
-``policy.on_intent``, ``Store.remove`` / ``insert`` / ``promote`` / ``gather``,
-``Router.moved_out`` / ``moved_in`` / ``update_home`` and the policy's ``take`` / ``install``.
+``DensePolicy.on_intent``, ``Store.remove`` / ``insert`` / ``promote`` / ``gather``,
+``Router.moved_out`` / ``moved_in`` / ``update_home`` and the policy's ``take`` / ``install``
+(tests/engine_reference.py).
 Random sequences of intent reports, relocations in, replica set-ups and pushes run on both, and
 afterwards every array agrees: the store's directory and values (replicas' unsent updates
 included), the routing state, the home table and the masks, and every move sent to each peer.
@@ -23,14 +24,15 @@ from hypothesis import strategies as st
 import adapm
 from adapm._engine.events import Received
 from adapm._engine.intents import NodeIntents, WorkerIntents
-from adapm._engine.policy import make_policy
 from adapm._engine.timing import ImmediateTimer
-from adapm._engine.routing import Router, group_by_node, home_keys, home_of
+from adapm._engine.routing import group_by_node, home_keys, home_of
 from adapm._engine.state import NodeState
 from adapm._store import NONE, OWNER, REPLICA, Store
 from adapm._wire.protocol import (
     DTYPES, HOME_UPDATES, MOVE_SECTIONS, NO_MOVES, RELOCATIONS, SETUPS, Kind, Message, decode,
 )
+
+from engine_reference import DensePolicy, Router, mask_words
 
 NUM_KEYS = 12
 
@@ -82,7 +84,7 @@ class Reference:
         self.store = Store(config)
         self.store.insert(home_keys(self.rank, NUM_KEYS, self.world_size), OWNER)
         self.router = Router(self.rank, self.world_size, NUM_KEYS)
-        self.policy = make_policy(config.management, self.rank, self.world_size, NUM_KEYS)
+        self.policy = DensePolicy(config.management, self.rank, self.world_size, NUM_KEYS)
 
     def decide(self, keys, node, flags) -> tuple:
         """(replicas dropped, {peer: flat move arrays}) of node's reports for owned keys."""
@@ -350,7 +352,7 @@ def test_native_decisions_and_relocations_match_the_reference(case):
             if not len(owned):
                 continue
             keys = rng.choice(owned, rng.integers(1, len(owned) + 1), replace=False)
-            words = node.policy.words
+            words = mask_words(world_size)
             s = _masks(rng, len(keys), world_size).reshape(len(keys), words)
             alone = rng.random(len(keys)) < 0.5  # S = {one rank}: adaptive relocates there
             s[alone] = 0
@@ -366,7 +368,7 @@ def test_native_decisions_and_relocations_match_the_reference(case):
             if not len(candidates):
                 continue
             keys = rng.choice(candidates, rng.integers(1, len(candidates) + 1), replace=False)
-            n, words = len(keys), node.policy.words
+            n, words = len(keys), mask_words(world_size)
             values = rng.integers(-9, 9, store.floats_for(keys)).astype(np.float32)
             versions = rng.integers(0, 50, n)
             s = _masks(rng, n, world_size)

@@ -7,6 +7,8 @@ from hypothesis import strategies as st
 
 from adapm._engine.policy import make_policy
 
+from engine_reference import DensePolicy
+
 
 def keys(*ks):
     return np.array(ks, dtype=np.int64)
@@ -26,7 +28,7 @@ def as_dict(pairs):
 
 def test_non_overlapping_access_relocates():
     # Scenario 1: each key is needed by exactly one (non-owner) node -> relocation, no replicas.
-    p = make_policy("adaptive", 0, 3, 10)
+    p = DensePolicy("adaptive", 0, 3, 10)
     a = p.on_intent(keys(1, 2), node=1, has_intent=on(2))
     assert as_dict(a.relocate) == {1: [1, 2]} and not a.setup
     b = p.on_intent(keys(3), node=2, has_intent=on(1))
@@ -35,7 +37,7 @@ def test_non_overlapping_access_relocates():
 
 def test_partial_overlap_replicates_only_shared_keys():
     # Scenario 2: node 1 wants {1, 2}, node 2 wants {2, 3}; owner 0 wants nothing.
-    p = make_policy("adaptive", 0, 3, 10)
+    p = DensePolicy("adaptive", 0, 3, 10)
     p.on_intent(keys(1), node=1, has_intent=on(1))  # alone -> relocate (caller moves it)
     p.take(keys(1))
     a = p.on_intent(keys(2), node=1, has_intent=on(1))
@@ -47,7 +49,7 @@ def test_partial_overlap_replicates_only_shared_keys():
 
 
 def test_hot_spot_replicates_and_main_copy_stays():
-    p = make_policy("adaptive", 0, 4, 10)
+    p = DensePolicy("adaptive", 0, 4, 10)
     p.on_intent(keys(7), node=0, has_intent=on(1))  # the owner itself needs it
     a = p.on_intent(keys(7), node=1, has_intent=on(1))
     assert not a.relocate and as_dict(a.setup) == {1: [7]}
@@ -66,7 +68,7 @@ def test_hot_spot_replicates_and_main_copy_stays():
 
 
 def test_relocates_only_when_exactly_one_non_owner():
-    p = make_policy("adaptive", 1, 3, 5)
+    p = DensePolicy("adaptive", 1, 3, 5)
     assert not p.on_intent(keys(0), node=1, has_intent=on(1))  # only the owner: nothing
     a = p.on_intent(keys(0), node=2, has_intent=on(1))  # {1, 2}: replicate, do not relocate
     assert not a.relocate and as_dict(a.setup) == {2: [0]}
@@ -75,29 +77,31 @@ def test_relocates_only_when_exactly_one_non_owner():
 
 
 def test_empty_intent_moves_nothing():
-    p = make_policy("adaptive", 0, 2, 5)
+    p = DensePolicy("adaptive", 0, 2, 5)
     a = p.on_intent(keys(3), node=0, has_intent=off(1))
     assert not a
 
 
 def test_variants():
-    rel = make_policy("relocation_only", 0, 3, 5)
+    rel = DensePolicy("relocation_only", 0, 3, 5)
     rel.on_intent(keys(1), node=1, has_intent=on(1))
     a = rel.on_intent(keys(1), node=2, has_intent=on(1))
     assert as_dict(a.relocate) == {2: [1]} and not a.setup  # latest requester wins
-    rep = make_policy("replication_only", 0, 3, 5)
+    rep = DensePolicy("replication_only", 0, 3, 5)
     b = rep.on_intent(keys(1), node=1, has_intent=on(1))
     assert not b.relocate and as_dict(b.setup) == {1: [1]}
-    for variant in ("static_partition", "full_replication"):
-        assert not make_policy(variant, 0, 3, 5).on_intent(keys(1), node=1, has_intent=on(1))
+    for variant in ("static_partition", "full_replication"):  # no masks, nothing decides
+        assert make_policy(variant).variant < 0
+        with pytest.raises(ValueError, match="keeps no masks"):
+            DensePolicy(variant, 0, 3, 5)
 
 
 def test_take_and_install_move_the_masks():
-    a = make_policy("adaptive", 0, 3, 5)
+    a = DensePolicy("adaptive", 0, 3, 5)
     a.on_intent(keys(4), node=1, has_intent=on(1))
     s, r = a.take(keys(4))
     assert a.intent[4] == 0
-    b = make_policy("adaptive", 1, 3, 5)
+    b = DensePolicy("adaptive", 1, 3, 5)
     b.install(keys(4), s, r)
     # Node 2 joins at the new owner: replicate to 2 (1 is the owner and has intent).
     c = b.on_intent(keys(4), node=2, has_intent=on(1))
@@ -113,7 +117,7 @@ events = st.lists(st.tuples(st.integers(0, 3), st.lists(st.integers(0, 7), min_s
 @settings(max_examples=200, deadline=None)
 def test_invariants_under_random_events(evs):
     """R ⊆ S \\ {owner}; every relocation targets the only node in S; replicas only if |S| >= 2."""
-    p = make_policy("adaptive", 0, 4, 8)
+    p = DensePolicy("adaptive", 0, 4, 8)
     for node, ks, flag in evs:
         ks = np.array(ks, dtype=np.int64)
         acts = p.on_intent(ks, node=node, has_intent=np.full(len(ks), flag))
@@ -184,7 +188,7 @@ def test_native_decisions_match_the_rules(variant, case):
     """Differential: the native pass gives the sets and actions of the rules, for masks of one
     word and of several (more than 64 nodes)."""
     world_size, rank, batches = case
-    p = make_policy(variant, rank, world_size, 12)
+    p = DensePolicy(variant, rank, world_size, 12)
     S = [set() for _ in range(12)]
     R = [set() for _ in range(12)]
     for node, entries in batches:
@@ -200,11 +204,11 @@ def test_native_decisions_match_the_rules(variant, case):
 
 
 def test_masks_travel_with_relocated_keys_beyond_64_nodes():
-    a = make_policy("adaptive", 0, 130, 5)
+    a = DensePolicy("adaptive", 0, 130, 5)
     a.on_intent(keys(4), node=129, has_intent=on(1))
     a.on_intent(keys(4), node=70, has_intent=on(1))  # S = {129, 70}: replicas at both
     s, r = a.take(keys(4))
-    b = make_policy("adaptive", 70, 130, 5)
+    b = DensePolicy("adaptive", 70, 130, 5)
     b.install(keys(4), s, r)
     assert _members(b.intent[4]) == {70, 129} and _members(b.replicas[4]) == {129}
     c = b.on_intent(keys(4), node=129, has_intent=off(1))  # S = {70}: the owner alone, stays
@@ -212,7 +216,7 @@ def test_masks_travel_with_relocated_keys_beyond_64_nodes():
 
 
 def test_native_decisions_check_their_input():
-    p = make_policy("adaptive", 0, 4, 8)
+    p = DensePolicy("adaptive", 0, 4, 8)
     with pytest.raises(IndexError, match="outside"):
         p.on_intent(keys(3, 8), node=1, has_intent=on(2))
     assert not p.intent.any()  # nothing changed before the error

@@ -4,8 +4,8 @@
   (with the owner side in :mod:`.serve` and the requester side in :mod:`.rounds`);
 - :mod:`.loop` — the engine thread: polls a transport, feeds events in, carries instructions out;
 - :mod:`.sim` — many nodes in one thread over the in-process transport, for property tests;
-- :mod:`.contracts` — what both of those offer a node (``Engine``), and what they need of a
-  transport (``Transport``), as Protocols;
+- :mod:`.contracts` — the state machine's surface (``EngineState``), what both runners offer a
+  node (``Engine``), and what they need of a transport (``Transport``), as Protocols;
 - pure helpers: :mod:`.routing`, :mod:`.policy`, :mod:`.intents`, :mod:`.timing`.
 
 Nothing here is public API; importing this package imports nothing else.

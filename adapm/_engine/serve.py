@@ -5,7 +5,7 @@ Every keyed request (pull, push, set, and a sync round's intent reports, replica
 version checks) carries the keys and their positions in the origin's request. A node
 
 - serves the keys it owns and answers the origin directly (with those positions);
-- forwards keys it does not own to the next hop (:meth:`~.routing.Router.next_hop`);
+- forwards keys it does not own to the next hop (``Directory.next_hop``);
 - holds keys that are in flight *to* it in a queue, and serves them when they arrive (requests
   wait where the key is going instead of bouncing).
 

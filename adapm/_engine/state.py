@@ -90,14 +90,14 @@ class NodeState(Serving, Rounds):
         self.world_size = world_size
         self.store = store
         self.config = config
-        self.policy = make_policy(config.management, rank, world_size, store.num_keys)
+        self.policy = make_policy(config.management)
         # Routing (hints, forward pointers, the home table), epochs and the owner's masks (only
         # for the variants that act on intent) live in the native directory, which serves
         # SYNCs, decides and relocates over them and the store.
-        masks = hasattr(self.policy, "variant")
+        self.variant = self.policy.variant  # native/policy.h; -1: no masks
+        masks = self.variant >= 0
         self.directory = _native.Directory(store.native, rank, world_size, masks,
                                            average=config.replica_updates == "average")
-        self.variant = self.policy.variant if masks else -1  # native/policy.h; -1: no masks
         self.intents = NodeIntents(store.num_keys) if self.policy.runs_rounds else None
         if masks and self.intents is not None:  # an owner's own bit of S may be a told flag
             self.directory.use_counts(self.intents.native)
