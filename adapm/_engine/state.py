@@ -33,6 +33,7 @@ from .._wire.protocol import (
 from .._wire.protocol import NO_MOVES as _NO_MOVES
 from ..errors import PeerError, StateError
 from .events import Call, Finish, Op, Received, Request, Send, Submitted, Tick
+from .collectives import Collectives
 from .intents import NodeIntents
 from .policy import make_policy
 from .rounds import Rounds
@@ -105,9 +106,7 @@ class NodeState(Serving, Rounds):
         self._next_id = 1
         self.queued: list[Message] = []  # keyed requests for keys on their way here
         self.awaiting: list[Message] = []  # own requests for keys whose intent was reported
-        self.barrier_waiting: dict[int, list[tuple[int, int]]] = {}  # rank 0: epoch -> waiters
-        self.barrier_tags: dict[int, dict[int, str]] = {}  # rank 0: epoch -> rank -> kind
-        self.barrier_next = 0  # rank 0: the collective being gathered (validate.py bounds on it)
+        self.collectives = Collectives(world_size)  # rank 0 gathers the nodes' collectives
         self.counters = dict.fromkeys(COUNTERS, 0)
         # Keys of this node's workers' pushes and sets that their worker found missing (and
         # counted as remote) but that were applied here: held for keys on their way here, or
@@ -511,31 +510,18 @@ class NodeState(Serving, Rounds):
     # --- barrier (rank 0 counts arrivals) ----------------------------------------------------
 
     def _serve_barrier(self, src: int, req_id: int, epoch: int, tag) -> None:
-        """Rank 0: ``src`` arrived at collective ``epoch`` (the nodes number their collectives
-        alike) of kind ``tag``. When one node is in ``barrier()`` and another in, say,
-        ``shutdown()``, both get an error at once instead of pairing up."""
-        waiters = self.barrier_waiting.setdefault(epoch, [])
-        tags = self.barrier_tags.setdefault(epoch, {})
-        waiters.append((src, req_id))
-        tags[src] = tag
-        if len(set(tags.values())) > 1:
-            called = ", ".join(f"rank {r} {t}()" for r, t in sorted(tags.items()))
-            text = (f"collective #{epoch} does not match across nodes: {called}; every node "
-                    f"must call the same collectives in the same order")
-            for waiter, waiter_req in waiters:
-                self._post(waiter, Kind.ERROR, waiter_req, msg=text)
-            waiters.clear()  # later arrivals at this collective fail too (tags stay)
-            return
-        if len(tags) == self.world_size:
-            del self.barrier_waiting[epoch], self.barrier_tags[epoch]
-            self.barrier_next = epoch + 1
-            for src, req_id in waiters:
-                self._post(src, Kind.BARRIER_RELEASE, req_id, e=epoch)
+        """Rank 0: ``src`` arrived at collective ``epoch`` of kind ``tag`` (:mod:`.collectives`
+        decides whom to release or fail)."""
+        answer, error = self.collectives.arrive(src, req_id, epoch, tag)
+        for rank, req in answer:
+            if error is None:
+                self._post(rank, Kind.BARRIER_RELEASE, req, e=epoch)
+            else:
+                self._post(rank, Kind.ERROR, req, msg=error)
 
     def barrier_missing(self, epoch: int) -> list[int]:
         """Ranks that have not arrived at barrier ``epoch`` (rank 0; a snapshot)."""
-        arrived = set(dict(self.barrier_tags.get(epoch, {})))
-        return sorted(set(range(self.world_size)) - arrived)
+        return self.collectives.missing(epoch)
 
     # --- statistics --------------------------------------------------------------------------
 

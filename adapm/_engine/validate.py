@@ -87,15 +87,7 @@ def _barrier_problem(msg: Message, state) -> Optional[str]:
     epoch, tag = msg.header.get("e"), msg.header.get("t")
     if type(epoch) is not int or not isinstance(tag, str) or len(tag) > _MAX_TAG_CHARS:
         return "a barrier arrival without epoch and kind"
-    # A node arrives at collective e only once e - 1 was released, which needs rank 0's own
-    # arrival there: so every arrival is for the collective being gathered (the next one, at
-    # the most, is tolerated). Anything else would pile up at rank 0 for ever.
-    low = state.barrier_next
-    if not low <= epoch <= low + 1:
-        return f"an arrival at collective #{epoch}, but rank 0 gathers #{low}"
-    if msg.src in state.barrier_tags.get(epoch, ()):
-        return f"a second arrival of rank {msg.src} at collective #{epoch}"
-    return None
+    return state.collectives.problem(msg.src, epoch)
 
 
 def _answer_problem(msg: Message, state) -> Optional[str]:
