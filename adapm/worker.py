@@ -589,7 +589,8 @@ class Worker:
         engine = self._engine
         deadline = time.monotonic() + engine.request_timeout_s
         call = self._native_pushes[-1][0]
-        while call.wait_routed(min(_FAILURE_CHECK_S, max(0.0, deadline - time.monotonic()))) \
+        while engine.wait_routed(call, min(_FAILURE_CHECK_S,
+                                           max(0.0, deadline - time.monotonic()))) \
                 == _PULL_QUEUED:
             engine.raise_if_failed()
             if time.monotonic() >= deadline:
@@ -602,7 +603,8 @@ class Worker:
         failure, or AdaPMTimeout naming the ranks waited for after ``deadline``."""
         engine = self._engine
         while True:
-            state = call.wait(min(_FAILURE_CHECK_S, max(0.0, deadline - time.monotonic())))
+            state = engine.wait_native(
+                call, min(_FAILURE_CHECK_S, max(0.0, deadline - time.monotonic())))
             if state == _PULL_DONE:
                 return
             if state == _PULL_FAILED:
@@ -636,7 +638,8 @@ class Worker:
         timeout_s = engine.request_timeout_s
         deadline = time.monotonic() + timeout_s
         while True:
-            state = call.wait(min(_FAILURE_CHECK_S, max(0.0, deadline - time.monotonic())))
+            state = engine.wait_native(
+                call, min(_FAILURE_CHECK_S, max(0.0, deadline - time.monotonic())))
             if state == _PULL_DONE:
                 return True
             if state == _PULL_DECLINED:

@@ -311,6 +311,11 @@ void pulls_free(ZmqIOObject *self) {
     PyMem_RawFree(self->finished);
     PyMem_RawFree(self->handed);
     PyMem_RawFree(self->hop);
+    for (Py_ssize_t i = 0; i < self->nout; i++) {
+        PyMem_RawFree(self->outbox[i].frame[0]);
+        PyMem_RawFree(self->outbox[i].frame[1]);
+    }
+    PyMem_RawFree(self->outbox);
 }
 
 /* --- the worker's side: queue a call ----------------------------------------------------- */
@@ -487,7 +492,7 @@ static int send_part(ZmqIOObject *self, PullCallObject *c, const int64_t *hop, i
             k[j] = keys[i];
             p[j++] = pos[i];
         }
-    const int e = zmq_send_pair(self->peers[rank], &hm, &pm);
+    const int e = io_send_pair(self, rank, &hm, &pm);
     if (!e) count_sent(self, rank, WIRE_HEADER_BYTES + 16 + 16 * m, C_PULL_OUT, 0);
     return e;
 }
@@ -517,7 +522,7 @@ static int send_push_part(ZmqIOObject *self, PullCallObject *c, const int64_t *h
             j++;
         }
     memset((uint8_t *)v + lengths[2], 0, rows_bytes - (size_t)lengths[2]);
-    const int e = zmq_send_pair(self->peers[rank], &hm, &pm);
+    const int e = io_send_pair(self, rank, &hm, &pm);
     if (!e)
         count_sent(self, rank, WIRE_HEADER_BYTES + 24 + 16 * m + lengths[2], C_PUSH_OUT,
                    (int64_t)rows_bytes - lengths[2]);
@@ -765,6 +770,11 @@ int pulls_take_answer(ZmqIOObject *self, Py_ssize_t first, Py_ssize_t end, int r
     if (!self->nopen || end - first != 3) return 0;
     wframe_t wf[2];
     zmq_frames(self, first + 1, end, wf, 2);
+    return pulls_take_frames(self, wf, rank);
+}
+
+int pulls_take_frames(ZmqIOObject *self, const wframe_t *wf, int rank) {
+    if (!self->nopen) return 0;
     const uint8_t *h = wf[0].p;
     const size_t hlen = wf[0].n;
     /* The owner answers a bundle of requests with one message of their answers (serve_wire.c):

@@ -219,6 +219,13 @@ static int ZmqIO_init(ZmqIOObject *self, PyObject *args, PyObject *kwds) {
     }
     self->router = (void *)(uintptr_t)router;
     self->watch = (void *)(uintptr_t)watch;
+    self->wake_fd = wake_fd;
+    self->authenticated = authenticated;
+    if (!self->router) { /* in-process mode: no sockets (the simulator's transport) */
+        self->watch = NULL;
+        self->router_fd = self->watch_fd = -1;
+        return 0;
+    }
     size_t len = sizeof(int);
     if (Z.getsockopt(self->router, Z_FD, &self->router_fd, &len) < 0
         || (self->watch && (len = sizeof(int),
@@ -228,8 +235,6 @@ static int ZmqIO_init(ZmqIOObject *self, PyObject *args, PyObject *kwds) {
     }
     if (!self->watch) self->watch_fd = -1;
     self->router_idle = 0; /* not known: look before the first wait */
-    self->wake_fd = wake_fd;
-    self->authenticated = authenticated;
     return 0;
 }
 
@@ -254,6 +259,97 @@ int zmq_send_pair(void *peer, zmsg_t *hm, zmsg_t *pm) {
         return e ? e : EIO;
     }
     return 0;
+}
+
+int io_send_pair(ZmqIOObject *self, int64_t rank, zmsg_t *hm, zmsg_t *pm) {
+    if (self->router) return zmq_send_pair(self->peers[rank], hm, pm);
+    int e = 0;
+    if (self->nout == self->outcap) {
+        const Py_ssize_t cap = self->outcap ? 2 * self->outcap : 16;
+        struct outgoing *grown = PyMem_RawRealloc(self->outbox, (size_t)cap * sizeof *grown);
+        if (grown) {
+            self->outbox = grown;
+            self->outcap = cap;
+        } else {
+            e = ENOMEM;
+        }
+    }
+    struct outgoing o = {.rank = rank};
+    zmsg_t *m[2] = {hm, pm};
+    for (int i = 0; i < 2 && !e; i++) {
+        o.size[i] = Z.msg_size(m[i]);
+        if (!(o.frame[i] = PyMem_RawMalloc(o.size[i] ? o.size[i] : 1))) e = ENOMEM;
+        else memcpy(o.frame[i], Z.msg_data(m[i]), o.size[i]);
+    }
+    Z.msg_close(hm);
+    Z.msg_close(pm);
+    if (e) {
+        PyMem_RawFree(o.frame[0]);
+        PyMem_RawFree(o.frame[1]);
+        return e;
+    }
+    self->outbox[self->nout++] = o;
+    return 0;
+}
+
+/* In-process mode only: TypeError and 0 otherwise. */
+static int in_process(ZmqIOObject *self, const char *what) {
+    if (self->router || !self->peers) {
+        PyErr_Format(PyExc_TypeError, "%s: only for a ZmqIO without sockets", what);
+        return 0;
+    }
+    return 1;
+}
+
+/* route_queued() -> [(rank, [header, payload])]: see the method table. */
+static PyObject *ZmqIO_route_queued(ZmqIOObject *self, PyObject *unused) {
+    if (!in_process(self, "route_queued")) return NULL;
+    if (self->directory) pulls_send(self);
+    pulls_settle(self);
+    PyObject *out = PyList_New(self->nout);
+    for (Py_ssize_t i = 0; out && i < self->nout; i++) {
+        const struct outgoing *o = &self->outbox[i];
+        PyObject *item = Py_BuildValue("(L[y#y#])", (long long)o->rank, (const char *)o->frame[0],
+                                       (Py_ssize_t)o->size[0], (const char *)o->frame[1],
+                                       (Py_ssize_t)o->size[1]);
+        if (!item) Py_CLEAR(out);
+        else PyList_SET_ITEM(out, i, item);
+    }
+    for (Py_ssize_t i = 0; i < self->nout; i++) {
+        PyMem_RawFree(self->outbox[i].frame[0]);
+        PyMem_RawFree(self->outbox[i].frame[1]);
+    }
+    self->nout = 0;
+    if (self->send_failed && out) { /* as poll's caller learns of it */
+        Py_DECREF(out);
+        PyErr_Format(PyExc_OSError, "route_queued: a call could not be sent (%d)",
+                     self->send_failed);
+        return NULL;
+    }
+    return out;
+}
+
+/* take_answer(rank, frames) -> bool: see the method table. */
+static PyObject *ZmqIO_take_answer(ZmqIOObject *self, PyObject *args) {
+    int rank;
+    PyObject *frames;
+    if (!PyArg_ParseTuple(args, "iO!", &rank, &PyList_Type, &frames)) return NULL;
+    if (!in_process(self, "take_answer")) return NULL;
+    if (!self->directory || PyList_GET_SIZE(frames) != 2 || rank < 0 || rank >= self->world
+        || rank == self->rank)
+        Py_RETURN_FALSE;
+    Py_buffer b[2];
+    if (PyObject_GetBuffer(PyList_GET_ITEM(frames, 0), &b[0], PyBUF_SIMPLE) < 0) return NULL;
+    if (PyObject_GetBuffer(PyList_GET_ITEM(frames, 1), &b[1], PyBUF_SIMPLE) < 0) {
+        PyBuffer_Release(&b[0]);
+        return NULL;
+    }
+    const wframe_t wf[2] = {{b[0].buf, (size_t)b[0].len}, {b[1].buf, (size_t)b[1].len}};
+    const int taken = pulls_take_frames(self, wf, rank);
+    PyBuffer_Release(&b[0]);
+    PyBuffer_Release(&b[1]);
+    pulls_settle(self);
+    return PyBool_FromLong(taken);
 }
 
 static void close_parts(ZmqIOObject *self, Py_ssize_t from, Py_ssize_t to) {
@@ -434,6 +530,10 @@ static PyObject *ZmqIO_poll(ZmqIOObject *self, PyObject *args) {
     long timeout;
     int hold = 0;
     if (!PyArg_ParseTuple(args, "l|p", &timeout, &hold)) return NULL;
+    if (!self->router) {
+        PyErr_SetString(PyExc_TypeError, "poll: a ZmqIO without sockets (route_queued)");
+        return NULL;
+    }
     drain_released();
     pulls_settle(self);
     /* The router, the eventfd the engine loop is woken by, workers' pulls (zmq_calls.c), and
@@ -622,7 +722,7 @@ static PyObject *ZmqIO_send_frames(ZmqIOObject *self, PyObject *args) {
     Py_ssize_t dst;
     PyObject *frames;
     if (!PyArg_ParseTuple(args, "nO!", &dst, &PyList_Type, &frames)) return NULL;
-    if (dst < 0 || dst >= self->world || !self->peers[dst]) {
+    if (dst < 0 || dst >= self->world || !self->peers[dst] || !self->router) {
         PyErr_Format(PyExc_KeyError, "no connection to rank %zd", dst);
         return NULL;
     }
@@ -642,7 +742,7 @@ static PyObject *ZmqIO_send(ZmqIOObject *self, PyObject *args) {
     Py_ssize_t dst;
     PyObject *specs;
     if (!PyArg_ParseTuple(args, "nO", &dst, &specs)) return NULL;
-    if (dst < 0 || dst >= self->world || !self->peers[dst]) {
+    if (dst < 0 || dst >= self->world || !self->peers[dst] || !self->router) {
         PyErr_Format(PyExc_KeyError, "no connection to rank %zd", dst);
         return NULL;
     }
@@ -724,6 +824,16 @@ static PyMethodDef ZmqIO_methods[] = {
      "sent_at() -> [seconds] by rank: when poll last sent that peer something itself (an "
      "answer it served, a worker's pull or push), on time.monotonic's clock; 0.0: never. "
      "For the failure detector: such a message spares the peer a heartbeat."},
+    {"route_queued", (PyCFunction)ZmqIO_route_queued, METH_NOARGS,
+     "route_queued() -> [(rank, [header, payload])]. Without sockets (router 0: the "
+     "simulator's in-process transport) only: routes the workers' pulls and pushes queued "
+     "since (as poll does first), and returns what they send, in order, for the caller to "
+     "deliver. With the GIL."},
+    {"take_answer", (PyCFunction)ZmqIO_take_answer, METH_VARARGS,
+     "take_answer(rank, frames) -> bool. Without sockets only: a wire message from rank "
+     "(its frames, buffers) taken in if it answers pulls or pushes of this object only (as "
+     "poll takes them before serve_wire's fast paths); False: the caller serves it as any "
+     "other. With the GIL."},
     {"counters", (PyCFunction)ZmqIO_counters, METH_NOARGS,
      "counters() -> dict. What poll() served itself, in the transport's counter names."},
     {"send_frames", (PyCFunction)ZmqIO_send_frames, METH_VARARGS,

@@ -84,7 +84,18 @@ typedef struct {
     int64_t pushed_here;             /* keys of pushes applied here: they had arrived (any
                                       * thread reads it; the engine thread adds) */
     int64_t handed_open;             /* pushes handed to the engine loop, not completed yet */
+    /* In-process mode (no sockets: router NULL; the simulator's transport): what the calls
+     * send waits here, as (rank, frame, frame), until ZmqIO.route_queued hands it over. */
+    struct outgoing *outbox;
+    Py_ssize_t nout, outcap;
 } ZmqIOObject;
+
+/* One wire message a call sent in in-process mode: its two frames, copied (PyMem_Raw). */
+struct outgoing {
+    int64_t rank;
+    void *frame[2];
+    size_t size[2];
+};
 
 /* zmq_io.c */
 /* The rank whose connection sent the message whose routing id is id and last frame last, or
@@ -105,6 +116,10 @@ int try_fast(ZmqIOObject *self, Py_ssize_t first, Py_ssize_t end);
 /* The frames parts[first..end) as wframe_t (at most max): their number, or -1 if more. */
 int zmq_frames(ZmqIOObject *self, Py_ssize_t first, Py_ssize_t end, wframe_t *f, int max);
 
+/* zmq_io.c: sends the two frames hm, pm to peer rank (libzmq owns them after, sent or not):
+ * over its connection, or in in-process mode into the outbox. 0, or an errno. */
+int io_send_pair(ZmqIOObject *self, int64_t rank, zmsg_t *hm, zmsg_t *pm);
+
 /* zmq_calls.c: a worker's pull or push of keys not held here, without Python: queued by the
  * worker (ZmqIO.pull, ZmqIO.push), routed and sent by the engine thread inside poll
  * (pulls_send), answered there (pulls_take_answer, in the place of try_fast), the worker woken;
@@ -115,6 +130,8 @@ int pulls_init(ZmqIOObject *self);
 void pulls_free(ZmqIOObject *self);
 void pulls_send(ZmqIOObject *self);
 int pulls_take_answer(ZmqIOObject *self, Py_ssize_t first, Py_ssize_t end, int rank);
+/* The same for a wire message of two frames (header, payload) from rank: 1 if taken. */
+int pulls_take_frames(ZmqIOObject *self, const wframe_t *wf, int rank);
 void pulls_settle(ZmqIOObject *self);
 static inline int pulls_handed(const ZmqIOObject *self) { return self->nhanded > 0; }
 int register_pull_call_type(PyObject *module);

@@ -460,12 +460,12 @@ def test_engine_properties_on_the_native_paths(management, schedule):
 def test_the_simulator_runs_the_native_paths():
     """Without a sink, a simulated node's transport serves in C what ZeroMQ's receive call
     serves in production: peers' SYNCs, answers to its own round's requests, pulls and pushes
-    of keys it owns (the counters say so), and nothing is lost on the way; with
+    of keys it owns; and its workers' pulls and pushes of keys held elsewhere go through the
+    native I/O, as over ZeroMQ (the counters say so), and nothing is lost on the way; with
     ``Simulation(native=False)`` none of it is taken, and the sums are the same."""
-    served = {True: dict.fromkeys(("syncs_served_natively", "answers_taken_natively",
-                                   "messages_served_natively"), 0),
-              False: dict.fromkeys(("syncs_served_natively", "answers_taken_natively",
-                                    "messages_served_natively"), 0)}
+    names = ("syncs_served_natively", "answers_taken_natively", "messages_served_natively",
+             "pulls_sent_natively", "pushes_sent_natively")
+    served = {True: dict.fromkeys(names, 0), False: dict.fromkeys(names, 0)}
     for native in (True, False):
         for seed in range(6):
             config = adapm.Config(num_keys=12, value_length=2, world_size=3,
@@ -479,7 +479,8 @@ def test_the_simulator_runs_the_native_paths():
                         mine = np.array([3 + rank + 3 * (clock % 3)])  # relocated back and forth
                         w.intent(np.concatenate([hot, mine]), w.clock, w.clock + 2)
                         w.push(np.concatenate([hot, mine]), np.ones((4, 2), np.float32))
-                        w.push(np.array([9 + rank]), np.ones((1, 2), np.float32))  # remote
+                        # homed elsewhere: remote (through the native I/O, if on)
+                        w.push(np.array([9 + (rank + 1) % 3]), np.ones((1, 2), np.float32))
                         w.advance_clock()
                     sim.run(sim.rng.randrange(5, 40))
                 for w in workers:
@@ -493,9 +494,12 @@ def test_the_simulator_runs_the_native_paths():
                     for rank in range(3):
                         want[3 + rank + 3 * (clock % 3)] += 1
                 want[9:12] += 8
-                for w in workers:
+                for rank, w in enumerate(workers):
                     np.testing.assert_array_equal(w.pull(np.arange(12))[:, 0], want,
                                                   err_msg=f"seed {seed}, native {native}")
+                    # one homed elsewhere: a remote pull (through the native I/O, if on)
+                    key = 9 + (rank + 1) % 3
+                    assert w.pull(np.array([key]))[0, 0] == want[key]
                 for node in sim.nodes:
                     stats = node.engine.transport.traffic.snapshot()
                     for name in served[native]:

@@ -117,6 +117,14 @@ class Engine(Protocol):
     def wake(self) -> None:
         """An intent was signalled: look at the workers soon."""
 
+    def wait_native(self, call, timeout_s: float) -> int:
+        """Wait up to ``timeout_s`` for a worker's call through the native I/O (``native``'s
+        pull or push) to end: its state (PullCall.wait's)."""
+
+    def wait_routed(self, call, timeout_s: float) -> int:
+        """Wait up to ``timeout_s`` until such a call is routed: its state
+        (PullCall.wait_routed's)."""
+
     def cpu_seconds(self) -> float: ...
 
     def raise_if_failed(self) -> None: ...

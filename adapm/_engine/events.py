@@ -85,6 +85,23 @@ class Call:
         self._latch.release()
 
 
+class HandedPush(Call):
+    """A worker's push that the transport could not route itself (``ZmqIO.handoffs``), on the
+    state machine's path (the engine loop and the simulator submit it): finishing it completes
+    the transport's call, which its worker waits on."""
+
+    __slots__ = ("native_call", "io")
+
+    def __init__(self, what: str, native_call, io) -> None:
+        super().__init__(what)
+        self.native_call = native_call
+        self.io = io
+
+    def finish(self, parts: list, error: Optional[BaseException] = None) -> None:
+        super().finish(parts, error)
+        self.io.complete(self.native_call, error)
+
+
 class Request:
     """A submitted operation (see :class:`Op`); arrays are owned by the engine once submitted."""
 

@@ -35,7 +35,9 @@ import numpy as np
 
 from .._wire.protocol import Kind, message
 from ..errors import AdaPMError, AdaPMTimeout, NodeFailure
-from .events import Call, Finish, Op, Received, Request, Send, Submitted, Tick
+from .events import (
+    Call, Finish, HandedPush, Op, Received, Request, Send, Submitted, Tick,
+)
 from .liveness import Liveness
 from .validate import problem
 
@@ -46,23 +48,6 @@ _LIVENESS = frozenset({Kind.HEARTBEAT, Kind.GOODBYE, Kind.FAILED})
 _FAILURE_CHECK_S = 0.5
 # Longest time between two looks after the peers and the round's deadline.
 _LOOK_S = 0.05
-
-
-class _HandedPush(Call):
-    """A worker's push that the transport could not route itself (``ZmqIO.handoffs``), on the
-    state machine's path: finishing it completes the transport's call, which its worker
-    waits on."""
-
-    __slots__ = ("native_call", "io")
-
-    def __init__(self, what: str, native_call, io) -> None:
-        super().__init__(what)
-        self.native_call = native_call
-        self.io = io
-
-    def finish(self, parts: list, error: Optional[BaseException] = None) -> None:
-        super().finish(parts, error)
-        self.io.complete(self.native_call, error)
 
 
 class EngineLoop:
@@ -153,6 +138,15 @@ class EngineLoop:
         if call.error is not None:
             raise call.error
         return call.parts
+
+    def wait_native(self, call, timeout_s: float) -> int:
+        """Block up to ``timeout_s`` (GIL released) until a call of the native I/O ends; its
+        state. The engine thread routes and answers it meanwhile."""
+        return call.wait(timeout_s)
+
+    def wait_routed(self, call, timeout_s: float) -> int:
+        """Block up to ``timeout_s`` until a call of the native I/O is routed; its state."""
+        return call.wait_routed(timeout_s)
 
     def _timeout_text(self, call: Call, timeout_s: float) -> str:
         waited = call.ranks_waited_for()
@@ -296,7 +290,7 @@ class EngineLoop:
         machine as the worker would have."""
         for native_call, keys, positions, rows, worker, clock in self.native.handoffs():
             keys = np.frombuffer(keys, dtype=np.int64)
-            call = _HandedPush(f"PUSH of {len(keys)} keys", native_call, self.native)
+            call = HandedPush(f"PUSH of {len(keys)} keys", native_call, self.native)
             self._live.add(call)
             self._carry_out(self.state.handle(Submitted(call, Request(
                 Op.PUSH, keys, np.frombuffer(positions, dtype=np.int64),

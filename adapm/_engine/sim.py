@@ -9,6 +9,13 @@ the oldest message of a link or ticks a node, chosen by a seeded ``random.Random
 explores interleavings, replays them by seed, and hypothesis shrinks them. Time is virtual: it
 advances a little with every step.
 
+The C paths production runs are run here too (``Simulation(native=True)``, the default): a
+received message goes to the native fast paths first (native/serve_wire.c), and a worker's pull
+or push of keys held elsewhere goes through the native I/O (native/zmq_calls.c, a ``ZmqIO``
+without sockets): a step may first route the calls queued on a node and submit the pushes
+routing handed back, as an engine loop's pass begins, and a worker's wait for such a call runs
+the simulation too.
+
 Failures are the test's: an exception in a node's engine propagates to the caller, and a wait
 that the simulation cannot finish raises :class:`SimulationStuck` (a lost request or a hang).
 """
@@ -19,13 +26,19 @@ import functools
 import random
 from typing import Callable, Optional
 
+import numpy as np
+
 from .._wire.inproc import InprocNetwork
 from ..errors import AdaPMTimeout
-from .events import Call, Finish, Op, Received, Request, Send, Submitted, Tick
+from .events import (
+    Call, Finish, HandedPush, Op, Received, Request, Send, Submitted, Tick,
+)
 from .validate import problem
 
 # Virtual seconds per step: rounds' idle gaps (a few ms) pass within tens of steps.
 STEP_S = 0.0002
+# PullCall states (native/zmq_calls.c): queued, open (routed, answers awaited).
+_QUEUED, _OPEN = 0, (0, 1)
 
 
 class SimulationStuck(AdaPMTimeout):
@@ -45,12 +58,14 @@ class SimEngine:
         self.error = None
         self.counters = {"late_answers": 0, "dropped_messages": 0}
         self.workers: list = []
-        # As EngineLoop: the transport serves what it can in C (Simulation(native=True)); a
-        # worker's pull still goes through the state machine (no native pull calls here).
+        # As EngineLoop: the transport serves what it can in C (Simulation(native=True)), and
+        # a worker's pull or push of keys held elsewhere goes through its native I/O (routed
+        # and sent when this engine is stepped: Simulation.step).
         self.native = None
         self.native_error = None
         if sim.native and transport.serve_owned(state.directory):
-            state.serve_through(None)
+            self.native = transport.native_io()
+            state.serve_through(self.native)
         sim.engines.append(self)
 
     def start(self) -> None:
@@ -78,6 +93,32 @@ class SimEngine:
         if call.error is not None:
             raise call.error
         return call.parts
+
+    def wait_native(self, call, timeout_s: float) -> int:
+        """Run the simulation until the native I/O's call ended; its state."""
+        self.sim.run_until(lambda: call.wait(0) not in _OPEN, what=f"rank {self.rank}: a native "
+                           "pull or push")
+        return call.wait(0)
+
+    def wait_routed(self, call, timeout_s: float) -> int:
+        """Run the simulation until the native I/O's call is routed; its state."""
+        self.sim.run_until(lambda: call.wait_routed(0) != _QUEUED,
+                           what=f"rank {self.rank}: routing a native push")
+        return call.wait_routed(0)
+
+    def native_pass(self) -> None:
+        """What an engine loop's pass does with the native I/O before the rest: the workers'
+        calls queued since are routed and sent, and the pushes routing could not take are
+        submitted to the state machine (EngineLoop._take_handoffs)."""
+        if self.native is None:
+            return
+        self.transport.route_queued()
+        for native_call, keys, positions, rows, worker, clock in self.native.handoffs():
+            keys = np.frombuffer(keys, dtype=np.int64)
+            call = HandedPush(f"PUSH of {len(keys)} keys", native_call, self.native)
+            self.sim.handle(self, Submitted(call, Request(
+                Op.PUSH, keys, np.frombuffer(positions, dtype=np.int64),
+                np.frombuffer(rows, dtype=np.float32), worker=worker, clock=clock)))
 
     def raise_if_failed(self) -> None:
         pass
@@ -141,6 +182,11 @@ class Simulation:
     def step(self) -> None:
         """Deliver one wire message on a random link, or tick a random node."""
         self.steps += 1
+        for engine in self.engines:
+            # A loop's pass begins so (ZmqIO.poll, then the handoffs), but a call queued
+            # meanwhile may also wait for the next pass, after messages that came first.
+            if self.rng.random() < 0.5:
+                engine.native_pass()
         links = self.network.links_with_mail()
         if links and self.rng.random() < 0.8:
             src, dst = links[self.rng.randrange(len(links))]

@@ -7,8 +7,11 @@ protocol relies on that and on nothing more. Once :meth:`InprocTransport.serve_o
 received message goes first where ZeroMQ's receive call sends it: to the native fast paths
 (``Directory.serve_wire``, native/serve_wire.h), which serve a peer's requests and SYNCs and
 take in answers to this node's round without Python, the answer put on the link back; only
-what they leave is decoded for the engine. So the simulator's schedules run the C path that
-production runs.
+what they leave is decoded for the engine. A worker's pull or push of keys held elsewhere goes
+through the native I/O as over ZeroMQ (``ZmqIO.pull``/``push``, native/zmq_calls.c), here a
+``ZmqIO`` without sockets: what it routes and sends is handed over by :meth:`route_queued` and
+put on the links, and an answer to it is taken in before the fast paths look at a message. So
+the simulator's schedules run the C paths that production runs.
 
 Two ways to run it:
 
@@ -96,6 +99,7 @@ class InprocTransport:
         self.traffic = Traffic()
         self._directory = None  # serve_owned's
         self._served: Optional[np.ndarray] = None  # what the native paths counted
+        self._io = None  # the native I/O of workers' calls (a ZmqIO without sockets)
 
     def serve_owned(self, directory) -> bool:
         """From now on, hand each received message to the native fast paths first, as the
@@ -103,13 +107,35 @@ class InprocTransport:
         serve with the rest. Always True."""
         self._directory = directory
         self._served = np.zeros(len(_native.SERVE_WIRE_COUNTERS), dtype=np.int64)
-        names = _native.SERVE_WIRE_COUNTERS
-        self.traffic.extra = lambda: dict(zip(names, self._served.tolist()))
+        world = self.network.world_size
+        # No sockets (router 0) and no eventfd (-1: InprocTransport.wake wakes the engine);
+        # a peer "connected" where its entry is not 0.
+        self._io = _native.ZmqIO(0, -1, 0, [int(r != self.rank) for r in range(world)], {},
+                                 False)
+        self._io.serve_owned(directory, self.rank)
+        self.traffic.extra = self._native_counters
         return True
 
+    def _native_counters(self) -> dict:
+        """What the fast paths and the native I/O counted, by the transport's names."""
+        out = dict(zip(_native.SERVE_WIRE_COUNTERS, self._served.tolist()))
+        for name, value in self._io.counters().items():
+            out[name] = out.get(name, 0) + value
+        return out
+
     def native_io(self):
-        """None: a worker's pulls go through the engine here (ZeroMQ only sends them itself)."""
-        return None
+        """The native I/O that workers' pulls and pushes go through once :meth:`serve_owned`
+        is on (a ``ZmqIO`` without sockets; see the module docstring), else None."""
+        return self._io
+
+    def route_queued(self) -> None:
+        """Route the workers' pulls and pushes queued with the native I/O since the last look
+        and put what they send on the links (the ZeroMQ transport does so first in every
+        poll). The engine's thread (the simulator's)."""
+        if self._io is None:
+            return
+        for dst, frames in self._io.route_queued():
+            self.network.put(self.rank, dst, frames)
 
     def serve(self, src: int, frames: list) -> bool:
         """Whether the native fast paths served or took in the wire message ``frames`` from
@@ -117,6 +143,8 @@ class InprocTransport:
         with :meth:`receive` for the engine. Engine thread."""
         if self._directory is None:
             return False
+        if self._io.take_answer(src, frames):  # answers to workers' native pulls and pushes
+            return True
         answer = self._directory.serve_wire(src, frames, self._served)
         if answer is None:
             return False
@@ -143,8 +171,17 @@ class InprocTransport:
     def poll(self, timeout_ms: int, hold: bool = False) -> list[tuple[int, list[Message]]]:
         # hold changes nothing here: every mail ends the wait, served or not (the simulator
         # drives the state event by event anyway).
-        return [(src, [] if self.serve(src, frames) else self.receive(frames))
-                for src, frames in self.network.wait_for_mail(self.rank, timeout_ms / 1000.0)]
+        self.route_queued()
+        out, passed = [], set()
+        for src, frames in self.network.wait_for_mail(self.rank, timeout_ms / 1000.0):
+            # As ZeroMQ's poll: once a message of a peer goes to Python, so does every later
+            # one of it in this poll (they are handled in the order they came).
+            if src not in passed and self.serve(src, frames):
+                out.append((src, []))
+            else:
+                passed.add(src)
+                out.append((src, self.receive(frames)))
+        return out
 
     def wake(self) -> None:
         self.network.wake(self.rank)
