@@ -164,7 +164,7 @@ class Recorder:
         stats = node.stats()
         assert stats["remote_pull_keys"] <= sizes[Event.REMOTE_ACCESS] <= (
             stats["remote_pull_keys"] + stats["remote_push_keys"] + stats["remote_set_keys"])
-        assert [r.number for r in self.rounds] == list(range(1, state.rounds_done + 1))
+        assert [r.number for r in self.rounds] == list(range(1, state.stats()["rounds"] + 1))
         assert all(r.start <= r.end for r in self.rounds)
         assert all(r.empty or r.counters["relocations_in"] <= counters["relocations_in"]
                    for r in self.rounds)

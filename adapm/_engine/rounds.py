@@ -17,9 +17,8 @@ A round
 
 A round starts only when one is needed: a worker's clock moved or it signalled intents, a
 replica is held here (deltas and checks), or someone waits (``wait_sync``, the refresh after a
-barrier). While no worker moves and rounds change nothing, each
-waits longer than the last (up to :data:`MAX_IDLE_GAP_S`), so an idle node holding replicas
-costs little; an idle node holding none runs no rounds at all.
+barrier). When one may start, and how long quiet rounds space out, is :mod:`.pacing`'s; an
+idle node holding no replicas runs no rounds at all.
 """
 
 from __future__ import annotations
@@ -32,14 +31,9 @@ from .._store import OWNER
 from .._wire.protocol import NO_MOVES, Encoded, Kind, Message, decode
 from .events import Finish, Send
 from .intents import MIN_PATIENCE_S, PATIENCE_ROUNDS, WorkerIntents
+from .pacing import RoundPacer
 from .stream import Event, RoundRecord
 from .timing import ActionTimer, ImmediateTimer
-
-# After a round that changed nothing, the next waits this long, doubling up to MAX_IDLE_GAP_S
-# while rounds stay quiet (bench/idle.py: a node holding 50k replicas spent ~3% of a core at
-# 40 ms, each round checks every replica's version).
-MIN_IDLE_GAP_S = 0.001
-MAX_IDLE_GAP_S = 0.2
 # How long the loop may sleep when no round is due: bounds how late an idle node notices that
 # a worker's clock moved (advance_clock does not wake the engine; intent() does).
 CLOCK_POLL_S = 0.005
@@ -80,16 +74,9 @@ class Rounds:
     def __init__(self) -> None:
         config = self.config
         self.worker_intents: list[WorkerIntents] = []
-        self.rounds_started = 0
-        self.rounds_done = 0
-        self.rounds_empty = 0  # rounds that had nothing to send (over at once)
-        self.round_time_total = 0.0
+        self.pacer = RoundPacer(config.max_rounds_per_s)
         self.closing = False  # shutdown: start no more rounds
-        self._round_start = 0.0
         self._open: set[int] = set()  # request ids of the running round
-        self._next_round_at = 0.0
-        self._idle_gap = 0.0
-        self._quiet = True  # the running round changed nothing so far
         self._forced: set[int] = set()
         self._redirected_now = False  # reports of the running round were redirected
         # Reports to send again only because their owner, or this node, deferred them (a key in
@@ -101,7 +88,6 @@ class Rounds:
         # worker registers, so the engine thread reads a consistent one).
         self._queues: tuple = ()
         self._last_clocks: list[int] = []
-        self._min_gap = 1.0 / config.max_rounds_per_s if config.max_rounds_per_s else 0.0
 
     # --- registration (any thread) -----------------------------------------------------------
 
@@ -130,8 +116,8 @@ class Rounds:
         once its intents active at ``clock`` are served (acting on all of them at once)."""
         if worker is not None:
             self._forced.add(worker)
-        self._waiters.append(_Waiter(call, worker, clock, self.rounds_started + 1))
-        self._next_round_at = 0.0
+        self._waiters.append(_Waiter(call, worker, clock, self.pacer.started + 1))
+        self.pacer.hurry()
 
     def poll_timeout_s(self, now: float) -> float:
         """How long the loop may sleep before the next :class:`Tick` is worth handling."""
@@ -140,7 +126,7 @@ class Rounds:
         if not (self._waiters or self.directory.replica_count()) and (
                 self.intents.native.activity(self._queues) & (_PENDING | _EMPTY)) == _EMPTY:
             return IDLE_POLL_S  # nothing depends on clocks; intent() wakes the loop
-        wait = self._next_round_at - now
+        wait = self.pacer.next_at - now
         return min(wait, CLOCK_POLL_S) if wait > 0 else CLOCK_POLL_S
 
     def poll_hold(self) -> bool:
@@ -159,7 +145,11 @@ class Rounds:
     @property
     def round_started_at(self) -> Optional[float]:
         """When the running round started (the engine's clock), or None when none runs."""
-        return self._round_start if self._open else None
+        return self.pacer.start_time if self._open else None
+
+    @property
+    def rounds_started(self) -> int:
+        return self.pacer.started
 
     def round_waiting_on(self) -> list[int]:
         """Ranks the running round still waits for: those holding unanswered entries of its
@@ -182,13 +172,11 @@ class Rounds:
             self.clock = min(clocks) if clocks else 0
         if not self.policy.runs_rounds or self._open or self.closing:
             return
-        if self.now < self._next_round_at or not self._round_needed(clocks):
+        if not self.pacer.due(self.now) or not self._round_needed(clocks):
             return
         # Quiet: nobody waits and no worker moved; stays so if the round changes nothing.
-        self._quiet = not self._waiters and clocks == self._last_clocks
+        self.pacer.start(self.now, quiet=not self._waiters and clocks == self._last_clocks)
         self._last_clocks = list(clocks)
-        self.rounds_started += 1
-        self._round_start = self.now
         self._redirected_now = False
         self._post_round(self._build_round(clocks))
         self._release_all()  # moves for peers this round sends nothing to: now, alone
@@ -236,7 +224,7 @@ class Rounds:
         :meth:`_redirected`'s bookkeeping of their redirected reports. A request with nothing
         left unanswered is done."""
         if refreshed:
-            self._quiet = False
+            self.pacer.busy()
         self._deferred_again += deferred_again
         self._redirected_now = self._redirected_now or redirected_now
         for req_id, src, n in answers.reshape(-1, 3).tolist():
@@ -250,32 +238,24 @@ class Rounds:
                 self._round_request_done(req_id)
 
     def _finish_round(self, empty: bool) -> None:
-        self.rounds_done += 1
-        if empty:
-            self.rounds_empty += 1
-        else:
-            self.round_time_total += self.now - self._round_start
+        pacer = self.pacer
         if self._redirected_now:  # reports wait for the next round: start it now
-            self._quiet = False
-        if self._quiet:
-            self._idle_gap = min(max(2 * self._idle_gap, MIN_IDLE_GAP_S), MAX_IDLE_GAP_S)
-        else:  # an empty round waits a little: nothing to do now, maybe soon
-            self._idle_gap = MIN_IDLE_GAP_S if empty else 0.0
-        self._next_round_at = self._round_start + max(self._min_gap, self._idle_gap)
+            pacer.busy()
+        pacer.finish(self.now, empty)
         if self.sinks:
-            record = RoundRecord(self.rounds_done, self._round_start, self.now, empty,
+            record = RoundRecord(pacer.done, pacer.start_time, self.now, empty,
                                  dict(self.counters))
             for sink in self.sinks:
                 sink.on_round(record)
         still = []
         for waiter in self._waiters:
-            if self.rounds_done >= waiter.first_round and (
+            if pacer.done >= waiter.first_round and (
                     waiter.worker is None or self._intents_served(waiter.worker, waiter.clock)):
                 self._out.append(Finish(waiter.call, []))
             else:
-                if self.rounds_done >= waiter.first_round:
-                    waiter.first_round = self.rounds_done + 1
-                    self._next_round_at = 0.0
+                if pacer.done >= waiter.first_round:
+                    waiter.first_round = pacer.done + 1
+                    pacer.hurry()
                     if waiter.worker is not None:
                         self._forced.add(waiter.worker)
                 still.append(waiter)
@@ -297,8 +277,7 @@ class Rounds:
         intents = self.intents
         # How long a worker's intents may wait uncollected before the worker yields its core to
         # let the late round finish (WorkerIntents.behind; Worker.advance_clock).
-        patience = max(MIN_PATIENCE_S, PATIENCE_ROUNDS * self.round_time_total
-                       / max(self.rounds_done - self.rounds_empty, 1))
+        patience = max(MIN_PATIENCE_S, PATIENCE_ROUNDS * self.pacer.mean_s())
         for index, worker in enumerate(list(self.worker_intents)):
             clock = clocks[index] if index < len(clocks) else 0
             worker.patience_s = patience
@@ -310,7 +289,7 @@ class Rounds:
                 continue
             acted, changed = intents.collect(worker, clock, force=forced)
             if changed:
-                self._quiet = False
+                self.pacer.busy()
             self.counters["intents_acted"] += acted
         self._forced.clear()
         again, self._deferred_again = self._deferred_again, 0
@@ -330,7 +309,7 @@ class Rounds:
             self._emit_intents(np.frombuffer(told_keys, dtype=np.int64),
                                np.frombuffer(told_flags, dtype=bool))
         if reports > again or deltas:
-            self._quiet = False
+            self.pacer.busy()
         if len(drop_keys):
             self.counters["replica_drops"] += len(drop_keys)
             if self.sinks:
@@ -361,7 +340,7 @@ class Rounds:
                 reported = positions[positions < context.num_intents]
                 self._emit_intents(keys[reported], context.flags[reported])
         if len(refresh_positions):
-            self._quiet = False
+            self.pacer.busy()
 
     def _returned(self, keys: np.ndarray, rows: np.ndarray) -> None:
         """Replica deltas for ``keys`` came back: their owner had relocated them to this node
@@ -434,7 +413,4 @@ class Rounds:
     def round_stats(self) -> dict:
         """``rounds``: rounds run (``empty_rounds`` of them had nothing to send);
         ``mean_round_ms``: mean time from start to last answer of the others."""
-        sent = max(self.rounds_done - self.rounds_empty, 1)
-        return {"rounds": self.rounds_done, "empty_rounds": self.rounds_empty,
-                "mean_round_ms": 1000.0 * self.round_time_total / sent}
-
+        return self.pacer.stats()
