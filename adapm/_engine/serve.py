@@ -158,22 +158,12 @@ class Serving:
 
     # --- carrying out the policy's decisions -------------------------------------------------
 
-    def _decide(self, keys: np.ndarray, node: int, has_intent: np.ndarray) -> None:
-        """Node ``node`` reports whether it has intent for ``keys`` (unique, owned here): the
-        policy decides, and relocations, replica set-ups and home updates are carried out in
-        one native pass (native/directory.c, ``dir_decide_*``), which also holds them for the
-        peers (native/outbox.h). Its reference in numpy: ``policy.on_intent`` and the pieces of
-        tests/test_directory.py."""
-        if self.variant < 0 or not len(keys):  # a variant without masks decides nothing
-            return
-        self._decided(self.directory.decide(
-            self.variant, node, np.ascontiguousarray(keys, dtype=np.int64),
-            np.ascontiguousarray(has_intent, dtype=bool).view(np.uint8)))
-
     def _decided(self, decision: tuple) -> None:
-        """What ``directory.decide`` (or ``serve_sync``) did: its moves are held for the peers
-        in the directory already (``take_moves``); here the keys that left stop being sampled
-        and are counted."""
+        """What a native decision (``serve_sync``, ``round_build``, ``redirected``; each runs
+        native/directory.c's ``dir_decide_*``, whose numpy reference is in
+        tests/engine_reference.py) did: its moves are held for the peers in the directory
+        already (``take_moves``); here the keys that left are counted (and reported to the
+        event stream)."""
         dropped, relocated, per_rank = decision
         self.counters["replica_drops_at_owner"] += dropped
         if relocated is None:
