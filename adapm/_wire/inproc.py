@@ -16,7 +16,9 @@ the simulator's schedules run the C paths that production runs.
 Two ways to run it:
 
 - threaded: each node's engine loop calls :meth:`InprocTransport.poll`, which blocks until a
-  message arrives or :meth:`InprocTransport.wake` is called;
+  message arrives or :meth:`InprocTransport.wake` is called (a worker's native pull or push
+  does not wake it, as over ZeroMQ it does: the call is routed by the next poll, at the
+  latest after the loop's poll timeout; nothing runs this mode but the contract's test);
 - simulated (:mod:`adapm._engine.sim`): one thread picks which link delivers next
   (:meth:`InprocNetwork.links_with_mail`, :meth:`InprocNetwork.take`), so a test chooses the
   interleaving and can replay or shrink it.
