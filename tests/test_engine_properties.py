@@ -510,6 +510,45 @@ def test_the_simulator_runs_the_native_paths():
     assert not any(served[False].values()), served
 
 
+def test_pushes_routing_cannot_take_go_through_the_state_machine_in_order():
+    """A worker pushes keys right after signalling intent for them: until their owner answers
+    the round's report, the transport cannot route such a push (the key may be on its way
+    here) and hands it to the state machine (``ZmqIO.handoffs``), which must apply it exactly
+    once, whatever the delivery order; a push handed over and never taken up hangs the
+    worker's wait (checked: the simulation gets stuck)."""
+    handed = 0
+    for seed in range(12):
+        config = adapm.Config(num_keys=8, value_length=2, world_size=2,
+                              rendezvous="127.0.0.1:1", management="adaptive",
+                              action_timing=False)
+        sim = Simulation(config, seed=seed)
+        try:
+            a, b = (node.worker() for node in sim.nodes)
+            theirs = np.array([1, 3, 5])  # homed at rank 1
+            pushes = 0
+            for clock in range(6):
+                a.intent(theirs, a.clock, a.clock + 1)
+                sim.run(sim.rng.randrange(0, 6))  # the round may or may not have gone out
+                a.push(theirs, np.ones((3, 2), np.float32))
+                pushes += 1
+                b.push(theirs[:1], np.ones((1, 2), np.float32))  # the owner's own, meanwhile
+                a.advance_clock()
+                b.advance_clock()
+            for w in (a, b):
+                w.wait()
+                w.wait_sync()
+            sim.barrier()
+            sim.settle()
+            want = np.full(3, pushes, np.float32)
+            want[0] += 6
+            for w in (a, b):
+                np.testing.assert_array_equal(w.pull(theirs)[:, 0], want, err_msg=f"seed {seed}")
+            handed += sim.nodes[0].engine.transport.traffic.snapshot()["pushes_handed_to_engine"]
+        finally:
+            sim.close()
+    assert handed > 0, "no push was handed to the state machine"
+
+
 @pytest.mark.parametrize("management", ["adaptive", "relocation_only", "replication_only"])
 @settings(max_examples=6, **_SETTINGS)
 @given(schedule=schedules(min_nodes=65, max_nodes=70))
