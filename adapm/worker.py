@@ -18,7 +18,9 @@ import numpy as np
 
 from . import args
 from ._engine import routing
-from ._engine.events import Call, Op, Request
+from ._engine.events import (
+    NATIVE_DECLINED, NATIVE_DONE, NATIVE_FAILED, NATIVE_QUEUED, Call, Op, Request,
+)
 from ._sampler import WorkerSampler
 from .errors import AdaPMError, AdaPMTimeout, InvalidArgument, PeerError, StateError
 
@@ -30,8 +32,6 @@ _PRUNE_OUTSTANDING = 1024
 
 # How often a worker waiting in a native pull checks whether the engine thread failed.
 _FAILURE_CHECK_S = 0.5
-# PullCall.wait's states (native/zmq_calls.c)
-_PULL_QUEUED, _PULL_DONE, _PULL_DECLINED, _PULL_FAILED = 0, 2, 3, 4
 
 # op -> (operation name for errors, local counter, remote counter)
 _UPDATE_NAMES = {
@@ -584,14 +584,14 @@ class Worker:
         what is submitted from now on), so that the request does not overtake one (a set
         after a push of the same key, a pull after it). Usually at once: the engine routes
         a queued push on its next look."""
-        if not self._native_pushes or self._native_pushes[-1][0].wait_routed(0) != _PULL_QUEUED:
+        if not self._native_pushes or self._native_pushes[-1][0].wait_routed(0) != NATIVE_QUEUED:
             return  # the engine routes queued pushes in order: the newest is the last
         engine = self._engine
         deadline = time.monotonic() + engine.request_timeout_s
         call = self._native_pushes[-1][0]
         while engine.wait_routed(call, min(_FAILURE_CHECK_S,
                                            max(0.0, deadline - time.monotonic()))) \
-                == _PULL_QUEUED:
+                == NATIVE_QUEUED:
             engine.raise_if_failed()
             if time.monotonic() >= deadline:
                 raise AdaPMTimeout(f"rank {self._node.rank}: the communication thread did not "
@@ -605,9 +605,9 @@ class Worker:
         while True:
             state = engine.wait_native(
                 call, min(_FAILURE_CHECK_S, max(0.0, deadline - time.monotonic())))
-            if state == _PULL_DONE:
+            if state == NATIVE_DONE:
                 return
-            if state == _PULL_FAILED:
+            if state == NATIVE_FAILED:
                 raise self._push_failure(call)
             engine.raise_if_failed()
             if time.monotonic() >= deadline:
@@ -640,12 +640,12 @@ class Worker:
         while True:
             state = engine.wait_native(
                 call, min(_FAILURE_CHECK_S, max(0.0, deadline - time.monotonic())))
-            if state == _PULL_DONE:
+            if state == NATIVE_DONE:
                 return True
-            if state == _PULL_DECLINED:
+            if state == NATIVE_DECLINED:
                 return False
             engine.raise_if_failed()
-            if state == _PULL_FAILED:
+            if state == NATIVE_FAILED:
                 if engine.native_error is not None:  # the node was shut down meanwhile
                     raise engine.native_error
                 raise PeerError(call.error)
@@ -671,7 +671,7 @@ class Worker:
         if pushes and pushes[0][0].done:
             self._native_pushes = [entry for entry in pushes if not entry[0].done]
             for call, _ in pushes:
-                if call.done and call.wait(0) == _PULL_FAILED:
+                if call.done and call.wait(0) == NATIVE_FAILED:
                     raise self._push_failure(call)
         done = [call for call in self._outstanding if call.done]
         if not done:

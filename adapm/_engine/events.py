@@ -27,6 +27,12 @@ class Op(enum.IntEnum):
     BARRIER = 6  # epoch, tag (the collective's kind): all nodes arrived
 
 
+# The states of a worker's call through the transport's native I/O (a PullCall of ZmqIO.pull or
+# ZmqIO.push; native/zmq_calls.c): queued by the worker, open (routed, answers awaited), done,
+# declined (nothing sent: the engine's path takes it), failed.
+NATIVE_QUEUED, NATIVE_OPEN, NATIVE_DONE, NATIVE_DECLINED, NATIVE_FAILED = 0, 1, 2, 3, 4
+
+
 class Call:
     """One request of a worker thread to its engine, completed once by the engine thread.
 

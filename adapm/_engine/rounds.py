@@ -34,6 +34,7 @@ from .intents import MIN_PATIENCE_S, PATIENCE_ROUNDS, WorkerIntents
 from .pacing import RoundPacer
 from .stream import Event, RoundRecord
 from .timing import ActionTimer, ImmediateTimer
+
 # How long the loop may sleep when no round is due: bounds how late an idle node notices that
 # a worker's clock moved (advance_clock does not wake the engine; intent() does).
 CLOCK_POLL_S = 0.005
@@ -149,6 +150,7 @@ class Rounds:
 
     @property
     def rounds_started(self) -> int:
+        """Rounds started so far (for error messages: the round a timeout names)."""
         return self.pacer.started
 
     def round_waiting_on(self) -> list[int]:

@@ -31,14 +31,13 @@ import numpy as np
 from .._wire.inproc import InprocNetwork
 from ..errors import AdaPMTimeout
 from .events import (
-    Call, Finish, HandedPush, Op, Received, Request, Send, Submitted, Tick,
+    NATIVE_OPEN, NATIVE_QUEUED, Call, Finish, HandedPush, Op, Received, Request, Send,
+    Submitted, Tick,
 )
 from .validate import problem
 
 # Virtual seconds per step: rounds' idle gaps (a few ms) pass within tens of steps.
 STEP_S = 0.0002
-# PullCall states (native/zmq_calls.c): queued, open (routed, answers awaited).
-_QUEUED, _OPEN = 0, (0, 1)
 
 
 class SimulationStuck(AdaPMTimeout):
@@ -96,13 +95,13 @@ class SimEngine:
 
     def wait_native(self, call, timeout_s: float) -> int:
         """Run the simulation until the native I/O's call ended; its state."""
-        self.sim.run_until(lambda: call.wait(0) not in _OPEN, what=f"rank {self.rank}: a native "
-                           "pull or push")
+        self.sim.run_until(lambda: call.wait(0) not in (NATIVE_QUEUED, NATIVE_OPEN),
+                           what=f"rank {self.rank}: a native pull or push")
         return call.wait(0)
 
     def wait_routed(self, call, timeout_s: float) -> int:
         """Run the simulation until the native I/O's call is routed; its state."""
-        self.sim.run_until(lambda: call.wait_routed(0) != _QUEUED,
+        self.sim.run_until(lambda: call.wait_routed(0) != NATIVE_QUEUED,
                            what=f"rank {self.rank}: routing a native push")
         return call.wait_routed(0)
 
