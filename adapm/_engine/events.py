@@ -108,6 +108,21 @@ class HandedPush(Call):
         self.io.complete(self.native_call, error)
 
 
+def handed_pushes(io) -> list:
+    """The workers' pushes the native I/O ``io`` could not route itself (``ZmqIO.handoffs``:
+    a key on its way here, or one whose intent this node reported and whose owner has not
+    answered), as the :class:`Submitted` events that put them on the state machine's path,
+    in the order they were queued; finishing each completes the transport's call."""
+    events = []
+    for native_call, keys, positions, rows, worker, clock in io.handoffs():
+        keys = np.frombuffer(keys, dtype=np.int64)
+        call = HandedPush(f"PUSH of {len(keys)} keys", native_call, io)
+        events.append(Submitted(call, Request(
+            Op.PUSH, keys, np.frombuffer(positions, dtype=np.int64),
+            np.frombuffer(rows, dtype=np.float32), worker=worker, clock=clock)))
+    return events
+
+
 class Request:
     """A submitted operation (see :class:`Op`); arrays are owned by the engine once submitted."""
 

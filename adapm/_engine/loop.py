@@ -31,13 +31,9 @@ import time
 import traceback
 from typing import Optional
 
-import numpy as np
-
 from .._wire.protocol import Kind, message
 from ..errors import AdaPMError, AdaPMTimeout, NodeFailure
-from .events import (
-    Call, Finish, HandedPush, Op, Received, Request, Send, Submitted, Tick,
-)
+from .events import Call, Finish, Received, Request, Send, Submitted, Tick, handed_pushes
 from .liveness import Liveness
 from .validate import problem
 
@@ -288,13 +284,9 @@ class EngineLoop:
         """Workers' pushes the transport could not route (a key on its way here, one whose
         intent this node reported and whose owner has not answered): submitted to the state
         machine as the worker would have."""
-        for native_call, keys, positions, rows, worker, clock in self.native.handoffs():
-            keys = np.frombuffer(keys, dtype=np.int64)
-            call = HandedPush(f"PUSH of {len(keys)} keys", native_call, self.native)
-            self._live.add(call)
-            self._carry_out(self.state.handle(Submitted(call, Request(
-                Op.PUSH, keys, np.frombuffer(positions, dtype=np.int64),
-                np.frombuffer(rows, dtype=np.float32), worker=worker, clock=clock)), now))
+        for event in handed_pushes(self.native):
+            self._live.add(event.call)
+            self._carry_out(self.state.handle(event, now))
 
     def _fail(self, error: AdaPMError) -> None:
         """End the loop with ``error``: every waiting call raises it, and every later one."""

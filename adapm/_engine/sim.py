@@ -26,13 +26,11 @@ import functools
 import random
 from typing import Callable, Optional
 
-import numpy as np
-
 from .._wire.inproc import InprocNetwork
 from ..errors import AdaPMTimeout
 from .events import (
-    NATIVE_OPEN, NATIVE_QUEUED, Call, Finish, HandedPush, Op, Received, Request, Send,
-    Submitted, Tick,
+    NATIVE_OPEN, NATIVE_QUEUED, Call, Finish, Op, Received, Request, Send, Submitted, Tick,
+    handed_pushes,
 )
 from .validate import problem
 
@@ -112,12 +110,8 @@ class SimEngine:
         if self.native is None:
             return
         self.transport.route_queued()
-        for native_call, keys, positions, rows, worker, clock in self.native.handoffs():
-            keys = np.frombuffer(keys, dtype=np.int64)
-            call = HandedPush(f"PUSH of {len(keys)} keys", native_call, self.native)
-            self.sim.handle(self, Submitted(call, Request(
-                Op.PUSH, keys, np.frombuffer(positions, dtype=np.int64),
-                np.frombuffer(rows, dtype=np.float32), worker=worker, clock=clock)))
+        for event in handed_pushes(self.native):
+            self.sim.handle(self, event)
 
     def raise_if_failed(self) -> None:
         pass
