@@ -90,7 +90,10 @@ def run_schedule(management: str, s: dict, record: bool = True) -> None:
     config = adapm.Config(num_keys=s["num_keys"], value_length=s["lengths"],
                           world_size=s["world_size"], rendezvous="127.0.0.1:1",
                           management=management, action_timing=s["timing"])
-    sim = Simulation(config, seed=s["seed"])
+    # Recorded, the workers' calls keep the state machine's path, as before session 31: with
+    # a sink listening the native I/O declines every pull and hands every push back, and one
+    # such schedule still breaks the home table (test_a_sink_with_handed_pushes_... below).
+    sim = Simulation(config, seed=s["seed"], native_calls=not record)
     recorders = []
     for node in sim.nodes if record else ():
         recorders.append(Recorder())
@@ -508,6 +511,42 @@ def test_the_simulator_runs_the_native_paths():
                 sim.close()
     assert all(n > 0 for n in served[True].values()), served
     assert not any(served[False].values()), served
+
+
+_HOME_BEHIND = {
+    "world_size": 4, "num_keys": 8, "workers": 1, "lengths": 1, "initial": [],
+    "ops": [("push", (0, 0), [0], 1), ("push", (0, 0), [0], 1), ("advance", (0, 0)),
+            ("intent", (2, 0), [0], 0, 1), ("intent", (2, 0), [1], 0, 1), ("run", 7),
+            ("run", 40), ("push", (2, 0), [3], 1), ("advance", (0, 0)),
+            ("push", (3, 0), [0, 1], 1), ("pull", (3, 0), [0]), ("push", (0, 0), [0], 1),
+            ("intent", (0, 0), [1], 0, 1), ("intent", (1, 0), [1, 7], 0, 1),
+            ("advance", (2, 0)), ("pull", (1, 0), [0]), ("intent", (0, 0), [0], 0, 1),
+            ("intent", (2, 0), [3, 5], 1, 1), ("intent", (1, 0), [0], 0, 1),
+            ("push", (2, 0), [0], 1), ("push", (2, 0), [1], 1), ("advance", (0, 0)),
+            ("intent", (1, 0), [3], 0, 1), ("intent", (0, 0), [0], 0, 1),
+            ("intent", (0, 0), [0], 1, 1), ("intent", (3, 0), [0, 1], 1, 1),
+            ("advance", (0, 0))],
+    "timing": False, "seed": 4673}
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError,
+                   reason="found in session 31, not explained yet: with a sink listening and "
+                          "the workers' pushes handed back by the native I/O, key 0 goes "
+                          "0 -> 2 -> 0 -> 1 -> 3, and its home (rank 0) still names rank 1: "
+                          "rank 1 sends it nothing after relocating the key, and holds nothing")
+def test_a_sink_with_handed_pushes_keeps_the_home_table():
+    """The schedule hypothesis found when the recorded runs also took the native I/O
+    (relocation_only, 4 nodes): every sum is right, the home table is one relocation behind.
+    Strict: when it passes, the recorded runs can take the native I/O again."""
+    config = adapm.Config(num_keys=8, value_length=1, world_size=4, rendezvous="127.0.0.1:1",
+                          management="relocation_only", action_timing=False)
+    sim = Simulation(config, seed=_HOME_BEHIND["seed"])
+    try:
+        for node in sim.nodes:
+            node.engine.state.subscribe(Recorder())
+        _run(sim, _HOME_BEHIND)
+    finally:
+        sim.close()
 
 
 def test_pushes_routing_cannot_take_go_through_the_state_machine_in_order():
