@@ -61,7 +61,7 @@ class SimEngine:
         self.native = None
         self.native_error = None
         if sim.native and transport.serve_owned(state.directory):
-            self.native = transport.native_io() if sim.native_calls else None
+            self.native = transport.native_io()
             state.serve_through(self.native)
         sim.engines.append(self)
 
@@ -135,15 +135,12 @@ class Simulation:
     """``world_size`` nodes of ``config`` (a :class:`~adapm.config.Config`, rank ignored)."""
 
     def __init__(self, config, seed: int = 0, max_steps: int = 200_000,
-                 native: bool = True, native_calls: bool = True) -> None:
+                 native: bool = True) -> None:
         from ..node import Node  # the node module imports the engine, not the other way
 
         # native: received messages go to the native fast paths first, as over ZeroMQ (False:
         # every message through NodeState, the reference the native paths must match).
         self.native = native
-        # native_calls: the workers' pulls and pushes of keys held elsewhere go through the
-        # native I/O (needs native); False: through the state machine.
-        self.native_calls = native and native_calls
         self.world_size = config.world_size
         self.rng = random.Random(seed)
         self.now = 1.0
