@@ -1,9 +1,9 @@
 /* The answers to this node's sync-round requests taken in by the transport, without Python.
  *
- * A round sends one SYNC per owner (adapm/_engine/rounds.py); each is answered by a SYNC_RESP
+ * A round sends one SYNC per owner (adapm/_engine/state.py); each is answered by a SYNC_RESP
  * (from the owner, or from the node an entry was passed on to), with the moves held for this
  * node. Python took every one of them: checks, moves, redirected reports, returned deltas,
- * the answered entries' hints, refreshes and acknowledgements (Rounds._apply_sync_answer), its
+ * the answered entries' hints, refreshes and acknowledgements (NodeState._apply_sync_answer), its
  * request's bookkeeping; at 4 and 8 nodes the larger part of the engine loop's Python per
  * round. Here the transport's receive call takes an answer in itself when Python registered
  * the request (Directory.round_open): its moves, its redirected reports (hints corrected, those
@@ -92,7 +92,7 @@ static int answers_room(sync_fast_t *f, int64_t more, int64_t acks, int64_t agai
     return 0;
 }
 
-/* Rounds._redirected without Python (Directory.redirected's pass): intent reports of this node
+/* NodeState._redirected without Python (Directory.redirected's pass): intent reports of this node
  * that reached a node not owning their key, which says where it is (ranks). Their hints are
  * corrected; those owned here by now (the relocation came with the answer) and not pinned by
  * a worker's local sample are decided at once (their acknowledgements journalled); the rest
@@ -181,7 +181,7 @@ int directory_answer_fast(PyObject *directory, int64_t src, int64_t req, const c
     if (nm && f->variant < 0) return 0; /* nothing decides here: Python's (not reached) */
     /* A returned delta is added here where its key is owned once the moves are in (its owner
      * relocated it to this node); one whose key moved on takes the Python path, which passes
-     * it on (Rounds._returned). */
+     * it on (NodeState._returned). */
     int64_t nbd = 0, scanned = 0;
     for (int64_t i = 0; i < nb; i++) {
         if (back[i] >= c->ni + c->nd) continue; /* a returned check: nothing to do */
@@ -204,7 +204,7 @@ int directory_answer_fast(PyObject *directory, int64_t src, int64_t req, const c
     /* Returned deltas before the redirected reports, whose decisions may relocate a key away
      * (a dropped replica's ended intent is a report and a delta of one key): added to the
      * value it leaves with, where Python passes the delta on after it. */
-    if (nbd) { /* Rounds._returned: all owned here now (checked above) */
+    if (nbd) { /* NodeState._returned: all owned here now (checked above) */
         for (int64_t i = 0, j = 0; i < nb; i++)
             if (back[i] < c->ni + c->nd) bkeys[j++] = keys[back[i]];
         int64_t *missing = by_pos; /* scratch until the answer's entries below */
@@ -244,7 +244,7 @@ PyObject *answer_fast_taken(DirectoryObject *self) {
     if (!f->counts_obj) f->aklen = f->againlen = 0; /* no counts: no reports were sent */
     if (f->aklen || f->againlen) {
         /* The counts given with serve_syncs (answers are taken only while it is on); in the
-         * order Python applies them (Rounds._redirected, then apply_answer). */
+         * order Python applies them (NodeState._redirected, then apply_answer). */
         intent_counts_t *told = &((IntentCountsObject *)f->counts_obj)->c;
         if (ic_reserve(told, f->aklen + f->againlen) < 0) return PyErr_NoMemory();
         ic_acknowledge(told, f->acks, f->ack_flags, f->aklen);

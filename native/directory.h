@@ -96,8 +96,8 @@ int64_t dir_policy_decide(const directory_t *d, int variant, int64_t node, const
                           int64_t n, const uint8_t *has_intent, int64_t *relocate_to,
                           uint64_t *setup, int own_acked);
 
-/* An owner's decision on one node's intent reports, carried out (see adapm/_engine/serve.py,
- * NodeState._decide): policy_decide's verdicts (relocate_to[i], setup[i][words]) for keys[i]
+/* An owner's decision on one node's intent reports, carried out (see adapm/_engine/state.py,
+ * NodeState._decided): policy_decide's verdicts (relocate_to[i], setup[i][words]) for keys[i]
  * become relocations (dir_relocate_out, grouped by destination), replica set-ups (the value and
  * version to send, grouped by destination) and home updates (relocated keys homed neither here
  * nor at their new owner, grouped by home; those homed here update the home table directly).
@@ -141,7 +141,7 @@ static inline int64_t dir_next_hop(const directory_t *d, int64_t key) {
     return nxt == d->rank ? -1 : nxt;
 }
 
-/* Serving a SYNC (see adapm/_engine/serve.py, NodeState._sync): its sections and who sent it.
+/* Serving a SYNC (see adapm/_engine/state.py, NodeState._sync): its sections and who sent it.
  * Entries are numbered over the sections in order (intents, deltas, checks). */
 typedef struct {
     int64_t origin;
@@ -216,7 +216,7 @@ typedef struct {
 int64_t dir_sync_serve(const directory_t *d, const sync_request_t *r, const sync_plan_t *p,
                        sync_answer_t *a);
 
-/* A sync round's requests (see adapm/_engine/rounds.py, Rounds._build_round), after the
+/* A sync round's requests (see adapm/_engine/state.py, NodeState._build_round), after the
  * reports for keys owned here were decided: reports[nr] (keys not owned here, unique, and
  * whether this node has intent) and the replicas held here (held: d->held at the call). A
  * replica whose intent ended is dropped now (and leaves d->held) and its last delta goes
@@ -270,8 +270,8 @@ int64_t dir_setup_in(const directory_t *d, int64_t src, const int64_t *keys, int
                      const float *values, const int64_t *versions, const uint8_t *wanted,
                      double now, int64_t *taken, float *rows, int64_t *vers, int64_t *slots);
 
-/* A SYNC_RESP's keyed part taken in at the round's origin (see adapm/_engine/rounds.py,
- * Rounds._apply_sync_answer): keys[nkeys] and flags[ni] are the round's entries (intent
+/* A SYNC_RESP's keyed part taken in at the round's origin (see adapm/_engine/state.py,
+ * NodeState._apply_sync_answer): keys[nkeys] and flags[ni] are the round's entries (intent
  * reports first, ni of them, with whether this node has intent); the answer names positions
  * into them (pos[n], with versions[n]: -1 for reports) and refresh positions (refresh[nr],
  * values packed). Every answered key not owned here gets src as its hint; every answered report

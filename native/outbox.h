@@ -1,6 +1,6 @@
 /* The moves an owner decided (relocations, replica set-ups, home updates: protocol.py's
- * MOVE_SECTIONS), held per peer until a message to that peer carries them (NodeState's
- * _post_message; see _release for when they go alone).
+ * MOVE_SECTIONS), held per peer until a message to that peer carries them (Posting.post_message,
+ * adapm/_engine/posting.py; see Posting.release for when they go alone).
  *
  * They were held in Python: a list per peer and section of the decision's arrays, cut per
  * destination (~10 numpy calls and a list of tuples per decision) and concatenated when sent

@@ -2,7 +2,7 @@
  * local sample a worker pulled and has not pushed yet (adapm/_sampler.py). A count per key (a
  * key may be in several workers' samples), in a hash map sized by the keys pinned, behind a
  * mutex: worker threads pin and release, the engine thread asks (dir_sync_plan defers an
- * intent report that would relocate a pinned key; adapm/_engine/rounds.py reports the end of a
+ * intent report that would relocate a pinned key; adapm/_engine/state.py reports the end of a
  * pinned replica's intent a round later). */
 #ifndef ADAPM_PINS_H
 #define ADAPM_PINS_H

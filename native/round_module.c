@@ -112,7 +112,7 @@ static PyObject *encode_sync(DirectoryObject *self, int64_t dst, int64_t req,
 
 /* Each rank's SYNC of a round, cut from round_buffers' 13 buffers and encoded for the wire
  * (encode_sync), with the moves held for that rank (taken out of the outbox: the SYNC carries
- * them, as NodeState._post_message makes a carrier do): a tuple of (dst, entries, request id,
+ * them, as Posting.post_message makes a carrier do): a tuple of (dst, entries, request id,
  * nbytes, frames) per rank that gets entries, request ids first_req, first_req + 1, ... in
  * rank order; nbytes the message's share of the wire (header and arrays). NULL with an
  * exception set (the moves are then still held). */

@@ -211,8 +211,8 @@ static int serve_parsed(wserve_t *s, wsink_t *sink, int rank, const wframe_t *f,
 }
 
 /* A peer's pulls, pushes and sets of keys all owned here (the Python path would serve them
- * just so, _serve in serve.py): checks, store, the answers (PULL_RESP, ACK) in one message.
- * Answers do not wait for moves this node holds for the peer (NodeState._release): they report
+ * just so, NodeState._serve): checks, store, the answers (PULL_RESP, ACK) in one message.
+ * Answers do not wait for moves this node holds for the peer (Posting.release): they report
  * nothing about keys that move, and every key they concern stays here. */
 static int serve_fast(wserve_t *s, wsink_t *sink, int rank, const wframe_t *f, int nf) {
     if (nf < 2) return 0;

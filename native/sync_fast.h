@@ -58,7 +58,7 @@ typedef struct {
     uint8_t *ack_flags;
     int64_t alen, acap, aklen, akcap;
     int refreshed;
-    /* Redirected intent reports (Rounds._redirected): the keys to report again with the next
+    /* Redirected intent reports (NodeState._redirected): the keys to report again with the next
      * round (applied to the counts at native_taken, with the GIL), how many of them only
      * because their owner deferred them, and whether others were redirected. */
     int64_t *again;

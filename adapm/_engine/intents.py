@@ -20,6 +20,7 @@ import time
 import numpy as np
 
 from .._native_loader import load as _load_native
+from .timing import ActionTimer, ImmediateTimer
 
 _native = _load_native()
 
@@ -52,6 +53,16 @@ class WorkerIntents:
         # the worker's reads it: one float attribute), and how long past that is late.
         self.collected_at = time.monotonic()
         self.patience_s = MIN_PATIENCE_S
+
+    @classmethod
+    def configured(cls, config, clock: int, num_keys: int) -> "WorkerIntents":
+        """A worker's intents as ``config`` times them (``action_timing``: the learned timer;
+        otherwise act on each intent as soon as a round sees it), its clock at ``clock``."""
+        if config.action_timing:
+            timer = ActionTimer(config.timing_alpha, config.timing_p, config.timing_lambda0, clock)
+        else:
+            timer = ImmediateTimer(clock)
+        return cls(timer, num_keys)
 
     def horizon(self, clock: int, force: bool = False) -> int:
         """A round at the worker's ``clock``: act on intents with start below this. ``force``
@@ -118,6 +129,30 @@ class NodeIntents:
         got = self.native.collect(worker.queue, clock, worker.horizon(clock, force))
         worker.collected_at = time.monotonic()
         return got
+
+    def collect_all(self, workers: list, clocks: list, forced: set, now: float,
+                    mean_round_s: float) -> tuple[int, bool]:
+        """A round collects every worker (:meth:`collect`; worker i at ``clocks[i]``, 0 if it
+        has none yet), acting on all intents active now of the workers in ``forced`` (by
+        index). A worker with no intent whose clock did not move is only looked at (an app's
+        lead worker while the others train: collecting it would change nothing). Sets each
+        worker's patience from the node's ``mean_round_s``. Returns (keys acted on, whether any
+        intent was acted on or expired)."""
+        # How long a worker's intents may wait uncollected before the worker yields its core to
+        # let the late round finish (WorkerIntents.behind; Worker.advance_clock).
+        patience = max(MIN_PATIENCE_S, PATIENCE_ROUNDS * mean_round_s)
+        acted_total, changed_any = 0, False
+        for index, worker in enumerate(workers):
+            clock = clocks[index] if index < len(clocks) else 0
+            worker.patience_s = patience
+            force = index in forced
+            if not force and worker.idle(clock):
+                worker.collected_at = now
+                continue
+            acted, changed = self.collect(worker, clock, force=force)
+            acted_total += acted
+            changed_any = changed_any or changed
+        return acted_total, changed_any
 
     def changes(self) -> tuple[np.ndarray, np.ndarray]:
         """(keys, has_intent) whose state differs from what owners were told, each key once, in

@@ -17,7 +17,7 @@ from C, or with ``native_io=False``, the same is done through pyzmq.
 
 The owner's fast path (:meth:`Transport.serve_owned`, called by the engine loop): a peer's
 pull, push or set whose keys are all owned here is checked, served and answered inside that C
-call, as the engine state would (``Serving._serve``), without the GIL and without a pass of the
+call, as the engine state would (``NodeState._serve``), without the GIL and without a pass of the
 engine loop; the loop only learns that the peer was heard from. Everything else (a key not
 here, a forwarded request, a message that fails a check, which the engine then drops and
 counts) goes to the engine as before, and so does every later message of the same peer in the
