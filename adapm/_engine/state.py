@@ -428,8 +428,8 @@ class NodeState:
         if hops > self.max_hops:
             keys = rest.keys()
             self.posting.post(rest.header["o"], Kind.ERROR, rest.req_id,
-                       msg=f"routing loop: keys {keys[onward[:5]].tolist()} "
-                           f"passed {hops} nodes (last rank {self.rank})")
+                              msg=f"routing loop: keys {keys[onward[:5]].tolist()} "
+                                  f"passed {hops} nodes (last rank {self.rank})")
             return
         ranks, counts = [], []
         for dst, positions in group_by_node(nxt[onward]):
@@ -442,7 +442,7 @@ class NodeState:
             counts.append(len(positions))
         # The origin learns whom it waits for now (a timeout names that rank, not this one).
         self.posting.post(rest.header["o"], Kind.FORWARDED, rest.req_id,
-                   [np.array(ranks, dtype=np.int64), np.array(counts, dtype=np.int64)])
+                          [np.array(ranks, dtype=np.int64), np.array(counts, dtype=np.int64)])
 
     def _native_served(self, counters: dict, arrived: bool, relocated_in: bool,
                        answered: tuple) -> None:
@@ -700,9 +700,10 @@ class NodeState:
         self.requests[req_id].at[self.rank] = n
         self._open.add(req_id)
         self.posting.post(self.rank, Kind.SYNC, req_id,
-                   [none, none, np.empty(0, dtype=np.int8), keys, np.arange(n, dtype=np.int64),
-                    rows, np.full(n, -1, dtype=np.int64), none, none, none, *NO_MOVES],
-                   o=self.rank)
+                          [none, none, np.empty(0, dtype=np.int8), keys,
+                           np.arange(n, dtype=np.int64), rows, np.full(n, -1, dtype=np.int64),
+                           none, none, none, *NO_MOVES],
+                          o=self.rank)
 
     # --- sync rounds -----------------------------------------------------------------------------
 
