@@ -734,7 +734,7 @@ class NodeState:
 
     def _build_round(self, clocks: list[int]) -> list:
         """This round's requests: [(owner, number of entries, request id, wire bytes, the
-        SYNC's frames, _Round)].
+        SYNC's frames, RoundContext)].
 
         Each worker's intents are collected (the action timer says which to act on now); the
         rest is one native pass (``Directory.round_build``): the keys whose intent state
@@ -786,12 +786,12 @@ class NodeState:
         # nothing of ours (native/answer_fast.c): it learns the request's entries here, and
         # counts the unanswered ones for both paths from now on (_answers_taken, _answer).
         native = self.native_answers
-        rank, posting, requests_open = self.rank, self.posting, self.requests
+        rank, posting, outstanding = self.rank, self.posting, self.requests
         for dst, count, req_id, nbytes, frames, context in requests:
             # round_build numbered them from next_id on, in this order
-            if self.requests.add_round(count, context) != req_id:
+            if outstanding.add_round(count, context) != req_id:
                 raise AssertionError(f"rank {rank}: round request {req_id} out of order")
-            requests_open[req_id].at[dst] = count
+            outstanding[req_id].at[dst] = count
             self._open.add(req_id)
             if native:
                 self.directory.round_open(req_id, context.keys, context.flags.view(np.uint8),
