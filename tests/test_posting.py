@@ -10,9 +10,7 @@ from adapm._engine.posting import Posting
 from adapm._engine.routing import home_keys
 from adapm._engine.state import NodeState
 from adapm._store import OWNER, Store
-from adapm._wire.protocol import MOVE_SECTIONS, NO_MOVES, Kind, message
-
-MOVES = sum(len(section) for section in MOVE_SECTIONS)
+from adapm._wire.protocol import MOVE_ARRAYS, NO_MOVES, Kind, message
 
 
 def _owner_with_a_relocation_for_rank_1():
@@ -31,7 +29,7 @@ def _owner_with_a_relocation_for_rank_1():
 
 def _relocated(arrays) -> list:
     """The keys a carrier relocates (its move arrays' first: the relocations' keys)."""
-    return arrays[-MOVES].tolist()
+    return arrays[-MOVE_ARRAYS].tolist()
 
 
 def test_a_plain_message_goes_after_the_moves_held_for_its_peer():

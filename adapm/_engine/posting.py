@@ -16,10 +16,8 @@ from __future__ import annotations
 
 import collections
 
-from .._wire.protocol import CARRIERS, MOVE_SECTIONS, Encoded, Kind, Message, message
+from .._wire.protocol import CARRIERS, MOVE_ARRAYS, Encoded, Kind, Message, message
 from .events import Finish, Send
-
-_MOVES = sum(len(section) for section in MOVE_SECTIONS)  # a carrier's trailing move arrays
 
 
 class Posting:
@@ -51,7 +49,7 @@ class Posting:
         elif msg.kind in CARRIERS:
             moves = self.directory.take_moves(dst)
             if moves is not None:
-                msg.arrays[-_MOVES:] = moves
+                msg.arrays[-MOVE_ARRAYS:] = moves
             self.out.append(Send(dst, msg))
         else:
             self.release(dst)
