@@ -373,7 +373,7 @@ def main(argv=None) -> None:
               f"{100 * r['waited_share']:.4f}% | "
               f"{r['mb_sent']:.1f} | {r['relocations']:,} | {r['setups']:,} | "
               f"{r['staleness_ms']:.2f} | {r['round_ms']:.2f} | "
-              f"{'-' if r['msgs_per_round'] is None else format(r['msgs_per_round'], '.1f')} | "
+              f"{'-' if r['msgs_per_round'] is None else format(r['msgs_per_round'], '.2f')} | "
               f"{r['cpu_us_per_clock']:.0f} | {r['engine_us_per_clock']:.0f} |")
     if opts.details:
         for name, nodes, r, _ in rows:
@@ -408,7 +408,7 @@ def main(argv=None) -> None:
         checks.append(f"engine CPU {engine_us:.0f} us/clock (target <= {ENGINE_US_TARGET} us: "
                       f"{verdict(engine_us <= ENGINE_US_TARGET)})")
         if r["msgs_per_round"] is not None:
-            checks.append(f"messages {r['msgs_per_round']:.1f}/round/node (target <= "
+            checks.append(f"messages {r['msgs_per_round']:.2f}/round/node (target <= "
                           f"{2 * (nodes - 1)}: {verdict(r['msgs_per_round'] <= 2 * (nodes - 1))})")
         if rep is not None:
             ratio = r["mb_sent"] / rep["mb_sent"] if rep["mb_sent"] else float("inf")
