@@ -7,6 +7,8 @@ void dir_round_sizes(const directory_t *d, const round_in_t *in, round_sizes_t *
     const store_t *s = d->store;
     z->drops = z->drop_floats = z->held_floats = 0;
     for (int64_t i = 0; i < in->nr; i++) {
+        if (i + STORE_AHEAD < in->nr && !in->rflags[i + STORE_AHEAD])
+            store_prefetch(s, in->rkeys[i + STORE_AHEAD]);
         const int64_t key = in->rkeys[i];
         if (!in->rflags[i] && store_state(s, key) == KEY_REPLICA) {
             z->drops++;

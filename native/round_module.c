@@ -243,6 +243,7 @@ PyObject *Directory_round_build(DirectoryObject *self, PyObject *args) {
          * reports are about a node's own keys). */
         int64_t kept = 0;
         for (int64_t i = 0; i < m; i++) {
+            if (i + STORE_AHEAD < m) store_prefetch(d->store, keys[i + STORE_AHEAD]);
             if (store_state(d->store, keys[i]) == KEY_OWNER) {
                 other[ntold] = keys[i];
                 other_flags[ntold++] = flags[i];

@@ -79,6 +79,7 @@ void dir_sync_plan(const directory_t *d, const sync_request_t *r, sync_plan_t *p
     pins_t *pins = dir_sync_pins(d, r); /* locked by the caller */
     for (int64_t e = 0; e < n; e++) {
         int section;
+        if (e + STORE_AHEAD < n) store_prefetch(s, entry_key(r, e + STORE_AHEAD, &section));
         const int64_t key = entry_key(r, e, &section);
         p->hop[e] = -1;
         if (store_state(s, key) == KEY_OWNER) {
