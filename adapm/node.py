@@ -237,6 +237,7 @@ class Node:
         for handle in workers:
             for name, value in handle.counters.items():
                 totals[name] += value
+        totals["access_wait_s"] = sum(handle.access_wait_s for handle in workers)
         for kind, here in zip(("push", "set"), served_here):
             # A push or set that waited for keys on their way here is a local one.
             totals[f"remote_{kind}_keys"] -= here

@@ -81,6 +81,9 @@ class Worker:
         self.index = index
         self.clock = 0
         self.counters = dict.fromkeys(self.COUNTERS, 0)
+        # Seconds this worker was blocked inside pull, push or set, waiting on other nodes or
+        # the engine (stats()["access_wait_s"]): the time the remote and waited counts cost.
+        self.access_wait_s = 0.0
         self._missing = np.empty(1024, dtype=np.int64)
         self._in_use = threading.RLock()  # see _one_thread_at_a_time
         self._outstanding: list[Call] = []
@@ -140,11 +143,15 @@ class Worker:
             keys, out, nmiss = self._pull_checked(keys, out)
         self.counters["local_pull_keys"] += len(keys) - nmiss
         if nmiss:
-            positions = self._missing[:nmiss].copy()
-            if self._intents is not None and self._intents.late(self.clock):
-                positions = self._pull_after_round(keys, out, positions)
-            if len(positions):
-                self._pull_missing(keys, out, positions)
+            started = time.perf_counter()
+            try:
+                positions = self._missing[:nmiss].copy()
+                if self._intents is not None and self._intents.late(self.clock):
+                    positions = self._pull_after_round(keys, out, positions)
+                if len(positions):
+                    self._pull_missing(keys, out, positions)
+            finally:
+                self.access_wait_s += time.perf_counter() - started
         return out
 
     def _pull_after_round(self, keys: np.ndarray, out: np.ndarray,
@@ -189,10 +196,13 @@ class Worker:
         intent, its part held here already applied (it must not be lost, nor be applied twice
         by a caller who repeats a push that raised); a failure of the node shows as for any
         remote update (from the push, or at :meth:`wait`)."""
+        started = time.perf_counter()
         try:
             self._await_round()
         except AdaPMError:
             return False
+        finally:
+            self.access_wait_s += time.perf_counter() - started
         return True
 
     def _pull_checked(self, keys, out):

@@ -39,6 +39,10 @@ Columns:
 - waited share: waited_pull_keys / all pulled and pushed keys: pulls of keys that were on their
   way here (intent acted on and reported, the owner's answer not in yet), which waited for
   them instead of going remote. Local in the end, but late: the worker blocked;
+- blocked: the share of the workers' time (timed part, mean over nodes) spent blocked in pull
+  and push (``stats()["access_wait_s"]``): waiting for a sync round acting on a late intent,
+  for keys on their way, for remote values. A few keys in ten thousand waited for can cost a
+  third of the run: each wait lasts about a round or two (ms), a clock tens of us;
 - MB sent/node: bytes_sent per node (mean over nodes), from init (warm-up included) to the end
   of the timed part;
 - relocations: relocations_in summed over nodes; replica set-ups: replica_setups summed;
@@ -188,19 +192,22 @@ def _job(node, o: dict, nodes: int) -> dict:
                for i in range(len(workers))]
     for th in threads:
         th.start()
-    times, cpus, engine_cpus = [], [], []
+    times, cpus, engine_cpus, waits = [], [], [], []
     try:
         ready.wait()
         node.barrier()
         for rep in range(reps):
             start = time.perf_counter()
             cpu_start = time.process_time()  # all threads of this process, comm included
-            engine_start = node.stats()["engine_cpu_s"]
+            before = node.stats()
+            engine_start, wait_start = before["engine_cpu_s"], before["access_wait_s"]
             go[rep].set()
             done.wait()
             times.append(max(finished) - start)
             cpus.append(time.process_time() - cpu_start)
-            engine_cpus.append(node.stats()["engine_cpu_s"] - engine_start)
+            after = node.stats()
+            engine_cpus.append(after["engine_cpu_s"] - engine_start)
+            waits.append(after["access_wait_s"] - wait_start)
     except threading.BrokenBarrierError:
         pass
     for th in threads:
@@ -209,6 +216,9 @@ def _job(node, o: dict, nodes: int) -> dict:
         raise errors[0]
     best = int(np.argmin(times))
     elapsed, cpu, engine_cpu = times[best], cpus[best], engine_cpus[best]
+    # The share of the workers' time they were blocked in pull and push (late intent, keys on
+    # their way, remote values): what makes a short intent lead cost throughput.
+    blocked = waits[best] / (len(workers) * elapsed) if elapsed else 0.0
     stats = node.stats()
     reads, read_us, synced_us = (int(x) for x in node.store.access_stats)
 
@@ -230,7 +240,7 @@ def _job(node, o: dict, nodes: int) -> dict:
             mismatched = [(int(k), float(got[k, 0]), int(expect[k])) for k in bad[:10]]
             mismatched.append(("mismatched keys", int(len(bad))))
     node.barrier()
-    return {"elapsed": elapsed, "cpu": cpu, "engine_cpu": engine_cpu,
+    return {"elapsed": elapsed, "cpu": cpu, "engine_cpu": engine_cpu, "blocked": blocked,
             "keys": len(workers) * clocks * o["batch"],
             "stats": stats, "staleness": (reads, read_us - synced_us), "mismatched": mismatched,
             "rep_times": times}
@@ -269,6 +279,7 @@ def run_variant(o: dict, nodes: int, settings: dict, world_size: int) -> dict:
         "elapsed": elapsed,
         "remote_share": remote / accessed if accessed else 0.0,
         "waited_share": waited / accessed if accessed else 0.0,
+        "blocked_share": sum(r["blocked"] for r in results) / len(results),
         "mb_sent": sum(s["bytes_sent"] for s in st) / len(st) / 1e6,
         "relocations": sum(s["relocations_in"] for s in st),
         "setups": sum(s["replica_setups"] for s in st),
@@ -364,13 +375,13 @@ def main(argv=None) -> None:
           f"{o['shared_keys']:.0%} of keys, intent {o['ahead']} clocks ahead, "
           f"{o['compute_ms']:g} ms of model time (sleep) per clock\n")
     print("| variant | nodes | throughput (keys/s) | vs 1 node | remote share | waited share "
-          "| MB sent/node | relocations | replica set-ups | staleness (ms) | round (ms) "
+          "| blocked | MB sent/node | relocations | replica set-ups | staleness (ms) | round (ms) "
           "| msgs/round/node | CPU/clock (us) | engine CPU/clock (us) |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for name, nodes, r, base in rows:
         print(f"| {name} | {nodes} | {r['throughput']:,.0f} | "
               f"{r['throughput'] / base['throughput']:.2f} | {100 * r['remote_share']:.4f}% | "
-              f"{100 * r['waited_share']:.4f}% | "
+              f"{100 * r['waited_share']:.4f}% | {100 * r['blocked_share']:.1f}% | "
               f"{r['mb_sent']:.1f} | {r['relocations']:,} | {r['setups']:,} | "
               f"{r['staleness_ms']:.2f} | {r['round_ms']:.2f} | "
               f"{'-' if r['msgs_per_round'] is None else format(r['msgs_per_round'], '.2f')} | "

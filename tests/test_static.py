@@ -401,6 +401,39 @@ def _stats_job(node):
     return before, node.stats()
 
 
+def _access_wait_job(node):
+    w = node.worker()
+    dim = 4
+    node.barrier()
+    local = np.arange(0, 10, 2)  # even keys: homed on rank 0
+    out = {}
+    if node.rank == 0:
+        for _ in range(20):
+            w.pull(local)
+            w.push(local, np.ones((len(local), dim), np.float32))
+        out["after_local"] = node.stats()["access_wait_s"]
+        started = time.perf_counter()
+        w.pull(np.array([1, 2, 3]))  # 1 and 3 live on rank 1: one round trip
+        out["pull_s"] = time.perf_counter() - started
+        w.push(np.array([1]), np.ones((1, dim), np.float32))  # remote, not waited for here
+        w.wait()
+    node.barrier()
+    out["stats"] = node.stats()
+    return out
+
+
+def test_access_wait_counts_the_time_a_worker_was_blocked_on_other_nodes():
+    """stats()["access_wait_s"]: local accesses add nothing, a remote pull adds the time it
+    blocked (no more than the call took), and the node that only served adds nothing."""
+    r0, r1 = cluster(_access_wait_job, 2, num_keys=10, value_length=4,
+                     management="static_partition")
+    assert r0["after_local"] == 0.0
+    waited = r0["stats"]["access_wait_s"]
+    assert r0["stats"]["remote_pull_keys"] == 2
+    assert 0.0 < waited <= r0["pull_s"]
+    assert r1["stats"]["access_wait_s"] == 0.0
+
+
 def test_stats_count_remote_keys_and_traffic():
     results = cluster(_stats_job, 2, num_keys=10, value_length=4, management="static_partition")
     (before0, s0), (before1, s1) = results

@@ -70,7 +70,7 @@ CHUNK_BATCHES = 64
 # Counters whose per-epoch value is not a difference: means, recomputed from their weights.
 _MEANS = {"mean_round_ms": "rounds", "mean_staleness_ms": "replica_reads"}
 # Counters that are floats (seconds) and grow over the run: an epoch's line shows its own part.
-_FLOAT_COUNTERS = ("engine_cpu_s",)
+_FLOAT_COUNTERS = ("engine_cpu_s", "access_wait_s")
 
 
 class Plan(Protocol):

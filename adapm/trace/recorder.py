@@ -32,7 +32,8 @@ MAX_PENDING = 16        # parts queued for the writer before rows are dropped
 SAMPLE_SEED = 0         # of trace_keys=N
 # node.stats()'s per-kind traffic counters: they go to the traffic table, one row per kind.
 _PER_KIND = re.compile(r"(messages|bytes)_(sent|received)_(\w+)")
-_FLOAT_STATS = ("remote_access_share", "mean_staleness_ms", "mean_round_ms", "engine_cpu_s")
+_FLOAT_STATS = ("remote_access_share", "access_wait_s", "mean_staleness_ms", "mean_round_ms",
+                "engine_cpu_s")
 
 
 def selection(config) -> np.ndarray | None:

@@ -65,6 +65,9 @@ ROUND_STATS = {
     "local_set_keys": "keys set locally",
     "remote_set_keys": "keys set on another node",
     "remote_access_share": "(remote pulls + pushes) / all pulls and pushes",
+    "access_wait_s": "seconds workers were blocked in pull, push and set waiting on other "
+                     "nodes: for a sync round acting on a late intent, for keys on their way "
+                     "here, for remote values",
     "intents_signalled": "keys of intent() calls",
     "intents_acted": "intents the action timer acted on",
     "sampled_keys": "keys drawn by prepare_sample",
