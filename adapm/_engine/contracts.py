@@ -62,6 +62,10 @@ class EngineState(Protocol):
     def round_started_at(self) -> Optional[float]:
         """When the running round started, or None."""
 
+    @property
+    def next_round_at(self) -> float:
+        """No round starts before this (the engine's clock)."""
+
     def round_waiting_on(self) -> list:
         """Ranks the running round still waits for."""
 

@@ -35,6 +35,7 @@ from .._wire.protocol import Kind, message
 from ..errors import AdaPMError, AdaPMTimeout, NodeFailure
 from .events import Call, Finish, Received, Request, Send, Submitted, Tick, handed_pushes
 from .liveness import Liveness
+from .state import CLOCK_POLL_S
 from .validate import problem
 
 _log = logging.getLogger("adapm")
@@ -68,6 +69,9 @@ class EngineLoop:
         self.liveness: Optional[Liveness] = None  # created on the engine thread
         self._final_cpu_s = 0.0  # the thread's CPU time when it ended
         self.passes = 0  # loop passes completed (quiesce waits for one that saw `closing`)
+        # Until when the loop's poll sleeps (time.monotonic; inf before the first): wake()
+        # leaves it asleep when it wakes by then anyway.
+        self._asleep_until = math.inf
         self._thread = threading.Thread(target=self._run, name=f"adapm-engine-{self.rank}",
                                         daemon=True)
         # A peer's pulls, pushes and sets of keys all owned here are served by the transport
@@ -108,11 +112,22 @@ class EngineLoop:
     def wake(self) -> None:
         """An intent was signalled: make an idle engine look at its workers now.
 
-        A running round is left alone: the next one starts as soon as it is answered, and waking
-        the engine thread for every intent (once per clock) made it compete with the workers
-        for the GIL (bench/adaptive.py: rounds took 3-4 ms instead of ~1.8).
+        Only where that could start a round sooner. A running round is left alone: the next one
+        starts as soon as it is answered, and waking the engine thread for every intent (once
+        per clock) made it compete with the workers for the GIL (bench/adaptive.py: rounds took
+        3-4 ms instead of ~1.8). So is a loop that sleeps until the next round may start (the
+        pacing spaces rounds that sent nothing, as when every key is owned here): a wake-up per
+        intent there cost the worker ~6 us of CPU a clock in GIL hand-overs and system calls,
+        and the loop a pass each, for nothing. A loop that sleeps longer (nothing was pending
+        when it went to sleep) is woken, once until its next pass.
         """
-        if not self.state.round_running:
+        state = self.state
+        if not state.round_running and \
+                self._asleep_until > max(state.next_round_at, time.monotonic()):
+            # Woken: the intents signalled until its next pass publishes a deadline need not
+            # wake it again (each did while it waited for the GIL: ~1,000 of 2,000 intents).
+            # Marked before the wake, so that the deadline of the pass it causes stands.
+            self._asleep_until = 0.0
             self.transport.wake()
 
     def wait(self, call: Call, timeout_s: Optional[float] = None,
@@ -231,7 +246,15 @@ class EngineLoop:
         next_look = now
         try:
             while not self._stop.is_set():
-                timeout_s = min(state.poll_timeout_s(now), next_look - now)
+                wait_s = state.poll_timeout_s(now)
+                timeout_s = min(wait_s, next_look - now)
+                self._asleep_until = now + max(timeout_s, 0.0)
+                if wait_s > CLOCK_POLL_S and not state.round_running:
+                    # Nothing was pending. An intent signalled while the line above looked
+                    # read the old deadline in wake() and may have left the loop asleep: look
+                    # again, now that the new one is published (later intents read it).
+                    timeout_s = min(timeout_s, state.poll_timeout_s(now))
+                    self._asleep_until = now + max(timeout_s, 0.0)
                 for src, messages in transport.poll(math.ceil(max(timeout_s, 0.0) * 1000),
                                                     state.poll_hold()):
                     now = clock()

@@ -927,6 +927,12 @@ class NodeState:
         return self.pacer.start_time if self._open else None
 
     @property
+    def next_round_at(self) -> float:
+        """No round starts before this (time.monotonic; the pacing's; any thread, a
+        snapshot): until then a woken loop could start none."""
+        return self.pacer.next_at
+
+    @property
     def rounds_started(self) -> int:
         """Rounds started so far (for error messages: the round a timeout names)."""
         return self.pacer.started
