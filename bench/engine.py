@@ -36,6 +36,12 @@ workers' CPU and ZeroMQ's I/O threads are not in it. Each workload isolates one 
   and releases the lock. Per round trip, the "engine" thread's CPU: what a Python loop pays to
   be woken for a worker's call and to wake the worker again, before it does any work. The
   empty round's line less this one is the engine's own work per round.
+- **a worker's clock** (the worker's side of the engine): on rank 0, clocks of intent (for
+  the batch 100 clocks on), pull, an update, push and ``advance_clock`` over 100 keys owned
+  here, then the same clocks without intent; the worker thread's own CPU per clock, and the
+  engine loop's passes meanwhile. The rounds decide such keys here and send nothing, so the
+  pacing spaces them out: an intent that woke the idle loop for nothing would show as passes
+  and as the worker's CPU (GIL hand-overs, system calls).
 - **ZeroMQ alone** (the floor under the first line): two processes that only echo a small
   message over the same sockets (a ROUTER to receive, a DEALER per peer to send, a poll on
   the ROUTER and an eventfd), through pyzmq as the engine uses it, no engine at all. Per
@@ -146,7 +152,40 @@ def _job(node, counts: dict) -> dict:
     if held:
         raise RuntimeError(f"rank {node.rank}: {held} replicas still held before the empty rounds")
     measure("empty rounds", empty_rounds)
+    out["worker clock"] = _worker_clock(node, w, counts["worker_clocks"])
     return out
+
+
+def _worker_clock(node, w, clocks: int) -> dict:
+    """What a worker's clock costs the worker thread itself (its own CPU clock) on rank 0:
+    intent for the batch 100 clocks on, pull, an update, push and advance_clock, 100 keys owned
+    here (so rounds decide them here and send nothing, and the pacing spaces them out); then
+    the same clocks without intent. With the engine loop's passes meanwhile: an intent that woke
+    it for nothing cost the worker GIL hand-overs and system calls."""
+    result = {}
+    node.barrier()
+    if node.rank == 0:
+        rng = np.random.default_rng(7)
+        owned = 300_000 + 2 * np.arange(2000, dtype=np.int64)  # even: homed on rank 0
+        batches = [rng.choice(owned, 100) for _ in range(clocks + 100)]
+        vals = np.empty((100, DIM), np.float32)
+        for t in range(100):
+            w.intent(batches[t], w.clock + t)
+        w.wait_sync()
+        for name, intent in (("with intent", True), ("without intent", False)):
+            passes, cpu = node.engine.passes, time.thread_time()
+            for t in range(clocks):
+                if intent:
+                    w.intent(batches[t + 100], w.clock + 100)
+                w.pull(batches[t], out=vals)
+                vals *= 0.5
+                w.push(batches[t], vals)
+                w.advance_clock()
+            result[name] = {"cpu_s": time.thread_time() - cpu,
+                            "passes": node.engine.passes - passes}
+            w.wait_sync()
+    node.barrier()
+    return result
 
 
 def _wakeup_floor(n: int) -> float:
@@ -255,6 +294,9 @@ def _zmq_floor(n: int) -> float:
 
 
 def _table(results: list[dict], counts: dict, floor_s: float, wakeup_s: float) -> list[str]:
+    clock = results[0].pop("worker clock")  # rank 0's alone
+    for r in results[1:]:
+        r.pop("worker clock")
     both = {name: {k: sum(r[name][k] for r in results) for k in results[0][name]}
             for name in results[0]}
     small = both["small messages"]
@@ -308,7 +350,14 @@ def _table(results: list[dict], counts: dict, floor_s: float, wakeup_s: float) -
         f"**{(per_round - wakeup_s) * 1e6:.1f} us** | |",
         f"| ZeroMQ alone: per received message of a small-message echo (pyzmq, no engine) | | "
         f"{2 * counts['pulls']} messages | **{floor_s * 1e6:.1f} us** | |",
+        f"| a worker's clock: intent, pull, push of 100 keys owned here (the worker thread's "
+        f"CPU, rank 0) | | {counts['worker_clocks']} clocks | "
+        f"**{clock['with intent']['cpu_s'] / counts['worker_clocks'] * 1e6:.1f} us** | |",
+        f"| ... the same clocks without intent | | {counts['worker_clocks']} clocks | "
+        f"**{clock['without intent']['cpu_s'] / counts['worker_clocks'] * 1e6:.1f} us** | |",
         "",
+        f"engine loop passes during the worker's clocks: {clock['with intent']['passes']} with "
+        f"intent, {clock['without intent']['passes']} without",
         "engine loop passes (both nodes) and wall time: " + "; ".join(
             f"{name}: {v['passes']} passes, {v['wall_s'] / 2:.2f} s" for name, v in both.items()),
         f"bytes sent per moved row: {moved['bytes_sent'] / max(rows_moved, 1):.0f} "
@@ -323,9 +372,9 @@ def main(argv=None) -> int:
     p.add_argument("--quick", action="store_true", help="smaller counts")
     opts = p.parse_args(argv)
     counts = (dict(pulls=500, pushes=2000, batch=500, clocks=40, replicated=500,
-                        empty=200) if opts.quick
+                        empty=200, worker_clocks=1000) if opts.quick
               else dict(pulls=3000, pushes=10000, batch=2000, clocks=100,
-                        replicated=2000, empty=1000))
+                        replicated=2000, empty=1000, worker_clocks=3000))
     results = run_cluster(_job, 2, args=(counts,), timeout_s=600,
                           config=dict(num_keys=400_000, value_length=DIM,
                                       request_timeout_s=120, connect_timeout_s=60))
