@@ -45,7 +45,7 @@ def trained(kg_dir, tmp_path_factory):
     return {"one": records((out / "one.jsonl").read_text()), "two": records(two.stdout),
             "baseline": records(base.stdout), "baseline1": records(base1.stdout), "dir": out,
             "one_stdout": single.stdout, "baseline_stdout": base.stdout,
-            "baseline_stderr": base.stderr}
+            "baseline_stderr": base.stderr, "two_stderr": two.stderr}
 
 
 def test_every_epoch_has_one_json_line_with_every_field(trained):
@@ -76,6 +76,18 @@ def test_stdout_has_the_summary_lines_and_json_goes_where_asked(trained):
                  if line.startswith("epoch ")]
     assert [line.split(":")[0] for line in summaries] == [f"epoch {e}" for e in
                                                           range(1, EPOCHS + 1)], summaries
+
+
+def test_the_summary_line_of_several_nodes_says_how_long_workers_waited_for_keys(trained):
+    """The seconds the workers were blocked on other nodes (stats' access_wait_s, every node's
+    workers together) in each epoch's summary line, the same figure as in its JSON line."""
+    summaries = [line for line in trained["two_stderr"].splitlines() if line.startswith("epoch ")]
+    assert len(summaries) == len(trained["two"]) == EPOCHS, summaries
+    for record, line in zip(trained["two"], summaries):
+        waited = [s["access_wait_s"] for s in record["stats"]]
+        assert all(isinstance(w, float) and w >= 0.0 for w in waited), waited
+        assert f"waited for keys {sum(waited):.2f} s" in line, (line, waited)
+    assert not any("waited for keys" in line for line in trained["one_stdout"].splitlines())
 
 
 def test_quality_far_above_random_and_close_to_the_baseline(trained, kg_dir):

@@ -733,6 +733,9 @@ def _summary(record: dict) -> str:
     parts += [f"loss {record['loss']:.4f}" if record["loss"] is not None else ""]
     parts += [f"{name} {record[name]:.4f}" for name in QUALITY if name in record]
     parts.append(f"remote accesses {100 * remote / accessed if accessed else 0:.4f}%")
+    if len(nodes) > 1:  # what the remote and late accesses cost: intent too late shows here
+        waited = sum(s.get("access_wait_s", 0.0) for s in nodes)
+        parts.append(f"waited for keys {waited:.2f} s")
     return ", ".join(p for p in parts if p)
 
 
