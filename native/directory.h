@@ -156,6 +156,21 @@ typedef struct {
     int variant; /* the management policy (policy.h) the owned reports are decided by */
 } sync_request_t;
 
+/* Entry e's key and the section it is in (0 intents, 1 deltas, 2 checks). */
+static inline int64_t sync_entry_key(const sync_request_t *r, int64_t e, int *section) {
+    if (e < r->ni) {
+        *section = 0;
+        return r->ikeys[e];
+    }
+    e -= r->ni;
+    if (e < r->nd) {
+        *section = 1;
+        return r->dkeys[e];
+    }
+    *section = 2;
+    return r->ckeys[e - r->nd];
+}
+
 /* What happens to each entry: served here (owned), an intent report answered with where to
  * report it, a delta or check for a key that went to the origin itself (back in the answer),
  * held here (the key is on its way here) or forwarded (next hop). Under the adaptive policy an

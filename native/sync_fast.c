@@ -28,12 +28,6 @@ static int among(const int64_t *keys, int64_t n, int64_t key) {
     return 0;
 }
 
-/* The key of entry e of a SYNC (its sections' entries numbered in order). */
-static inline int64_t entry_at(const sync_request_t *r, int64_t e) {
-    return e < r->ni ? r->ikeys[e]
-           : e < r->ni + r->nd ? r->dkeys[e - r->ni] : r->ckeys[e - r->ni - r->nd];
-}
-
 /* Whether every entry of r is answered here once the message's moves (a[10..22)) are in:
  * owned now or relocated here by them, or a report with a next hop to redirect it to, or a
  * delta or check for a key that went to the origin (returned). The moves change the routing
@@ -45,14 +39,15 @@ static int answered_here(const directory_t *d, const sync_request_t *r, const ca
     const int64_t nr = a[10].n, ns = a[16].n, nh = a[19].n;
     int64_t scanned = 0; /* key comparisons against the moves: bounded */
     for (int64_t e = 0, n = r->ni + r->nd + r->nc; e < n; e++) {
-        if (e + STORE_AHEAD < n) store_prefetch(s, entry_at(r, e + STORE_AHEAD));
-        const int64_t key = entry_at(r, e);
+        int section;
+        if (e + STORE_AHEAD < n) store_prefetch(s, sync_entry_key(r, e + STORE_AHEAD, &section));
+        const int64_t key = sync_entry_key(r, e, &section);
         if (store_state(s, key) == KEY_OWNER) continue;
         if ((scanned += nr + ns + nh) > (1 << 16)) return 0;
         if (among(rk, nr, key)) continue;
         if (among(sk, ns, key) || among(hk, nh, key)) return 0;
         const int64_t nxt = dir_next_hop(d, key);
-        if (e < r->ni ? nxt < 0 : nxt != r->origin) return 0;
+        if (section == 0 ? nxt < 0 : nxt != r->origin) return 0;
     }
     return 1;
 }

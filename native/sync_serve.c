@@ -4,21 +4,6 @@
 
 #include <string.h>
 
-/* Entry e's key and the section it is in (0 intents, 1 deltas, 2 checks). */
-static inline int64_t entry_key(const sync_request_t *r, int64_t e, int *section) {
-    if (e < r->ni) {
-        *section = 0;
-        return r->ikeys[e];
-    }
-    e -= r->ni;
-    if (e < r->nd) {
-        *section = 1;
-        return r->dkeys[e];
-    }
-    *section = 2;
-    return r->ckeys[e - r->nd];
-}
-
 /* Config.replica_updates "average": a replica's delta is divided by the number of nodes that
  * use the key now (signalled intent for it, the S mask; every node under full replication,
  * which keeps no masks), at least 1. Those nodes each moved the row for a round as if alone,
@@ -79,8 +64,8 @@ void dir_sync_plan(const directory_t *d, const sync_request_t *r, sync_plan_t *p
     pins_t *pins = dir_sync_pins(d, r); /* locked by the caller */
     for (int64_t e = 0; e < n; e++) {
         int section;
-        if (e + STORE_AHEAD < n) store_prefetch(s, entry_key(r, e + STORE_AHEAD, &section));
-        const int64_t key = entry_key(r, e, &section);
+        if (e + STORE_AHEAD < n) store_prefetch(s, sync_entry_key(r, e + STORE_AHEAD, &section));
+        const int64_t key = sync_entry_key(r, e, &section);
         p->hop[e] = -1;
         if (store_state(s, key) == KEY_OWNER) {
             if (section == 0 && pins) {
@@ -135,7 +120,7 @@ int64_t dir_sync_serve(const directory_t *d, const sync_request_t *r, const sync
     int64_t *spos = a->positions + p->owned_intents;
     for (int64_t e = 0; e < n; e++) {
         int section;
-        const int64_t key = entry_key(r, e, &section), pos = entry_pos(r, e);
+        const int64_t key = sync_entry_key(r, e, &section), pos = entry_pos(r, e);
         const int64_t len = section == 1 ? key_len(s, key) : 0;
         switch (p->where[e]) {
         case SYNC_OWNED:
