@@ -239,6 +239,13 @@ int directory_answer_fast(PyObject *directory, int64_t src, int64_t req, const c
     return 1;
 }
 
+int directory_round_answered(PyObject *directory) {
+    const sync_fast_t *f = &((DirectoryObject *)directory)->fast;
+    for (int64_t i = 0; i < f->nrounds; i++)
+        if (f->rounds[i].remaining > 0) return 0;
+    return 1;
+}
+
 PyObject *answer_fast_taken(DirectoryObject *self) {
     sync_fast_t *f = &self->fast;
     if (!f->counts_obj) f->aklen = f->againlen = 0; /* no counts: no reports were sent */

@@ -145,6 +145,10 @@ void directory_sync_sent(PyObject *directory, int64_t origin);
  * on (*fatal says why). Engine thread only, without the GIL. */
 int directory_answer_fast(PyObject *directory, int64_t src, int64_t req, const carr_t *a,
                           int narrays, const char **fatal);
+/* Whether every round request registered with Directory.round_open has all its entries
+ * answered (the round may end: what Python waits for while poll holds). Engine thread, without
+ * the GIL. */
+int directory_round_answered(PyObject *directory);
 
 /* A worker's pull or push for the transport (zmq_calls.c, sync_fast.c), engine thread, without the GIL.
  * directory_route_pull: for keys[0..n) (not held here a moment ago) hop[i] = -1 if held here

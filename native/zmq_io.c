@@ -519,8 +519,9 @@ static int watch_ready(ZmqIOObject *self, int *failed) {
  * here (serve_sync). received: per ZeroMQ message, (sender rank or -1, connection identity bytes,
  * messages or None, why or None, wire bytes): messages as wire_decode parses them (None with why
  * when the framing is bad). heard: the ranks whose messages were served here (serve_owned), for
- * the failure detector. hold: a peer's SYNC served here is no reason to return (only an answer
- * to this node's round taken in is), as a served pull never is.
+ * the failure detector. hold: a peer's SYNC served here is no reason to return, nor an answer
+ * to this node's round taken in while others are outstanding (the one that leaves none is), as
+ * a served pull never is.
  *
  * It waits with poll() on the sockets' ZMQ_FDs and the eventfds itself rather than through
  * zmq_poll, which asks each socket's events before and after every wait (a poll() and a
@@ -768,7 +769,8 @@ static PyMethodDef ZmqIO_methods[] = {
     {"poll", (PyCFunction)ZmqIO_poll, METH_VARARGS,
      "poll(timeout_ms, hold=False) -> (events, received, heard). Blocks up to timeout_ms (GIL "
      "released) until a message, a wake-up or a monitor event; receives up to 256 waiting "
-     "messages. hold: a SYNC served here does not end the wait (an answer taken in does). "
+     "messages. hold: a SYNC served here does not end the wait, nor an answer taken in while "
+     "others of this node's round are outstanding (the last one does). "
      "events: bit 0 woken through the eventfd (read now), bit 1 the monitor socket is "
      "readable, bit 2 a SYNC was served here (Directory.native_taken has its aftermath). "
      "received: per message (sender rank or -1, identity, messages or None, why or None, "

@@ -52,7 +52,8 @@ class EngineState(Protocol):
         """How long the runner may sleep before the next Tick is worth handling."""
 
     def poll_hold(self) -> bool:
-        """Whether a poll may go on waiting after the transport served a peer's SYNC."""
+        """Whether a poll may go on waiting after the transport served a peer's SYNC or took
+        in an answer that is not the round's last."""
 
     @property
     def round_running(self) -> bool:
@@ -159,8 +160,9 @@ class Transport(Protocol):
         """[(source rank, messages)] that arrived within ``timeout_ms`` or until woken; a rank
         with no messages was heard from (the transport served what it sent itself).
         ``hold``: the caller's round is open and nothing of it waits for keys to arrive, so a
-        peer's SYNC the transport served need not end the wait (a transport may return
-        anyway); an answer to the caller's round that the transport took in still does."""
+        peer's SYNC the transport served need not end the wait, nor an answer it took in while
+        others of the caller's round are outstanding (a transport may return anyway); the
+        answer that leaves none outstanding still does."""
 
     def wake(self) -> None:
         """Make a blocked :meth:`poll` return now; any thread, never blocks."""

@@ -243,7 +243,8 @@ class Transport:
         """Messages that arrived within ``timeout_ms`` (or until woken): [(source rank, messages)].
 
         ``hold``: a peer's SYNC that the transport served itself (``serve_owned``) does not end
-        the wait; an answer to this node's round that it took in does (see the contract).
+        the wait, nor does an answer to this node's round that it took in while others are
+        outstanding; the last one does (see the contract).
         Reads at most a batch per call, so a busy peer cannot starve the caller's other work.
         A message that cannot be parsed raises TransportError. With authentication, a message
         that names another sender than its connection's rank is dropped (see module docstring).
