@@ -58,7 +58,8 @@ typedef struct {
     const char *fatal;
     int synced;             /* a SYNC was served, or an answer taken: NodeState has things to
                              * take up (Directory.native_taken) */
-    int answered;           /* an answer to this node's round was taken: its round moved on */
+    int answered;           /* an answer to this node's round was taken that leaves none of
+                             * its registered requests outstanding: the round can end */
 } wserve_t;
 
 /* Serves or takes in the wire message in frames f[0..nf) from rank (a peer, never this node):
