@@ -312,7 +312,7 @@ int64_t dir_apply_answer(const directory_t *d, const int64_t *keys, int64_t nkey
     enum { REFRESHED = -2 }; /* by_pos[p] once p was refreshed (versions are >= 0) */
     for (int64_t j = 0, off = 0; j < nr; j++) {
         if (j + STORE_AHEAD < nr) store_prefetch(s, keys[refresh[j + STORE_AHEAD]]);
-        if (j + STORE_AHEAD / 2 < nr) store_prefetch_rows(s, keys[refresh[j + STORE_AHEAD / 2]]);
+        if (j + STORE_AHEAD / 2 < nr) store_prefetch_rows(s, keys[refresh[j + STORE_AHEAD / 2]], 0);
         const int64_t key = keys[refresh[j]], len = key_len(s, key);
         if (off + len > nvalues) break; /* checked by the caller */
         store_refresh(s, &key, 1, values + off, len, &by_pos[refresh[j]], 0, now);

@@ -25,9 +25,16 @@ static int64_t place_keys(const directory_t *d, const int64_t *keys, int64_t n, 
                           int64_t *count, int64_t *cursor, int64_t *out_keys, int64_t *out_pos,
                           int64_t *at) {
     const int64_t world = d->world_size;
+    const records_t *recs = d->recs;
     memset(count, 0, (size_t)world * sizeof(int64_t));
     for (int64_t i = 0; i < n; i++) { /* at[i]: the hint, until it is where entry i went */
-        const int64_t dst = rec_hint(d->recs, keys[i]);
+        /* The record's map slot two stages ahead, the record one (see dir_policy_decide). */
+        if (i + 2 * KM_AHEAD < n) km_prefetch(&recs->map, keys[i + 2 * KM_AHEAD]);
+        if (i + KM_AHEAD < n) {
+            const int32_t ahead = rec_find(recs, keys[i + KM_AHEAD]);
+            if (ahead >= 0) __builtin_prefetch(rec_at(recs, ahead));
+        }
+        const int64_t dst = rec_hint(recs, keys[i]);
         if (dst < 0 || dst >= world) return -1;
         count[dst]++;
         at[i] = dst;
@@ -74,10 +81,15 @@ int64_t dir_round_build(const directory_t *d, const round_in_t *in, const round_
      * next round. */
     int64_t nl = 0;
     int64_t *live_ver = o->s_off; /* each live replica's version; s_off is free until below */
-    for (int64_t i = 0; i < d->held->len; i++) {
-        const int dirty = store_replica_peek(s, d->held->keys[i], &live_ver[nl]);
+    const int64_t *held = d->held->keys, nheld = d->held->len;
+    for (int64_t i = 0; i < nheld; i++) {
+        /* Each replica's entry some keys ahead; a dirty one's delta row and stripe half as
+         * far (store_has_delta scans and clears it). */
+        if (i + STORE_AHEAD < nheld) store_prefetch(s, held[i + STORE_AHEAD]);
+        if (i + STORE_AHEAD / 2 < nheld) store_prefetch_rows(s, held[i + STORE_AHEAD / 2], 1);
+        const int dirty = store_replica_peek(s, held[i], &live_ver[nl]);
         if (dirty < 0) continue;
-        o->s_live[nl] = d->held->keys[i];
+        o->s_live[nl] = held[i];
         o->s_nonzero[nl++] = (int8_t)dirty;
     }
     /* Entries: intents (the reports), deltas (drops, then dirty replicas), checks. */

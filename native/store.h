@@ -168,20 +168,22 @@ static inline int64_t key_len(const store_t *s, int64_t key) {
 /* The second stage after store_prefetch (call it for a key whose store_prefetch ran some keys
  * earlier, so that its look-up hits the cache): starts loading the key's stripe word and the
  * first lines of its value row and, for a replica, of its delta row, which a refresh reads and
- * writes. A hint: the look-up is unlocked, a row being moved meanwhile only prefetches the
- * wrong lines. Engine thread (or inside a section). */
-static inline void store_prefetch_rows(const store_t *s, int64_t key) {
+ * writes; with deltas_only, only a replica with DIRTY_BIT's stripe word and delta row (what
+ * store_has_delta reads). A hint: the look-up is unlocked, a row being moved meanwhile only
+ * prefetches the wrong lines. Engine thread (or inside a section). */
+static inline void store_prefetch_rows(const store_t *s, int64_t key, int deltas_only) {
     enum { LINES = 4 }; /* the hardware prefetcher follows a row from there */
-    __builtin_prefetch(&s->seqs[((uint64_t)key & s->stripe_mask) * SEQ_STRIDE], 1);
     held_entry_t *e;
     const int64_t raw = store_lookup(s, key, &e);
-    if (raw < 0) return;
+    if (raw < 0 || (deltas_only && (raw & (REPLICA_BIT | DIRTY_BIT)) != (REPLICA_BIT | DIRTY_BIT)))
+        return;
+    __builtin_prefetch(&s->seqs[((uint64_t)key & s->stripe_mask) * SEQ_STRIDE], 1);
     const int64_t slot = SLOT_OFFSET(raw);
     if (slot >= s->slab_floats) return;
     int64_t bytes = key_len(s, key) * (int64_t)sizeof(float);
     if (bytes > LINES * 64) bytes = LINES * 64;
     for (int64_t at = 0; at < bytes; at += 64) {
-        __builtin_prefetch((const char *)(s->slab + slot) + at, 1);
+        if (!deltas_only) __builtin_prefetch((const char *)(s->slab + slot) + at, 1);
         if (raw & REPLICA_BIT) __builtin_prefetch((const char *)(s->delta + slot) + at, 1);
     }
 }
