@@ -323,7 +323,7 @@ int64_t dir_apply_answer(const directory_t *d, const int64_t *keys, int64_t nkey
         if (i + STORE_AHEAD < n && pos[i + STORE_AHEAD] >= ni) {
             const int64_t ahead = keys[pos[i + STORE_AHEAD]];
             store_prefetch(s, ahead);
-            __builtin_prefetch(&s->seqs[((uint64_t)ahead & s->stripe_mask) * SEQ_STRIDE], 1);
+            __builtin_prefetch(store_stripe(s, ahead), 1);
         }
         const int64_t p = pos[i];
         if (p >= ni && by_pos[p] != REFRESHED) /* replicas only */

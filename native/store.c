@@ -8,9 +8,7 @@
 
 #include "seqlock.h"
 
-static inline uint64_t *stripe(const store_t *s, int64_t key) {
-    return &s->seqs[((uint64_t)key & s->stripe_mask) * SEQ_STRIDE];
-}
+static inline uint64_t *stripe(const store_t *s, int64_t key) { return store_stripe(s, key); }
 
 int64_t store_check_keys(const int64_t *keys, int64_t n, int64_t num_keys) {
     /* A key k is valid iff k >= 0 and num_keys - 1 - k >= 0: OR both into acc and look at the

@@ -165,6 +165,11 @@ static inline int64_t key_len(const store_t *s, int64_t key) {
     return s->uniform_len ? s->uniform_len : s->lens[key];
 }
 
+/* The sequence word of key's stripe (seqlock.h). */
+static inline uint64_t *store_stripe(const store_t *s, int64_t key) {
+    return &s->seqs[((uint64_t)key & s->stripe_mask) * SEQ_STRIDE];
+}
+
 /* The second stage after store_prefetch (call it for a key whose store_prefetch ran some keys
  * earlier, so that its look-up hits the cache): starts loading the key's stripe word and the
  * first lines of its value row and, for a replica, of its delta row, which a refresh reads and
@@ -177,7 +182,7 @@ static inline void store_prefetch_rows(const store_t *s, int64_t key, int deltas
     const int64_t raw = store_lookup(s, key, &e);
     if (raw < 0 || (deltas_only && (raw & (REPLICA_BIT | DIRTY_BIT)) != (REPLICA_BIT | DIRTY_BIT)))
         return;
-    __builtin_prefetch(&s->seqs[((uint64_t)key & s->stripe_mask) * SEQ_STRIDE], 1);
+    __builtin_prefetch(store_stripe(s, key), 1);
     const int64_t slot = SLOT_OFFSET(raw);
     if (slot >= s->slab_floats) return;
     int64_t bytes = key_len(s, key) * (int64_t)sizeof(float);

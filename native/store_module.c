@@ -584,7 +584,7 @@ static PyObject *Store_inspect(StoreObject *self, PyObject *args) {
     if (check_keys_in_range(self, keys, n) < 0) goto fail;
     const int token = held_enter(&self->held);
     for (Py_ssize_t i = 0; i < n; i++) {
-        const uint64_t *seq = &self->s.seqs[((uint64_t)keys[i] & self->s.stripe_mask) * SEQ_STRIDE];
+        const uint64_t *seq = store_stripe(&self->s, keys[i]);
         int state;
         int64_t version, slot;
         double synced;
