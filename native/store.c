@@ -8,7 +8,6 @@
 
 #include "seqlock.h"
 
-static inline uint64_t *stripe(const store_t *s, int64_t key) { return store_stripe(s, key); }
 
 int64_t store_check_keys(const int64_t *keys, int64_t n, int64_t num_keys) {
     /* A key k is valid iff k >= 0 and num_keys - 1 - k >= 0: OR both into acc and look at the
@@ -95,7 +94,7 @@ static inline __attribute__((always_inline)) int64_t prefetch_dir(const store_t 
     const int64_t h = home_at_pow2(s, key, sh.pow2);
     if (h >= 0) __builtin_prefetch(&s->home[h], for_write, 3);
     else __builtin_prefetch(&t->entries[held_slot(t, key)], for_write, 3);
-    __builtin_prefetch(stripe(s, key), for_write, 3);
+    __builtin_prefetch(store_stripe(s, key), for_write, 3);
     return h;
 }
 
@@ -141,7 +140,7 @@ static inline __attribute__((always_inline)) void prefetch_ahead(const store_t *
 static inline __attribute__((always_inline)) int gather_one(const store_t *s, int64_t key,
                                                             int64_t h, int64_t len, shape_t sh,
                                                             float *dst, double *synced) {
-    const uint64_t *seq = stripe(s, key);
+    const uint64_t *seq = store_stripe(s, key);
     for (;;) {
         const uint64_t v = read_begin(seq);
         held_entry_t *e;
@@ -269,7 +268,7 @@ static inline void bump_version(const store_t *s, int64_t h, held_entry_t *e) {
 static inline __attribute__((always_inline)) int scatter_one(const store_t *s, int64_t key,
                                                              int64_t h, int64_t len, shape_t sh,
                                                              const float *src, int mode) {
-    uint64_t *seq = stripe(s, key);
+    uint64_t *seq = store_stripe(s, key);
     int held = 1;
     write_lock(seq);
     held_entry_t *e;
@@ -373,7 +372,7 @@ int64_t store_insert(const store_t *s, const int64_t *keys, int64_t n, const int
         const int64_t home = is_home(s, key);
         const int64_t slot = home ? home_row(s, key) : slots[i];
         const int64_t version = (versions ? versions[i] : 0) & VERSION_MASK;
-        uint64_t *seq = stripe(s, key);
+        uint64_t *seq = store_stripe(s, key);
         write_lock(seq);
         if (vals) memcpy(s->slab + slot, vals + off, (size_t)len * sizeof(float));
         else memset(s->slab + slot, 0, (size_t)len * sizeof(float));
@@ -410,7 +409,7 @@ int64_t store_remove(const store_t *s, const int64_t *keys, int64_t n, float *va
             pool_follow(s, keys, i, 0);
             return -1;
         }
-        uint64_t *seq = stripe(s, key);
+        uint64_t *seq = store_stripe(s, key);
         write_lock(seq);
         held_entry_t *e;
         const int64_t raw = store_lookup(s, key, &e);
@@ -440,7 +439,7 @@ int64_t store_take_deltas(const store_t *s, const int64_t *keys, int64_t n, floa
         const int64_t key = keys[i];
         const int64_t len = key_len(s, key);
         if (off + len > out_floats) return -1;
-        uint64_t *seq = stripe(s, key);
+        uint64_t *seq = store_stripe(s, key);
         int any = 0;
         write_lock(seq);
         held_entry_t *e;
@@ -464,7 +463,7 @@ int64_t store_take_deltas(const store_t *s, const int64_t *keys, int64_t n, floa
 void store_states(const store_t *s, const int64_t *keys, int64_t n, int8_t *out) {
     const int token = held_enter(s->held);
     for (int64_t i = 0; i < n; i++) {
-        const uint64_t *seq = stripe(s, keys[i]);
+        const uint64_t *seq = store_stripe(s, keys[i]);
         int state;
         uint64_t v;
         do { /* an entry removed and reused under the read: read again */
@@ -477,7 +476,7 @@ void store_states(const store_t *s, const int64_t *keys, int64_t n, int8_t *out)
 }
 
 int store_has_delta(const store_t *s, int64_t key) {
-    uint64_t *seq = stripe(s, key);
+    uint64_t *seq = store_stripe(s, key);
     int any = 0;
     write_lock(seq);
     held_entry_t *e;
@@ -506,7 +505,7 @@ int64_t store_take_deltas_to(const store_t *s, const int64_t *keys, int64_t n, f
     for (int64_t i = 0; i < n; i++) {
         const int64_t key = keys[i], len = key_len(s, key);
         float *out = base + offsets[i];
-        uint64_t *seq = stripe(s, key);
+        uint64_t *seq = store_stripe(s, key);
         write_lock(seq);
         held_entry_t *e;
         const int64_t raw = store_lookup(s, key, &e);
@@ -530,7 +529,7 @@ int64_t store_refresh(const store_t *s, const int64_t *keys, int64_t n, const fl
         const int64_t key = keys[i];
         const int64_t len = key_len(s, key);
         if (off + len > vals_floats) return -1;
-        uint64_t *seq = stripe(s, key);
+        uint64_t *seq = store_stripe(s, key);
         write_lock(seq);
         held_entry_t *e;
         const int64_t raw = store_lookup(s, key, &e);
@@ -568,7 +567,7 @@ int64_t store_refresh(const store_t *s, const int64_t *keys, int64_t n, const fl
 void store_set_synced(const store_t *s, const int64_t *keys, int64_t n, const int64_t *versions,
                       double now) {
     for (int64_t i = 0; i < n; i++) {
-        uint64_t *seq = stripe(s, keys[i]);
+        uint64_t *seq = store_stripe(s, keys[i]);
         write_lock(seq);
         held_entry_t *e;
         const int64_t raw = store_lookup(s, keys[i], &e);
