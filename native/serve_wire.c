@@ -170,7 +170,8 @@ static int serve_parsed(wserve_t *s, wsink_t *sink, int rank, const wframe_t *f,
         psize += padded(8 * (size_t)keys) + padded(4 * (size_t)floats[i]);
     }
     uint8_t *hp, *pp;
-    if (grow_missing(s, most) < 0 || sink->open(sink, hsize, psize, &hp, &pp) < 0) return 0;
+    if (grow_missing(s, most) < 0 || sink->open(sink, hsize, psize, NULL, 0, &hp, &pp) < 0)
+        return 0;
     /* From here on the message is this path's: a push is applied at once. */
     int64_t *c = s->counts;
     for (int64_t i = 0; i < n; i++) {
@@ -272,7 +273,7 @@ static int serve_sync(wserve_t *s, wsink_t *sink, int rank, const wframe_t *f, i
         }
         return got != 0;
     }
-    sync_fast_answer_t ans;
+    sync_fast_answer_t ans = {.own = NULL};
     const int got = directory_sync_fast(s->directory, rank, a, narr, &ans, &fatal);
     if (got <= 0) {
         if (got < 0) {
@@ -289,17 +290,20 @@ static int serve_sync(wserve_t *s, wsink_t *sink, int rank, const wframe_t *f, i
         if (*role == '|') role++;
         lengths[i] = ans.a[i].n * wire_itemsize(*role);
         arrays += lengths[i];
-        psize += padded((size_t)lengths[i]);
+        if (i == 3 && ans.own) lengths[i] = -lengths[i]; /* the values: a frame of their own */
+        else psize += padded((size_t)lengths[i]);
     }
     const size_t hsize = WIRE_HEADER_BYTES + 8 * (size_t)ans.narrays;
+    const size_t own_bytes = ans.own ? (size_t)-lengths[3] : 0;
     uint8_t *hp, *pp;
-    if (sink->open(sink, hsize, psize, &hp, &pp) < 0) {
+    if (sink->open(sink, hsize, psize, ans.own, own_bytes, &hp, &pp) < 0) {
         s->failed = -2;
         s->fatal = "out of memory for the answer to a SYNC";
         return 1;
     }
     put_header(hp, WIRE_SYNC_RESP, ans.narrays, s->rank, req, -1, lengths);
     for (int i = 0; i < ans.narrays; i++) {
+        if (lengths[i] < 0) continue;
         if (lengths[i]) memcpy(pp, ans.a[i].p, (size_t)lengths[i]);
         memset(pp + lengths[i], 0, padded((size_t)lengths[i]) - (size_t)lengths[i]);
         pp += padded((size_t)lengths[i]);
@@ -312,7 +316,7 @@ static int serve_sync(wserve_t *s, wsink_t *sink, int rank, const wframe_t *f, i
     c[C_SYNC_IN_BYTES] += in_bytes;
     c[C_SYNC_RESP_OUT]++;
     c[C_SYNC_RESP_OUT_BYTES] += (int64_t)hsize + arrays;
-    count_served(s, f, nf, 1, (int64_t)(hsize + psize), C_SYNCS_SERVED);
+    count_served(s, f, nf, 1, (int64_t)(hsize + psize + own_bytes), C_SYNCS_SERVED);
     return 1;
 }
 
@@ -322,16 +326,20 @@ int wire_serve(wserve_t *s, wsink_t *sink, int rank, const wframe_t *f, int nf) 
 
 /* --- the in-process transport's binding -------------------------------------------------- */
 
-/* An answer in two raw buffers, made into bytes after the call (the GIL is released in it). */
+/* An answer in two raw buffers (and the third the answer hands over, if any), made into bytes
+ * after the call (the GIL is released in it). */
 typedef struct {
     wsink_t sink;
-    uint8_t *h, *p;
-    size_t hsize, psize;
+    uint8_t *h, *p, *own;
+    size_t hsize, psize, own_bytes;
     int sent;
 } bytes_sink_t;
 
-static int bytes_open(wsink_t *sink, size_t hsize, size_t psize, uint8_t **h, uint8_t **p) {
+static int bytes_open(wsink_t *sink, size_t hsize, size_t psize, void *own, size_t own_bytes,
+                      uint8_t **h, uint8_t **p) {
     bytes_sink_t *b = (bytes_sink_t *)sink;
+    b->own = own; /* freed by the caller, as h and p */
+    b->own_bytes = own_bytes;
     b->h = PyMem_RawMalloc(hsize ? hsize : 1);
     b->p = PyMem_RawMalloc(psize ? psize : 1);
     if (!b->h || !b->p) {
@@ -405,12 +413,17 @@ PyObject *Directory_serve_wire(PyObject *self, PyObject *args) {
             out = Py_NewRef(Py_None);
         } else if (!sink.sent) {
             out = PyList_New(0);
-        } else {
+        } else if (!sink.own) {
             out = Py_BuildValue("[y#y#]", (const char *)sink.h, (Py_ssize_t)sink.hsize,
                                 (const char *)sink.p, (Py_ssize_t)sink.psize);
+        } else {
+            out = Py_BuildValue("[y#y#y#]", (const char *)sink.h, (Py_ssize_t)sink.hsize,
+                                (const char *)sink.p, (Py_ssize_t)sink.psize,
+                                (const char *)sink.own, (Py_ssize_t)sink.own_bytes);
         }
         PyMem_RawFree(sink.h); /* copied into bytes, or not needed */
         PyMem_RawFree(sink.p);
+        free(sink.own); /* malloc'd by the directory's scratch (growable.h) */
     }
     for (Py_ssize_t i = 0; i < got; i++) PyBuffer_Release(&views[i]);
     PyBuffer_Release(&counts);

@@ -24,11 +24,14 @@ typedef struct {
 } wframe_t;
 
 /* Where an answer goes. open: room for an answer of a header frame of hsize bytes and a payload
- * frame of psize bytes (*h, *p; 0, or -1 out of memory: nothing to send); an open answer is
+ * frame of psize bytes (*h, *p; 0, or -1 out of memory: nothing to send), and with own (not
+ * NULL) a third frame, own_bytes of a malloc'd buffer the sink takes over and frees (free())
+ * whatever happens, so that a large array is not copied into the payload; an open answer is
  * always sent, to the peer whose message is served (send: 0, or an errno if the transport
  * refused it, which then owns and frees the frames all the same). */
 typedef struct wsink {
-    int (*open)(struct wsink *, size_t hsize, size_t psize, uint8_t **h, uint8_t **p);
+    int (*open)(struct wsink *, size_t hsize, size_t psize, void *own, size_t own_bytes,
+                uint8_t **h, uint8_t **p);
     int (*send)(struct wsink *);
 } wsink_t;
 

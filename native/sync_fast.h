@@ -68,10 +68,14 @@ typedef struct {
 } sync_fast_t;
 
 /* The answer's arrays: SYNC_RESP's 8, then the 12 move arrays held for the origin (narrays
- * 20), or only the 8 when none are held. Valid until the directory's next call. */
+ * 20), or only the 8 when none are held. Valid until the directory's next call. own: NULL, or
+ * the refreshed values' buffer (a[3]) when they are large enough for a frame of their own
+ * (WIRE_OWN_FRAME_BYTES): malloc'd, taken from the directory's scratch, now the caller's to
+ * hand to the transport (or free), so that they are not copied into the payload. */
 typedef struct {
     carr_t a[20];
     int narrays;
+    void *own;
 } sync_fast_answer_t;
 
 #endif

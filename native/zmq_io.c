@@ -246,6 +246,17 @@ double zmq_io_now(void) {
 
 static double now_s(void) { return zmq_io_now(); }
 
+int zmq_send_msgs(void *peer, zmsg_t *m, int n) {
+    for (int i = 0; i < n; i++) {
+        if (Z.msg_send(&m[i], peer, i + 1 < n ? Z_SNDMORE : 0) < 0) {
+            const int e = Z.errno_();
+            for (int j = i; j < n; j++) Z.msg_close(&m[j]);
+            return e ? e : EIO;
+        }
+    }
+    return 0;
+}
+
 int zmq_send_pair(void *peer, zmsg_t *hm, zmsg_t *pm) {
     if (Z.msg_send(hm, peer, Z_SNDMORE) < 0) {
         const int e = Z.errno_();

@@ -106,6 +106,9 @@ double zmq_io_now(void);
 /* Sends a wire message of a header frame hm and a payload frame pm to peer (libzmq owns them
  * after, sent or not): 0, or an errno. */
 int zmq_send_pair(void *peer, zmsg_t *hm, zmsg_t *pm);
+/* Sends a wire message of the n frames m[0..n) to peer (libzmq owns them after, sent or not):
+ * 0, or an errno. */
+int zmq_send_msgs(void *peer, zmsg_t *m, int n);
 
 /* zmq_serve.c */
 /* Serves the ZeroMQ message in parts[first..end) inside poll if a fast path takes it: a

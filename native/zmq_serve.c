@@ -5,29 +5,40 @@
 
 #define ZMQ_FRAMES_MAX 128 /* frames of a message the fast paths look at */
 
-/* An answer as two libzmq messages, sent on the peer's connection (libzmq owns them after). */
+/* An answer as two or three libzmq messages, sent on the peer's connection (libzmq owns them
+ * after). */
 typedef struct {
     wsink_t sink;
-    zmsg_t hm, pm;
+    zmsg_t m[3];
+    int nm;
     void *peer;
     int sent; /* an answer went out */
 } zmq_sink_t;
 
-static int zmq_open(wsink_t *sink, size_t hsize, size_t psize, uint8_t **h, uint8_t **p) {
+static void free_own(void *data, void *hint) { free(data); } /* libzmq's, once sent */
+
+static int zmq_open(wsink_t *sink, size_t hsize, size_t psize, void *own, size_t own_bytes,
+                    uint8_t **h, uint8_t **p) {
     zmq_sink_t *z = (zmq_sink_t *)sink;
-    if (Z.msg_init_size(&z->hm, hsize) < 0) return -1;
-    if (Z.msg_init_size(&z->pm, psize) < 0) {
-        Z.msg_close(&z->hm);
+    if (own && Z.msg_init_data(&z->m[2], own, own_bytes, free_own, NULL) < 0) {
+        free(own);
         return -1;
     }
-    *h = Z.msg_data(&z->hm);
-    *p = Z.msg_data(&z->pm);
+    const int head = Z.msg_init_size(&z->m[0], hsize) == 0;
+    if (!head || Z.msg_init_size(&z->m[1], psize) < 0) {
+        if (head) Z.msg_close(&z->m[0]);
+        if (own) Z.msg_close(&z->m[2]); /* frees own */
+        return -1;
+    }
+    z->nm = own ? 3 : 2;
+    *h = Z.msg_data(&z->m[0]);
+    *p = Z.msg_data(&z->m[1]);
     return 0;
 }
 
 static int zmq_send(wsink_t *sink) {
     zmq_sink_t *z = (zmq_sink_t *)sink;
-    const int e = zmq_send_pair(z->peer, &z->hm, &z->pm);
+    const int e = zmq_send_msgs(z->peer, z->m, z->nm);
     z->sent = !e;
     return e;
 }

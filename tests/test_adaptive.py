@@ -289,7 +289,7 @@ def _batches_of(rank: int) -> list:
     return [rng.choice(A_KEYS, A_BATCH, replace=False) for _ in range(A_CLOCKS)]
 
 
-def _answers_job(node):
+def _answers_job(node, width):
     """KGE's pattern on a small key space: intent for the batch ``A_AHEAD`` clocks on, then a
     pull and a push of this clock's batch; the nodes want overlapping keys all the time, so
     keys relocate, replicas come and go with their last deltas, and reports are redirected."""
@@ -298,7 +298,7 @@ def _answers_job(node):
     for t in range(A_AHEAD):
         w.intent(batches[t], t)
     w.wait_sync()
-    ones = np.ones((A_BATCH, 2), np.float32)
+    ones = np.ones((A_BATCH, width), np.float32)
     for t in range(A_CLOCKS):
         if t + A_AHEAD < A_CLOCKS:
             w.intent(batches[t + A_AHEAD], t + A_AHEAD)
@@ -312,10 +312,13 @@ def _answers_job(node):
     return values, placement(node), node.stats()
 
 
-def test_answers_taken_by_the_transport_lose_no_update():
+@pytest.mark.parametrize("width", [2, 4096])
+def test_answers_taken_by_the_transport_lose_no_update(width):
     """At 4 nodes the transport takes most answers in itself, with their redirected reports
     and returned deltas (a dropped replica's report and last delta can name the key that the
-    report's decision relocates away in the same answer: the delta must go with it)."""
+    report's decision relocates away in the same answer: the delta must go with it). Rows of
+    4096 floats: an answer that refreshes 4 replicas or more sends their values in a frame of
+    their own (native/sync_fast.c), not copied into its payload."""
     n = 4
     expected = np.zeros(A_KEYS)
     for rank in range(n):
@@ -325,10 +328,10 @@ def test_answers_taken_by_the_transport_lose_no_update():
     # exact, until both kinds were taken in (most runs have dozens of each).
     seen = {"redirected_keys": 0, "returned_deltas": 0}
     for _ in range(4):
-        results = cluster(_answers_job, n, num_keys=A_KEYS, value_length=2,
+        results = cluster(_answers_job, n, args=(width,), num_keys=A_KEYS, value_length=width,
                           management="adaptive", timeout_s=120)
         for values, _, _ in results:
-            np.testing.assert_array_equal(values, np.repeat(expected[:, None], 2, axis=1))
+            np.testing.assert_array_equal(values, np.repeat(expected[:, None], width, axis=1))
         check_placement([p for _, p, _ in results], n, A_KEYS)
         stats = [s for _, _, s in results]
         native = sum(s["answers_taken_natively"] for s in stats)

@@ -51,15 +51,20 @@ _KINDS = (["intent"] * 3 + ["push"] * 3 + ["advance"] * 4 + ["pull", "wait_sync"
           + ["intent_push"] * 2)
 
 
+WIDE = 16384
+
+
 @st.composite
 def schedules(draw, min_nodes=2, max_nodes=4):
     world_size = draw(st.integers(min_nodes, max_nodes))
     num_keys = draw(st.integers(world_size, max(10, world_size + 8)))
     workers = draw(st.integers(1, 2))
     per_key = draw(st.booleans())
+    # Or rows of 64 KiB, so that an answer's refreshed values travel in a frame of their own
+    # (native/sync_fast.c; the wire format's own frames start at 65,536 bytes).
     lengths = (np.array(draw(st.lists(st.integers(1, 3), min_size=num_keys,
                                       max_size=num_keys)))
-               if per_key else draw(st.integers(1, 3)))
+               if per_key else draw(st.one_of(st.integers(1, 3), st.just(WIDE))))
     # Most accesses go to a few hot keys, so that nodes' intents overlap.
     hot = draw(st.integers(1, num_keys))
     key = st.one_of(st.integers(0, hot - 1), st.integers(0, num_keys - 1))
