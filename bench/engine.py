@@ -21,7 +21,8 @@ workers' CPU and ZeroMQ's I/O threads are not in it. Each workload isolates one 
   each side alone, as above (both in C: the owner serves the pushes, native/serve_wire.c, and
   the requester's transport sends them and takes the acknowledgements in, native/zmq_calls.c).
   The ping-pong above is the worst case, a wake-up per message; this is the other end: the
-  work per message itself.
+  work per message itself. 50,000 pushes (10,000 until session 35: the start of the burst,
+  before requests pile up, weighed 1.5-2x more per message then; 2,000 with ``--quick``).
 - **moved rows**: each clock, one node intends a batch of keys the other holds, alone, so the
   owner relocates them (and back, the next clock, from the other side). Per moved row: engine
   CPU of both nodes over rows relocated in, minus their messages at the small-message cost
@@ -373,7 +374,7 @@ def main(argv=None) -> int:
     opts = p.parse_args(argv)
     counts = (dict(pulls=500, pushes=2000, batch=500, clocks=40, replicated=500,
                         empty=200, worker_clocks=1000) if opts.quick
-              else dict(pulls=3000, pushes=10000, batch=2000, clocks=100,
+              else dict(pulls=3000, pushes=50000, batch=2000, clocks=100,
                         replicated=2000, empty=1000, worker_clocks=3000))
     results = run_cluster(_job, 2, args=(counts,), timeout_s=600,
                           config=dict(num_keys=400_000, value_length=DIM,
