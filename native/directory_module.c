@@ -22,6 +22,8 @@ static void Directory_dealloc(DirectoryObject *self) {
     outbox_free(&self->outbox);
     for (size_t i = 0; i < sizeof self->decide_buf / sizeof self->decide_buf[0]; i++)
         scratch_free(&self->decide_buf[i]);
+    for (size_t i = 0; i < sizeof self->round_buf / sizeof self->round_buf[0]; i++)
+        scratch_free(&self->round_buf[i]);
     answer_fast_free(&self->fast, 1);
     sync_fast_free(&self->fast);
     Py_XDECREF((PyObject *)self->fast.counts_obj);

@@ -23,6 +23,7 @@ typedef struct {
     check_scratch_t scratch; /* check_message's and check_sync_answer's */
     outbox_t outbox;         /* moves decided here, held per peer until sent (outbox.h) */
     scratch_buf_t decide_buf[5]; /* dm_decide's */
+    scratch_buf_t round_buf[8];  /* a round's build (round_module.c: round_buffers) */
     sync_fast_t fast;        /* SYNCs served inside the transport (sync_fast.h) */
     PyObject *counts;        /* the IntentCounts whose counts d.counts points into, or NULL */
     int ready;

@@ -14,7 +14,7 @@ static PyObject *round_buffers(DirectoryObject *self, const int64_t *rkeys, cons
                                int64_t nr, pins_t *release) {
     const directory_t *d = &self->d;
     PyObject *result = NULL, *out[13] = {NULL};
-    void *scratch[8] = {NULL};
+    void *scratch[8];
     round_in_t in = {rkeys, rflags, nr, release};
     round_sizes_t z;
     dir_round_sizes(d, &in, &z);
@@ -31,8 +31,10 @@ static PyObject *round_buffers(DirectoryObject *self, const int64_t *rkeys, cons
                                      (size_t)(nr + nh) * 8, (size_t)(nr + nh) * 8,
                                      (size_t)world * 8, (size_t)nh,
                                      (size_t)z.drop_floats * 4, (size_t)z.drops * 8};
+    /* The directory's, kept from round to round: their pages stay mapped (fresh buffers of a
+     * round's size were faulted in again each round). */
     for (int i = 0; i < 8; i++)
-        if (!(scratch[i] = PyMem_Malloc(scratch_bytes[i] ? scratch_bytes[i] : 1))) {
+        if (!(scratch[i] = scratch_room(&self->round_buf[i], (int64_t)scratch_bytes[i]))) {
             PyErr_NoMemory();
             Py_CLEAR(result);
             goto done;
@@ -61,7 +63,6 @@ static PyObject *round_buffers(DirectoryObject *self, const int64_t *rkeys, cons
         Py_CLEAR(result);
 done:
     if (release) pins_unlock(release); /* failed before dir_round_build */
-    for (int i = 0; i < 8; i++) PyMem_Free(scratch[i]);
     return result;
 }
 
