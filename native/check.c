@@ -97,6 +97,17 @@ static int rows_unfit(const directory_t *d, const char *prefix, const int64_t *k
                  (long long)n, (long long)need);
 }
 
+/* A SYNC's deltas: a row sent narrow (its version says so) takes half the floats. */
+static int delta_rows_unfit(const directory_t *d, const int64_t *keys, const int64_t *versions,
+                            int64_t n, int64_t floats, char *why) {
+    int64_t need = 0;
+    for (int64_t i = 0; i < n; i++)
+        need += delta_row_floats(key_len(d->store, keys[i]), versions[i]);
+    if (floats == need) return 0;
+    return unfit(why, "%lld floats of deltas for %lld keys whose rows take %lld", (long long)floats,
+                 (long long)n, (long long)need);
+}
+
 /* Relocations (a[0..6)), replica set-ups (a[6..9)), home updates (a[9..12)). */
 static int moves_unfit(const directory_t *d, const carr_t *a, check_scratch_t *s, char *why) {
     static const char *names[2] = {"relocation", "replica"};
@@ -155,7 +166,12 @@ static int keyed_unfit(const directory_t *d, int kind, const carr_t *a, check_sc
         const int64_t *keys = a[at].p, n = a[at].n;
         if (keys_unfit(d, "", keys, n, why)) return 1;
         for (at++, roles++; *roles != '|'; roles++, at++) {
-            if (*roles == 'r') {
+            if (*roles == 'r' && kind == WIRE_SYNC) { /* the deltas: rows, then versions */
+                if (a[at + 1].n != n)
+                    return unfit(why, "%lld versions for %lld deltas", (long long)a[at + 1].n,
+                                 (long long)n);
+                if (delta_rows_unfit(d, keys, a[at + 1].p, n, a[at].n, why)) return 1;
+            } else if (*roles == 'r') {
                 if (rows_unfit(d, "", keys, n, a[at].n, why)) return 1;
             } else if (a[at].n != n) {
                 return unfit(why, "%lld entries for %lld keys", (long long)a[at].n, (long long)n);

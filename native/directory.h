@@ -245,6 +245,10 @@ typedef struct {
     int64_t nr;
     pins_t *release; /* locked by the caller: unlocked as soon as the dropped replicas have left,
                       * before the deltas are taken (NULL: nothing to unlock; dir_sync_pins) */
+    int exact;       /* every delta in float32, residues included (someone waits for the round:
+                      * wait_sync promises every push merged); else the live replicas' deltas go
+                      * as bfloat16 (DELTA_NARROW) and the rounding stays here. Dropped
+                      * replicas' last deltas are always float32. */
 } round_in_t;
 
 typedef struct {
@@ -267,7 +271,8 @@ typedef struct {
     int64_t *dkeys, *dpos, *dver;
     float *drows;
     int64_t *ckeys, *cpos, *cver;
-    int64_t nd, nc, delta_floats; /* out: entries of each section, floats of the deltas */
+    int64_t nd, nc, delta_floats; /* out: entries of each section, floats of the deltas' rows
+                                   * (a narrow row takes delta_row_floats) */
     int64_t *s_live, *s_ver, *s_at, *s_off, *s_cursor;
     int8_t *s_nonzero;
     float *s_rows;

@@ -715,7 +715,8 @@ static PyMethodDef Directory_methods[] = {
     {"replica_count", (PyCFunction)Directory_replica_count, METH_NOARGS,
      "replica_count() -> int. How many keys are held here as replicas."},
     {"round_build", (PyCFunction)Directory_round_build, METH_VARARGS,
-     "round_build(counts, variant, reports, first_req) -> None or (deferred, told_keys, "
+     "round_build(counts, variant, reports, first_req, exact=True) -> None or (deferred, "
+     "told_keys, "
      "told_flags, decided, decision, reports_sent, drop_keys, deltas, parts, keys, flags). A "
      "sync round after its workers' intents were collected into counts (this node's "
      "IntentCounts), in one call: the keys whose intent state changed, less those deferred (an "
@@ -731,7 +732,9 @@ static PyMethodDef Directory_methods[] = {
      "now carries; frames [headers, payload] and the replicas' rows when large, as a "
      "memoryview; nbytes its share of the wire); keys: every entry's key; flags: the sent "
      "reports' flags (uint8 bytearray). None when nothing changed and no replica is held (an "
-     "idle round)."},
+     "idle round). exact false: the live replicas' deltas go as bfloat16 (their versions "
+     "marked, native/store.h: DELTA_NARROW), what rounding leaves staying in their delta rows "
+     "for a later delta; true: every delta in float32, those leftovers included."},
     {"round_requests", (PyCFunction)Directory_round_requests, METH_VARARGS,
      "round_requests(rkeys, rflags) -> (drop_keys, counts, keys, ikeys, ipos, iflags, "
      "dkeys, dpos, drows, dver, ckeys, cpos, cver), numpy arrays of the codec's dtypes. A sync "

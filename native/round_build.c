@@ -87,7 +87,7 @@ int64_t dir_round_build(const directory_t *d, const round_in_t *in, const round_
          * far (store_has_delta scans and clears it). */
         if (i + STORE_AHEAD < nheld) store_prefetch(s, held[i + STORE_AHEAD]);
         if (i + STORE_AHEAD / 2 < nheld) store_prefetch_rows(s, held[i + STORE_AHEAD / 2], 1);
-        const int dirty = store_replica_peek(s, held[i], &live_ver[nl]);
+        const int dirty = store_replica_peek(s, held[i], &live_ver[nl], in->exact);
         if (dirty < 0) continue;
         o->s_live[nl] = held[i];
         o->s_nonzero[nl++] = (int8_t)dirty;
@@ -115,10 +115,13 @@ int64_t dir_round_build(const directory_t *d, const round_in_t *in, const round_
     for (int64_t i = 0; i < nr; i++) o->iflags[at[i]] = in->rflags[i];
     if (place_keys(d, keys + nr, ndel, nr, o->counts + world, cursor, o->dkeys, o->dpos, at) < 0)
         return -1;
+    /* The versions first: a live replica's delta sent narrow says so in its version. */
+    const int64_t narrow = in->exact ? 0 : DELTA_NARROW;
+    for (int64_t i = 0; i < ndel; i++) o->dver[at[i]] = ver[i] | (i >= ndrop ? narrow : 0);
     int64_t *off = o->s_off, run = 0; /* float offset of each grouped delta's row */
     for (int64_t j = 0; j < ndel; j++) {
         off[j] = run;
-        run += key_len(s, o->dkeys[j]);
+        run += delta_row_floats(key_len(s, o->dkeys[j]), o->dver[j]);
     }
     o->delta_floats = run;
     for (int64_t i = 0, pre = 0; i < ndrop; i++) { /* the drops' last deltas, taken above */
@@ -130,9 +133,8 @@ int64_t dir_round_build(const directory_t *d, const round_in_t *in, const round_
     int64_t *dest = o->s_live;
     for (int64_t i = ndrop; i < ndel; i++) dest[i - ndrop] = off[at[i]];
     if (store_take_deltas_to(s, keys + nr + ndrop, ndel - ndrop, o->drows,
-                             z->drop_floats + z->held_floats, dest) < 0)
+                             z->drop_floats + z->held_floats, dest, !in->exact) < 0)
         return -1;
-    for (int64_t i = 0; i < ndel; i++) o->dver[at[i]] = ver[i];
     if (place_keys(d, keys + nr + ndel, nc, nr + ndel, o->counts + 2 * world, cursor, o->ckeys,
                    o->cpos, at) < 0)
         return -1;

@@ -11,11 +11,11 @@
  * round_requests), or NULL with an exception set. release: pins the caller locked, unlocked
  * here in any case (as soon as the dropped replicas have left), or NULL. */
 static PyObject *round_buffers(DirectoryObject *self, const int64_t *rkeys, const uint8_t *rflags,
-                               int64_t nr, pins_t *release) {
+                               int64_t nr, pins_t *release, int exact) {
     const directory_t *d = &self->d;
     PyObject *result = NULL, *out[13] = {NULL};
     void *scratch[8];
-    round_in_t in = {rkeys, rflags, nr, release};
+    round_in_t in = {rkeys, rflags, nr, release, exact};
     round_sizes_t z;
     dir_round_sizes(d, &in, &z);
     const int64_t nh = d->held->len, world = d->world_size, most = z.drops + nh;
@@ -121,6 +121,7 @@ static PyObject *round_encoded(DirectoryObject *self, PyObject *const *b, int64_
     const directory_t *d = &self->d;
     const int64_t world = d->world_size, *counts = (const int64_t *)PyByteArray_AS_STRING(b[1]);
     const int64_t *dkeys = (const int64_t *)PyByteArray_AS_STRING(b[6]);
+    const int64_t *dver = (const int64_t *)PyByteArray_AS_STRING(b[9]);
     outbox_t *ob = &self->outbox;
     int64_t parts = 0;
     for (int64_t r = 0; r < world; r++)
@@ -132,7 +133,9 @@ static PyObject *round_encoded(DirectoryObject *self, PyObject *const *b, int64_
     int64_t at[3] = {0, 0, 0}, row = 0; /* entries of each section before rank r; drows floats */
     for (int64_t r = 0, part = 0; r < world; r++) {
         const int64_t ni = counts[r], nd = counts[world + r], nc = counts[2 * world + r];
-        const int64_t floats = store_floats_of(d->store, dkeys + at[1], nd);
+        int64_t floats = 0; /* of rank r's delta rows (narrow ones take half) */
+        for (int64_t j = at[1]; j < at[1] + nd; j++)
+            floats += delta_row_floats(key_len(d->store, dkeys[j]), dver[j]);
         if (ni + nd + nc) {
             const int narr = outbox_holds(ob, r) ? 10 + OUTBOX_ARRAYS : 10;
             enc_array_t a[10 + OUTBOX_ARRAYS] = {
@@ -180,9 +183,10 @@ fail:
  * docstring. */
 PyObject *Directory_round_build(DirectoryObject *self, PyObject *args) {
     PyObject *ocounts;
-    int variant, reports;
+    int variant, reports, exact = 1;
     long long first_req;
-    if (!PyArg_ParseTuple(args, "OipL", &ocounts, &variant, &reports, &first_req)) return NULL;
+    if (!PyArg_ParseTuple(args, "OipL|p", &ocounts, &variant, &reports, &first_req, &exact))
+        return NULL;
     intent_counts_t *c = dm_intent_counts(ocounts, "round_build");
     if (!c) return NULL;
     const directory_t *d = &self->d;
@@ -272,7 +276,7 @@ PyObject *Directory_round_build(DirectoryObject *self, PyObject *args) {
     memcpy(p, flags, (size_t)m);
     int64_t deltas = 0;
     if (m || d->held->len) {
-        buffers = round_buffers(self, keys, flags, m, locked);
+        buffers = round_buffers(self, keys, flags, m, locked, exact);
         locked = NULL; /* round_buffers unlocked it, once the dropped replicas had left */
         if (!buffers) goto done;
         PyObject *b[13];
@@ -326,7 +330,7 @@ PyObject *Directory_round_requests(DirectoryObject *self, PyObject *args) {
     if (dm_check_keys(self, v[0].buf, nr) < 0
         || dm_refuse_repeated(self, v[0].buf, nr, "round_requests: reports") < 0)
         goto done;
-    PyObject *buffers = round_buffers(self, v[0].buf, v[1].buf, nr, NULL);
+    PyObject *buffers = round_buffers(self, v[0].buf, v[1].buf, nr, NULL, 1);
     if (buffers) {
         PyObject *b[13];
         for (int i = 0; i < 13; i++) b[i] = PyTuple_GET_ITEM(buffers, i);

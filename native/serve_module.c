@@ -232,8 +232,9 @@ PyObject *Directory_serve_sync(DirectoryObject *self, PyObject *args) {
         || dm_check_keys(self, r.ckeys, r.nc) < 0
         || dm_refuse_repeated(self, r.ikeys, r.ni, "serve_sync: intent reports") < 0)
         goto done;
-    int64_t row_floats = 0;
-    for (int64_t i = 0; i < r.nd; i++) row_floats += key_len(st, r.dkeys[i]);
+    int64_t row_floats = 0; /* as sent: a narrow row (bfloat16) takes half */
+    for (int64_t i = 0; i < r.nd; i++) row_floats += delta_row_floats(key_len(st, r.dkeys[i]),
+                                                                      r.dver[i]);
     if (row_floats != v[5].len / 4) {
         PyErr_Format(PyExc_ValueError, "serve_sync: the deltas' rows hold %lld floats, their "
                      "keys need %lld", (long long)(v[5].len / 4), (long long)row_floats);

@@ -419,7 +419,7 @@ int64_t store_remove(const store_t *s, const int64_t *keys, int64_t n, float *va
         if (slot >= 0) {
             if (vals_out) memcpy(vals_out + off, s->slab + slot, (size_t)len * sizeof(float));
             /* An owner's delta row is never written, a clean replica's is all zeros. */
-            if (deltas_out && (raw & REPLICA_BIT) && (raw & DIRTY_BIT))
+            if (deltas_out && (raw & REPLICA_BIT) && (raw & DELTA_BITS))
                 memcpy(deltas_out + off, s->delta + slot, (size_t)len * sizeof(float));
             else if (deltas_out)
                 memset(deltas_out + off, 0, (size_t)len * sizeof(float));
@@ -444,14 +444,14 @@ int64_t store_take_deltas(const store_t *s, const int64_t *keys, int64_t n, floa
         write_lock(seq);
         held_entry_t *e;
         const int64_t raw = store_lookup(s, key, &e);
-        if (raw >= 0 && (raw & REPLICA_BIT) && (raw & DIRTY_BIT)) { /* else: all zeros */
+        if (raw >= 0 && (raw & REPLICA_BIT) && (raw & DELTA_BITS)) { /* else: all zeros */
             float *d = s->delta + SLOT_OFFSET(raw);
             for (int64_t j = 0; j < len; j++) {
                 out[off + j] = d[j];
                 any |= d[j] != 0.0f;
             }
             if (any) memset(d, 0, (size_t)len * sizeof(float));
-            __atomic_store_n(&e->raw, raw & ~DIRTY_BIT, __ATOMIC_RELAXED);
+            __atomic_store_n(&e->raw, raw & ~DELTA_BITS, __ATOMIC_RELAXED);
         }
         write_unlock(seq);
         nonzero[i] = (int8_t)any;
@@ -475,33 +475,53 @@ void store_states(const store_t *s, const int64_t *keys, int64_t n, int8_t *out)
     held_exit(s->held, token);
 }
 
-int store_has_delta(const store_t *s, int64_t key) {
+int store_has_delta(const store_t *s, int64_t key, int residue) {
     uint64_t *seq = store_stripe(s, key);
     int any = 0;
     write_lock(seq);
     held_entry_t *e;
     const int64_t raw = store_lookup(s, key, &e);
-    if (raw >= 0 && (raw & REPLICA_BIT) && (raw & DIRTY_BIT)) {
+    if (raw >= 0 && (raw & REPLICA_BIT) && (raw & (residue ? DELTA_BITS : DIRTY_BIT))) {
         const float *d = s->delta + SLOT_OFFSET(raw);
         for (int64_t j = 0, len = key_len(s, key); j < len && !any; j++) any = d[j] != 0.0f;
-        if (!any) __atomic_store_n(&e->raw, raw & ~DIRTY_BIT, __ATOMIC_RELAXED);
+        if (!any) __atomic_store_n(&e->raw, raw & ~DELTA_BITS, __ATOMIC_RELAXED);
     }
     write_unlock(seq);
     return any;
 }
 
-int store_replica_peek(const store_t *s, int64_t key, int64_t *version) {
+int store_replica_peek(const store_t *s, int64_t key, int64_t *version, int residue) {
     held_entry_t *e;
     const int64_t raw = store_lookup(s, key, &e);
     if (raw < 0 || !(raw & REPLICA_BIT)) return -1;
     *version = __atomic_load_n(&e->version, __ATOMIC_ACQUIRE);
-    return (raw & DIRTY_BIT) ? store_has_delta(s, key) : 0;
+    return (raw & (residue ? DELTA_BITS : DIRTY_BIT)) ? store_has_delta(s, key, residue) : 0;
+}
+
+/* Row d out to out as bfloat16 (len values, padded with a zero to whole floats), what
+ * rounding leaves staying in d; whether any is left. */
+static int narrow_out(float *d, uint16_t *out, int64_t len) {
+    int left = 0;
+    for (int64_t j = 0; j < len; j++) {
+        const uint16_t b = bf16_of(d[j]);
+        out[j] = b;
+        /* Exact: a float and its rounding share their exponent's range. An infinity or NaN
+         * went as it was (its difference with itself would be a NaN). */
+        const float r = d[j] - float_of_bf16(b);
+        d[j] = r == r ? r : 0.0f;
+        left |= d[j] != 0.0f;
+    }
+    if (len & 1) out[len] = 0;
+    return left;
 }
 
 int64_t store_take_deltas_to(const store_t *s, const int64_t *keys, int64_t n, float *base,
-                             int64_t base_floats, const int64_t *offsets) {
+                             int64_t base_floats, const int64_t *offsets, int narrow) {
     for (int64_t i = 0; i < n; i++)
-        if (offsets[i] < 0 || offsets[i] + key_len(s, keys[i]) > base_floats) return -1;
+        if (offsets[i] < 0
+            || offsets[i] + delta_row_floats(key_len(s, keys[i]), narrow ? DELTA_NARROW : 0)
+                   > base_floats)
+            return -1;
     for (int64_t i = 0; i < n; i++) {
         const int64_t key = keys[i], len = key_len(s, key);
         float *out = base + offsets[i];
@@ -509,13 +529,19 @@ int64_t store_take_deltas_to(const store_t *s, const int64_t *keys, int64_t n, f
         write_lock(seq);
         held_entry_t *e;
         const int64_t raw = store_lookup(s, key, &e);
-        if (raw >= 0 && (raw & REPLICA_BIT) && (raw & DIRTY_BIT)) {
+        if (raw >= 0 && (raw & REPLICA_BIT) && (raw & DELTA_BITS)) {
             float *d = s->delta + SLOT_OFFSET(raw);
-            memcpy(out, d, (size_t)len * sizeof(float));
-            memset(d, 0, (size_t)len * sizeof(float));
-            __atomic_store_n(&e->raw, raw & ~DIRTY_BIT, __ATOMIC_RELAXED);
+            int64_t bits = raw & ~DELTA_BITS;
+            if (narrow) {
+                if (narrow_out(d, (uint16_t *)out, len)) bits |= RESIDUE_BIT;
+            } else {
+                memcpy(out, d, (size_t)len * sizeof(float));
+                memset(d, 0, (size_t)len * sizeof(float));
+            }
+            __atomic_store_n(&e->raw, bits, __ATOMIC_RELAXED);
         } else {
-            memset(out, 0, (size_t)len * sizeof(float));
+            memset(out, 0, (size_t)delta_row_floats(len, narrow ? DELTA_NARROW : 0)
+                               * sizeof(float));
         }
         write_unlock(seq);
     }
@@ -536,7 +562,7 @@ int64_t store_refresh(const store_t *s, const int64_t *keys, int64_t n, const fl
         if (raw >= 0 && (raw & REPLICA_BIT)) {
             const int64_t slot = SLOT_OFFSET(raw);
             float *dst = s->slab + slot, *d = s->delta + slot;
-            if (raw & DIRTY_BIT)
+            if (raw & DELTA_BITS)
                 for (int64_t j = 0; j < len; j++) dst[j] = vals[off + j] + d[j];
             else
                 memcpy(dst, vals + off, (size_t)len * sizeof(float));
@@ -546,7 +572,7 @@ int64_t store_refresh(const store_t *s, const int64_t *keys, int64_t n, const fl
                 __atomic_store_n(&e->version, version, __ATOMIC_RELEASE);
                 if (now > 0) e->synced_at = now;
             } else {
-                if (raw & DIRTY_BIT) memset(d, 0, (size_t)len * sizeof(float));
+                if (raw & DELTA_BITS) memset(d, 0, (size_t)len * sizeof(float));
                 if (is_home(s, key)) { /* back to the fixed row's word (the row is the same) */
                     held_del(s->held, e);
                     __atomic_store_n(&s->home[home_at(s, key)],

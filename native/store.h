@@ -71,7 +71,44 @@ typedef struct {
  * new updates: KGE on 2 nodes, ~60%), and a refresh copies the value without adding it. */
 #define REPLICA_BIT ((int64_t)1 << 62)
 #define DIRTY_BIT ((int64_t)1 << 61)
-#define SLOT_OFFSET(raw) ((raw) & (DIRTY_BIT - 1))
+/* RESIDUE_BIT: a replica whose delta row holds what rounding left when its delta last went out
+ * in bfloat16 (store_take_deltas_to, narrow), and nothing newer; the next delta taken, the
+ * replica's drop or a refresh carries it on (it is never lost, only late). */
+#define RESIDUE_BIT ((int64_t)1 << 60)
+#define DELTA_BITS (DIRTY_BIT | RESIDUE_BIT) /* the delta row may hold something */
+#define SLOT_OFFSET(raw) ((raw) & (RESIDUE_BIT - 1))
+
+/* bfloat16: a float's top 16 bits, rounded to nearest even; an infinity and a NaN stay what
+ * they are, and no finite value becomes infinite (truncated instead). A delta row sent narrow
+ * loses at most 2^-8 of each value to rounding, and that part stays with the sender. */
+static inline uint16_t bf16_of(float f) {
+    uint32_t u;
+    __builtin_memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) >= 0x7f800000u)
+        return (uint16_t)((u >> 16) | ((u & 0x7fffffu) ? 0x40u : 0u));
+    const uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    return (uint16_t)((r & 0x7f80u) == 0x7f80u ? u >> 16 : r);
+}
+
+static inline float float_of_bf16(uint16_t b) {
+    const uint32_t u = (uint32_t)b << 16;
+    float f;
+    __builtin_memcpy(&f, &u, 4);
+    return f;
+}
+
+/* A SYNC's delta whose version has DELTA_NARROW set (bit 62 of a version >= 0: -1 says "no
+ * version") carries its row as bfloat16, padded to a whole number of floats. */
+#define DELTA_NARROW ((int64_t)1 << 62)
+static inline int delta_narrow(int64_t version) { return (version >> 62) == 1; }
+/* The version without the mark. */
+static inline int64_t delta_version(int64_t version) {
+    return delta_narrow(version) ? version & ~DELTA_NARROW : version;
+}
+/* The floats a delta's row takes on the wire. */
+static inline int64_t delta_row_floats(int64_t len, int64_t version) {
+    return delta_narrow(version) ? (len + 1) / 2 : len;
+}
 
 /* A 64-bit division costs tens of cycles, more than the rest of a lookup: clusters of a power
  * of two nodes (home_shift >= 0) use a mask and a shift instead. */
@@ -236,26 +273,29 @@ int64_t store_take_deltas(const store_t *s, const int64_t *keys, int64_t n, floa
                           int64_t out_floats, int8_t *nonzero);
 
 /* Engine thread: whether key is a replica whose delta holds an update not taken yet (a nonzero
- * float). Only a replica with DIRTY_BIT is looked at; one whose delta adds up to zeros loses
- * the bit. A snapshot: a worker may add to the delta right after. */
-int store_has_delta(const store_t *s, int64_t key);
+ * float). Only a replica with DIRTY_BIT (with residue != 0: or RESIDUE_BIT) is looked at; one
+ * whose delta adds up to zeros loses both bits. A snapshot: a worker may add to the delta right
+ * after. */
+int store_has_delta(const store_t *s, int64_t key, int residue);
 
 /* Engine thread: -1 if key is not a replica here; else store_has_delta's answer, with the
  * replica's version in *version: one look-up where store_state, store_has_delta and
  * store_version took three (a sync round asks this of every replica it holds), and the
  * stripe's lock only for a replica with DIRTY_BIT (only workers' pushes set it, under the lock;
- * every other change of a replica's entry is this thread's). */
-int store_replica_peek(const store_t *s, int64_t key, int64_t *version);
+ * every other change of a replica's entry is this thread's). residue: as store_has_delta's. */
+int store_replica_peek(const store_t *s, int64_t key, int64_t *version, int residue);
 
 /* KEY_NONE, KEY_OWNER or KEY_REPLICA of each key into out: any thread, a consistent snapshot
  * per key (Store.inspect's, without the rest). */
 void store_states(const store_t *s, const int64_t *keys, int64_t n, int8_t *out);
 
-/* Engine thread. Replicas with DIRTY_BIT only (store_has_delta): moves each key's delta out to
- * base + offsets[i] (zeroing it), atomically per key; a key that is not one writes zeros
- * there. Returns 0, or -1 (nothing written) if a row would end past base_floats. */
+/* Engine thread. Replicas with DIRTY_BIT or RESIDUE_BIT (store_has_delta): moves each key's
+ * delta out to base + offsets[i] (zeroing it), atomically per key; a key that is not one writes
+ * zeros there. narrow: as bfloat16 (delta_row_floats: half the bytes), what rounding leaves
+ * staying in the delta row (RESIDUE_BIT) for the next delta, the drop or a refresh. Returns
+ * 0, or -1 (nothing written) if a row would end past base_floats. */
 int64_t store_take_deltas_to(const store_t *s, const int64_t *keys, int64_t n, float *base,
-                             int64_t base_floats, const int64_t *offsets);
+                             int64_t base_floats, const int64_t *offsets, int narrow);
 
 /* Replicas only (others are skipped): value = vals + delta (updates made here since the delta
  * was last taken stay visible), version = versions[i], and, when now > 0, synced at now (as

@@ -168,7 +168,9 @@ int directory_sync_fast(PyObject *directory, int64_t origin, const carr_t *in, i
     const int64_t n = r.ni + r.nd + r.nc;
     if (!n || (r.ni && f->variant < 0) || !answered_here(f, d, &r, a)) return 0;
     /* Everything that can fail short of the store's own room, before anything changes. */
-    int64_t floats = a[5].n; /* the deltas' rows, then the checks' */
+    /* The deltas' rows as floats (narrow ones came in half the bytes), then the checks'. */
+    const int64_t delta_floats = store_floats_of(st, r.dkeys, r.nd);
+    int64_t floats = delta_floats;
     for (int64_t i = 0; i < r.nc; i++) floats += key_len(st, r.ckeys[i]);
     const int64_t n8 = 8 * n;
     int8_t *where = ROOM(B_WHERE, n);
@@ -176,7 +178,7 @@ int directory_sync_fast(PyObject *directory, int64_t origin, const carr_t *in, i
     sync_answer_t s = {.positions = ROOM(B_POS, n8), .versions = ROOM(B_VERS, n8),
                        .refresh_pos = ROOM(B_REFRESH, n8), .values = ROOM(B_VALUES, 4 * floats),
                        .redirect_pos = ROOM(B_RPOS, n8), .redirect_ranks = ROOM(B_RRANKS, n8),
-                       .back_pos = ROOM(B_BPOS, n8), .back_rows = ROOM(B_BROWS, 4 * a[5].n),
+                       .back_pos = ROOM(B_BPOS, n8), .back_rows = ROOM(B_BROWS, 4 * delta_floats),
                        .rest_index = ROOM(B_REST, n8), .rest_hop = ROOM(B_RHOP, n8),
                        .ikeys = ROOM(B_IKEYS, n8), .iflags = ROOM(B_IFLAGS, n),
                        .skeys = ROOM(B_SKEYS, n8), .srows = ROOM(B_SROWS, 4 * floats),

@@ -104,6 +104,16 @@ void dir_sync_plan(const directory_t *d, const sync_request_t *r, sync_plan_t *p
     }
 }
 
+/* Delta row src (as sent: narrow if ver says so) as len floats at dst. */
+static void widen_row(float *dst, const float *src, int64_t len, int64_t ver) {
+    if (!delta_narrow(ver)) {
+        memcpy(dst, src, (size_t)len * sizeof(float));
+        return;
+    }
+    const uint16_t *b = (const uint16_t *)src;
+    for (int64_t j = 0; j < len; j++) dst[j] = float_of_bf16(b[j]);
+}
+
 int64_t dir_sync_serve(const directory_t *d, const sync_request_t *r, const sync_plan_t *p,
                        sync_answer_t *a) {
     const store_t *s = d->store;
@@ -111,10 +121,11 @@ int64_t dir_sync_serve(const directory_t *d, const sync_request_t *r, const sync
     int64_t oi = 0, os = 0, rd = 0, bk = 0, rest = 0, back_floats = 0, delta_floats = 0;
     int64_t row = 0; /* float offset of delta e's row in drows */
     int64_t ndeltas = 0;
-    /* When every delta is owned here and none is scaled (averaged), the request's rows are
-     * merged as they came: no copy of them (the usual case; a copy per SYNC otherwise). */
+    /* When every delta is owned here, came in float32 and none is scaled (averaged), the
+     * request's rows are merged as they came: no copy of them (a copy per SYNC otherwise). */
     int direct = !d->average;
-    for (int64_t e = r->ni; direct && e < r->ni + r->nd; e++) direct = p->where[e] == SYNC_OWNED;
+    for (int64_t e = r->ni; direct && e < r->ni + r->nd; e++)
+        direct = p->where[e] == SYNC_OWNED && !delta_narrow(r->dver[e - r->ni]);
     /* Owned deltas and checks are answered after the owned intents, in entry order. */
     int64_t *svers = a->versions + p->owned_intents;
     int64_t *spos = a->positions + p->owned_intents;
@@ -122,6 +133,7 @@ int64_t dir_sync_serve(const directory_t *d, const sync_request_t *r, const sync
         int section;
         const int64_t key = sync_entry_key(r, e, &section), pos = entry_pos(r, e);
         const int64_t len = section == 1 ? key_len(s, key) : 0;
+        const int64_t dver = section == 1 ? r->dver[e - r->ni] : 0;
         switch (p->where[e]) {
         case SYNC_OWNED:
             if (section == 0) {
@@ -136,9 +148,7 @@ int64_t dir_sync_serve(const directory_t *d, const sync_request_t *r, const sync
                 svers[os] = store_version(s, key);
                 a->behind[os] = 0;
                 if (section == 1) {
-                    if (!direct)
-                        memcpy(a->srows + delta_floats, r->drows + row,
-                               (size_t)len * sizeof(float));
+                    if (!direct) widen_row(a->srows + delta_floats, r->drows + row, len, dver);
                     if (d->average)
                         a->behind[os] = (uint8_t)average_delta(d, key, a->srows + delta_floats,
                                                                len);
@@ -155,7 +165,7 @@ int64_t dir_sync_serve(const directory_t *d, const sync_request_t *r, const sync
         case SYNC_BACK:
             a->back_pos[bk++] = pos;
             if (section == 1) {
-                memcpy(a->back_rows + back_floats, r->drows + row, (size_t)len * sizeof(float));
+                widen_row(a->back_rows + back_floats, r->drows + row, len, dver);
                 back_floats += len;
             }
             break;
@@ -163,7 +173,7 @@ int64_t dir_sync_serve(const directory_t *d, const sync_request_t *r, const sync
             a->rest_index[rest] = e;
             a->rest_hop[rest++] = p->hop[e];
         }
-        row += len;
+        row += delta_row_floats(len, dver);
     }
     /* Entries whose base differs from the version read are behind. Then the owned deltas
      * are merged: the first ndeltas entries of skeys (the deltas section comes first). */
@@ -171,7 +181,8 @@ int64_t dir_sync_serve(const directory_t *d, const sync_request_t *r, const sync
     uint8_t *behind = a->behind;
     for (int64_t e = r->ni; e < n; e++) {
         if (p->where[e] != SYNC_OWNED) continue;
-        const int64_t base = e < r->ni + r->nd ? r->dver[e - r->ni] : r->cver[e - r->ni - r->nd];
+        const int64_t base = e < r->ni + r->nd ? delta_version(r->dver[e - r->ni])
+                                               : r->cver[e - r->ni - r->nd];
         behind[base_index] = behind[base_index] || base != svers[base_index];
         base_index++;
     }

@@ -60,7 +60,7 @@ from .._native_loader import load as _load_native
 from .._store import NONE, OWNER, REPLICA
 from .._wire.protocol import (
     ANSWERS, CARRIERS, KEYED, NATIVE_REQUESTS, NO_MOVES, Encoded, Kind, Message, decode, message,
-    subset,
+    subset, widened,
 )
 from ..errors import PeerError, StateError
 from . import native
@@ -408,7 +408,7 @@ class NodeState:
                 self.counters["deferred_reports"] += int(np.count_nonzero(arrays[5] == self.rank))
             self.posting.post(msg.header["o"], Kind.SYNC_RESP, msg.req_id, [*arrays, *NO_MOVES])
         if rest_index is not None:
-            self._pass_on(msg, np.frombuffer(rest_index, dtype=native.KEYS),
+            self._pass_on(widened(msg, self.store), np.frombuffer(rest_index, dtype=native.KEYS),
                           np.frombuffer(rest_hop, dtype=native.KEYS))
 
     def _pass_on(self, msg: Message, rest_index: np.ndarray, nxt: np.ndarray) -> None:
@@ -754,8 +754,11 @@ class NodeState:
         self.counters["intents_acted"] += acted
         again, self._deferred_again = self._deferred_again, 0
         # Request ids from next_id on, one per owner the round sends to (taken below).
+        # Someone waits for this round (wait_sync: every push merged): every delta in float32;
+        # else replicas' deltas go as bfloat16, what rounding leaves following later.
         built = self.directory.round_build(intents.native, self.variant,
-                                           self.policy.reports_intents, self.requests.next_id)
+                                           self.policy.reports_intents, self.requests.next_id,
+                                           bool(self.waiters))
         if built is None:
             return []  # nothing to report or to sync: no array work (an idle round)
         (deferred, told_keys, told_flags, decided, decision, reports, drop_keys, deltas, parts,

@@ -280,6 +280,42 @@ def _extra_fields(extra: bytes) -> dict:
     return fields
 
 
+# A SYNC delta whose version (>= 0) has this bit came as bfloat16 (native/store.h,
+# DELTA_NARROW): its row takes ceil(length / 2) floats on the wire, and the bit is not part of
+# the version.
+DELTA_NARROW = 1 << 62
+
+
+def widened(message: Message, store) -> Message:
+    """A SYNC whose narrow (bfloat16) delta rows are float32 again and whose delta versions are
+    plain: what :func:`subset` slices by row lengths (entries passed on to another node, or
+    waiting here for their keys). The message itself when none is narrow."""
+    dkeys, rows, versions = message.arrays[3], message.arrays[5], message.arrays[6]
+    narrow = (versions >> 62) == 1
+    if not narrow.any():
+        return message
+    lens = store.lengths_of(dkeys)
+    sent = np.where(narrow, (lens + 1) // 2, lens)  # floats each row took on the wire
+    at, start = np.cumsum(sent) - sent, np.cumsum(lens) - lens
+    out = np.empty(int(lens.sum()), dtype=np.float32)
+    wide = ~narrow
+    out[segment_index(start[wide], lens[wide])] = rows[segment_index(at[wide], lens[wide])]
+    halves = rows.view(np.uint16)[segment_index(2 * at[narrow], lens[narrow])]
+    out[segment_index(start[narrow], lens[narrow])] = \
+        (halves.astype(np.uint32) << 16).view(np.float32)
+    arrays = list(message.arrays)
+    arrays[5], arrays[6] = out, np.where(narrow, versions & ~DELTA_NARROW, versions)
+    return Message(message.kind, message.src, message.req_id, dict(message.header), arrays)
+
+
+def segment_index(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """Flat indices of the segments [starts[i], starts[i] + lengths[i]), concatenated."""
+    total = int(lengths.sum())
+    if total == 0:
+        return np.empty(0, dtype=np.int64)
+    return np.repeat(starts - (np.cumsum(lengths) - lengths), lengths) + np.arange(total)
+
+
 def subset(message: Message, index: np.ndarray, store) -> Message:
     """The part of a keyed request for its entries at ``index`` (ascending, into ``keys()``),
     without moves (they were for the node that received the message)."""
