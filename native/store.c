@@ -505,8 +505,8 @@ static int narrow_out(float *d, uint16_t *out, int64_t len) {
     for (int64_t j = 0; j < len; j++) {
         const uint16_t b = bf16_of(d[j]);
         out[j] = b;
-        /* Exact: a float and its rounding share their exponent's range. An infinity or NaN
-         * went as it was (its difference with itself would be a NaN). */
+        /* Exact: a float and its top bits share their exponent. An infinity or NaN went as it
+         * was (its difference with itself would be a NaN). */
         const float r = d[j] - float_of_bf16(b);
         d[j] = r == r ? r : 0.0f;
         left |= d[j] != 0.0f;

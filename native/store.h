@@ -78,16 +78,16 @@ typedef struct {
 #define DELTA_BITS (DIRTY_BIT | RESIDUE_BIT) /* the delta row may hold something */
 #define SLOT_OFFSET(raw) ((raw) & (RESIDUE_BIT - 1))
 
-/* bfloat16: a float's top 16 bits, rounded to nearest even; an infinity and a NaN stay what
- * they are, and no finite value becomes infinite (truncated instead). A delta row sent narrow
- * loses at most 2^-8 of each value to rounding, and that part stays with the sender. */
+/* bfloat16: a float's top 16 bits, rounded toward zero (a NaN stays a NaN). What a delta row
+ * sent narrow leaves behind, at most 2^-7 of each value, stays with the sender, and it has the
+ * value's sign: whoever reads the row before it follows sees part of the update, never more
+ * (rounding to nearest could overshoot: an AdaGrad accumulator, never negative, read below
+ * zero where a replica became the main copy while its delta came back, examples/gnn). */
 static inline uint16_t bf16_of(float f) {
     uint32_t u;
     __builtin_memcpy(&u, &f, 4);
-    if ((u & 0x7fffffffu) >= 0x7f800000u)
-        return (uint16_t)((u >> 16) | ((u & 0x7fffffu) ? 0x40u : 0u));
-    const uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-    return (uint16_t)((r & 0x7f80u) == 0x7f80u ? u >> 16 : r);
+    const int nan = (u & 0x7fffffffu) > 0x7f800000u;
+    return (uint16_t)((u >> 16) | (nan ? 0x40u : 0u));
 }
 
 static inline float float_of_bf16(uint16_t b) {
