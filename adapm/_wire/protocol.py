@@ -89,7 +89,8 @@ DTYPES = {KEYS: np.dtype("<i8"), POS: np.dtype("<i8"), ROWS: np.dtype("<f4"),
           RANKS: np.dtype("<i8"), COUNTS: np.dtype("<i8")}
 
 # SYNC sections, in order. Intents: "this node has intent: yes/no" per key. Deltas: a replica's
-# accumulated updates and the version they are based on. Checks: a replica's version only.
+# accumulated updates and the version they are based on (a row as bfloat16 where the version
+# says so: DELTA_NARROW below). Checks: a replica's version only.
 INTENTS, DELTAS, CHECKS = 0, 1, 2
 
 # Moves: relocations (key, value, version, intent mask S, replica mask R, epoch; a mask is
