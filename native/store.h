@@ -66,14 +66,16 @@ typedef struct {
 /* Replica-ness is a bit of the slot word, so that a read, which must not touch more cache lines
  * than it needs, learns it from the slot it loads anyway. DIRTY_BIT: a replica whose delta row
  * has had updates added since it was last taken (set by a push under the stripe lock, cleared
- * by store_take_deltas and store_refresh's promotion). A replica without it has an all-zero
- * delta row, so a round neither reads nor copies that row (most replicas of a round have no
- * new updates: KGE on 2 nodes, ~60%), and a refresh copies the value without adding it. */
+ * by store_take_deltas and store_refresh's promotion). A replica without it (and without
+ * RESIDUE_BIT, below) has an all-zero delta row, so a round neither reads nor copies that row
+ * (most replicas of a round have no new updates: KGE on 2 nodes, ~60%), and a refresh copies
+ * the value without adding it. */
 #define REPLICA_BIT ((int64_t)1 << 62)
 #define DIRTY_BIT ((int64_t)1 << 61)
 /* RESIDUE_BIT: a replica whose delta row holds what rounding left when its delta last went out
- * in bfloat16 (store_take_deltas_to, narrow), and nothing newer; the next delta taken, the
- * replica's drop or a refresh carries it on (it is never lost, only late). */
+ * in bfloat16 (store_take_deltas_to, narrow), and nothing newer. It goes with the replica's next
+ * delta, its drop, or the next round someone waits for (never lost, only late); a refresh adds
+ * it to the value, as any update not sent yet. */
 #define RESIDUE_BIT ((int64_t)1 << 60)
 #define DELTA_BITS (DIRTY_BIT | RESIDUE_BIT) /* the delta row may hold something */
 #define SLOT_OFFSET(raw) ((raw) & (RESIDUE_BIT - 1))
