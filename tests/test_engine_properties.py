@@ -186,6 +186,15 @@ class Recorder:
 _FRACTION = 2.0 ** -10
 
 
+def _quiesce(sim: Simulation, workers) -> None:
+    """Every worker's pushes merged into the main copies (``wait_sync`` waits for their
+    acknowledgements first), the nodes met, and nothing left in flight."""
+    for w in workers:
+        w.wait_sync()
+    sim.barrier()
+    sim.settle()
+
+
 def _run(sim: Simulation, s: dict) -> None:
     nodes = sim.nodes
     store = nodes[0].store
@@ -243,11 +252,7 @@ def _run(sim: Simulation, s: dict) -> None:
         else:
             w.wait_sync()
 
-    for per_node in workers:
-        for w in per_node:
-            w.wait_sync()
-    sim.barrier()
-    sim.settle()
+    _quiesce(sim, [w for per_node in workers for w in per_node])
 
     everything = np.arange(s["num_keys"])
     want = np.repeat(expected[everything], lens)
@@ -335,11 +340,7 @@ def test_deltas_that_cross_a_relocation_come_back():
                 if step % 4 == 3:
                     a.advance_clock()  # at clock 3 rank 0's intent ends: the key moves to 1
                 sim.run(sim.rng.randrange(1, 30))
-            b.wait()
-            for w in (a, b):
-                w.wait_sync()
-            sim.barrier()
-            sim.settle()
+            _quiesce(sim, (a, b))
             for w in (a, b):
                 np.testing.assert_array_equal(w.pull(key).reshape(-1), [pushes, pushes],
                                               err_msg=f"seed {seed}")
@@ -513,11 +514,7 @@ def test_the_simulator_runs_the_native_paths():
                         w.push(np.array([9 + (rank + 1) % 3]), np.ones((1, 2), np.float32))
                         w.advance_clock()
                     sim.run(sim.rng.randrange(5, 40))
-                for w in workers:
-                    w.wait()
-                    w.wait_sync()
-                sim.barrier()
-                sim.settle()
+                _quiesce(sim, workers)
                 want = np.zeros(12)
                 want[:3] = 3 * 8
                 for clock in range(8):
@@ -538,7 +535,6 @@ def test_the_simulator_runs_the_native_paths():
                 sim.close()
     assert all(n > 0 for n in served[True].values()), served
     assert not any(served[False].values()), served
-
 
 
 @pytest.mark.parametrize("nodes", [2, 3])
@@ -564,11 +560,7 @@ def test_syncs_with_many_moves_and_crossings_are_served_natively(nodes):
                 want[keys] += 1
                 w.advance_clock()
             sim.run(sim.rng.randrange(5, 40))
-        for w in workers:
-            w.wait()
-            w.wait_sync()
-        sim.barrier()
-        sim.settle()
+        _quiesce(sim, workers)
         for w in workers:
             np.testing.assert_array_equal(w.pull(np.arange(num_keys))[:, 0], want)
         crossed = sum(node.engine.state.counters["returned_deltas"]
@@ -682,11 +674,7 @@ def test_pushes_routing_cannot_take_go_through_the_state_machine_in_order():
                 b.push(theirs[:1], np.ones((1, 2), np.float32))  # the owner's own, meanwhile
                 a.advance_clock()
                 b.advance_clock()
-            for w in (a, b):
-                w.wait()
-                w.wait_sync()
-            sim.barrier()
-            sim.settle()
+            _quiesce(sim, (a, b))
             want = np.full(3, pushes, np.float32)
             want[0] += 6
             for w in (a, b):
