@@ -1,7 +1,6 @@
 """The engine: one node's directory and protocol as a pure state machine, and the loop around it.
 
-- :mod:`.state` — :class:`~.state.NodeState`, changed only by ``handle(event) -> instructions``
-  (with the owner side in :mod:`.serve` and the requester side in :mod:`.rounds`);
+- :mod:`.state` — :class:`~.state.NodeState`, changed only by ``handle(event) -> instructions``;
 - :mod:`.loop` — the engine thread: polls a transport, feeds events in, carries instructions out;
 - :mod:`.sim` — many nodes in one thread over the in-process transport, for property tests;
 - :mod:`.contracts` — the state machine's surface (``EngineState``), what both runners offer a

@@ -45,6 +45,7 @@ from typing import Sequence
 import msgpack
 import numpy as np
 
+from .._engine.routing import segment_index  # a pure helper: imports nothing of the engine
 from .._native_loader import load as _load_native
 from ..errors import TransportError
 
@@ -308,13 +309,6 @@ def widened(message: Message, store) -> Message:
     arrays[5], arrays[6] = out, np.where(narrow, versions & ~DELTA_NARROW, versions)
     return Message(message.kind, message.src, message.req_id, dict(message.header), arrays)
 
-
-def segment_index(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """Flat indices of the segments [starts[i], starts[i] + lengths[i]), concatenated."""
-    total = int(lengths.sum())
-    if total == 0:
-        return np.empty(0, dtype=np.int64)
-    return np.repeat(starts - (np.cumsum(lengths) - lengths), lengths) + np.arange(total)
 
 
 def subset(message: Message, index: np.ndarray, store) -> Message:
