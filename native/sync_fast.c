@@ -25,13 +25,6 @@ static double monotonic_s(void) { /* the clock of Python's time.monotonic */
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
-/* Whether key is among keys[0..n). */
-static int among(const int64_t *keys, int64_t n, int64_t key) {
-    for (int64_t i = 0; i < n; i++)
-        if (keys[i] == key) return 1;
-    return 0;
-}
-
 /* Whether key is among the ascending keys[0..n). */
 static int among_sorted(const int64_t *keys, int64_t n, int64_t key) {
     int64_t lo = 0, hi = n;
@@ -42,9 +35,6 @@ static int among_sorted(const int64_t *keys, int64_t n, int64_t key) {
     }
     return lo < n && keys[lo] == key;
 }
-
-/* Moves up to this many are searched linearly for each entry that needs them. */
-enum { FEW_MOVES = 16 };
 
 static int ascending(const void *x, const void *y) {
     const int64_t a = *(const int64_t *)x, b = *(const int64_t *)y;
@@ -61,32 +51,25 @@ static int answered_here(sync_fast_t *f, const directory_t *d, const sync_reques
     const store_t *s = d->store;
     const int64_t *rk = a[10].p, *sk = a[16].p, *hk = a[19].p;
     const int64_t nr = a[10].n, ns = a[16].n, nh = a[19].n;
-    /* Few moves are searched linearly per entry; more are sorted at the first entry that needs
-     * them, the relocations' apart from the others, for a binary search per entry (a linear
-     * search per entry, bounded, sent a fifth of 2-node WV's SYNCs, hundreds of moves and
-     * entries each, to Python). */
-    const int few = nr + ns + nh <= FEW_MOVES;
+    /* The moves' keys, sorted at the first entry that needs them (the relocations' apart from
+     * the others), for a binary search per entry: a linear one, bounded, sent 12-19% of 2-node
+     * WV's SYNCs (hundreds of moves and entries each) to Python. */
     int64_t *sorted = NULL;
     for (int64_t e = 0, n = r->ni + r->nd + r->nc; e < n; e++) {
         int section;
         if (e + STORE_AHEAD < n) store_prefetch(s, sync_entry_key(r, e + STORE_AHEAD, &section));
         const int64_t key = sync_entry_key(r, e, &section);
         if (store_state(s, key) == KEY_OWNER) continue;
-        if (!few && !sorted) {
+        if (!sorted) {
             if (!(sorted = ROOM(B_MOVED, 8 * (nr + ns + nh)))) return 0;
-            memcpy(sorted, rk, 8 * (size_t)nr);
-            memcpy(sorted + nr, sk, 8 * (size_t)ns);
-            memcpy(sorted + nr + ns, hk, 8 * (size_t)nh);
+            if (nr) memcpy(sorted, rk, 8 * (size_t)nr); /* an empty array may have no data */
+            if (ns) memcpy(sorted + nr, sk, 8 * (size_t)ns);
+            if (nh) memcpy(sorted + nr + ns, hk, 8 * (size_t)nh);
             qsort(sorted, (size_t)nr, 8, ascending);
             qsort(sorted + nr, (size_t)(ns + nh), 8, ascending);
         }
-        if (sorted) {
-            if (among_sorted(sorted, nr, key)) continue;
-            if (among_sorted(sorted + nr, ns + nh, key)) return 0;
-        } else {
-            if (among(rk, nr, key)) continue;
-            if (among(sk, ns, key) || among(hk, nh, key)) return 0;
-        }
+        if (among_sorted(sorted, nr, key)) continue;
+        if (among_sorted(sorted + nr, ns + nh, key)) return 0;
         const int64_t nxt = dir_next_hop(d, key);
         if (section == 0 ? nxt < 0 : nxt != r->origin) return 0;
     }
@@ -235,9 +218,9 @@ int directory_sync_fast(PyObject *directory, int64_t origin, const carr_t *in, i
     out->own = NULL;
     if (4 * s.nvalues >= WIRE_OWN_FRAME_BYTES) {
         /* The values go as a frame of their own: the transport frees the buffer once sent,
-         * and the next SYNC takes a new one. Copying them into the answer's payload was 6.6%
-         * of a 4-node KGE run's engine samples (perf; the engine's CPU moved within the
-         * noise without it). */
+         * and the next SYNC takes a new one. Copying the answer into its payload was 4.5% of a
+         * 4-node KGE run's engine samples, 1.2% without the values (perf; docs/benchmarks.md,
+         * session 35). */
         out->own = f->buf[B_VALUES].p;
         f->buf[B_VALUES] = (scratch_buf_t){NULL, 0};
     }
