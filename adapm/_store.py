@@ -89,7 +89,7 @@ class Store:
         self.access_stats = np.zeros(3, dtype=np.int64)
         self.native = _native.Store(
             self.num_keys, self.rank, self.world_size, self.home, self.slab, self.delta,
-            self.seqs, self.access_stats, self.lens, self.uniform_length
+            self.seqs, self.access_stats, self.lens, self.uniform_length, config.channels
         )
         # Fast paths of Worker.pull/push (see native/store_module.c, fast_call): bound methods,
         # no Python wrapper, since they exist to save the per-call overhead.

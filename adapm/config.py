@@ -49,6 +49,8 @@ MANAGEMENT_VARIANTS = (
 )
 # Config.replica_updates: how an owner merges a replica's updates (native/sync_serve.c).
 REPLICA_UPDATES = ("sum", "average")
+# Most channels per node (the native store's shards: STORE_MAX_SHARDS in native/store.h).
+MAX_CHANNELS = 64
 
 # A shorter secret could be guessed offline from one recorded handshake; adapm-run's has 43.
 MIN_SECRET_LENGTH = 16
@@ -65,6 +67,7 @@ ENV_VARIABLES = {
     "ADAPM_DEBUG": "1: the apps show a traceback for configuration and launch errors too",
     "ADAPM_HOST": "address this node binds and advertises (Config.host)",
     "ADAPM_MANAGEMENT": "Config.management",
+    "ADAPM_CHANNELS": "Config.channels",
     "ADAPM_REQUEST_TIMEOUT_S": "Config.request_timeout_s",
     "ADAPM_CONNECT_TIMEOUT_S": "Config.connect_timeout_s",
     "ADAPM_FAILURE_TIMEOUT_S": "Config.failure_timeout_s",
@@ -134,6 +137,13 @@ class Config:
         "at the time: local SGD's model average, for plain SGD, whose summed stale steps "
         "overshoot when many nodes train the same rows; pushes are then not exact sums).",
         default="sum",
+    )
+    channels: int = _help(
+        "Engine threads per node (as the C++ AdaPM's --sys.channels): the keys are split over "
+        "this many channels, key k to channel (k // world_size) % channels, each with an engine "
+        "thread, sockets and a share of the store of its own, so that a node with many "
+        "workers is not held to one engine core. The same on every node; at most "
+        f"{MAX_CHANNELS}.", default=1
     )
     max_rounds_per_s: Optional[float] = _help(
         "Optional cap on sync rounds per second; None: next round as soon as the last is answered.",
@@ -238,6 +248,9 @@ class Config:
             raise ConfigError(f"timing_p must be in (0, 1), got {self.timing_p}")
         if not self.timing_lambda0 > 0:
             raise ConfigError(f"timing_lambda0 must be > 0, got {self.timing_lambda0}")
+        _check_int("channels", self.channels, low=1)
+        if self.channels > MAX_CHANNELS:
+            raise ConfigError(f"channels must be at most {MAX_CHANNELS}, got {self.channels}")
         if self.max_rounds_per_s is not None and not self.max_rounds_per_s > 0:
             raise ConfigError(f"max_rounds_per_s must be > 0 or None, got {self.max_rounds_per_s}")
         for name in ("request_timeout_s", "connect_timeout_s", "failure_timeout_s"):
@@ -330,6 +343,8 @@ class Config:
             found["host"] = env["ADAPM_HOST"]
         if "ADAPM_MANAGEMENT" in env:
             found["management"] = env["ADAPM_MANAGEMENT"]
+        if "ADAPM_CHANNELS" in env:
+            found["channels"] = _env_int(env, "ADAPM_CHANNELS")
         if "ADAPM_TRACE_DIR" in env:
             found["trace_dir"] = env["ADAPM_TRACE_DIR"]
         if "ADAPM_TRACE_KEYS" in env:

@@ -11,6 +11,7 @@ import zmq
 
 from . import checkpoint as _checkpoint
 from ._engine import routing
+from ._engine.channels import ChannelEngine, LockedSink
 from ._engine.events import Op, Request
 from ._engine.loop import EngineLoop
 from ._engine.state import NodeState
@@ -19,7 +20,8 @@ from ._wire import auth, rendezvous
 from ._wire.zmq_transport import Transport
 from .args import as_timeout
 from .config import Config, remove_secret_from_env, under_launcher
-from .errors import AdaPMError, AdaPMTimeout, CheckpointError, InvalidArgument, StateError
+from .errors import (AdaPMError, AdaPMTimeout, CheckpointError, ConfigError, InvalidArgument,
+                     StateError)
 from .worker import Worker
 
 # Pause between two attempts to write a checkpoint's shards (keys were still on their way
@@ -119,21 +121,33 @@ class Node:
         self._clean = False  # shutdown met all nodes: sockets may linger to flush
         self._context = None
         self.engine: Optional[EngineLoop] = None
-        self.transport = transport
+        self.transport = transport  # channel 0's; all of them in self.transports
+        self.transports: list = [transport] if transport is not None else []
         # Before connecting: an unusable trace_dir fails here, not after the peers joined.
         self._trace = self._start_trace() if config.trace_dir is not None else None
         if self.world_size > 1:
             try:
                 if transport is None:
                     self._connect()
+                elif config.channels > 1:
+                    raise ConfigError("channels > 1 needs the node's own ZeroMQ transports; "
+                                      "an in-process transport runs one channel")
             except BaseException:
                 if self._trace is not None:
                     self._trace.close(None)
                 raise
-            state = self.make_state(config, self.store, restored)
+            states = [self.make_state(config, self.store, restored, channel)
+                      for channel in range(config.channels)]
             if self._trace is not None:
-                state.subscribe(self._trace)
-            self.engine = engine_class(state, self.transport, config.request_timeout_s)
+                sink = self._trace if len(states) == 1 else LockedSink(self._trace)
+                for state in states:
+                    state.subscribe(sink)
+            if len(states) == 1:
+                self.engine = engine_class(states[0], self.transport, config.request_timeout_s)
+            else:
+                self.engine = ChannelEngine(
+                    [engine_class(state, transport, config.request_timeout_s)
+                     for state, transport in zip(states, self.transports)], self.store)
             self.engine.start()
 
     def _restored(self, restore) -> Optional["_checkpoint.Checkpoint"]:
@@ -147,10 +161,10 @@ class Node:
         return restore
 
     @staticmethod
-    def make_state(config: Config, store: Store, restored=None) -> NodeState:
+    def make_state(config: Config, store: Store, restored=None, channel: int = 0) -> NodeState:
         """The engine state of a node whose store holds its home partition (restored from
-        checkpoint ``restored``, if given)."""
-        state = NodeState(config.rank, config.world_size, store, config)
+        checkpoint ``restored``, if given), for its keys of ``channel``."""
+        state = NodeState(config.rank, config.world_size, store, config, channel)
         if state.policy.replicates_everything:
             # Every node holds every key: replicas of all keys homed elsewhere, synced each round.
             state.replicate_everything(restored.read if restored is not None else None)
@@ -175,17 +189,26 @@ class Node:
         return self._stats()
 
     def _connect(self) -> None:
+        """A ZeroMQ transport per channel, connected to the same channel of every peer through
+        the rendezvous (where a node's address is the list of its channels' then)."""
         context = zmq.Context()
+        config = self.config
         try:
-            keys = auth.JobKeys.for_config(self.config)  # None: plain ZeroMQ (loopback)
-            self.transport = Transport(self.rank, rendezvous.resolve_host(self.config), context,
-                                       keys=keys, max_frame_bytes=_max_frame_bytes(self.config))
-            addresses, token = rendezvous.rendezvous(self.config, self.transport.address,
-                                                     context, keys)
-            self.transport.connect(addresses, token)
+            keys = auth.JobKeys.for_config(config)  # None: plain ZeroMQ (loopback)
+            host = rendezvous.resolve_host(config)
+            for _ in range(config.channels):
+                self.transports.append(Transport(self.rank, host, context, keys=keys,
+                                                 max_frame_bytes=_max_frame_bytes(config)))
+            self.transport = self.transports[0]
+            mine = [t.address for t in self.transports]
+            addresses, token = rendezvous.rendezvous(
+                config, mine if config.channels > 1 else mine[0], context, keys)
+            for channel, transport in enumerate(self.transports):
+                transport.connect([a[channel] if config.channels > 1 else a for a in addresses],
+                                  token)
         except BaseException:
-            if self.transport is not None:
-                self.transport.close()
+            for transport in self.transports:
+                transport.close()
             context.term()
             raise
         self._context = context
@@ -247,8 +270,9 @@ class Node:
                        "syncs_served_natively": 0, "pulls_sent_natively": 0,
                        "answers_taken_natively": 0, "pushes_sent_natively": 0,
                        "pushes_handed_to_engine": 0})
-        if self.transport is not None:
-            totals.update(self.transport.traffic.snapshot())
+        for transport in self.transports:  # every channel's
+            for name, value in transport.traffic.snapshot().items():
+                totals[name] = totals.get(name, 0) + value
         totals.update({"relocations_in": 0, "relocations_out": 0, "replica_setups": 0,
                        "replica_drops": 0, "rounds": 0, "empty_rounds": 0,
                        "mean_round_ms": 0.0, "engine_cpu_s": 0.0, "dropped_messages": 0})
@@ -478,9 +502,9 @@ class Node:
             self.engine.stop(goodbye=self._clean)
             self.engine.fail_pending(StateError(f"rank {self.rank}: the node was shut down "
                                                 f"while this call waited"))
-        if self.transport is not None:
+        for transport in self.transports:
             # A clean shutdown lets queued messages (e.g. a barrier release) go out; errors do not wait.
-            self.transport.close(linger_ms=1000 if self._clean else 0)
+            transport.close(linger_ms=1000 if self._clean else 0)
         if self._context is not None:
             self._context.term()
         if self._trace is not None and not self._clean:

@@ -84,9 +84,15 @@ static int keys_unfit(const directory_t *d, const char *prefix, const int64_t *k
         hi = keys[i] > hi ? keys[i] : hi;
     }
     const int64_t num_keys = d->store->num_keys;
-    if (lo >= 0 && hi < num_keys) return 0;
-    return unfit(why, "%skey %lld outside [0, %lld)", prefix, (long long)(lo < 0 ? lo : hi),
-                 (long long)num_keys);
+    if (lo < 0 || hi >= num_keys)
+        return unfit(why, "%skey %lld outside [0, %lld)", prefix, (long long)(lo < 0 ? lo : hi),
+                     (long long)num_keys);
+    if (d->channels > 1) /* each channel's peers send it only its keys */
+        for (int64_t i = 0; i < n; i++)
+            if (!dir_in_channel(d, keys[i]))
+                return unfit(why, "%skey %lld is not of channel %lld of %lld", prefix,
+                             (long long)keys[i], (long long)d->channel, (long long)d->channels);
+    return 0;
 }
 
 static int rows_unfit(const directory_t *d, const char *prefix, const int64_t *keys, int64_t n,

@@ -54,7 +54,7 @@ int64_t dir_relocate_in(const directory_t *d, const int64_t *keys, int64_t n,
         need += key_len(s, keys[i]);
     }
     if (need > values_floats) return -1 - n;
-    if (store_reserve(s, n) < 0) return -2 - n;
+    if (store_reserve(s, d->channel, n) < 0) return -2 - n;
     /* A slot for each key that is not a replica here (slots[j]: the j-th such key's). */
     int64_t fresh = 0;
     for (int64_t i = 0; i < n; i++) {
@@ -93,7 +93,7 @@ int64_t dir_relocate_in(const directory_t *d, const int64_t *keys, int64_t n,
         e->epoch = epochs[i];
         e->hint = (int32_t)d->rank;
         if (key % d->world_size == d->rank && epochs[i] > e->home_epoch) {
-            d->home_owner[key / d->world_size] = (int32_t)d->rank;
+            d->home_owner[dir_home_index(d, key)] = (int32_t)d->rank;
             e->home_epoch = epochs[i];
         }
         rec_tidy(recs, r);
@@ -122,7 +122,7 @@ int64_t dir_setup_in(const directory_t *d, int64_t src, const int64_t *keys, int
         off += len;
     }
     if (!m) return 0;
-    if (store_reserve(s, m) < 0 || slots_take(d->alloc, s, taken, m, slots) < 0) return -1;
+    if (store_reserve(s, d->channel, m) < 0 || slots_take(d->alloc, s, taken, m, slots) < 0) return -1;
     if (rs_add(d->held, taken, m) < 0) {
         slots_give(d->alloc, s, taken, slots, m);
         return -1;
@@ -235,7 +235,7 @@ int64_t dir_decide_execute(const directory_t *d, const int64_t *keys, int64_t n,
                 const int32_t r = rec_get(d->recs, key); /* relocate_out made it */
                 if (o->r_epochs[i] > rec_at(d->recs, r)->home_epoch) {
                     rec_at(d->recs, r)->home_epoch = o->r_epochs[i];
-                    d->home_owner[key / world] = (int32_t)dst;
+                    d->home_owner[dir_home_index(d, key)] = (int32_t)dst;
                 }
             } else if (home != dst) {
                 o->h_count[home]++;

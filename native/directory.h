@@ -29,8 +29,12 @@ typedef struct {
     records_t *recs;                 /* hints, forward pointers, epochs, masks of active keys */
     int64_t rank, world_size, words; /* words: uint64 words per mask (ceil(world_size / 64)) */
     int masks;                       /* the variant keeps intent and replica masks */
-    int32_t *home_owner;             /* per key homed here, by key / world_size */
+    int32_t *home_owner;             /* per key of this channel homed here: dir_home_index */
     int64_t num_home;
+    /* Channels (store.h): this directory is channel `channel` of `channels` and sees only its
+     * keys, (key / world_size) % channels == channel (dir_in_channel; a message with others is
+     * dropped by the checks). */
+    int64_t channel, channels;
     pins_t *pins;                    /* keys the node's workers use now (pins.h) */
     /* This node's intent counts (Directory.use_counts), or NULL. With them, a key owned here
      * whose only state is this node's own intent (S = {rank}, nothing else in its record) needs
@@ -38,6 +42,16 @@ typedef struct {
     const intent_counts_t *counts;
     int average;                     /* Config.replica_updates "average": see sync_serve.c */
 } directory_t;
+
+/* Whether key belongs to this directory's channel. */
+static inline int dir_in_channel(const directory_t *d, int64_t key) {
+    return d->channels == 1 || (key / d->world_size) % d->channels == d->channel;
+}
+
+/* Index of a key homed here (and of this channel) in home_owner. */
+static inline int64_t dir_home_index(const directory_t *d, int64_t key) {
+    return key / d->world_size / d->channels;
+}
 
 /* This node's own bit of S for key owned here without a record: the told flag of its intent
  * count (0 without counts). */
@@ -136,7 +150,7 @@ int64_t dir_decide_execute(const directory_t *d, const int64_t *keys, int64_t n,
  * home table names for keys homed here, else where this node sent the key; -1: on its way here
  * (or never here and not homed here, which only a request that saw it sent here can ask). */
 static inline int64_t dir_next_hop(const directory_t *d, int64_t key) {
-    const int64_t nxt = key % d->world_size == d->rank ? d->home_owner[key / d->world_size]
+    const int64_t nxt = key % d->world_size == d->rank ? d->home_owner[dir_home_index(d, key)]
                                                        : rec_forward(d->recs, key);
     return nxt == d->rank ? -1 : nxt;
 }

@@ -45,30 +45,40 @@ int dm_reserve(DirectoryObject *self, int64_t n) {
 }
 
 static int Directory_init(DirectoryObject *self, PyObject *args, PyObject *kwargs) {
-    static char *kwlist[] = {"store", "rank", "world_size", "masks", "average", NULL};
+    static char *kwlist[] = {"store", "rank", "world_size", "masks", "average", "channel", NULL};
     PyObject *store;
-    long long rank, world_size;
+    long long rank, world_size, channel = 0;
     int masks, average = 0;
     if (self->ready) {
         PyErr_SetString(PyExc_RuntimeError, "Directory is already initialised");
         return -1;
     }
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O!LLp|p", kwlist, &StoreType, &store,
-                                     &rank, &world_size, &masks, &average))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O!LLp|pL", kwlist, &StoreType, &store,
+                                     &rank, &world_size, &masks, &average, &channel))
         return -1;
     if (world_size < 1 || world_size > INT32_MAX || rank < 0 || rank >= world_size) {
         PyErr_SetString(PyExc_ValueError, "Directory: rank must be in [0, world_size)");
         return -1;
     }
+    const store_t *s = &((StoreObject *)store)->s;
+    if (s->rank != rank || s->world != world_size || channel < 0 || channel >= s->shards) {
+        PyErr_SetString(PyExc_ValueError, "Directory: rank and world_size must be the store's, "
+                                          "channel one of its channels");
+        return -1;
+    }
     directory_t *d = &self->d;
-    d->store = &((StoreObject *)store)->s;
+    d->store = s;
+    d->channel = channel;
+    d->channels = s->shards;
     d->rank = rank;
     d->world_size = world_size;
     d->words = (world_size + 63) / 64;
     d->masks = masks;
     d->average = average;
     const int64_t num_keys = d->store->num_keys;
-    d->num_home = num_keys > rank ? (num_keys - rank + world_size - 1) / world_size : 0;
+    /* This channel's home keys: every channels-th of the node's, from the channel's. */
+    const int64_t node_home = num_keys > rank ? (num_keys - rank + world_size - 1) / world_size : 0;
+    d->num_home = node_home > channel ? (node_home - channel + d->channels - 1) / d->channels : 0;
     if (!(d->home_owner = malloc((size_t)(d->num_home ? d->num_home : 1) * sizeof(int32_t)))
         || rec_init(&self->recs, world_size, masks ? d->words : 0) < 0) {
         free(d->home_owner);
@@ -89,7 +99,7 @@ static int Directory_init(DirectoryObject *self, PyObject *args, PyObject *kwarg
     Py_INCREF(store);
     self->store = store;
     d->recs = &self->recs;
-    d->alloc = &((StoreObject *)store)->alloc;
+    d->alloc = &((StoreObject *)store)->alloc[channel];
     d->held = &self->held;
     self->ready = 1;
     return 0;
@@ -102,6 +112,15 @@ int dm_check_keys(const DirectoryObject *self, const int64_t *keys, int64_t n) {
                      (long long)keys[bad], (long long)self->d.store->num_keys);
         return -1;
     }
+    const directory_t *d = &self->d;
+    if (d->channels > 1)
+        for (int64_t i = 0; i < n; i++)
+            if (!dir_in_channel(d, keys[i])) {
+                PyErr_Format(PyExc_IndexError, "keys[%lld] = %lld is not of channel %lld of %lld",
+                             (long long)i, (long long)keys[i], (long long)d->channel,
+                             (long long)d->channels);
+                return -1;
+            }
     return 0;
 }
 
@@ -407,7 +426,7 @@ PyObject *Directory_update_home(DirectoryObject *self, PyObject *args) {
         if (epochs[i] <= rec_home_epoch(d->recs, keys[i])) continue;
         const int32_t r = dir_rec_get(d, keys[i]);
         rec_at(d->recs, r)->home_epoch = epochs[i];
-        d->home_owner[keys[i] / d->world_size] = (int32_t)owners[i];
+        d->home_owner[dir_home_index(d, keys[i])] = (int32_t)owners[i];
     }
     result = Py_NewRef(Py_None);
 release:
@@ -487,7 +506,7 @@ static PyObject *Directory_dense(DirectoryObject *self, PyObject *unused) {
         hint[key] = e->hint;
         forward[key] = e->forward;
         epoch[key] = e->epoch;
-        if (key % d->world_size == d->rank) home_epoch[key / d->world_size] = e->home_epoch;
+        if (key % d->world_size == d->rank) home_epoch[dir_home_index(d, key)] = e->home_epoch;
         if (recs->words) {
             memcpy((uint64_t *)p[5] + key * w, rec_mask_words(recs, r), (size_t)w * 8);
             memcpy((uint64_t *)p[6] + key * w, rec_mask_words(recs, r) + w,

@@ -36,10 +36,14 @@ typedef struct {
     store_t s;
     Py_buffer views[9]; /* home, slab, delta, seqs, access_stats, lens; the pool's three */
     int nviews;
-    held_map_t held;    /* the keys held here beyond the home rows (held.h) */
-    int held_ready;
+    /* The keys held here beyond the home rows (held.h), a map per channel (store.h) */
+    held_map_t held[STORE_MAX_SHARDS];
+    int held_ready;     /* maps initialised */
     int64_t *home_off;  /* with per-key lengths: each home key's row */
-    slot_alloc_t alloc; /* where values go in the slab (slots.h) */
+    /* Where values go in the slab (slots.h): an allocator per channel, each in a region of its
+     * own above the home rows. */
+    slot_alloc_t alloc[STORE_MAX_SHARDS];
+    int pool_lock;      /* store.h: pool_lock */
     int64_t *repeat_set; /* scratch of first_repeat (below) */
     int64_t repeat_cap;
 } StoreObject;

@@ -56,4 +56,17 @@ static inline void write_unlock(uint64_t *seq) {
     __atomic_store_n(seq, __atomic_load_n(seq, __ATOMIC_RELAXED) + 1, __ATOMIC_RELEASE);
 }
 
+/* A plain spin lock for short critical sections between threads (0: free, 1: held). */
+static inline void spin_lock(int *lock) {
+    int spins = 0;
+    for (;;) {
+        int free_ = 0;
+        if (__atomic_compare_exchange_n(lock, &free_, 1, 0, __ATOMIC_ACQUIRE, __ATOMIC_RELAXED))
+            return;
+        if (++spins > SPINS_BEFORE_YIELD) { sched_yield(); spins = 0; } else CPU_RELAX();
+    }
+}
+
+static inline void spin_unlock(int *lock) { __atomic_store_n(lock, 0, __ATOMIC_RELEASE); }
+
 #endif

@@ -76,7 +76,7 @@ static inline __attribute__((always_inline)) int64_t lookup_shaped(const store_t
         *entry = 0;
         return home_row_shaped(s, h, sh);
     }
-    held_entry_t *e = held_find(t, key);
+    held_entry_t *e = held_find(t ? t : held_table(store_held(s, key)), key);
     *entry = e;
     return e ? __atomic_load_n(&e->raw, __ATOMIC_RELAXED) : -1;
 }
@@ -93,7 +93,10 @@ static inline __attribute__((always_inline)) int64_t prefetch_dir(const store_t 
                                                                   int for_write) {
     const int64_t h = home_at_pow2(s, key, sh.pow2);
     if (h >= 0) __builtin_prefetch(&s->home[h], for_write, 3);
-    else __builtin_prefetch(&t->entries[held_slot(t, key)], for_write, 3);
+    else {
+        if (!t) t = held_table(store_held(s, key));
+        __builtin_prefetch(&t->entries[held_slot(t, key)], for_write, 3);
+    }
     __builtin_prefetch(store_stripe(s, key), for_write, 3);
     return h;
 }
@@ -145,7 +148,7 @@ static inline __attribute__((always_inline)) int gather_one(const store_t *s, in
         const uint64_t v = read_begin(seq);
         held_entry_t *e;
         /* The table is reloaded under the seqlock: a rehash publishes a new one. */
-        const int64_t raw = lookup_shaped(s, held_table(s->held), key, h, sh, &e);
+        const int64_t raw = lookup_shaped(s, held_table(store_held(s, key)), key, h, sh, &e);
         if (raw < 0) {
             if (read_changed(seq, v)) continue;
             return 0;
@@ -214,8 +217,9 @@ int64_t store_gather(const store_t *s, const int64_t *keys, int64_t n, float *ou
     replica_reads_t reads = {0, 0.0};
     const int64_t ulen = s->uniform_len;
     if (ulen && n > out_floats / ulen) return -1;
-    const int token = held_enter(s->held);
-    const held_table_t *t = held_table(s->held); /* for prefetching only */
+    const uint64_t tokens = store_enter(s);
+    /* for prefetching only; NULL: a table per key (channels) */
+    const held_table_t *t = s->shards == 1 ? held_table(s->held) : NULL;
     int64_t ring[HOME_RING];
     ring_start(s, keys, n, ring);
     if (ulen) {
@@ -239,7 +243,7 @@ int64_t store_gather(const store_t *s, const int64_t *keys, int64_t n, float *ou
             off += len;
         }
     }
-    held_exit(s->held, token);
+    store_exit(s, tokens);
     if (nmiss >= 0) flush_replica_reads(s, &reads);
     return nmiss;
 }
@@ -247,10 +251,10 @@ int64_t store_gather(const store_t *s, const int64_t *keys, int64_t n, float *ou
 int64_t store_missing(const store_t *s, const int64_t *keys, int64_t n, int64_t *missing) {
     if (store_check_keys(keys, n, s->num_keys) >= 0) return -1;
     int64_t nmiss = 0;
-    const int token = held_enter(s->held);
+    const uint64_t tokens = store_enter(s);
     for (int64_t i = 0; i < n; i++)
         if (store_state(s, keys[i]) == KEY_NONE) missing[nmiss++] = i;
-    held_exit(s->held, token);
+    store_exit(s, tokens);
     return nmiss;
 }
 
@@ -272,7 +276,7 @@ static inline __attribute__((always_inline)) int scatter_one(const store_t *s, i
     int held = 1;
     write_lock(seq);
     held_entry_t *e;
-    const int64_t raw = lookup_shaped(s, held_table(s->held), key, h, sh, &e);
+    const int64_t raw = lookup_shaped(s, held_table(store_held(s, key)), key, h, sh, &e);
     const int replica = raw >= 0 && (raw & REPLICA_BIT);
     if (raw >= 0 && (!replica || mode == 0)) {
         const int64_t slot = SLOT_OFFSET(raw);
@@ -312,8 +316,9 @@ int64_t store_scatter(const store_t *s, const int64_t *keys, int64_t n, const fl
     int64_t nmiss = 0;
     const int64_t ulen = s->uniform_len;
     if (ulen && n > vals_floats / ulen) return -1;
-    const int token = held_enter(s->held);
-    const held_table_t *t = held_table(s->held); /* for prefetching only */
+    const uint64_t tokens = store_enter(s);
+    /* for prefetching only; NULL: a table per key (channels) */
+    const held_table_t *t = s->shards == 1 ? held_table(s->held) : NULL;
     int64_t ring[HOME_RING];
     ring_start(s, keys, n, ring);
     if (ulen) {
@@ -334,7 +339,7 @@ int64_t store_scatter(const store_t *s, const int64_t *keys, int64_t n, const fl
             off += len;
         }
     }
-    held_exit(s->held, token);
+    store_exit(s, tokens);
     return nmiss;
 }
 
@@ -342,30 +347,34 @@ int64_t store_scatter(const store_t *s, const int64_t *keys, int64_t n, const fl
  * outside its domain, and those it holds already or does not hold). */
 static void pool_follow(const store_t *s, const int64_t *keys, int64_t n, int add) {
     if (!s->pool.pool || !n) return;
+    /* Channels: the engine threads of several take turns (a short critical section a batch). */
+    if (s->shards > 1) spin_lock(s->pool_lock);
     const int64_t count = *s->pool_count;
     __atomic_store_n(s->pool_count,
                      add ? pool_add(&s->pool, count, keys, n) : pool_remove(&s->pool, count, keys, n),
                      __ATOMIC_RELEASE);
+    if (s->shards > 1) spin_unlock(s->pool_lock);
 }
 
-int store_reserve(const store_t *s, int64_t n) {
-    return held_reserve(s->held, n, s->seqs, (int64_t)s->stripe_mask + 1);
+int store_reserve(const store_t *s, int64_t shard, int64_t n) {
+    return held_reserve(&s->held[shard], n, s->seqs, (int64_t)s->stripe_mask + 1);
 }
 
 int64_t store_insert(const store_t *s, const int64_t *keys, int64_t n, const int64_t *slots,
                      int8_t new_state, const float *vals, int64_t vals_floats,
                      const int64_t *versions, double now) {
     /* Everything checked and reserved before the first change. */
-    int64_t off = 0, entries = 0;
+    int64_t off = 0, entries[STORE_MAX_SHARDS] = {0};
     for (int64_t i = 0; i < n; i++) {
         const int64_t key = keys[i], len = key_len(s, key);
         const int64_t slot = is_home(s, key) ? home_row(s, key) : slots[i];
         if (slot < 0 || slot + len > s->slab_floats) return -1;
         if (vals && off + len > vals_floats) return -1;
-        entries += !is_home(s, key) || new_state == KEY_REPLICA;
+        entries[store_shard(s, key)] += !is_home(s, key) || new_state == KEY_REPLICA;
         off += len;
     }
-    if (store_reserve(s, entries) < 0) return -1;
+    for (int64_t c = 0; c < s->shards; c++)
+        if (entries[c] && store_reserve(s, c, entries[c]) < 0) return -1;
     off = 0;
     for (int64_t i = 0; i < n; i++) {
         const int64_t key = keys[i], len = key_len(s, key);
@@ -379,12 +388,12 @@ int64_t store_insert(const store_t *s, const int64_t *keys, int64_t n, const int
         /* Only replicas use their delta row: an owner's stays untouched (not committed). */
         if (new_state == KEY_REPLICA) memset(s->delta + slot, 0, (size_t)len * sizeof(float));
         if (new_state == KEY_REPLICA)
-            held_put(s->held, key, slot | REPLICA_BIT, version, now);
+            held_put(store_held(s, key), key, slot | REPLICA_BIT, version, now);
         else if (home)
             __atomic_store_n(&s->home[home_at(s, key)], HOME_OWNED | (uint32_t)version,
                              __ATOMIC_RELEASE);
         else
-            held_put(s->held, key, slot, version, 0.0);
+            held_put(store_held(s, key), key, slot, version, 0.0);
         write_unlock(seq);
         off += len;
     }
@@ -394,7 +403,7 @@ int64_t store_insert(const store_t *s, const int64_t *keys, int64_t n, const int
 
 /* Engine thread, under key's lock: key is no longer held here. */
 static void forget(const store_t *s, int64_t key, held_entry_t *e) {
-    if (e) held_del(s->held, e);
+    if (e) held_del(store_held(s, key), e);
     else __atomic_store_n(&s->home[home_at(s, key)], 0u, __ATOMIC_RELEASE);
 }
 
@@ -461,7 +470,7 @@ int64_t store_take_deltas(const store_t *s, const int64_t *keys, int64_t n, floa
 }
 
 void store_states(const store_t *s, const int64_t *keys, int64_t n, int8_t *out) {
-    const int token = held_enter(s->held);
+    const uint64_t tokens = store_enter(s);
     for (int64_t i = 0; i < n; i++) {
         const uint64_t *seq = store_stripe(s, keys[i]);
         int state;
@@ -472,7 +481,7 @@ void store_states(const store_t *s, const int64_t *keys, int64_t n, int8_t *out)
         } while (read_changed(seq, v));
         out[i] = (int8_t)state;
     }
-    held_exit(s->held, token);
+    store_exit(s, tokens);
 }
 
 int store_has_delta(const store_t *s, int64_t key, int residue) {
@@ -574,7 +583,7 @@ int64_t store_refresh(const store_t *s, const int64_t *keys, int64_t n, const fl
             } else {
                 if (raw & DELTA_BITS) memset(d, 0, (size_t)len * sizeof(float));
                 if (is_home(s, key)) { /* back to the fixed row's word (the row is the same) */
-                    held_del(s->held, e);
+                    held_del(store_held(s, key), e);
                     __atomic_store_n(&s->home[home_at(s, key)],
                                      HOME_OWNED | (uint32_t)version, __ATOMIC_RELEASE);
                 } else {

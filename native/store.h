@@ -18,8 +18,15 @@
  * remove) spin on the stripe's sequence word. This keeps the common case, a pull of local keys,
  * free of atomic read-modify-writes per key, and it makes a key's directory entry and value
  * change together: a reader never sees a slot that was freed and reused under it. Batch calls
- * that may run beside the engine thread bracket themselves with held_enter/held_exit, so that a
- * rehash of the held map never frees a table under them.
+ * that may run beside the engine thread bracket themselves with store_enter/store_exit, so that
+ * a rehash of the held map never frees a table under them.
+ *
+ * Channels (Config.channels = K): a node's engine work is split over K threads by key, key k
+ * going to channel (k / world) % K (store_shard). Each channel's thread is the one inserting
+ * and removing thread of its keys: they have a held map (held[c]) and a slot allocator of their
+ * own, with a region of the slab of its own, so the K threads never write the same structure.
+ * Wherever these comments say "the engine thread", read "the engine thread of the key's
+ * channel". The sampler's pool, shared by all, is kept under a lock when K > 1.
  *
  * All functions are called with the GIL released and touch no Python object.
  */
@@ -46,7 +53,8 @@ typedef struct {
     uint32_t *home;        /* per home key (index k / world): HOME_OWNED | version */
     const int64_t *home_off; /* lens given: each home key's row (float offset); NULL otherwise */
     int64_t home_floats;   /* the home rows' region at the bottom of the slab */
-    held_map_t *held;      /* every other key held here */
+    held_map_t *held;      /* every other key held here: shards maps, by store_shard */
+    int64_t shards;        /* channels: 1, or K (see Concurrency above) */
     float *slab;           /* values of held keys */
     float *delta;          /* replicas: updates not yet sent to the owner (same offsets as slab) */
     int64_t slab_floats;   /* capacity of slab and delta, for bounds checks */
@@ -61,7 +69,11 @@ typedef struct {
      * gather says so). */
     pool_t pool;
     int64_t *pool_count;
+    int *pool_lock;        /* shards > 1: taken by whoever changes the pool */
 } store_t;
+
+/* Most channels a node can have (the shards of its store). */
+#define STORE_MAX_SHARDS 64
 
 /* Replica-ness is a bit of the slot word, so that a read, which must not touch more cache lines
  * than it needs, learns it from the slot it loads anyway. DIRTY_BIT: a replica whose delta row
@@ -126,6 +138,31 @@ static inline int64_t home_at(const store_t *s, int64_t key) { /* home index, or
 
 static inline int is_home(const store_t *s, int64_t key) { return home_at(s, key) >= 0; }
 
+/* key's channel: (key / world) % shards. */
+static inline int64_t store_shard(const store_t *s, int64_t key) {
+    if (s->shards == 1) return 0;
+    const int64_t q = s->home_shift >= 0 ? key >> s->home_shift : key / s->world;
+    return q % s->shards;
+}
+
+/* The held map that has key's entry, if any. */
+static inline held_map_t *store_held(const store_t *s, int64_t key) {
+    return s->shards == 1 ? s->held : &s->held[store_shard(s, key)];
+}
+
+/* store_enter: a batch call that reads held maps beside the engine threads enters every shard
+ * (held_enter); the tokens, one bit per shard, are for store_exit. */
+static inline uint64_t store_enter(const store_t *s) {
+    uint64_t tokens = 0;
+    for (int64_t i = 0; i < s->shards; i++)
+        tokens |= (uint64_t)held_enter(&s->held[i]) << i;
+    return tokens;
+}
+
+static inline void store_exit(const store_t *s, uint64_t tokens) {
+    for (int64_t i = 0; i < s->shards; i++) held_exit(&s->held[i], (int)((tokens >> i) & 1));
+}
+
 /* The fixed row of the key with home index h. */
 static inline int64_t home_row_at(const store_t *s, int64_t h) {
     return s->home_off ? s->home_off[h] : h * s->uniform_len;
@@ -145,7 +182,7 @@ static inline int64_t store_lookup(const store_t *s, int64_t key, held_entry_t *
         *entry = 0;
         return home_row_at(s, h);
     }
-    held_entry_t *e = held_find(held_table(s->held), key);
+    held_entry_t *e = held_find(held_table(store_held(s, key)), key);
     *entry = e;
     return e ? __atomic_load_n(&e->raw, __ATOMIC_RELAXED) : -1;
 }
@@ -162,7 +199,7 @@ enum { STORE_AHEAD = 16 };
 static inline void store_prefetch(const store_t *s, int64_t key) {
     const int64_t h = home_at(s, key);
     if (h >= 0) __builtin_prefetch(&s->home[h]);
-    const held_table_t *t = held_table(s->held);
+    const held_table_t *t = held_table(store_held(s, key));
     __builtin_prefetch(&t->entries[held_slot(t, key)]);
 }
 
@@ -181,7 +218,7 @@ static inline int64_t store_version(const store_t *s, int64_t key) {
         const uint32_t w = __atomic_load_n(&s->home[h], __ATOMIC_ACQUIRE);
         if (w & HOME_OWNED) return (int64_t)(w & ~HOME_OWNED);
     }
-    held_entry_t *e = held_find(held_table(s->held), key);
+    held_entry_t *e = held_find(held_table(store_held(s, key)), key);
     return e ? __atomic_load_n(&e->version, __ATOMIC_ACQUIRE) : -1;
 }
 
@@ -196,9 +233,9 @@ static inline double store_synced_at(const store_t *s, int64_t key) {
 void store_set_synced(const store_t *s, const int64_t *keys, int64_t n, const int64_t *versions,
                       double now);
 
-/* Engine thread, holding no stripe lock: room in the held map for n more keys. 0, or -1 if out
- * of memory (nothing changed). */
-int store_reserve(const store_t *s, int64_t n);
+/* The engine thread of channel shard, holding no stripe lock: room in its held map for n more
+ * keys. 0, or -1 if out of memory (nothing changed). */
+int store_reserve(const store_t *s, int64_t shard, int64_t n);
 
 static inline int64_t key_len(const store_t *s, int64_t key) {
     return s->uniform_len ? s->uniform_len : s->lens[key];

@@ -20,8 +20,8 @@
 
 static void Store_dealloc(StoreObject *self) {
     for (int i = 0; i < self->nviews; i++) PyBuffer_Release(&self->views[i]);
-    slots_free_all(&self->alloc);
-    if (self->held_ready) held_free(&self->held);
+    for (int i = 0; i < STORE_MAX_SHARDS; i++) slots_free_all(&self->alloc[i]);
+    for (int i = 0; i < self->held_ready; i++) held_free(&self->held[i]);
     PyMem_Free(self->home_off);
     PyMem_Free(self->repeat_set);
     Py_TYPE(self)->tp_free((PyObject *)self);
@@ -45,19 +45,23 @@ static int take_view(StoreObject *self, PyObject *obj, int writable, Py_ssize_t 
 
 static int Store_init(StoreObject *self, PyObject *args, PyObject *kwargs) {
     static char *kwlist[] = {"num_keys", "rank", "world_size", "home", "slab", "delta", "seqs",
-                             "access_stats", "lens", "uniform_len", NULL};
+                             "access_stats", "lens", "uniform_len", "channels", NULL};
     PyObject *home, *slab, *delta, *seqs, *access_stats, *lens;
-    long long num_keys, rank, world, uniform_len;
+    long long num_keys, rank, world, uniform_len, channels = 1;
     if (self->nviews) {
         PyErr_SetString(PyExc_RuntimeError, "Store is already initialised");
         return -1;
     }
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "LLLOOOOOOL", kwlist, &num_keys, &rank,
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "LLLOOOOOOL|L", kwlist, &num_keys, &rank,
                                      &world, &home, &slab, &delta, &seqs, &access_stats, &lens,
-                                     &uniform_len))
+                                     &uniform_len, &channels))
         return -1;
     if (num_keys < 1 || world < 1 || rank < 0 || rank >= world) {
         PyErr_SetString(PyExc_ValueError, "Store: need num_keys >= 1 and 0 <= rank < world_size");
+        return -1;
+    }
+    if (channels < 1 || channels > STORE_MAX_SHARDS) {
+        PyErr_Format(PyExc_ValueError, "Store: channels must be in [1, %d]", STORE_MAX_SHARDS);
         return -1;
     }
     const int64_t num_home = num_keys > rank ? (num_keys - rank + world - 1) / world : 0;
@@ -121,14 +125,59 @@ static int Store_init(StoreObject *self, PyObject *args, PyObject *kwargs) {
         PyErr_SetString(PyExc_ValueError, "Store: the slab is smaller than the home rows");
         return -1;
     }
-    if (held_init(&self->held) < 0) {
-        PyErr_NoMemory();
-        return -1;
+    self->s.shards = channels;
+    for (; self->held_ready < channels; self->held_ready++)
+        if (held_init(&self->held[self->held_ready]) < 0) {
+            PyErr_NoMemory();
+            return -1;
+        }
+    self->s.held = self->held;
+    self->pool_lock = 0;
+    self->s.pool_lock = &self->pool_lock;
+    if (channels == 1) {
+        slots_init(&self->alloc[0], self->s.home_floats, nslab);
+        return 0;
     }
-    self->held_ready = 1;
-    self->s.held = &self->held;
-    slots_init(&self->alloc, self->s.home_floats, nslab);
+    /* Channel c's region holds the rows of its keys homed elsewhere (a home key's row is fixed,
+     * a replica's too), so the regions together are the slab above the home rows. */
+    int64_t need[STORE_MAX_SHARDS] = {0};
+    for (int64_t key = 0; key < num_keys; key++)
+        if (!is_home(&self->s, key)) need[store_shard(&self->s, key)] += key_len(&self->s, key);
+    int64_t start = self->s.home_floats;
+    for (int64_t c = 0; c < channels; c++) {
+        if (start + need[c] > nslab) {
+            PyErr_SetString(PyExc_ValueError, "Store: the slab is smaller than every key's row");
+            return -1;
+        }
+        slots_init(&self->alloc[c], start, start + need[c]);
+        start += need[c];
+    }
     return 0;
+}
+
+/* Slots for keys[0..n) from their channels' allocators; 0, or -1 (none taken) when out of
+ * memory. */
+static int take_slots(StoreObject *self, const int64_t *keys, int64_t n, int64_t *slots) {
+    const store_t *s = &self->s;
+    if (s->shards == 1) return slots_take(&self->alloc[0], s, keys, n, slots);
+    for (int64_t i = 0; i < n; i++)
+        if (slots_take(&self->alloc[store_shard(s, keys[i])], s, &keys[i], 1, &slots[i]) < 0) {
+            for (int64_t j = 0; j < i; j++)
+                slots_give(&self->alloc[store_shard(s, keys[j])], s, &keys[j], &slots[j], 1);
+            return -1;
+        }
+    return 0;
+}
+
+/* The slots of keys[0..n) back to their channels' allocators (negative slots skipped). */
+static void give_slots(StoreObject *self, const int64_t *keys, const int64_t *slots, int64_t n) {
+    const store_t *s = &self->s;
+    if (s->shards == 1) {
+        slots_give(&self->alloc[0], s, keys, slots, n);
+        return;
+    }
+    for (int64_t i = 0; i < n; i++)
+        slots_give(&self->alloc[store_shard(s, keys[i])], s, &keys[i], &slots[i], 1);
 }
 
 /* Batch buffers of one call; released by release_batch. */
@@ -399,7 +448,7 @@ static PyObject *Store_insert(StoreObject *self, PyObject *args) {
         PyErr_NoMemory();
         goto fail;
     }
-    if (slots_take(&self->alloc, &self->s, keys, n, slots) < 0) {
+    if (take_slots(self, keys, n, slots) < 0) {
         PyErr_SetString(PyExc_MemoryError, "insert: no slot for a value (out of memory)");
         goto fail;
     }
@@ -408,7 +457,7 @@ static PyObject *Store_insert(StoreObject *self, PyObject *args) {
     done = store_insert(&self->s, keys, n, slots, (int8_t)new_state, vals, nvals, versions, now);
     NOGIL_END
     if (done < 0) {
-        slots_give(&self->alloc, &self->s, keys, slots, n);
+        give_slots(self, keys, slots, n);
         PyErr_SetString(PyExc_MemoryError, "insert: no room for the keys (out of memory)");
         goto fail;
     }
@@ -504,7 +553,7 @@ static PyObject *Store_remove(StoreObject *self, PyObject *args) {
     NOGIL_BEGIN(n + (vals || deltas ? need : 0))
     store_remove(&self->s, keys, n, vals, deltas, need, slots, NULL);
     NOGIL_END
-    slots_give(&self->alloc, &self->s, keys, slots, n); /* not held: slot -1, skipped */
+    give_slots(self, keys, slots, n); /* not held: slot -1, skipped */
     PyMem_Free(slots);
     release_batch(&bt);
     Py_RETURN_NONE;
@@ -516,9 +565,13 @@ fail:
 
 /* free_slots() -> bytearray of the free slots (int64), every value length */
 static PyObject *Store_free_slots(StoreObject *self, PyObject *unused) {
-    const int64_t n = slots_free_list(&self->alloc, NULL);
+    int64_t n = 0;
+    for (int64_t c = 0; c < self->s.shards; c++) n += slots_free_list(&self->alloc[c], NULL);
     PyObject *out = PyByteArray_FromStringAndSize(NULL, n * 8);
-    if (out) slots_free_list(&self->alloc, (int64_t *)PyByteArray_AS_STRING(out));
+    if (!out) return NULL;
+    int64_t at = 0;
+    for (int64_t c = 0; c < self->s.shards; c++)
+        at += slots_free_list(&self->alloc[c], (int64_t *)PyByteArray_AS_STRING(out) + at);
     return out;
 }
 
@@ -582,7 +635,7 @@ static PyObject *Store_inspect(StoreObject *self, PyObject *args) {
     }
     const int64_t *keys = ptr[0];
     if (check_keys_in_range(self, keys, n) < 0) goto fail;
-    const int token = held_enter(&self->held);
+    const uint64_t tokens = store_enter(&self->s);
     for (Py_ssize_t i = 0; i < n; i++) {
         const uint64_t *seq = store_stripe(&self->s, keys[i]);
         int state;
@@ -603,7 +656,7 @@ static PyObject *Store_inspect(StoreObject *self, PyObject *args) {
         if (ptr[3]) ((double *)ptr[3])[i] = synced;
         if (ptr[4]) ((int64_t *)ptr[4])[i] = slot;
     }
-    held_exit(&self->held, token);
+    store_exit(&self->s, tokens);
     release_batch(&bt);
     Py_RETURN_NONE;
 fail:
@@ -617,13 +670,15 @@ static PyObject *Store_held_keys(StoreObject *self, PyObject *unused) {
     const int64_t num_home = self->views[0].len / 4;
     int64_t owned = 0;
     for (int64_t i = 0; i < num_home; i++) owned += (s->home[i] & HOME_OWNED) != 0;
-    const int64_t others = held_keys(&self->held, NULL, 0);
+    int64_t others = 0;
+    for (int64_t c = 0; c < s->shards; c++) others += held_keys(&self->held[c], NULL, 0);
     PyObject *out = PyByteArray_FromStringAndSize(NULL, (owned + others) * 8);
     if (!out) return NULL;
     int64_t *keys = (int64_t *)PyByteArray_AS_STRING(out), at = 0;
     for (int64_t i = 0; i < num_home; i++)
         if (s->home[i] & HOME_OWNED) keys[at++] = s->rank + i * s->world;
-    held_keys(&self->held, keys + at, others);
+    for (int64_t c = 0; c < s->shards; c++)
+        at += held_keys(&self->held[c], keys + at, held_keys(&self->held[c], NULL, 0));
     return out;
 }
 
@@ -654,8 +709,12 @@ fail:
 static PyObject *Store_memory(StoreObject *self, PyObject *unused) {
     const store_t *s = &self->s;
     const int64_t num_home = self->views[0].len / 4;
-    const int64_t bytes = num_home * 4 + (s->home_off ? num_home * 8 : 0) + held_bytes(&self->held);
-    return Py_BuildValue("LL", (long long)self->held.live, (long long)bytes);
+    int64_t bytes = num_home * 4 + (s->home_off ? num_home * 8 : 0), live = 0;
+    for (int64_t c = 0; c < s->shards; c++) {
+        bytes += held_bytes(&self->held[c]);
+        live += self->held[c].live;
+    }
+    return Py_BuildValue("LL", (long long)live, (long long)bytes);
 }
 
 static PyMethodDef Store_methods[] = {

@@ -126,7 +126,7 @@ int fast_moves_in(DirectoryObject *self, int64_t origin, const carr_t *m, const 
         if (hepochs[i] <= rec_home_epoch(d->recs, hkeys[i])) continue;
         const int32_t rec = dir_rec_get(d, hkeys[i]);
         rec_at(d->recs, rec)->home_epoch = hepochs[i];
-        d->home_owner[hkeys[i] / d->world_size] = (int32_t)howners[i];
+        d->home_owner[dir_home_index(d, hkeys[i])] = (int32_t)howners[i];
     }
     return 0;
 }
@@ -309,7 +309,8 @@ int64_t directory_route_pull(PyObject *directory, const int64_t *keys, int64_t n
     if (!self->ready || !self->fast.on) return -1;
     int64_t here = 0;
     for (int64_t i = 0; i < n; i++) { /* Directory.route_own's choice, for a pull */
-        if (keys[i] < 0 || keys[i] >= d->store->num_keys) return -1;
+        if (keys[i] < 0 || keys[i] >= d->store->num_keys || !dir_in_channel(d, keys[i]))
+            return -1;
         hop[i] = dm_route_hop(d, c, keys[i], 0);
         if (hop[i] < -1 || hop[i] >= d->world_size) return -1; /* on its way here, or no rank */
         here += hop[i] == -1;

@@ -14,6 +14,13 @@ def home_of(keys: np.ndarray, world_size: int) -> np.ndarray:
     return keys % world_size
 
 
+def channel_of(keys: np.ndarray, world_size: int, channels: int) -> np.ndarray:
+    """Channel of each key on every node, ``(k // world_size) % channels``: a node's home keys
+    (every world_size-th key) go round its channels one by one, so each channel holds an equal
+    share of every node's keys (``Config.channels``; native/store.h's ``store_shard``)."""
+    return (keys // world_size) % channels
+
+
 def home_keys(rank: int, num_keys: int, world_size: int) -> np.ndarray:
     """All keys whose home is ``rank``."""
     return np.arange(rank, num_keys, world_size, dtype=np.int64)

@@ -63,7 +63,7 @@ from .._wire.protocol import (
     subset, widened,
 )
 from ..errors import PeerError, StateError
-from . import native
+from . import native, routing
 from .collectives import Collectives
 from .events import Call, Op, Received, Request, Submitted, Tick
 from .intents import NodeIntents, WorkerIntents
@@ -107,9 +107,12 @@ class NodeState:
 
     # --- set-up (before the engine runs) ---------------------------------------------------------
 
-    def __init__(self, rank: int, world_size: int, store, config) -> None:
+    def __init__(self, rank: int, world_size: int, store, config, channel: int = 0) -> None:
+        """``channel``: which of the node's ``config.channels`` this state runs; it sees only
+        that channel's keys (:func:`~.routing.channel_of`), over the store's share of them."""
         self.rank = rank
         self.world_size = world_size
+        self.channel = channel
         self.store = store
         self.config = config
         self.policy = make_policy(config.management)
@@ -119,7 +122,8 @@ class NodeState:
         self.variant = self.policy.variant  # native/policy.h; -1: no masks
         masks = self.variant >= 0
         self.directory = _native.Directory(store.native, rank, world_size, masks,
-                                           average=config.replica_updates == "average")
+                                           average=config.replica_updates == "average",
+                                           channel=channel)
         self.intents = NodeIntents(store.num_keys) if self.policy.runs_rounds else None
         if masks and self.intents is not None:  # an owner's own bit of S may be a told flag
             self.directory.use_counts(self.intents.native)
@@ -181,6 +185,9 @@ class NodeState:
         (a checkpoint being restored), zeros without. Call before the engine runs."""
         others = np.setdiff1d(np.arange(self.store.num_keys, dtype=np.int64),
                               self.store.local_keys(), assume_unique=True)
+        if self.config.channels > 1:  # this channel's
+            others = others[routing.channel_of(others, self.world_size, self.config.channels)
+                            == self.channel]
         values = read(others) if read is not None else None
         self.store.insert(others, REPLICA, values, synced_at=time.monotonic())
         self.directory.replicas_added(others)

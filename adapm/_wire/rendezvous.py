@@ -40,7 +40,7 @@ import msgpack
 import numpy as np
 import zmq
 
-from ..config import Config, is_loopback, parse_address
+from ..config import MAX_CHANNELS, Config, is_loopback, parse_address
 from ..errors import AdaPMTimeout, ConfigError, NodeFailure, TransportError
 from .auth import HandshakeWatch, JobKeys, authenticated_rank
 from .protocol import Kind
@@ -80,13 +80,14 @@ def fingerprint(config: Config) -> list:
     lengths = config.value_length
     length_sig = lengths if isinstance(lengths, int) else zlib.crc32(np.asarray(lengths).tobytes())
     return [config.world_size, config.num_keys, length_sig, config.management,
-            config.replica_updates]
+            config.replica_updates, config.channels]
 
 
-def rendezvous(config: Config, my_address: str, context: zmq.Context,
-               keys: JobKeys | None = None) -> tuple[list[str], str]:
+def rendezvous(config: Config, my_address: str | list[str], context: zmq.Context,
+               keys: JobKeys | None = None) -> tuple[list, str]:
     """Block until every node has checked in; returns all nodes' addresses indexed by rank and
-    the job token (see the module docstring).
+    the job token (see the module docstring). With channels (``Config.channels`` > 1) a node's
+    address is a list of its channels' addresses, ``my_address`` too.
 
     ``keys``: the job's keys when authentication is on (the context must then have a running
     :class:`~adapm._wire.auth.ZapHandler`). Raises AdaPMTimeout after
@@ -103,7 +104,8 @@ def rendezvous(config: Config, my_address: str, context: zmq.Context,
         return _host_rendezvous(config, endpoint, hello, context, deadline, keys)
     sock = context.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
-    sock.setsockopt(zmq.MAXMSGSIZE, _MAX_HELLO_BYTES + _MAX_ADDRESS_CHARS * config.world_size)
+    sock.setsockopt(zmq.MAXMSGSIZE,
+                    _MAX_HELLO_BYTES + _MAX_ADDRESS_CHARS * config.world_size * config.channels)
     watch = None
     try:
         if ":" in host:
@@ -123,8 +125,8 @@ def rendezvous(config: Config, my_address: str, context: zmq.Context,
         sock.close()
 
 
-def _await_table(sock, watch, packed: bytes, config: Config, my_address: str, endpoint: str,
-                 deadline: float) -> tuple[list[str], str]:
+def _await_table(sock, watch, packed: bytes, config: Config, my_address, endpoint: str,
+                 deadline: float) -> tuple[list, str]:
     """A member's wait for the table: until rank 0 first answers, up to the deadline; from then
     on a hello every interval, and rank 0 must answer within ``failure_timeout_s``."""
     interval = config.failure_timeout_s / _HELLOS_PER_TIMEOUT
@@ -164,7 +166,7 @@ def _await_table(sock, watch, packed: bytes, config: Config, my_address: str, en
             next_hello = time.monotonic() + interval
 
 
-def _answer_of(raw: bytes, config: Config, my_address: str, endpoint: str) -> tuple:
+def _answer_of(raw: bytes, config: Config, my_address, endpoint: str) -> tuple:
     """Rank 0's answer, checked: ("waiting", missing ranks) or ("table", addresses, token);
     ConfigError or NodeFailure for a refusal, TransportError for anything that is not a
     well-formed answer."""
@@ -186,7 +188,8 @@ def _answer_of(raw: bytes, config: Config, my_address: str, endpoint: str) -> tu
     addrs = answer.get("addrs") if kind == Kind.TABLE else None
     token = answer.get("tok") if kind == Kind.TABLE else None
     if not (isinstance(addrs, list) and len(addrs) == config.world_size
-            and all(_is_address(a) for a in addrs) and addrs[config.rank] == my_address
+            and all(_is_advert(a, config.channels) for a in addrs)
+            and addrs[config.rank] == my_address
             and isinstance(token, str) and len(token) == 2 * _TOKEN_BYTES):
         raise TransportError(f"rank {config.rank}: the rendezvous at {endpoint} answered with "
                              f"something that is not this job's address table: "
@@ -203,6 +206,15 @@ def _is_address(value) -> bool:
     return bool(host) and port.isdigit() and 0 < int(port) < 65536
 
 
+def _is_advert(value, channels: int | None = None) -> bool:
+    """What a node advertises: its address, or with channels (``Config.channels`` > 1) a list
+    of one address per channel; ``channels``: how many the job has (None: any)."""
+    if isinstance(value, list):
+        return 1 < len(value) <= MAX_CHANNELS and channels in (None, len(value)) and \
+            all(_is_address(a) for a in value)
+    return channels in (None, 1) and _is_address(value)
+
+
 class _Refused(Exception):
     """The rendezvous cannot form the job: every member checked in so far is told ``text``."""
 
@@ -212,13 +224,13 @@ class _Refused(Exception):
 
 
 def _host_rendezvous(config: Config, endpoint: str, own: dict, context: zmq.Context,
-                     deadline: float, keys: JobKeys | None) -> tuple[list[str], str]:
+                     deadline: float, keys: JobKeys | None) -> tuple[list, str]:
     sock = context.socket(zmq.ROUTER)
     watch = None
     try:
         if endpoint.startswith("tcp://["):
             sock.setsockopt(zmq.IPV6, 1)
-        sock.setsockopt(zmq.MAXMSGSIZE, _MAX_HELLO_BYTES)
+        sock.setsockopt(zmq.MAXMSGSIZE, _MAX_HELLO_BYTES + _MAX_ADDRESS_CHARS * config.channels)
         if keys is not None:
             keys.make_server(sock)
         watch = HandshakeWatch(sock)
@@ -340,7 +352,8 @@ class _Gathering:
         if theirs != own["fp"]:
             self.identities[-1] = identity
             raise _Refused(f"rank {rank} has configuration {theirs} but rank 0 has {own['fp']} "
-                           "(world_size, num_keys, value lengths, management, replica_updates)")
+                           "(world_size, num_keys, value lengths, management, replica_updates, "
+                           "channels)")
         self.hellos[rank] = hello
         self.identities[rank] = identity
         self.heard[rank] = time.monotonic()
@@ -359,7 +372,7 @@ def _hello(frames: list):
     except (ValueError, TypeError, msgpack.UnpackException):
         return None
     if not isinstance(hello, dict) or type(hello.get("s")) is not int or \
-            not _is_address(hello.get("addr")) or not isinstance(hello.get("fp"), list) or \
+            not _is_advert(hello.get("addr")) or not isinstance(hello.get("fp"), list) or \
             not (hello.get("job") is None or isinstance(hello.get("job"), str)):
         return None
     return hello

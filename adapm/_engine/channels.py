@@ -1,0 +1,327 @@
+"""Channels: a node's engine work split over several threads by key (``Config.channels``).
+
+Each channel is a whole engine over its share of the keys, key k in channel
+``(k // world_size) % channels`` (:func:`~.routing.channel_of`): a
+:class:`~.state.NodeState` with a native directory of its own, an engine thread
+(:class:`~.loop.EngineLoop`) and sockets of its own, and its share of the node's store (a held
+map and slot allocator per channel, native/store.h), so the channels' threads never write the
+same structure and their native calls, which release the GIL, run side by side. Channel c of
+one node talks only to channel c of the others: every channel is a job of ``world_size`` nodes
+over its keys, and the management decisions, rounds and timers of each are its own.
+
+:class:`ChannelEngine` offers the node and its workers the one-engine contract
+(:class:`~.contracts.Engine`) over the channels' loops: a worker's request goes to the channel
+of its keys (split when they span several), ``wait_sync`` and the rounds after a barrier to
+every channel, collectives to channel 0; intents are split by channel as they are signalled
+(:class:`SplitIntents`); statistics add up (:class:`ChannelStates`). Workers' remote pulls and
+pushes take the engine loops' path here, not the transport's native calls.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Optional
+
+import numpy as np
+
+from ..errors import AdaPMError
+from .events import Op, Request
+from .routing import channel_of, segment_index
+
+
+class Joined:
+    """A request split over channels: done when every channel's part is. ``parts`` are the
+    channels' calls (:class:`~.events.Call`), ``channels`` their channel numbers."""
+
+    __slots__ = ("what", "parts", "channels")
+
+    def __init__(self, what: str, parts: list, channels: list) -> None:
+        self.what, self.parts, self.channels = what, parts, channels
+
+    @property
+    def done(self) -> bool:
+        return all(call.done for call in self.parts)
+
+    @property
+    def error(self) -> Optional[BaseException]:
+        """The first part's error (once done; None before or without one)."""
+        for call in self.parts:
+            if call.done and call.error is not None:
+                return call.error
+        return None
+
+
+class SplitIntents:
+    """A worker's intents over the channels: what ``WorkerIntents`` offers the worker's thread
+    (``signal``, ``late``, ``behind``), each call split by channel or asked of every channel.
+    """
+
+    __slots__ = ("queues", "world_size")
+
+    def __init__(self, queues: list, world_size: int) -> None:
+        self.queues = queues
+        self.world_size = world_size
+
+    def signal(self, keys: np.ndarray, start: int, end: int) -> None:
+        """Copies each channel's ``keys`` (checked int64) into its queue for [start, end)."""
+        channel = channel_of(keys, self.world_size, len(self.queues))
+        for c, queue in enumerate(self.queues):
+            mine = keys[channel == c]
+            if len(mine):
+                queue.signal(mine, start, end)
+
+    def late(self, clock: int) -> bool:
+        return any(queue.late(clock) for queue in self.queues)
+
+    def behind(self, now: float) -> bool:
+        return any(queue.behind(now) for queue in self.queues)
+
+
+class ChannelStates:
+    """The node's view of its channels' states: the queries of :class:`~.contracts.EngineState`
+    that the node, its workers and the benchmarks make, over every channel (sums, or the
+    channel a key belongs to). Any thread, as each state's queries."""
+
+    def __init__(self, states: list) -> None:
+        self.states = states
+        first = states[0]
+        self.rank, self.world_size, self.config = first.rank, first.world_size, first.config
+        self.policy = first.policy
+        self.channels = len(states)
+
+    def _split(self, keys: np.ndarray) -> list:
+        """[(channel, positions of keys in it)] for the channels that have any."""
+        channel = channel_of(keys, self.world_size, self.channels)
+        out = []
+        for c in range(self.channels):
+            at = np.flatnonzero(channel == c)
+            if len(at):
+                out.append((c, at))
+        return out
+
+    def staying(self, keys: np.ndarray) -> np.ndarray:
+        out = np.zeros(len(keys), dtype=bool)
+        for c, at in self._split(keys):
+            out[at] = self.states[c].staying(keys[at])
+        return out
+
+    def sample_pins(self):
+        pins = [state.sample_pins() for state in self.states]
+        if pins[0] is None:
+            return None
+
+        def repin(release: np.ndarray, take: np.ndarray) -> None:
+            parts = [[_NO_KEYS, _NO_KEYS] for _ in pins]
+            for which, keys in ((0, release), (1, take)):
+                if len(keys):
+                    for c, at in self._split(keys):
+                        parts[c][which] = keys[at]
+            for c, (gone, new) in enumerate(parts):
+                if len(gone) or len(new):
+                    pins[c](gone, new)
+        return repin
+
+    @property
+    def counters(self) -> dict:
+        return _summed(state.counters for state in self.states)
+
+    @property
+    def closing(self) -> bool:
+        return any(state.closing for state in self.states)
+
+    def stats(self) -> dict:
+        stats = [state.stats() for state in self.states]
+        out = _summed(stats)
+        rounds = sum(s["rounds"] for s in stats)
+        # Each channel's mean over its rounds, weighted by them.
+        out["mean_round_ms"] = (sum(s["mean_round_ms"] * s["rounds"] for s in stats) / rounds
+                                if rounds else 0.0)
+        return out
+
+    def own_updates_served_here(self) -> tuple:
+        served = [state.own_updates_served_here() for state in self.states]
+        return tuple(sum(column) for column in zip(*served))
+
+    def replicas_held(self) -> int:
+        return sum(state.replicas_held() for state in self.states)
+
+    def moves_held(self) -> bool:
+        return any(state.moves_held() for state in self.states)
+
+    def held_moves(self) -> dict:
+        out: dict = {}
+        for state in self.states:
+            out.update(state.held_moves())
+        return out
+
+    def memory(self) -> dict:
+        parts = [state.memory() for state in self.states]
+        return {name: tuple(sum(column) for column in zip(*(p[name] for p in parts)))
+                for name in parts[0]}
+
+    def barrier_missing(self, epoch: int) -> list:
+        return self.states[0].barrier_missing(epoch)  # collectives go through channel 0
+
+    def round_waiting_on(self) -> list:
+        return sorted({rank for state in self.states for rank in state.round_waiting_on()})
+
+
+_NO_KEYS = np.empty(0, dtype=np.int64)
+
+
+def _summed(dicts) -> dict:
+    out: dict = {}
+    for d in dicts:
+        for name, value in d.items():
+            out[name] = out.get(name, 0) + value
+    return out
+
+
+class LockedSink:
+    """An event subscriber (:class:`~.stream.EventSink`, a trace recorder) that the channels'
+    engine threads share: their calls take turns."""
+
+    def __init__(self, sink) -> None:
+        self._sink = sink
+        self._lock = threading.Lock()
+
+    def on_keys(self, event, keys: np.ndarray, now: float, clock: int, peer: int) -> None:
+        with self._lock:
+            self._sink.on_keys(event, keys, now, clock, peer)
+
+    def on_round(self, record) -> None:
+        with self._lock:
+            self._sink.on_round(record)
+
+
+class ChannelEngine:
+    """The :class:`~.contracts.Engine` of a node with several channels, over their loops
+    (index = channel). ``submit``, ``wait``, ``wake``, ``raise_if_failed`` and
+    ``cpu_seconds`` are for any thread; the rest for the node."""
+
+    def __init__(self, loops: list, store) -> None:
+        self.loops = loops
+        self.channels = len(loops)
+        first = loops[0]
+        self.rank = first.rank
+        self.request_timeout_s = first.request_timeout_s
+        self.world_size = first.state.world_size
+        self.store = store
+        self.state = ChannelStates([loop.state for loop in loops])
+        # Workers' remote calls go through the loops (split by channel), not the transports'
+        # native calls (Worker._pull_missing and _update take the engine's path without one).
+        self.native = None
+        self.native_error: Optional[AdaPMError] = None
+
+    @property
+    def error(self) -> Optional[AdaPMError]:
+        for loop in self.loops:
+            if loop.error is not None:
+                return loop.error
+        return None
+
+    @property
+    def counters(self) -> dict:
+        return _summed(loop.counters for loop in self.loops)
+
+    # --- the node ------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        for loop in self.loops:
+            loop.start()
+
+    def register_worker(self, worker):
+        queues = [loop.register_worker(worker) for loop in self.loops]
+        return None if queues[0] is None else SplitIntents(queues, self.world_size)
+
+    def quiesce(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        for loop in self.loops:
+            loop.quiesce(max(0.0, deadline - time.monotonic()))
+
+    def resume(self) -> None:
+        for loop in self.loops:
+            loop.resume()
+
+    def stop(self, goodbye: bool = False) -> None:
+        for loop in self.loops:
+            loop.stop(goodbye)
+
+    def fail_pending(self, error: AdaPMError) -> None:
+        for loop in self.loops:
+            loop.fail_pending(error)
+
+    # --- any thread ----------------------------------------------------------------------------
+
+    def submit(self, request: Request, what: str) -> Joined:
+        """Hand ``request`` to the channels it concerns: a :class:`Joined` of their calls.
+        Never blocks. The request's arrays belong to the engines now."""
+        op = request.op
+        if op is Op.BARRIER:  # rank 0's channel 0 gathers the collectives
+            return Joined(what, [self.loops[0].submit(request, what)], [0])
+        if op is Op.WAIT_SYNC or op is Op.ROUND:
+            return Joined(what, [loop.submit(Request(op, worker=request.worker,
+                                                     clock=request.clock), what)
+                                 for loop in self.loops], list(range(self.channels)))
+        keys = request.keys
+        channel = channel_of(keys, self.world_size, self.channels)
+        first = int(channel[0]) if len(channel) else 0
+        if (channel == first).all():
+            return Joined(what, [self.loops[first].submit(request, what)], [first])
+        calls, numbers = [], []
+        uniform = self.store.uniform_length
+        lengths = None if uniform or request.rows is None else self.store.lens[keys]
+        starts = None if lengths is None else np.cumsum(lengths) - lengths
+        for c in range(self.channels):
+            at = np.flatnonzero(channel == c)
+            if not len(at):
+                continue
+            rows = request.rows
+            if rows is not None:
+                rows = rows.reshape(len(keys), -1)[at].reshape(-1) if uniform else \
+                    rows[segment_index(starts[at], lengths[at])]
+            calls.append(self.loops[c].submit(
+                Request(op, keys[at], request.positions[at], rows, worker=request.worker,
+                        clock=request.clock), what))
+            numbers.append(c)
+        return Joined(what, calls, numbers)
+
+    def wait(self, call: Joined, timeout_s: Optional[float] = None,
+             deadline: Optional[float] = None) -> list:
+        """Block until ``call`` is finished: every channel's parts, or the first error
+        (AdaPMTimeout naming this rank and what was awaited) once all ended."""
+        timeout_s = self.request_timeout_s if timeout_s is None else timeout_s
+        if deadline is None:
+            deadline = time.monotonic() + timeout_s
+        parts: list = []
+        first_error: Optional[BaseException] = None
+        for c, part in zip(call.channels, call.parts):
+            try:
+                parts.extend(self.loops[c].wait(part, timeout_s, deadline))
+            except AdaPMError as exc:
+                first_error = first_error or exc
+        if first_error is not None:
+            raise first_error
+        return parts
+
+    def wake(self) -> None:
+        for loop in self.loops:
+            loop.wake()
+
+    def wait_native(self, call, timeout_s: float) -> int:
+        return call.wait(timeout_s)
+
+    def wait_routed(self, call, timeout_s: float) -> int:
+        return call.wait_routed(timeout_s)
+
+    def cpu_seconds(self) -> float:
+        return sum(loop.cpu_seconds() for loop in self.loops)
+
+    def raise_if_failed(self) -> None:
+        error = self.error
+        if error is not None:
+            raise error
+
+
+__all__ = ["ChannelEngine", "ChannelStates", "Joined", "LockedSink", "SplitIntents"]
