@@ -196,9 +196,10 @@ class Node:
         try:
             keys = auth.JobKeys.for_config(config)  # None: plain ZeroMQ (loopback)
             host = rendezvous.resolve_host(config)
-            for _ in range(config.channels):
+            for channel in range(config.channels):  # channel 0's runs the context's ZAP
                 self.transports.append(Transport(self.rank, host, context, keys=keys,
-                                                 max_frame_bytes=_max_frame_bytes(config)))
+                                                 max_frame_bytes=_max_frame_bytes(config),
+                                                 zap=channel == 0))
             self.transport = self.transports[0]
             mine = [t.address for t in self.transports]
             addresses, token = rendezvous.rendezvous(
@@ -207,7 +208,7 @@ class Node:
                 transport.connect([a[channel] if config.channels > 1 else a for a in addresses],
                                   token)
         except BaseException:
-            for transport in self.transports:
+            for transport in reversed(self.transports):  # channel 0's ZAP handler last
                 transport.close()
             context.term()
             raise
@@ -502,7 +503,7 @@ class Node:
             self.engine.stop(goodbye=self._clean)
             self.engine.fail_pending(StateError(f"rank {self.rank}: the node was shut down "
                                                 f"while this call waited"))
-        for transport in self.transports:
+        for transport in reversed(self.transports):  # channel 0's ZAP handler last
             # A clean shutdown lets queued messages (e.g. a barrier release) go out; errors do not wait.
             transport.close(linger_ms=1000 if self._clean else 0)
         if self._context is not None:

@@ -402,7 +402,7 @@ class _Rank:
 
 def _hello(rank: int) -> list:
     return [msgpack.packb({"k": int(Kind.HELLO), "s": rank, "addr": "tcp://127.0.0.1:9",
-                           "fp": [2, 8, 1, "adaptive", "sum"]})]
+                           "fp": [2, 8, 1, "adaptive", "sum", 1]})]
 
 
 def test_outsiders_cannot_join_the_rendezvous(tmp_path):

@@ -133,9 +133,10 @@ def test_a_hello_for_a_rank_outside_the_job_is_ignored():
         _await_listening(port, rank0)
         sock = context.socket(zmq.DEALER)
         sock.connect(f"tcp://127.0.0.1:{port}")
-        # Rank 0's fingerprint: 2 nodes, 4 keys, 1 float, adaptive, summed replica updates.
+        # Rank 0's fingerprint: 2 nodes, 4 keys, 1 float, adaptive, summed replica updates, one
+        # channel.
         sock.send(msgpack.packb({"k": 40, "s": 99, "addr": "tcp://127.0.0.1:9",
-                                 "fp": [2, 4, 1, "adaptive", "sum"], "job": None}))
+                                 "fp": [2, 4, 1, "adaptive", "sum", 1], "job": None}))
         assert sock.poll(30_000), "no answer to the stranger"
         answer = msgpack.unpackb(sock.recv())
         assert answer["k"] == 13 and "rank 99 is not in this job of 2 nodes" in answer["msg"]

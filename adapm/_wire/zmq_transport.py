@@ -94,9 +94,11 @@ class Transport:
 
     def __init__(self, rank: int, host: str, context: zmq.Context | None = None,
                  keys: JobKeys | None = None, max_frame_bytes: int = -1,
-                 native_io: bool = True) -> None:
+                 native_io: bool = True, zap: bool = True) -> None:
         """``keys``: the job's keys to authenticate with (None: plain ZeroMQ). The transport
-        then runs the ZAP handler of ``context``, which serves the rendezvous too.
+        then runs the ZAP handler of ``context``, which serves the rendezvous too, unless
+        ``zap`` is False (another transport of the context runs it: a node's other channels;
+        close that one last).
         ``max_frame_bytes``: a peer that sends a larger frame is disconnected by libzmq before
         the frame is buffered (ZMQ_MAXMSGSIZE; -1: no limit). ``native_io``: receive and send
         in C where possible (see the module docstring); False: through pyzmq."""
@@ -110,7 +112,7 @@ class Transport:
         self._warned: set[int] = set()  # peers already logged for a forged message
         self._warned_identities: set[bytes] = set()  # connections logged for a bad message
         try:
-            if keys is not None:
+            if keys is not None and zap:
                 # Before binding: a CURVE server without a ZAP handler refuses everyone.
                 self._zap = ZapHandler(self.context, keys, f"adapm-zap-{rank}")
             self.router = self.context.socket(zmq.ROUTER)
