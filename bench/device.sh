@@ -16,6 +16,8 @@
 #             project: a kit built outside it (.cppkit/: its binaries, their libraries and a
 #             run_mf.sh that runs one node; git-ignored) travels with the call. Without the
 #             kit this part says so and does nothing.
+#   channels  bench/scale.py --apps kge,wv --setups 2x4,4x2 --channels 1,2,4: a node's engine
+#             split over channels (issue 25 item 2); about 8
 #   all       scale and threads, for a longer call
 # Each table goes to $OUT (the device tool's folder that comes back; ./device-out elsewhere)
 # as it is printed, so a part cut off by its timeout still returns what it finished.
@@ -51,10 +53,12 @@ if [ "${DEVICE_SMALL:-0}" = 1 ]; then
     scale=(--workers 2 --size small --epochs 1)
     quality=(--kge-triples 20000 --kge-epochs 2 --kge-nodes 2)
     threads=(--quick --threads 1,2 --epochs 1)
+    chsetups=2x1
 else
     scale=(--workers 8 --size full --epochs 2)
     quality=(--kge-triples 1000000 --kge-epochs 3 --kge-nodes 8)
     threads=(--threads 1,8 --epochs 2)
+    chsetups=2x4,4x2
 fi
 if [ "${DEVICE_SMALL:-0}" = 1 ]; then
     mf_gen=(--rows 20000 --cols 5000 --entries 2000000)
@@ -82,6 +86,14 @@ if [ "$part" = scale ] || [ "$part" = all ]; then
     wait
     run scale 330 $PY bench/scale.py "${scale[@]}"
     run quality 150 $PY bench/quality.py --per-epoch kge --seeds 1 "${quality[@]}"
+fi
+if [ "$part" = channels ]; then
+    for app in kge wv; do
+        $PY bench/scale.py "${scale[@]}" --apps $app --prepare > "$out/prepare-$app.log" 2>&1 &
+    done
+    wait
+    run channels 560 $PY bench/scale.py "${scale[@]}" --apps kge,wv --setups "${chsetups}" \
+        --channels 1,2,4
 fi
 if [ "$part" = threads ] || [ "$part" = all ]; then
     run threads 540 $PY bench/threads.py "${threads[@]}"

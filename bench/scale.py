@@ -2,12 +2,15 @@
 
     python bench/scale.py                               # N = 2, small data: a few minutes here
     python bench/scale.py --workers 8 --size full       # a 16-core machine: the data
+    python bench/scale.py --workers 8 --size full --apps kge,wv --setups 2x4 --channels 1,2,4
 
 For each app (KGE, WV, MF; ``--apps``) one generated data set, the same epochs and settings for:
 
 - the baseline: ``--baseline --workers N``, one process, N threads over a plain shared array;
 - adapm with the default management (adaptive) on ``n`` node processes x ``N/n`` worker threads
-  under ``adapm-run``, for n = N, N/2 and 2 (each setup once).
+  under ``adapm-run``, for n = N, N/2 and 2 (each setup once; ``--setups`` picks some), with
+  each number of engine channels per node of ``--channels`` (``Config.channels``, through
+  ``ADAPM_CHANNELS``; default 1).
 
 Per run the table shows the mean epoch time and its ratio to the baseline's (>= 1 is faster),
 the app's quality after the last epoch (KGE: filtered MRR on ``--eval-max`` validation triples;
@@ -104,12 +107,23 @@ def main() -> None:
     p.add_argument("--apps", default="kge,wv,mf")
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--eval-max", type=int, default=500)
+    p.add_argument("--setups", default=None,
+                   help="only these adapm setups, as NODESxTHREADS separated by commas (2x4)")
+    p.add_argument("--channels", default="1",
+                   help="engine channels per node (Config.channels) to run each setup with, "
+                        "separated by commas")
     p.add_argument("--prepare", action="store_true",
                    help="only generate the data sets that are missing, then exit")
     opts = p.parse_args()
     if opts.workers < 2 or opts.workers % 2:
         p.error("--workers must be an even number >= 2")
     env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE"}
+    try:
+        channels = [int(c) for c in opts.channels.split(",")]
+        chosen = None if opts.setups is None else \
+            [tuple(int(x) for x in s.split("x")) for s in opts.setups.split(",")]
+    except ValueError:
+        p.error("--channels: integers separated by commas; --setups: NODESxTHREADS, ...")
     rows = []
     for app in opts.apps.split(","):
         if app not in SIZES:
@@ -120,9 +134,13 @@ def main() -> None:
         rows.append(summarise(app, f"baseline 1 x {opts.workers}", sh(
             [*cmd, "--baseline", "--workers", str(opts.workers)], env)))
         for nodes, threads in setups(opts.workers):
-            rows.append(summarise(app, f"adapm {nodes} x {threads}", sh(
-                [PY, "-m", "adapm.launch", "-n", str(nodes), *cmd, "--workers", str(threads)],
-                env)))
+            if chosen is not None and (nodes, threads) not in chosen:
+                continue
+            for k in channels:
+                label = f"adapm {nodes} x {threads}" + (f", {k} channels" if k > 1 else "")
+                rows.append(summarise(app, label, sh(
+                    [PY, "-m", "adapm.launch", "-n", str(nodes), *cmd, "--workers", str(threads)],
+                    {**env, "ADAPM_CHANNELS": str(k)})))
     if opts.prepare:
         return
     print(f"\n{opts.workers} workers in all, {opts.size} data, {opts.epochs} epochs, "

@@ -49,8 +49,11 @@ def _schedule_job(node, steps, seed):
     w.wait_sync()
     node.barrier()
     values = w.pull(np.arange(NUM_KEYS))
+    # stats() counts every channel's: between two looks at the channels' own counters.
     sent = [t.traffic.snapshot()["messages_sent"] for t in node.transports]
-    return values, node.stats(), sent, pushed
+    stats = node.stats()
+    later = [t.traffic.snapshot()["messages_sent"] for t in node.transports]
+    return values, stats, (sent, later), pushed
 
 
 @pytest.mark.parametrize("world_size,channels,management",
@@ -61,10 +64,10 @@ def test_sums_stay_exact_over_channels(world_size, channels, management):
                           config=dict(FAST, num_keys=NUM_KEYS, value_length=DIM,
                                       channels=channels, management=management))
     expected = sum(r[3] for r in results).astype(np.float32)
-    for values, stats, sent, _ in results:
+    for values, stats, (sent, later), _ in results:
         np.testing.assert_array_equal(values, np.repeat(expected[:, None], DIM, axis=1))
         assert all(n > 0 for n in sent), sent  # every channel's sockets carried messages
-        assert stats["messages_sent"] == sum(sent)
+        assert sum(sent) <= stats["messages_sent"] <= sum(later)
     moved = sum(r[1]["relocations_in"] for r in results)
     replicated = sum(r[1]["replica_setups"] for r in results)
     if management == "adaptive":

@@ -106,11 +106,12 @@ def start(argv_per_rank: list[list[str]], env_per_rank: list[dict]) -> Job:
     return Job(procs)
 
 
-def by_hand(world_size: int) -> Job:
+def by_hand(world_size: int, channels: int = 1) -> Job:
     """Ranks started one by one, as a user would without a launcher."""
     rendezvous = f"127.0.0.1:{free_port()}"
     envs = [{**JOB_ENV, "ADAPM_RANK": str(r), "ADAPM_WORLD_SIZE": str(world_size),
-             "ADAPM_RENDEZVOUS": rendezvous} for r in range(world_size)]
+             "ADAPM_RENDEZVOUS": rendezvous, "ADAPM_CHANNELS": str(channels)}
+            for r in range(world_size)]
     return start([[sys.executable, JOB]] * world_size, envs)
 
 
@@ -140,10 +141,11 @@ def check_survivors(job: Job, victim: int, world_size: int, since: float) -> Non
                    "shutdown of every survivor")
 
 
-@pytest.mark.parametrize("how", ["kill", "stop"])
-def test_by_hand_every_survivor_names_the_dead_rank(how):
+@pytest.mark.parametrize("how,channels", [("kill", 1), ("stop", 1), ("kill", 3), ("stop", 2)])
+def test_by_hand_every_survivor_names_the_dead_rank(how, channels):
+    """With channels, each channel's engine watches the peers on its own sockets."""
     world_size, victim = 3, 2
-    job = by_hand(world_size)
+    job = by_hand(world_size, channels)
     try:
         pids = job.ready(world_size)
         since = stop_rank(pids[victim], how)
