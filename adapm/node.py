@@ -102,8 +102,9 @@ class Node:
 
     def __init__(self, config: Config, *, transport=None, engine_class=EngineLoop,
                  restore=None) -> None:
-        """``transport``: an already connected transport (in-process clusters); by default a
-        ZeroMQ transport connected through the rendezvous when ``world_size > 1``.
+        """``transport``: an already connected transport (in-process clusters; with channels a
+        list of one per channel); by default a ZeroMQ transport per channel connected through
+        the rendezvous when ``world_size > 1``.
         ``engine_class``: what runs the engine state (a thread; the simulator in tests).
         ``restore``: a checkpoint (path or :class:`adapm.checkpoint.Checkpoint`) whose values
         this node's keys start with (see :func:`init`)."""
@@ -121,17 +122,19 @@ class Node:
         self._clean = False  # shutdown met all nodes: sockets may linger to flush
         self._context = None
         self.engine: Optional[EngineLoop] = None
-        self.transport = transport  # channel 0's; all of them in self.transports
-        self.transports: list = [transport] if transport is not None else []
+        given = transport if isinstance(transport, list) else \
+            [transport] if transport is not None else []
+        self.transport = given[0] if given else None  # channel 0's; all in self.transports
+        self.transports: list = list(given)
         # Before connecting: an unusable trace_dir fails here, not after the peers joined.
         self._trace = self._start_trace() if config.trace_dir is not None else None
         if self.world_size > 1:
             try:
                 if transport is None:
                     self._connect()
-                elif config.channels > 1:
-                    raise ConfigError("channels > 1 needs the node's own ZeroMQ transports; "
-                                      "an in-process transport runs one channel")
+                elif len(self.transports) != config.channels:
+                    raise ConfigError(f"channels={config.channels}: give one transport per "
+                                      f"channel, got {len(self.transports)}")
             except BaseException:
                 if self._trace is not None:
                     self._trace.close(None)

@@ -32,6 +32,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import adapm
+from adapm._engine.routing import channel_of
 from adapm._engine.sim import Simulation
 from adapm._engine.stream import Event
 from adapm._store import NONE, OWNER, REPLICA
@@ -98,22 +99,30 @@ def schedules(draw, min_nodes=2, max_nodes=4):
                 seed=draw(st.integers(0, 2**32 - 1)))
 
 
-def run_schedule(management: str, s: dict, record: bool = True) -> None:
-    """``record``: with the event stream, checked in the end; else the native paths serve."""
+def run_schedule(management: str, s: dict, record: bool = True, channels: int = 1) -> None:
+    """``record``: with the event stream, checked in the end; else the native paths serve.
+    ``channels``: each node's engine split over that many (Config.channels)."""
     config = adapm.Config(num_keys=s["num_keys"], value_length=s["lengths"],
                           world_size=s["world_size"], rendezvous="127.0.0.1:1",
-                          management=management, action_timing=s["timing"])
+                          management=management, action_timing=s["timing"], channels=channels)
     sim = Simulation(config, seed=s["seed"])
     recorders = []
     for node in sim.nodes if record else ():
-        recorders.append(Recorder())
-        node.engine.state.subscribe(recorders[-1])
+        for state in _states(node):
+            recorders.append((node, state, Recorder()))
+            state.subscribe(recorders[-1][2])
     try:
         _run(sim, s)
-        for node, recorder in zip(sim.nodes, recorders):
-            recorder.check(node, management)
+        for node, state, recorder in recorders:
+            recorder.check(node, state, management)
     finally:
         sim.close()
+
+
+def _states(node) -> list:
+    """The node's engine states, one per channel."""
+    state = node.engine.state
+    return state.states if node.config.channels > 1 else [state]
 
 
 class Recorder:
@@ -129,11 +138,15 @@ class Recorder:
     def on_round(self, record) -> None:
         self.rounds.append(record)
 
-    def check(self, node, management: str) -> None:
-        state, store, rank = node.engine.state, node.store, node.rank
+    def check(self, node, state, management: str) -> None:
+        """Against ``state``, the node's engine of one channel, and that channel's keys."""
+        store, rank = node.store, node.rank
         num_keys = store.num_keys
-        owned = np.arange(num_keys) % node.world_size == rank
-        replica = ~owned if management == "full_replication" else np.zeros(num_keys, bool)
+        keys = np.arange(num_keys)
+        mine = channel_of(keys, node.world_size, node.config.channels) == state.channel
+        owned = (keys % node.world_size == rank) & mine
+        replica = ~owned & mine if management == "full_replication" else \
+            np.zeros(num_keys, bool)
         intent = np.zeros(num_keys, dtype=bool)
         sizes = dict.fromkeys(Event, 0)
         last = 0.0
@@ -163,20 +176,26 @@ class Recorder:
             else:
                 assert event == Event.REMOTE_ACCESS and peer != rank, where
         held = store.snapshot()["state"]
-        np.testing.assert_array_equal(owned, held == OWNER, err_msg=f"rank {rank}: owned")
-        np.testing.assert_array_equal(replica, held == REPLICA, err_msg=f"rank {rank}: replicas")
-        assert not (owned & replica).any() and np.all((held == NONE) == ~(owned | replica))
+        np.testing.assert_array_equal(owned, (held == OWNER) & mine,
+                                      err_msg=f"rank {rank}: owned")
+        np.testing.assert_array_equal(replica, (held == REPLICA) & mine,
+                                      err_msg=f"rank {rank}: replicas")
+        assert not (owned & replica).any() and \
+            np.all((held == NONE)[mine] == ~(owned | replica)[mine])
         if state.intents is not None:
-            np.testing.assert_array_equal(intent, state.intents.dense()[1],
-                                          err_msg=f"rank {rank}: intents told")
+            told = state.intents.dense()[1]
+            np.testing.assert_array_equal(intent, told, err_msg=f"rank {rank}: intents told")
+            assert not told[~mine].any(), f"rank {rank}: intents of another channel"
         counters = state.counters
         assert sizes[Event.ALLOC] == counters["relocations_in"]
         assert sizes[Event.DEALLOC] == counters["relocations_out"]
         assert sizes[Event.REPLICA_SETUP] == counters["replica_setups"]
         assert sizes[Event.REPLICA_DROP] == counters["replica_drops"]
         stats = node.stats()
-        assert stats["remote_pull_keys"] <= sizes[Event.REMOTE_ACCESS] <= (
-            stats["remote_pull_keys"] + stats["remote_push_keys"] + stats["remote_set_keys"])
+        if node.config.channels == 1:  # the workers' counts are the node's, of every channel
+            assert stats["remote_pull_keys"] <= sizes[Event.REMOTE_ACCESS] <= (
+                stats["remote_pull_keys"] + stats["remote_push_keys"]
+                + stats["remote_set_keys"])
         assert [r.number for r in self.rounds] == list(range(1, state.stats()["rounds"] + 1))
         assert all(r.start <= r.end for r in self.rounds)
         assert all(r.empty or r.counters["relocations_in"] <= counters["relocations_in"]
@@ -266,17 +285,21 @@ def _run(sim: Simulation, s: dict) -> None:
     owners = np.stack([node.store.snapshot()["state"] == OWNER for node in nodes])
     assert np.all(owners.sum(axis=0) == 1), f"owners per key: {owners.sum(axis=0)}"
     actual = np.argmax(owners, axis=0)
+    channels = nodes[0].config.channels
     for key in everything:
-        home = nodes[key % len(nodes)].engine.state.directory_view()["home_owner"]
-        assert home[key // len(nodes)] == actual[key], f"home of {key}"
+        state = _states(nodes[key % len(nodes)])[key // len(nodes) % channels]
+        home = state.directory_view()["home_owner"]
+        assert home[key // len(nodes) // channels] == actual[key], f"home of {key}"
     for node in nodes:  # start no more rounds; let the running ones finish
-        node.engine.state.closing = True
+        for state in _states(node):
+            state.closing = True
     sim.settle()
     for node in nodes:
-        state = node.engine.state
-        assert not state.requests, f"rank {node.rank}: requests left {list(state.requests)}"
-        assert not state.queued and not state.awaiting, f"rank {node.rank}: requests held"
-        assert state.counters["late_answers"] == 0 and node.engine.counters["late_answers"] == 0
+        for state in _states(node):
+            assert not state.requests, f"rank {node.rank}: requests left {list(state.requests)}"
+            assert not state.queued and not state.awaiting, f"rank {node.rank}: requests held"
+            assert state.counters["late_answers"] == 0
+        assert node.engine.counters["late_answers"] == 0
 
 
 @pytest.mark.parametrize("management", ["adaptive", "replication_only"])
@@ -486,6 +509,15 @@ def test_engine_properties(management, schedule):
 @given(schedule=schedules())
 def test_engine_properties_on_the_native_paths(management, schedule):
     run_schedule(management, schedule, record=False)
+
+
+@pytest.mark.parametrize("management", VARIANTS)
+@settings(max_examples=60, **_SETTINGS)
+@given(schedule=schedules(), channels=st.integers(2, 3), record=st.booleans())
+def test_engine_properties_over_channels(management, schedule, channels, record):
+    """Each node's engine split over channels (Config.channels): every channel a network of
+    its own, requests split by channel and answered whole, the same sums and invariants."""
+    run_schedule(management, schedule, record=record, channels=channels)
 
 
 def test_the_simulator_runs_the_native_paths():

@@ -16,6 +16,10 @@ without sockets): a step may first route the calls queued on a node and submit t
 routing handed back, as an engine loop's pass begins, and a worker's wait for such a call runs
 the simulation too.
 
+With channels (``Config.channels`` > 1) every channel is a network of its own, as over ZeroMQ
+(each channel's sockets): a node's :class:`~.channels.ChannelEngine` runs a SimEngine per
+channel, and a step delivers on a link of any channel or ticks any channel's engine.
+
 Failures are the test's: an exception in a node's engine propagates to the caller, and a wait
 that the simulation cannot finish raises :class:`SimulationStuck` (a lost request or a hang).
 """
@@ -50,6 +54,7 @@ class SimEngine:
         self.state = state
         self.transport = transport
         self.rank = state.rank
+        self.channel = state.channel
         self.request_timeout_s = request_timeout_s
         self.sim = sim
         self.error = None
@@ -147,12 +152,18 @@ class Simulation:
         self.max_steps = max_steps
         self.steps = 0
         self.engines: list[SimEngine] = []
-        self.network = InprocNetwork(self.world_size)
+        # One network per channel; engines[c][rank] delivers channel c's messages to rank.
+        self.networks = [InprocNetwork(self.world_size) for _ in range(config.channels)]
+        self.network = self.networks[0]
         self.nodes = [
-            Node(config.replace(rank=rank), transport=self.network.endpoint(rank),
+            Node(config.replace(rank=rank),
+                 transport=[network.endpoint(rank) for network in self.networks]
+                 if config.channels > 1 else self.network.endpoint(rank),
                  engine_class=functools.partial(SimEngine, sim=self))
             for rank in range(self.world_size)
         ]
+        self.by_channel = [sorted((e for e in self.engines if e.channel == c),
+                                  key=lambda e: e.rank) for c in range(config.channels)]
 
     # --- running -----------------------------------------------------------------------------
 
@@ -180,11 +191,12 @@ class Simulation:
             # meanwhile may also wait for the next pass, after messages that came first.
             if self.rng.random() < 0.5:
                 engine.native_pass()
-        links = self.network.links_with_mail()
+        links = [(c, src, dst) for c, network in enumerate(self.networks)
+                 for src, dst in network.links_with_mail()]
         if links and self.rng.random() < 0.8:
-            src, dst = links[self.rng.randrange(len(links))]
-            engine = self.engines[dst]
-            frames = self.network.take(src, dst)
+            c, src, dst = links[self.rng.randrange(len(links))]
+            engine = self.by_channel[c][dst]
+            frames = self.networks[c].take(src, dst)
             if engine.transport.serve(src, frames):
                 return  # served or taken in by the native paths (EngineLoop: inside poll)
             for msg in engine.transport.receive(frames):
@@ -194,7 +206,7 @@ class Simulation:
                     continue
                 self.handle(engine, Received(msg))
         else:
-            engine = self.engines[self.rng.randrange(self.world_size)]
+            engine = self.engines[self.rng.randrange(len(self.engines))]
             self.handle(engine, Tick([w.clock for w in engine.workers]))
 
     def run_until(self, condition: Callable[[], bool], what: str = "a condition") -> None:
@@ -210,7 +222,7 @@ class Simulation:
 
     def settle(self) -> None:
         """Run until no message is in flight and no round runs (rounds may still be due)."""
-        self.run_until(lambda: not self.network.links_with_mail()
+        self.run_until(lambda: not any(n.links_with_mail() for n in self.networks)
                        and not any(e.state.round_running or e.state.moves_held()
                                    for e in self.engines),
                        what="settle")
