@@ -111,6 +111,35 @@ def test_requests_spanning_channels_are_split_and_answered_whole():
         assert stats["remote_push_keys"] > 0 and stats["remote_pull_keys"] > 0
 
 
+def _native_io_job(node):
+    """Static partitioning, uniform lengths: a pull or push of keys all of one channel goes
+    through that channel's native I/O; one that spans channels through the loops, split."""
+    w = node.worker()
+    keys = np.arange(NUM_KEYS)
+    others = keys[keys % 2 != node.rank]  # homed on the other node: remote
+    for c in range(2):
+        one = others[channel_of(others, 2, 2) == c]
+        w.push(one, np.full((len(one), DIM), c + 1, np.float32))
+        w.pull(one)
+    w.push(others, np.ones((len(others), DIM), np.float32))  # spans both channels
+    w.wait()
+    node.barrier()
+    return w.pull(keys), node.stats()
+
+
+def test_a_request_of_one_channel_goes_through_its_native_io():
+    results = run_cluster(_native_io_job, 2, timeout_s=90,
+                          config=dict(FAST, num_keys=NUM_KEYS, value_length=DIM, channels=2,
+                                      management="static_partition"))
+    keys = np.arange(NUM_KEYS)
+    # Each key was pushed by the node it is not homed on: its channel's number plus 1, then 1.
+    want = np.repeat((channel_of(keys, 2, 2) + 2.0)[:, None], DIM, axis=1)
+    for values, stats in results:
+        np.testing.assert_array_equal(values, want)
+        assert stats["pulls_sent_natively"] >= 2 and stats["pushes_sent_natively"] >= 2, stats
+        assert stats["remote_push_keys"] == 2 * NUM_KEYS // 2, stats
+
+
 def _checkpoint_job(node, path):
     w = node.worker()
     w.intent(np.arange(node.rank, NUM_KEYS, 3), 1, 1000)  # relocated and replicated keys

@@ -13,8 +13,9 @@ over its keys, and the management decisions, rounds and timers of each are its o
 (:class:`~.contracts.Engine`) over the channels' loops: a worker's request goes to the channel
 of its keys (split when they span several), ``wait_sync`` and the rounds after a barrier to
 every channel, collectives to channel 0; intents are split by channel as they are signalled
-(:class:`SplitIntents`); statistics add up (:class:`ChannelStates`). Workers' remote pulls and
-pushes take the engine loops' path here, not the transport's native calls.
+(:class:`SplitIntents`); statistics add up (:class:`ChannelStates`). A worker's pull or push of
+keys held elsewhere goes through the native I/O of their channel's transport when all its keys
+are of one channel (:class:`ChannelNative`), else the loops' path, split.
 """
 
 from __future__ import annotations
@@ -76,6 +77,32 @@ class SplitIntents:
 
     def behind(self, now: float) -> bool:
         return any(queue.behind(now) for queue in self.queues)
+
+
+class ChannelNative:
+    """The channels' native I/O (``ZmqIO``) as one, for a worker's pull or push of keys held
+    elsewhere: a call whose keys are all of one channel goes through that channel's; one that
+    spans channels is declined (None), and the worker takes the engine loops' path, split by
+    channel there. Keys of one channel stay in order on that channel's path, as before."""
+
+    __slots__ = ("ios", "world_size")
+
+    def __init__(self, ios: list, world_size: int) -> None:
+        self.ios = ios
+        self.world_size = world_size
+
+    def _one(self, keys: np.ndarray):
+        channel = channel_of(keys, self.world_size, len(self.ios))
+        first = int(channel[0]) if len(channel) else 0
+        return self.ios[first] if (channel == first).all() else None
+
+    def pull(self, keys, positions, out, length):
+        io = self._one(keys)
+        return None if io is None else io.pull(keys, positions, out, length)
+
+    def push(self, keys, positions, rows, length, worker, clock):
+        io = self._one(keys)
+        return None if io is None else io.push(keys, positions, rows, length, worker, clock)
 
 
 class ChannelStates:
@@ -209,10 +236,16 @@ class ChannelEngine:
         self.world_size = first.state.world_size
         self.store = store
         self.state = ChannelStates([loop.state for loop in loops])
-        # Workers' remote calls go through the loops (split by channel), not the transports'
-        # native calls (Worker._pull_missing and _update take the engine's path without one).
-        self.native = None
-        self.native_error: Optional[AdaPMError] = None
+        self.native = ChannelNative([loop.native for loop in loops], self.world_size) \
+            if all(loop.native is not None for loop in loops) else None
+
+    @property
+    def native_error(self) -> Optional[AdaPMError]:
+        """What fail_pending failed the native calls with (any channel's)."""
+        for loop in self.loops:
+            if loop.native_error is not None:
+                return loop.native_error
+        return None
 
     @property
     def error(self) -> Optional[AdaPMError]:
@@ -309,11 +342,12 @@ class ChannelEngine:
         for loop in self.loops:
             loop.wake()
 
+    # A native call's own wait (the simulator's loops run the one simulation of every channel).
     def wait_native(self, call, timeout_s: float) -> int:
-        return call.wait(timeout_s)
+        return self.loops[0].wait_native(call, timeout_s)
 
     def wait_routed(self, call, timeout_s: float) -> int:
-        return call.wait_routed(timeout_s)
+        return self.loops[0].wait_routed(call, timeout_s)
 
     def cpu_seconds(self) -> float:
         return sum(loop.cpu_seconds() for loop in self.loops)
@@ -324,4 +358,5 @@ class ChannelEngine:
             raise error
 
 
-__all__ = ["ChannelEngine", "ChannelStates", "Joined", "LockedSink", "SplitIntents"]
+__all__ = ["ChannelEngine", "ChannelNative", "ChannelStates", "Joined", "LockedSink",
+           "SplitIntents"]
