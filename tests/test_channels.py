@@ -76,6 +76,24 @@ def test_sums_stay_exact_over_channels(world_size, channels, management):
         assert replicated > 0 and moved == 0
 
 
+def test_a_trace_records_every_channels_events(tmp_path):
+    """The channels' engine threads share the node's trace recorder (their calls take turns):
+    every relocation and replica of every channel is in it, and its summary adds up."""
+    from adapm.trace import load
+
+    directory = str(tmp_path / "trace")
+    results = run_cluster(_schedule_job, 2, args=(40, 5), timeout_s=120,
+                          config=dict(FAST, num_keys=NUM_KEYS, value_length=DIM, channels=2,
+                                      trace_dir=directory))
+    rows = load(directory).events.to_pylist()
+    for rank, (_, stats, _, _) in enumerate(results):
+        for event, counter in (("alloc", "relocations_in"), ("replica_setup", "replica_setups")):
+            keys = [r["key"] for r in rows if r["rank"] == rank and r["event"] == event]
+            assert len(keys) == stats[counter], (rank, event)
+        moved = [r["key"] for r in rows if r["rank"] == rank and r["event"] == "alloc"]
+        assert set(channel_of(np.array(moved, np.int64), 2, 2)) == {0, 1}, "both channels"
+
+
 def _spanning_job(node):
     """Static partitioning: every key homed elsewhere is remote; pushes, sets and pulls whose
     keys span every channel, with per-key lengths, go out split and come back whole."""
