@@ -2,8 +2,8 @@
 
 What every app gets from here:
 
-- the common flags (``--epochs --batch-size --workers --management --seed --eval-every
-  --export --json --baseline --ahead``, ...) and their validation;
+- the common flags (``--epochs --batch-size --workers --management --channels --seed
+  --eval-every --export --json --baseline --ahead``, ...) and their validation;
 - the node: ``adapm.init`` under any launcher (or alone), or with ``--baseline`` the same
   kernels over a plain shared array in one process (:mod:`adapm.apps.baseline`);
 - the split of the data: node r of N and its thread t train the part of global worker
@@ -176,6 +176,9 @@ def add_common_flags(parser: argparse.ArgumentParser, *, ahead: int, batch_size:
                         help="worker threads per node")
     common.add_argument("--management", choices=MANAGEMENT_VARIANTS, default=None,
                         help="parameter management variant (default: adaptive)")
+    common.add_argument("--channels", type=positive_int, default=None,
+                        help="engine threads per node, the keys split over them "
+                             "(Config.channels; default 1, or ADAPM_CHANNELS)")
     common.add_argument("--seed", type=non_negative_int, default=0,
                         help="seed of the data split, shuffles, initial values and samples")
     common.add_argument("--eval-every", type=non_negative_int, default=1,
@@ -321,6 +324,7 @@ def _start(task: Task, opts):
     node = adapm.init(config=adapm.Config.from_env(
         num_keys=task.num_keys + exchange_keys, value_length=lengths,
         management=opts.management, sampling=task.sampling,
+        channels=getattr(opts, "channels", None),
         replica_updates=getattr(task, "replica_updates", "sum"),
         trace_dir=getattr(opts, "trace_dir", None),
         trace_keys=getattr(opts, "trace_keys", "all")))
