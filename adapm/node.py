@@ -121,7 +121,7 @@ class Node:
         self._closed = False
         self._clean = False  # shutdown met all nodes: sockets may linger to flush
         self._context = None
-        self.engine: Optional[EngineLoop] = None
+        self.engine = None  # an EngineLoop; a ChannelEngine over one per channel
         given = transport if isinstance(transport, list) else \
             [transport] if transport is not None else []
         self.transport = given[0] if given else None  # channel 0's; all in self.transports
