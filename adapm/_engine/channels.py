@@ -197,6 +197,11 @@ class ChannelStates:
 _NO_KEYS = np.empty(0, dtype=np.int64)
 
 
+def _first(values):
+    """The first value that is not None, or None."""
+    return next((v for v in values if v is not None), None)
+
+
 def _summed(dicts) -> dict:
     out: dict = {}
     for d in dicts:
@@ -242,17 +247,12 @@ class ChannelEngine:
     @property
     def native_error(self) -> Optional[AdaPMError]:
         """What fail_pending failed the native calls with (any channel's)."""
-        for loop in self.loops:
-            if loop.native_error is not None:
-                return loop.native_error
-        return None
+        return _first(loop.native_error for loop in self.loops)
 
     @property
     def error(self) -> Optional[AdaPMError]:
-        for loop in self.loops:
-            if loop.error is not None:
-                return loop.error
-        return None
+        """What ended a channel's engine (the first found), or None."""
+        return _first(loop.error for loop in self.loops)
 
     @property
     def counters(self) -> dict:
