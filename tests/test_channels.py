@@ -85,8 +85,14 @@ def test_a_trace_records_every_channels_events(tmp_path):
     results = run_cluster(_schedule_job, 2, args=(40, 5), timeout_s=120,
                           config=dict(FAST, num_keys=NUM_KEYS, value_length=DIM, channels=2,
                                       trace_dir=directory))
-    rows = load(directory).events.to_pylist()
+    trace = load(directory)
+    rows = trace.events.to_pylist()
+    rounds = [r for r in trace.rounds.to_pylist() if not r["final"]]
     for rank, (_, stats, _, _) in enumerate(results):
+        for channel in (0, 1):  # each channel's rounds, numbered by it
+            numbers = sorted(r["round"] for r in rounds
+                             if r["rank"] == rank and r["channel"] == channel)
+            assert numbers and numbers == list(range(1, len(numbers) + 1)), (rank, channel)
         for event, counter in (("alloc", "relocations_in"), ("replica_setup", "replica_setups")):
             keys = [r["key"] for r in rows if r["rank"] == rank and r["event"] == event]
             assert len(keys) == stats[counter], (rank, event)

@@ -823,7 +823,7 @@ class NodeState:
         pacer.finish(self.now, empty)
         if self.sinks:
             record = RoundRecord(pacer.done, pacer.start_time, self.now, empty,
-                                 dict(self.counters))
+                                 dict(self.counters), self.channel)
             for sink in self.sinks:
                 sink.on_round(record)
         finished, again = self.waiters.round_done(pacer.done, self._intents_served)

@@ -38,19 +38,21 @@ class Event(enum.IntEnum):
 
 
 class RoundRecord:
-    """One finished sync round of a node: ``number`` (1, 2, ...), ``start`` and ``end`` (engine
-    time), ``empty`` (it had nothing to send), and ``counters``: the engine's counters at its end
-    (a copy; names in ``state.COUNTERS``)."""
+    """One finished sync round of a node: ``number`` (1, 2, ...; each channel counts its own),
+    ``start`` and ``end`` (engine time), ``empty`` (it had nothing to send), ``counters``: the
+    engine's counters at its end (a copy; names in ``state.COUNTERS``), and ``channel``: the
+    node's engine channel that ran it (``Config.channels``; 0 with one)."""
 
-    __slots__ = ("number", "start", "end", "empty", "counters")
+    __slots__ = ("number", "start", "end", "empty", "counters", "channel")
 
     def __init__(self, number: int, start: float, end: float, empty: bool,
-                 counters: dict) -> None:
+                 counters: dict, channel: int = 0) -> None:
         self.number = number
         self.start = start
         self.end = end
         self.empty = empty
         self.counters = counters
+        self.channel = channel
 
 
 class EventSink(Protocol):

@@ -108,7 +108,8 @@ class TraceRecorder:
                 self._flush()
 
     def on_round(self, record) -> None:
-        row = {"round": record.number, "start": record.start + self.wall_offset,
+        row = {"round": record.number, "channel": record.channel,
+               "start": record.start + self.wall_offset,
                "end": record.end + self.wall_offset, "empty": record.empty, "final": False}
         stats = self.node_stats()
         if self.round_columns is None:
@@ -226,6 +227,7 @@ class TraceRecorder:
 
         columns = {"rank": np.full(len(rows), self.rank, dtype=np.int32),
                    "round": np.array([r["round"] for r in rows], dtype=np.int64),
+                   "channel": np.array([r["channel"] for r in rows], dtype=np.int32),
                    "start": _times(np.array([r["start"] for r in rows])),
                    "end": _times(np.array([r["end"] for r in rows])),
                    "empty": np.array([r["empty"] for r in rows], dtype=bool),
@@ -314,7 +316,8 @@ class TraceRecorder:
         self._closed = True
         if final_stats is not None:
             now = time.time()
-            row = {"round": -1, "start": now, "end": now, "empty": True, "final": True}
+            row = {"round": -1, "channel": -1, "start": now, "end": now, "empty": True,
+                   "final": True}
             row.update(_numeric(final_stats))
             if self.round_columns is None:
                 self.round_columns = _round_columns(final_stats)

@@ -47,7 +47,10 @@ EVENT_COLUMNS = {
 
 ROUND_COLUMNS = {
     "rank": "the node",
-    "round": "the round's number on that node (-1 for the final row)",
+    "round": "the round's number on that node (-1 for the final row); with channels, each "
+             "channel numbers its own",
+    "channel": "the node's engine channel that ran the round (Config.channels; 0 with one, -1 "
+               "for the final row)",
     "start": "when the round started (timestamp, UTC)",
     "end": "when its answers were applied (timestamp, UTC)",
     "empty": "whether the round had nothing to send",
