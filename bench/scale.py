@@ -16,9 +16,10 @@ Per run the table shows the mean epoch time and its ratio to the baseline's (>= 
 the app's quality after the last epoch (KGE: filtered MRR on ``--eval-max`` validation triples;
 WV: analogy accuracy; MF: test RMSE), the training remote share (keys pulled or pushed remotely
 over all keys accessed, all nodes), and per node and epoch: the engine thread's CPU seconds and
-its share of the epoch (``engine busy``: 100% means the engine thread never idles), MB sent, the
-worker threads' CPU seconds and the process's (the rest of it is ZeroMQ's I/O thread, and the
-main thread's evaluation between epochs is not in it). Every figure comes from the apps' own
+its share of the epoch (``engine busy``: 100% means the engine thread never idles; with
+channels their threads' CPU adds up, so K channels can reach K x 100%), MB sent, the worker
+threads' CPU seconds and the process's (the rest of it is ZeroMQ's I/O thread, and the main
+thread's evaluation between epochs is not in it). Every figure comes from the apps' own
 JSON lines.
 
 ``full`` is the data of the engine issue's 16-core table: KGE 1M triples asked (990k train),
