@@ -100,6 +100,29 @@ def test_a_trace_records_every_channels_events(tmp_path):
         assert set(channel_of(np.array(moved, np.int64), 2, 2)) == {0, 1}, "both channels"
 
 
+def _untouched_job(node):
+    return node.engine.state.memory(), node.store.memory()
+
+
+def test_untouched_keys_cost_what_they_cost_with_one_channel():
+    """The home table is split over the channels, not repeated: a key nobody touched costs 4
+    bytes on its home node (its owner) plus the store's 4 (its word), however many channels."""
+    num_keys = 1_000_000
+    per_channels = {}
+    for channels in (1, 3):
+        results = run_cluster(_untouched_job, 2, timeout_s=90,
+                              config=dict(FAST, num_keys=num_keys, channels=channels))
+        per_channels[channels] = results
+        for memory, (entries, store_bytes) in results:
+            records, table_bytes = memory["directory"]
+            assert records == 0 and entries == 0
+            home = num_keys // 2
+            assert 4 * home <= table_bytes < 4 * home + 64 * 1024 * channels
+            assert 4 * home <= store_bytes < 4 * home + 64 * 1024 * channels
+    dense = [results[0][0]["directory"][1] for results in per_channels.values()]
+    assert abs(dense[0] - dense[1]) < 64 * 1024 * 3, dense
+
+
 def _spanning_job(node):
     """Static partitioning: every key homed elsewhere is remote; pushes, sets and pulls whose
     keys span every channel, with per-key lengths, go out split and come back whole."""
