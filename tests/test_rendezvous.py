@@ -123,6 +123,31 @@ def test_two_jobs_on_one_port_do_not_pair():
         assert code == 0 and "SUM" in out and " 8.0" in out, out
 
 
+def test_a_hello_without_an_address_per_channel_is_ignored():
+    """A job of two channels per node: a hello with the job's fingerprint but one address (not
+    one per channel) would make a table no member can use. Rank 0 ignores it, counts it, and
+    the real rank 1 takes its place."""
+    port = free_port()
+    rank0 = _start(0, 2, port, ADAPM_CHANNELS="2")
+    context = zmq.Context()
+    try:
+        _await_listening(port, rank0)
+        sock = context.socket(zmq.DEALER)
+        sock.connect(f"tcp://127.0.0.1:{port}")
+        sock.send(msgpack.packb({"k": 40, "s": 1, "addr": "tcp://127.0.0.1:9",
+                                 "fp": [2, 4, 1, "adaptive", "sum", 2], "job": None}))
+        assert not sock.poll(2_000), "the hello was answered"
+        sock.close(linger=0)
+        rank1 = _start(1, 2, port, ADAPM_CHANNELS="2")
+        results = [_finish(rank0), _finish(rank1)]
+    finally:
+        context.term()
+        rank0.kill()
+    for code, out in results:
+        assert code == 0 and " 8.0" in out, out
+    assert "whose address is not one per channel (2)" in results[0][1], results[0][1]
+
+
 def test_a_hello_for_a_rank_outside_the_job_is_ignored():
     """Without authentication any local process can send rank 0 a hello: one for rank 99 of
     this job's size is answered with a refusal, and the job still forms."""

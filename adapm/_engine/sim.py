@@ -152,7 +152,7 @@ class Simulation:
         self.max_steps = max_steps
         self.steps = 0
         self.engines: list[SimEngine] = []
-        # One network per channel; engines[c][rank] delivers channel c's messages to rank.
+        # One network per channel; by_channel[c][rank] takes channel c's messages to rank.
         self.networks = [InprocNetwork(self.world_size) for _ in range(config.channels)]
         self.network = self.networks[0]
         self.nodes = [

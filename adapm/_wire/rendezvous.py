@@ -354,6 +354,9 @@ class _Gathering:
             raise _Refused(f"rank {rank} has configuration {theirs} but rank 0 has {own['fp']} "
                            "(world_size, num_keys, value lengths, management, replica_updates, "
                            "channels)")
+        if not _is_advert(hello["addr"], config.channels):  # the table would not be one
+            return self._ignore("malformed", f"a hello of rank {rank} whose address is not "
+                                             f"one per channel ({config.channels})")
         self.hellos[rank] = hello
         self.identities[rank] = identity
         self.heard[rank] = time.monotonic()
