@@ -130,17 +130,17 @@ def test_a_hello_without_an_address_per_channel_is_ignored():
     port = free_port()
     rank0 = _start(0, 2, port, ADAPM_CHANNELS="2")
     context = zmq.Context()
+    sock = context.socket(zmq.DEALER)
     try:
         _await_listening(port, rank0)
-        sock = context.socket(zmq.DEALER)
         sock.connect(f"tcp://127.0.0.1:{port}")
         sock.send(msgpack.packb({"k": 40, "s": 1, "addr": "tcp://127.0.0.1:9",
                                  "fp": [2, 4, 1, "adaptive", "sum", 2], "job": None}))
         assert not sock.poll(2_000), "the hello was answered"
-        sock.close(linger=0)
         rank1 = _start(1, 2, port, ADAPM_CHANNELS="2")
         results = [_finish(rank0), _finish(rank1)]
     finally:
+        sock.close(linger=0)
         context.term()
         rank0.kill()
     for code, out in results:
