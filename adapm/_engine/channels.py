@@ -66,11 +66,8 @@ class SplitIntents:
 
     def signal(self, keys: np.ndarray, start: int, end: int) -> None:
         """Copies each channel's ``keys`` (checked int64) into its queue for [start, end)."""
-        channel = channel_of(keys, self.world_size, len(self.queues))
-        for c, queue in enumerate(self.queues):
-            mine = keys[channel == c]
-            if len(mine):
-                queue.signal(mine, start, end)
+        for c, at in split(keys, self.world_size, len(self.queues)):
+            self.queues[c].signal(keys[at], start, end)
 
     def late(self, clock: int) -> bool:
         return any(queue.late(clock) for queue in self.queues)
@@ -112,20 +109,11 @@ class ChannelStates:
 
     def __init__(self, states: list) -> None:
         self.states = states
-        first = states[0]
-        self.rank, self.world_size, self.config = first.rank, first.world_size, first.config
-        self.policy = first.policy
+        self.world_size = states[0].world_size
         self.channels = len(states)
 
     def _split(self, keys: np.ndarray) -> list:
-        """[(channel, positions of keys in it)] for the channels that have any."""
-        channel = channel_of(keys, self.world_size, self.channels)
-        out = []
-        for c in range(self.channels):
-            at = np.flatnonzero(channel == c)
-            if len(at):
-                out.append((c, at))
-        return out
+        return split(keys, self.world_size, self.channels)
 
     def staying(self, keys: np.ndarray) -> np.ndarray:
         out = np.zeros(len(keys), dtype=bool)
@@ -153,10 +141,6 @@ class ChannelStates:
     def counters(self) -> dict:
         return _summed(state.counters for state in self.states)
 
-    @property
-    def closing(self) -> bool:
-        return any(state.closing for state in self.states)
-
     def stats(self) -> dict:
         stats = [state.stats() for state in self.states]
         out = _summed(stats)
@@ -173,15 +157,6 @@ class ChannelStates:
     def replicas_held(self) -> int:
         return sum(state.replicas_held() for state in self.states)
 
-    def moves_held(self) -> bool:
-        return any(state.moves_held() for state in self.states)
-
-    def held_moves(self) -> dict:
-        out: dict = {}
-        for state in self.states:
-            out.update(state.held_moves())
-        return out
-
     def memory(self) -> dict:
         parts = [state.memory() for state in self.states]
         return {name: tuple(sum(column) for column in zip(*(p[name] for p in parts)))
@@ -190,11 +165,19 @@ class ChannelStates:
     def barrier_missing(self, epoch: int) -> list:
         return self.states[0].barrier_missing(epoch)  # collectives go through channel 0
 
-    def round_waiting_on(self) -> list:
-        return sorted({rank for state in self.states for rank in state.round_waiting_on()})
-
 
 _NO_KEYS = np.empty(0, dtype=np.int64)
+
+
+def split(keys: np.ndarray, world_size: int, channels: int) -> list:
+    """[(channel, positions of ``keys`` in it, ascending)] for the channels that have any."""
+    channel = channel_of(keys, world_size, channels)
+    out = []
+    for c in range(channels):
+        at = np.flatnonzero(channel == c)
+        if len(at):
+            out.append((c, at))
+    return out
 
 
 def _first(values):
@@ -298,18 +281,15 @@ class ChannelEngine:
                                                      clock=request.clock), what)
                                  for loop in self.loops], list(range(self.channels)))
         keys = request.keys
-        channel = channel_of(keys, self.world_size, self.channels)
-        first = int(channel[0]) if len(channel) else 0
-        if (channel == first).all():
+        parts = split(keys, self.world_size, self.channels)
+        if len(parts) <= 1:  # one channel's keys (or none): the request as it is
+            first = parts[0][0] if parts else 0
             return Joined(what, [self.loops[first].submit(request, what)], [first])
         calls, numbers = [], []
         uniform = self.store.uniform_length
         lengths = None if uniform or request.rows is None else self.store.lens[keys]
         starts = None if lengths is None else np.cumsum(lengths) - lengths
-        for c in range(self.channels):
-            at = np.flatnonzero(channel == c)
-            if not len(at):
-                continue
+        for c, at in parts:
             rows = request.rows
             if rows is not None:
                 rows = rows.reshape(len(keys), -1)[at].reshape(-1) if uniform else \
