@@ -182,12 +182,14 @@ class Worker:
         """Block until a sync round that starts from now on has acted on every intent of this
         worker active at its clock and their owners have answered (the keys are here then).
         Raises AdaPMTimeout, naming ``what``, after ``timeout_s`` (default
-        ``Config.request_timeout_s``)."""
+        ``Config.request_timeout_s``). Without ``what``: for an access that found an intent
+        late (only the channels where it is late run a round for it)."""
+        op = Op.WAIT_SYNC
         if what is None:
+            op = Op.AWAIT_INTENT
             what = f"the sync round acting on worker {self.index}'s intent for clock {self.clock}"
         self._native_routed()
-        call = self._engine.submit(Request(Op.WAIT_SYNC, worker=self.index, clock=self.clock),
-                                   what)
+        call = self._engine.submit(Request(op, worker=self.index, clock=self.clock), what)
         self._engine.wait(call, timeout_s)
 
     def _round_came(self) -> bool:

@@ -520,6 +520,36 @@ def test_engine_properties_over_channels(management, schedule, channels, record)
     run_schedule(management, schedule, record=record, channels=channels)
 
 
+@pytest.mark.parametrize("late_channel", [0, 1])
+def test_a_late_intent_runs_a_round_only_where_it_is_late(late_channel):
+    """A pull that reaches keys whose intent no round has acted on yet waits for the round
+    that does: with channels, only in the channels where that intent is late (the others ran
+    a forced round each for nothing). The keys arrive, and the sums stay exact."""
+    config = adapm.Config(num_keys=64, value_length=2, world_size=2, rendezvous="127.0.0.1:1",
+                          management="adaptive", action_timing=False, channels=2)
+    sim = Simulation(config)
+    try:
+        owner, other = sim.nodes
+        a, b = owner.worker(), other.worker()
+        homed = np.arange(0, 64, 2)  # at rank 0
+        keys = homed[channel_of(homed, 2, 2) == late_channel]
+        a.push(keys, np.ones((len(keys), 2), np.float32))
+        a.wait()
+        b.wait_sync()  # every channel's first round (its worker's clock is new to it) done
+        states = other.engine.state.states
+        before = [state.stats()["rounds"] for state in states]
+        b.intent(keys, b.clock, b.clock + 3)
+        pulled = b.pull(keys)  # no round ran since: the intent is late
+        after = [state.stats()["rounds"] for state in states]
+        assert after[late_channel] > before[late_channel]
+        assert after[1 - late_channel] == before[1 - late_channel], (before, after)
+        np.testing.assert_array_equal(pulled, 1.0)
+        assert other.stats()["remote_pull_keys"] == 0  # the round brought them
+        assert (other.store.snapshot()["state"][keys] == OWNER).all()
+    finally:
+        sim.close()
+
+
 def test_the_simulator_runs_the_native_paths():
     """Without a sink, a simulated node's transport serves in C what ZeroMQ's receive call
     serves in production: peers' SYNCs, answers to its own round's requests, pulls and pushes

@@ -226,6 +226,7 @@ class ChannelEngine:
         self.state = ChannelStates([loop.state for loop in loops])
         self.native = ChannelNative([loop.native for loop in loops], self.world_size) \
             if all(loop.native is not None for loop in loops) else None
+        self._intents: list = []  # each worker's SplitIntents (index = worker), or None
 
     @property
     def native_error(self) -> Optional[AdaPMError]:
@@ -249,7 +250,9 @@ class ChannelEngine:
 
     def register_worker(self, worker):
         queues = [loop.register_worker(worker) for loop in self.loops]
-        return None if queues[0] is None else SplitIntents(queues, self.world_size)
+        intents = None if queues[0] is None else SplitIntents(queues, self.world_size)
+        self._intents.append(intents)  # list.append is atomic; the node calls in index order
+        return intents
 
     def quiesce(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
@@ -276,10 +279,18 @@ class ChannelEngine:
         op = request.op
         if op is Op.BARRIER:  # rank 0's channel 0 gathers the collectives
             return Joined(what, [self.loops[0].submit(request, what)], [0])
-        if op is Op.WAIT_SYNC or op is Op.ROUND:
-            return Joined(what, [loop.submit(Request(op, worker=request.worker,
-                                                     clock=request.clock), what)
-                                 for loop in self.loops], list(range(self.channels)))
+        if op is Op.WAIT_SYNC or op is Op.ROUND or op is Op.AWAIT_INTENT:
+            numbers = range(self.channels)
+            if op is Op.AWAIT_INTENT:
+                # Only where the intent is late: a forced round in every channel cost the
+                # others a round each. A channel not late now has acted on what the worker
+                # needs (keys still on their way are waited for by its access); none late:
+                # nothing to wait for.
+                queues = self._intents[request.worker].queues
+                numbers = [c for c in numbers if queues[c].late(request.clock)]
+            return Joined(what, [self.loops[c].submit(Request(op, worker=request.worker,
+                                                              clock=request.clock), what)
+                                 for c in numbers], list(numbers))
         keys = request.keys
         parts = split(keys, self.world_size, self.channels)
         if len(parts) <= 1:  # one channel's keys (or none): the request as it is

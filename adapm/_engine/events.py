@@ -25,6 +25,9 @@ class Op(enum.IntEnum):
     WAIT_SYNC = 4  # worker, clock: a round after which the worker's active intents are served
     ROUND = 5  # a round that starts after the call (replicas refreshed)
     BARRIER = 6  # epoch, tag (the collective's kind): all nodes arrived
+    # worker, clock: as WAIT_SYNC, for an access that found the worker's intent late; over
+    # channels, only those where an intent of the worker active at clock is still late
+    AWAIT_INTENT = 7
 
 
 # The states of a worker's call through the transport's native I/O (a PullCall of ZmqIO.pull or

@@ -303,11 +303,11 @@ class NodeState:
             else:
                 call.waiting_on[0] = 1
                 self.posting.post(0, Kind.BARRIER, req_id, e=request.epoch, t=request.tag)
-        elif op in (Op.WAIT_SYNC, Op.ROUND):
+        elif op in (Op.WAIT_SYNC, Op.AWAIT_INTENT, Op.ROUND):
             if not self.policy.runs_rounds:
                 self.posting.finish(call, [])
             else:
-                self._add_waiter(call, request.worker if op == Op.WAIT_SYNC else None,
+                self._add_waiter(call, None if op == Op.ROUND else request.worker,
                                  request.clock)
         else:
             raise StateError(f"rank {self.rank}: unknown request {op!r}")
