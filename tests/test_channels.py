@@ -98,6 +98,11 @@ def test_a_trace_records_every_channels_events(tmp_path):
             assert len(keys) == stats[counter], (rank, event)
         moved = [r["key"] for r in rows if r["rank"] == rank and r["event"] == "alloc"]
         assert set(channel_of(np.array(moved, np.int64), 2, 2)) == {0, 1}, "both channels"
+        # The traffic rows name the round they were taken at: channel and number, as in rounds.
+        ran = {(r["channel"], r["round"]) for r in rounds if r["rank"] == rank}
+        traffic = [r for r in trace.traffic.to_pylist() if r["rank"] == rank]
+        assert {r["channel"] for r in traffic} == {-1, 0, 1}, "both channels' rounds, the end"
+        assert all((r["channel"], r["round"]) in ran for r in traffic if r["round"] != -1)
 
 
 def _untouched_job(node):

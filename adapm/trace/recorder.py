@@ -250,14 +250,15 @@ class TraceRecorder:
                     what, direction, kind = match.groups()
                     kinds.setdefault(kind, {})[f"{what}_{direction}"] = int(value)
             for kind in sorted(kinds):
-                counts = tuple(kinds[kind].get(c, 0) for c in list(schema.TRAFFIC_COLUMNS)[4:])
+                counts = tuple(kinds[kind].get(c, 0) for c in schema.TRAFFIC_COUNTS)
                 if counts == self._traffic_last.get(kind) and not row["final"]:
                     continue
                 self._traffic_last[kind] = counts
-                for name, value in zip(("time", "rank", "round", "kind"),
-                                       (row["end"], self.rank, row["round"], kind)):
+                for name, value in zip(("time", "rank", "round", "channel", "kind"),
+                                       (row["end"], self.rank, row["round"], row["channel"],
+                                        kind)):
                     out[name].append(value)
-                for name, value in zip(list(schema.TRAFFIC_COLUMNS)[4:], counts):
+                for name, value in zip(schema.TRAFFIC_COUNTS, counts):
                     out[name].append(value)
         if not out["kind"]:
             return None
@@ -265,9 +266,9 @@ class TraceRecorder:
             "time": _times(np.array(out["time"])),
             "rank": np.array(out["rank"], dtype=np.int32),
             "round": np.array(out["round"], dtype=np.int64),
+            "channel": np.array(out["channel"], dtype=np.int32),
             "kind": pa.array(out["kind"], pa.string()),
-            **{name: np.array(out[name], dtype=np.int64)
-               for name in list(schema.TRAFFIC_COLUMNS)[4:]}})
+            **{name: np.array(out[name], dtype=np.int64) for name in schema.TRAFFIC_COUNTS}})
 
     def _marks_table(self, rows: list[tuple]):
         import pyarrow as pa

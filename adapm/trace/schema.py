@@ -131,12 +131,16 @@ TRAFFIC_COLUMNS = {
     "time": "the end of the round (timestamp, UTC)",
     "rank": "the node",
     "round": "the round (-1: the final row)",
+    "channel": "the engine channel whose round it was (0 with one channel, -1: the final "
+               "row); the counts are the node's, over every channel",
     "kind": "the message kind (pull, push, sync, sync_resp, moves, ...)",
     "messages_sent": "messages of this kind sent since init",
     "bytes_sent": "their bytes",
     "messages_received": "messages of this kind received since init",
     "bytes_received": "their bytes",
 }
+# The traffic table's counts (its columns after ``kind``).
+TRAFFIC_COUNTS = ("messages_sent", "bytes_sent", "messages_received", "bytes_received")
 
 MARK_COLUMNS = {
     "time": "when (timestamp, UTC)",
