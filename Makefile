@@ -56,7 +56,8 @@ device-wheels: install
 	$(PY) -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 \
 		--implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
 		--platform manylinux2014_x86_64 -d .whl \
-		"pyzmq==$$($(PY) -c 'import zmq; print(zmq.__version__)')" "setuptools>=74.1"
+		"pyzmq==$$($(PY) -c 'import zmq; print(zmq.__version__)')" "setuptools>=74.1" \
+		"threadpoolctl==$$($(PY) -c 'import threadpoolctl; print(threadpoolctl.__version__)')"
 
 clean:
 	rm -rf $(VENV) $(DEMO) build *.egg-info adapm/*.so

@@ -3,7 +3,7 @@
 # whose Python 3.12 has numpy, scipy, msgpack, pyarrow, tqdm and torch but no pyzmq, and which
 # reaches no network:
 #
-#   here, once (pip reaches PyPI):    make device-wheels      # pyzmq and setuptools -> .whl/
+#   here, once (pip reaches PyPI):    make device-wheels      # pyzmq, setuptools, threadpoolctl -> .whl/
 #   there, through the device tool:   bash bench/device.sh PART   (carry: [".whl", ".cppkit"])
 #
 # PART (each fits one call of at most 10 minutes; the tool's timeout_s 600):

@@ -81,3 +81,37 @@ def test_help_shows_each_default_once_and_none_for_required_flags(app):
         entry = options[options.index(f"{action.option_strings[0]} {action.metavar} "):]
         entry = entry[:entry.index(" --", 3)]  # up to the next flag
         assert "default" not in entry, entry
+
+
+def test_the_apps_evaluate_on_one_blas_thread(tmp_path, monkeypatch):
+    """numpy's OpenBLAS keeps its idle threads spinning ~0.1 s after each call, on the cores
+    of the workers' next epoch: an app keeps it to the caller's thread while it runs (every
+    BLAS product of the evaluation sees one thread), and leaves the process's limit as it
+    found it."""
+    import threadpoolctl
+
+    from adapm.apps import mf
+
+    def blas_threads():
+        return [lib["num_threads"] for lib in threadpoolctl.threadpool_info()
+                if lib["user_api"] == "blas"]
+
+    before = blas_threads()
+    with threadpoolctl.threadpool_limits(limits=2, user_api="blas"):  # as on a 2-core machine
+        seen = []
+        dot = np.dot
+
+        def counting_dot(*args, **kwargs):
+            seen.append(blas_threads())
+            return dot(*args, **kwargs)
+
+        monkeypatch.setattr(np, "dot", counting_dot)
+        assert mf.main(["generate", str(tmp_path), "--rows", "200", "--cols", "50",
+                        "--entries", "4000", "--seed", "1"]) == 0
+        assert mf.main(["--train", str(tmp_path / "train.mmc"), "--test",
+                        str(tmp_path / "test.mmc"), "--epochs", "2", "--baseline",
+                        "--progress", "off", "--json", str(tmp_path / "out.json")]) == 0
+        monkeypatch.undo()
+        assert seen and all(threads == [1] * len(threads) for threads in seen), seen
+        assert blas_threads() == [2] * len(before)
+    assert blas_threads() == before

@@ -282,7 +282,18 @@ def _directory_problem(path) -> Optional[str]:
 
 def run(task: Task, opts: argparse.Namespace, *, out=None) -> list[dict]:
     """Train ``task`` as ``opts`` say; returns rank 0's JSON records (other ranks: [])."""
-    out = sys.stdout if out is None else out
+    # numpy's BLAS (OpenBLAS) runs the evaluations' products on a thread per core and then
+    # keeps those threads spinning for ~0.1 s after each call (its THREAD_TIMEOUT): into the
+    # next epoch, on the cores of the workers, of this node and of the others on the machine
+    # (2 cores, MF: the baseline's epoch 0.13-0.14 s with them, 0.10 s without). The cores are
+    # the workers'; one BLAS thread, the caller's, evaluates.
+    from threadpoolctl import threadpool_limits
+
+    with threadpool_limits(limits=1, user_api="blas"):
+        return _run(task, opts, sys.stdout if out is None else out)
+
+
+def _run(task: Task, opts: argparse.Namespace, out) -> list[dict]:
     try:
         node, resume = _start(task, opts)
     except _STARTUP_ERRORS as exc:
