@@ -285,8 +285,8 @@ def run(task: Task, opts: argparse.Namespace, *, out=None) -> list[dict]:
     # numpy's BLAS (OpenBLAS) runs the evaluations' products on a thread per core and then
     # keeps those threads spinning for ~0.1 s after each call (its THREAD_TIMEOUT): into the
     # next epoch, on the cores of the workers, of this node and of the others on the machine
-    # (2 cores, MF: the baseline's epoch 0.13-0.14 s with them, 0.10 s without). The cores are
-    # the workers'; one BLAS thread, the caller's, evaluates.
+    # (2 cores, MF, evaluated every epoch: the baseline's epochs 0.149 s on average with them,
+    # 0.106 s without). The cores are the workers'; one BLAS thread, the caller's, evaluates.
     from threadpoolctl import threadpool_limits
 
     with threadpool_limits(limits=1, user_api="blas"):
