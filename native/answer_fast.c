@@ -270,26 +270,43 @@ PyObject *answer_fast_taken(DirectoryObject *self) {
     return result;
 }
 
-/* round_open(req, keys, flags, num_intents, num_deltas, count) -> None: see the method table. */
-PyObject *Directory_round_open(DirectoryObject *self, PyObject *args) {
-    long long req, ni, nd, count;
-    PyObject *okeys, *oflags;
-    if (!PyArg_ParseTuple(args, "LOOLLL", &req, &okeys, &oflags, &ni, &nd, &count)) return NULL;
+/* Room for n more open requests; -1 with MemoryError set. */
+static int reserve_rounds(sync_fast_t *f, int64_t n) {
+    if (f->nrounds + n <= f->rounds_cap) return 0;
+    int64_t cap = f->rounds_cap ? 2 * f->rounds_cap : 16;
+    while (cap < f->nrounds + n) cap *= 2;
+    round_ctx_t *grown = realloc(f->rounds, (size_t)cap * sizeof(round_ctx_t));
+    if (!grown) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    f->rounds = grown;
+    f->rounds_cap = cap;
+    return 0;
+}
+
+/* Registers one round request (round_open's work for one (req, count) pair); -1 with an
+ * exception set. */
+static int open_one(DirectoryObject *self, long long req, PyObject *okeys, PyObject *oflags,
+                    long long ni, long long nd, long long count) {
     sync_fast_t *f = &self->fast;
     if (find_round(f, req)) {
         PyErr_Format(PyExc_ValueError, "round_open: request %lld is open already", req);
-        return NULL;
+        return -1;
     }
     Py_buffer *v = PyMem_Malloc(2 * sizeof(Py_buffer));
-    if (!v) return PyErr_NoMemory();
+    if (!v) {
+        PyErr_NoMemory();
+        return -1;
+    }
     if (PyObject_GetBuffer(okeys, &v[0], PyBUF_C_CONTIGUOUS) < 0) {
         PyMem_Free(v);
-        return NULL;
+        return -1;
     }
     if (PyObject_GetBuffer(oflags, &v[1], PyBUF_C_CONTIGUOUS) < 0) {
         PyBuffer_Release(&v[0]);
         PyMem_Free(v);
-        return NULL;
+        return -1;
     }
     round_ctx_t c = {req, v[0].len / 8, ni, nd, count, v};
     if (v[0].len % 8 || v[0].itemsize != 8 || v[1].itemsize != 1 || ni < 0 || nd < 0
@@ -300,20 +317,64 @@ PyObject *Directory_round_open(DirectoryObject *self, PyObject *args) {
                                               "report, 0 <= num_intents + num_deltas <= keys, "
                                               "0 < count <= keys");
         release_views(&c);
-        return NULL;
+        return -1;
     }
-    if (f->nrounds == f->rounds_cap) {
-        const int64_t cap = f->rounds_cap ? 2 * f->rounds_cap : 16;
-        round_ctx_t *grown = realloc(f->rounds, (size_t)cap * sizeof(round_ctx_t));
-        if (!grown) {
-            release_views(&c);
-            return PyErr_NoMemory();
-        }
-        f->rounds = grown;
-        f->rounds_cap = cap;
+    if (reserve_rounds(f, 1) < 0) {
+        release_views(&c);
+        return -1;
     }
     f->rounds[f->nrounds++] = c;
+    return 0;
+}
+
+/* round_open(requests, keys, flags, num_intents, num_deltas) -> None: see the method table.
+ * One call per round: the requests (a list of (req, count) pairs) share the round's keys. All
+ * are checked before any is registered. */
+PyObject *Directory_round_open(DirectoryObject *self, PyObject *args) {
+    long long ni, nd;
+    PyObject *requests, *okeys, *oflags;
+    if (!PyArg_ParseTuple(args, "O!OOLL", &PyList_Type, &requests, &okeys, &oflags, &ni, &nd))
+        return NULL;
+    const Py_ssize_t n = PyList_GET_SIZE(requests);
+    Py_buffer kv;
+    if (PyObject_GetBuffer(okeys, &kv, PyBUF_C_CONTIGUOUS) < 0) return NULL;
+    const long long nkeys = kv.len / 8;
+    PyBuffer_Release(&kv);
+    long long *pairs = PyMem_Malloc((size_t)(n ? n : 1) * 2 * sizeof(long long));
+    if (!pairs) return PyErr_NoMemory();
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *pair = PyList_GET_ITEM(requests, i);
+        long long *rc = pairs + 2 * i;
+        if (!PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 2
+            || !PyLong_Check(PyTuple_GET_ITEM(pair, 0)) || !PyLong_Check(PyTuple_GET_ITEM(pair, 1))) {
+            PyErr_SetString(PyExc_TypeError, "round_open: requests is a list of (request, "
+                                             "count) tuples of ints");
+            goto fail;
+        }
+        rc[0] = PyLong_AsLongLong(PyTuple_GET_ITEM(pair, 0));
+        rc[1] = PyLong_AsLongLong(PyTuple_GET_ITEM(pair, 1));
+        if (PyErr_Occurred()) goto fail;
+        int taken = find_round(&self->fast, rc[0]) != NULL;
+        for (Py_ssize_t j = 0; j < i; j++) taken |= pairs[2 * j] == rc[0];
+        if (taken) {
+            PyErr_Format(PyExc_ValueError, "round_open: request %lld is open already", rc[0]);
+            goto fail;
+        }
+        if (rc[1] <= 0 || rc[1] > nkeys) {
+            PyErr_SetString(PyExc_ValueError, "round_open: 0 < count <= keys");
+            goto fail;
+        }
+    }
+    /* What is left to fail is the same for every request (the shared buffers): the first open
+     * fails before anything is registered. */
+    if (reserve_rounds(&self->fast, n) < 0) goto fail;
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (open_one(self, pairs[2 * i], okeys, oflags, ni, nd, pairs[2 * i + 1]) < 0) goto fail;
+    PyMem_Free(pairs);
     Py_RETURN_NONE;
+fail:
+    PyMem_Free(pairs);
+    return NULL;
 }
 
 /* round_answered(req, n) -> remaining or None: see the method table. */

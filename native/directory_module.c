@@ -844,11 +844,13 @@ static PyMethodDef Directory_methods[] = {
      "replica took a newer value. The reports those answers acknowledged are applied to the "
      "intent counts now. Engine thread, with the GIL."},
     {"round_open", (PyCFunction)Directory_round_open, METH_VARARGS,
-     "round_open(req, keys, flags, num_intents, num_deltas, count) -> None. The transport may "
-     "take the answers to round request req in itself (native/answer_fast.c): its entries' "
-     "keys (int64: the intent reports first, with a uint8 flag each, then deltas, then "
-     "checks; the buffers are held until the request is done) and count entries to answer. "
-     "From now on round_answered counts the request's unanswered entries. Engine thread."},
+     "round_open(requests, keys, flags, num_intents, num_deltas) -> None. The transport may "
+     "take the answers to a round's requests in itself (native/answer_fast.c): requests, a "
+     "list of (request id, entries to answer) tuples, one per SYNC of the round; the round's "
+     "entries' keys (int64: the intent reports first, with a uint8 flag each, then deltas, "
+     "then checks; the buffers are held until each request is done). From now on "
+     "round_answered counts each request's unanswered entries. A bad request raises with the "
+     "requests before it registered. Engine thread."},
     {"round_answered", (PyCFunction)Directory_round_answered, METH_VARARGS,
      "round_answered(req, n) -> int or None. n more entries of round request req were "
      "answered on Python's path: how many are still unanswered (n = 0: only asks), or None "

@@ -201,6 +201,7 @@ static int ZmqIO_init(ZmqIOObject *self, PyObject *args, PyObject *kwds) {
     if (!(self->idents = PyMem_Calloc((size_t)(world ? world : 1), sizeof(PyObject *)))
         || !(self->passed = PyMem_Calloc((size_t)(world ? world : 1), 1))
         || !(self->heard = PyMem_Calloc((size_t)(world ? world : 1), 1))
+        || !(self->heard_at = PyMem_Calloc((size_t)(world ? world : 1), sizeof(double)))
         || !(self->sent_at = PyMem_Calloc((size_t)(world ? world : 1), sizeof(double)))) {
         PyErr_NoMemory();
         return -1;
@@ -374,6 +375,7 @@ static void ZmqIO_dealloc(ZmqIOObject *self) {
     PyMem_Free(self->idents);
     PyMem_Free(self->passed);
     PyMem_Free(self->heard);
+    PyMem_Free(self->heard_at);
     PyMem_Free(self->sent_at);
     PyMem_RawFree(self->missing);
     Py_XDECREF(self->directory);
@@ -435,6 +437,17 @@ static PyObject *ZmqIO_sent_at(ZmqIOObject *self, PyObject *unused) {
     PyObject *out = PyList_New(self->world);
     for (Py_ssize_t r = 0; out && r < self->world; r++) {
         PyObject *v = PyFloat_FromDouble(self->sent_at[r]);
+        if (!v) Py_CLEAR(out);
+        else PyList_SET_ITEM(out, r, v);
+    }
+    return out;
+}
+
+/* heard_at() -> [seconds]: see the method table. */
+static PyObject *ZmqIO_heard_at(ZmqIOObject *self, PyObject *unused) {
+    PyObject *out = PyList_New(self->world);
+    for (Py_ssize_t r = 0; out && r < self->world; r++) {
+        PyObject *v = PyFloat_FromDouble(self->heard_at[r]);
         if (!v) Py_CLEAR(out);
         else PyList_SET_ITEM(out, r, v);
     }
@@ -604,6 +617,11 @@ static PyObject *ZmqIO_poll(ZmqIOObject *self, PyObject *args) {
     Py_END_ALLOW_THREADS
     pulls_settle(self);
     if (self->synced) events |= 4;
+    if (fast) { /* the failure detector's: read at its looks (heard_at), not per message */
+        double t = 0.0;
+        for (Py_ssize_t r = 0; r < self->world; r++)
+            if (self->heard[r]) self->heard_at[r] = t ? t : (t = now_s());
+    }
     if (perr) {
         close_parts(self, 0, nparts);
         if (perr == EINTR && !nmsg) return Py_BuildValue("(i[][])", events);
@@ -748,6 +766,46 @@ static PyObject *ZmqIO_send_frames(ZmqIOObject *self, PyObject *args) {
     return PyLong_FromSsize_t(wire);
 }
 
+/* send_round(parts) -> wire bytes: a round's messages, encoded already ((dst, frames) tuples),
+ * each to its peer as one ZeroMQ message, in order; when each peer was last sent something
+ * (sent_at) follows. KeyError for a rank without a connection (nothing sent: all are checked
+ * first), OSError if libzmq refuses. */
+static PyObject *ZmqIO_send_round(ZmqIOObject *self, PyObject *args) {
+    PyObject *parts;
+    if (!PyArg_ParseTuple(args, "O!", &PyList_Type, &parts)) return NULL;
+    const Py_ssize_t n = PyList_GET_SIZE(parts);
+    for (Py_ssize_t p = 0; p < n; p++) {
+        PyObject *part = PyList_GET_ITEM(parts, p);
+        if (!PyTuple_Check(part) || PyTuple_GET_SIZE(part) != 2
+            || !PyLong_Check(PyTuple_GET_ITEM(part, 0))
+            || !PyList_Check(PyTuple_GET_ITEM(part, 1))) {
+            PyErr_SetString(PyExc_TypeError, "send_round: a list of (dst, frames) tuples");
+            return NULL;
+        }
+        const Py_ssize_t dst = PyLong_AsSsize_t(PyTuple_GET_ITEM(part, 0));
+        if (dst == -1 && PyErr_Occurred()) return NULL;
+        if (dst < 0 || dst >= self->world || !self->peers[dst] || !self->router) {
+            PyErr_Format(PyExc_KeyError, "no connection to rank %zd", dst);
+            return NULL;
+        }
+    }
+    drain_released();
+    Py_ssize_t wire = 0;
+    const double now = now_s();
+    for (Py_ssize_t p = 0; p < n; p++) {
+        PyObject *part = PyList_GET_ITEM(parts, p);
+        const Py_ssize_t dst = PyLong_AsSsize_t(PyTuple_GET_ITEM(part, 0));
+        PyObject *frames = PyTuple_GET_ITEM(part, 1);
+        const Py_ssize_t nf = PyList_GET_SIZE(frames);
+        for (Py_ssize_t i = 0; i < nf; i++)
+            if (send_frame(self->peers[dst], PyList_GET_ITEM(frames, i),
+                           i + 1 < nf ? Z_SNDMORE : 0, &wire) < 0)
+                return NULL;
+        self->sent_at[dst] = now;
+    }
+    return PyLong_FromSsize_t(wire);
+}
+
 /* send(dst, specs) -> (sizes, wire bytes): the messages (wire_encode's specs) to peer dst as one
  * ZeroMQ message. OSError if libzmq refuses (the caller names the peer). */
 static PyObject *ZmqIO_send(ZmqIOObject *self, PyObject *args) {
@@ -835,7 +893,8 @@ static PyMethodDef ZmqIO_methods[] = {
      "would, without letting the GIL go. Any thread; never blocks."},
     {"sent_at", (PyCFunction)ZmqIO_sent_at, METH_NOARGS,
      "sent_at() -> [seconds] by rank: when poll last sent that peer something itself (an "
-     "answer it served, a worker's pull or push), on time.monotonic's clock; 0.0: never. "
+     "answer it served, a worker's pull or push; a round's SYNCs, send_round), on "
+     "time.monotonic's clock; 0.0: never. "
      "For the failure detector: such a message spares the peer a heartbeat."},
     {"route_queued", (PyCFunction)ZmqIO_route_queued, METH_NOARGS,
      "route_queued() -> [(rank, [header, payload])]. Without sockets (router 0: the "
@@ -849,10 +908,19 @@ static PyMethodDef ZmqIO_methods[] = {
      "other. With the GIL."},
     {"counters", (PyCFunction)ZmqIO_counters, METH_NOARGS,
      "counters() -> dict. What poll() served itself, in the transport's counter names."},
+    {"heard_at", (PyCFunction)ZmqIO_heard_at, METH_NOARGS,
+     "heard_at() -> [seconds] by rank: when poll last served a message of that peer itself "
+     "(the ranks poll returns as heard), on time.monotonic's clock; 0.0: never. For the "
+     "failure detector, which reads it when it looks rather than per message."},
     {"send_frames", (PyCFunction)ZmqIO_send_frames, METH_VARARGS,
      "send_frames(dst, frames) -> wire bytes. A message encoded already (Directory.round_build's "
      "SYNCs): its frames (buffers; large ones sent without copying) to peer dst as one ZeroMQ "
      "message. KeyError without a connection to dst, OSError if libzmq refuses."},
+    {"send_round", (PyCFunction)ZmqIO_send_round, METH_VARARGS,
+     "send_round(parts) -> wire bytes. A round's SYNCs (Directory.round_build's): parts, a list "
+     "of (dst, frames) tuples, each sent as send_frames sends it, in order, in one call; "
+     "sent_at() follows. KeyError (nothing sent) for a rank without a connection, OSError if "
+     "libzmq refuses."},
     {"send", (PyCFunction)ZmqIO_send, METH_VARARGS,
      "send(dst, specs) -> (sizes, wire_bytes). Encodes specs (see wire_encode) and sends them "
      "to rank dst as one ZeroMQ message, without blocking."},

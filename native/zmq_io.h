@@ -60,6 +60,7 @@ typedef struct {
     PyObject **idents;     /* by rank: the identity its connection names (bytes; no auth) */
     uint8_t *passed;       /* by rank, per poll: a message of it went to Python (order) */
     uint8_t *heard;        /* by rank, per poll: a message of it was served here */
+    double *heard_at;      /* by rank: when a poll last served a message of it (heard_at()) */
     double *sent_at;       /* by rank: when this object last sent it something itself (an
                             * answer served here, a worker's pull or push; CLOCK_MONOTONIC
                             * seconds, 0: never), for the failure detector's heartbeats */

@@ -714,8 +714,9 @@ def test_staying_is_owned_or_a_replica_still_wanted(management):
 
 def test_round_requests_count_their_answers_in_the_directory():
     """Directory.round_open / round_answered: the count of a round request's unanswered entries
-    that the transport (native/answer_fast.c) and NodeState share; bad registrations are
-    refused before anything is kept."""
+    that the transport (native/answer_fast.c) and NodeState share; a round's requests are
+    registered in one call, each counted on its own; bad registrations are refused before
+    anything is kept."""
     config = _config(2, 0, 2)
     store = Store(config)
     store.insert(home_keys(0, NUM_KEYS, 2), OWNER)
@@ -723,25 +724,34 @@ def test_round_requests_count_their_answers_in_the_directory():
     keys = np.array([1, 3, 5, 7], np.int64)
     flags = np.ones(2, np.uint8)
     assert directory.round_answered(9, 0) is None  # never opened
-    directory.round_open(9, keys, flags, 2, 1, 4)
+    directory.round_open([(9, 4), (11, 2)], keys, flags, 2, 1)
     with pytest.raises(ValueError, match="open already"):
-        directory.round_open(9, keys, flags, 2, 1, 4)
+        directory.round_open([(9, 4)], keys, flags, 2, 1)
     assert directory.round_answered(9, 0) == 4
+    assert directory.round_answered(11, 0) == 2
     assert directory.round_answered(9, 3) == 1
     with pytest.raises(ValueError, match="waits for 1"):
         directory.round_answered(9, 2)
     assert directory.round_answered(9, 1) == 0
     assert directory.round_answered(9, 0) is None  # done: forgotten
-    for bad in ([keys, flags, 3, 2, 4],  # intents and deltas beyond the keys
-                [keys, flags[:1], 2, 1, 4],  # a flag per report
-                [keys, flags, 2, 1, 5],  # more entries than keys
-                [keys, flags, 2, 1, 0],  # nothing to answer
-                [keys.astype(np.int32), flags, 2, 1, 4]):
+    assert directory.round_answered(11, 2) == 0  # the other request of the round: its own count
+    assert directory.round_answered(11, 0) is None
+    for bad in ([[(10, 4)], keys, flags, 3, 2],  # intents and deltas beyond the keys
+                [[(10, 4)], keys, flags[:1], 2, 1],  # a flag per report
+                [[(10, 4), (12, 5)], keys, flags, 2, 1],  # more entries than keys, second
+                [[(10, 4), (12, 0)], keys, flags, 2, 1],  # nothing to answer
+                [[(10, 4), (10, 2)], keys, flags, 2, 1],  # one id twice
+                [[(10, 4)], keys.astype(np.int32), flags, 2, 1]):
         with pytest.raises(ValueError):
-            directory.round_open(10, *bad)
-        assert directory.round_answered(10, 0) is None
+            directory.round_open(*bad)
+        assert directory.round_answered(10, 0) is None  # the first pair was not kept either
+        assert directory.round_answered(12, 0) is None
+    for bad in ([(10,)], [[10, 4]], [(10, "4")]):
+        with pytest.raises(TypeError, match="tuples of ints"):
+            directory.round_open(bad, keys, flags, 2, 1)
+    assert directory.round_answered(10, 0) is None
     with pytest.raises(IndexError):
-        directory.round_open(10, np.array([NUM_KEYS], np.int64), flags, 0, 0, 1)
+        directory.round_open([(10, 1)], np.array([NUM_KEYS], np.int64), flags, 0, 0)
     assert directory.round_answered(10, 0) is None
 
 
@@ -970,7 +980,8 @@ def test_a_sync_answer_that_answers_an_entry_twice_is_refused():
     node = NodeState(0, 2, store, config)
     # A worker's intent for keys 1 and 3 (homed at rank 1): the round reports both to it.
     node.register_worker(0).signal(np.array([1, 3], np.int64), 0, 10)
-    (sent,) = node.handle(Tick([0]), 1.0)
+    (round_sent,) = node.handle(Tick([0]), 1.0)  # one SendRound, its one SYNC
+    (sent,) = round_sent.sends()
     (sync,) = decode(sent.message.frames)
     assert sent.dst == 1 and sync.kind == Kind.SYNC and sync.arrays[0].tolist() == [1, 3]
     req_id = sync.req_id

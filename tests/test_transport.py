@@ -17,6 +17,7 @@ import zmq
 
 from adapm._wire.protocol import Encoded, Kind, encode, message
 from adapm._wire.zmq_transport import Transport, identity_of
+from adapm.errors import TransportError
 
 TOKEN = "t0ken"
 
@@ -165,3 +166,38 @@ def test_malformed_frames_from_a_member_are_dropped(pair):
     got = [m.req_id for _, m in _receive(b, 1)]
     assert got == [2]
     assert b.traffic.counters["dropped_malformed_messages"] == 1
+
+
+def _sync(req_id: int, n: int) -> object:
+    """A SYNC of ``n`` delta entries (as NodeState._returned builds one)."""
+    from adapm._wire.protocol import NO_MOVES
+
+    keys, none = np.arange(n, dtype=np.int64), np.empty(0, dtype=np.int64)
+    return message(Kind.SYNC, 0, req_id,
+                   [none, none, np.empty(0, dtype=np.int8), keys, np.arange(n, dtype=np.int64),
+                    np.ones(2 * n, dtype=np.float32), np.full(n, -1, dtype=np.int64), none,
+                    none, none, *NO_MOVES], o=0)
+
+
+def test_a_rounds_syncs_go_out_in_order_and_are_counted(pair):
+    """send_round: a round's SYNCs, encoded already, each a wire message of its own to its
+    peer, in the order given (one native call where the native I/O is there), counted as
+    SYNCs; a rank without a connection is refused before anything is sent."""
+    a, b = pair
+    syncs = [_sync(5, 3), _sync(6, 40_000)]  # the second's arrays travel as frames of their own
+    parts = [(1, m.req_id, encode([m]), m.nbytes) for m in syncs]
+    with pytest.raises(TransportError, match="rank 0: no connection to rank 7"):
+        a.send_round([(7, 4, encode([_sync(4, 1)]), 0), *parts])
+    a.send(1, [_pull(1, [5])])
+    a.send_round(parts)
+    got = _receive(b, 3)
+    assert [(m.kind, m.req_id) for _, m in got] == [(Kind.PULL, 1), (Kind.SYNC, 5), (Kind.SYNC, 6)]
+    np.testing.assert_array_equal(got[2][1].arrays[3], np.arange(40_000))
+    sent, received = a.traffic.snapshot(), b.traffic.snapshot()
+    assert sent["messages_sent_sync"] == received["messages_received_sync"] == 2
+    assert sent["bytes_sent_sync"] == received["bytes_received_sync"] == sum(
+        m.nbytes for m in syncs)
+    assert sent["wire_messages_sent"] == received["wire_messages_received"] == 3
+    assert sent["bytes_sent"] == received["bytes_received"]
+    if a._io is not None:  # the native send notes when rank 1 was last sent something
+        assert a._io.sent_at()[1] > 0.0

@@ -36,7 +36,7 @@ class EngineState(Protocol):
 
     def handle(self, event, now: float) -> list:
         """One event (Received, Submitted, Tick) at time ``now``: the instructions it causes
-        (Send, Finish), in order."""
+        (Send, SendRound, Finish), in order."""
 
     def register_worker(self, clock: int) -> object:
         """A new worker's intents queue (index order), or None when nothing acts on intent."""
@@ -156,9 +156,15 @@ class Transport(Protocol):
     def send(self, dst: int, messages: list) -> None:
         """``messages`` (in order) to ``dst`` as one wire message."""
 
+    def send_round(self, parts: list) -> None:
+        """A sync round's SYNCs, encoded already: ``parts``, one ``(dst, req_id, frames,
+        nbytes)`` per peer, each as a wire message of its own to its peer, in order."""
+
     def poll(self, timeout_ms: int, hold: bool = False) -> list:
         """[(source rank, messages)] that arrived within ``timeout_ms`` or until woken; a rank
-        with no messages was heard from (the transport served what it sent itself).
+        with no messages was heard from (the transport served what it sent itself; one that
+        serves natively leaves such ranks out: its native I/O's ``heard_at`` tells when it last
+        heard from each, read by the loop when it looks after its peers).
         ``hold``: the caller's round is open and nothing of it waits for keys to arrive, so a
         peer's SYNC the transport served need not end the wait, nor an answer it took in while
         others of the caller's round are outstanding (a transport may return anyway); the

@@ -3,7 +3,8 @@ through which a worker thread waits for its request.
 
 Events: :class:`Received` (a message from a peer), :class:`Submitted` (a worker's request),
 :class:`Tick` (time passed; a round may be due). Instructions: :class:`Send` (a message for a
-peer) and :class:`Finish` (complete a call). ``NodeState.handle`` takes one event and returns the
+peer), :class:`SendRound` (a round's SYNCs, one per peer) and :class:`Finish` (complete a
+call). ``NodeState.handle`` takes one event and returns the
 instructions, in order; whoever runs it carries them out (the engine loop, or the simulator).
 """
 
@@ -14,6 +15,8 @@ import enum
 from typing import Optional
 
 import numpy as np
+
+from .._wire.protocol import Encoded, Kind
 
 
 class Op(enum.IntEnum):
@@ -173,6 +176,26 @@ class Send:
     def __init__(self, dst: int, message) -> None:
         self.dst = dst
         self.message = message
+
+
+class SendRound:
+    """A sync round's SYNCs from ``src``, encoded already (``Directory.round_build``): ``parts``,
+    one ``(dst, req_id, frames, nbytes)`` per peer. Each goes to its peer after whatever was
+    posted to that peer before this instruction, as a :class:`Send` would; a transport may send
+    them all in one call (``send_round``)."""
+
+    __slots__ = ("src", "parts")
+
+    def __init__(self, src: int, parts: list) -> None:
+        self.src = src
+        self.parts = parts
+
+    def sends(self) -> list:
+        """The same as a :class:`Send` of an :class:`~.._wire.protocol.Encoded` per peer, in
+        order."""
+        src = self.src
+        return [Send(dst, Encoded(Kind.SYNC, src, req_id, frames, nbytes))
+                for dst, req_id, frames, nbytes in self.parts]
 
 
 class Finish:

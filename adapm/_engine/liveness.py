@@ -40,6 +40,11 @@ class Liveness:
         if rank in self.heard:
             self.heard[rank] = now
 
+    def heard_until(self, rank: int, when: float) -> None:
+        """``rank`` was heard from at ``when`` (the latest time told counts)."""
+        if rank in self.heard and when > self.heard[rank]:
+            self.heard[rank] = when
+
     def sent_to(self, rank: int, now: float) -> None:
         """This node sent ``rank`` something at ``now`` (the latest time told counts)."""
         if rank in self.sent and now > self.sent[rank]:

@@ -33,8 +33,9 @@ from typing import Optional
 
 from .._wire.protocol import Kind, message
 from ..errors import AdaPMError, AdaPMTimeout, NodeFailure
-from .events import Call, Finish, Received, Request, Send, Submitted, Tick, handed_pushes
+from .events import Call, Finish, Received, Request, Submitted, Tick, handed_pushes
 from .liveness import Liveness
+from .posting import Outbox
 from .state import CLOCK_POLL_S
 from .validate import problem
 
@@ -63,7 +64,7 @@ class EngineLoop:
         self._submissions: collections.deque = collections.deque()
         self._workers: list = []  # Worker handles, by index: their clocks go into each Tick
         self._live: set[Call] = set()  # submitted, not finished (engine thread only)
-        self._outbox: dict[int, list] = {}
+        self._outbox = Outbox()
         self._stop = threading.Event()
         self._goodbye = False  # at stop: tell the peers this node leaves on purpose
         self.liveness: Optional[Liveness] = None  # created on the engine thread
@@ -344,9 +345,13 @@ class EngineLoop:
         """Heartbeats to idle peers; the error that ends this node, if a peer is silent too
         long or the sync round hangs."""
         liveness = self.liveness
-        if self.native is not None:  # what the transport sent itself: answers, pulls, pushes
+        if self.native is not None:
+            # What the transport sent itself (answers, pulls, pushes, rounds' SYNCs), and whom
+            # it heard from through requests it served itself: noted there, read here.
             for dst, sent in enumerate(self.native.sent_at()):
                 liveness.sent_to(dst, sent)
+            for src, heard in enumerate(self.native.heard_at()):
+                liveness.heard_until(src, heard)
         for dst in liveness.heartbeats_due(now):
             self.transport.send(dst, [message(Kind.HEARTBEAT, self.rank, 0)])
             liveness.sent_to(dst, now)
@@ -398,11 +403,8 @@ class EngineLoop:
                 pass
 
     def _carry_out(self, instructions: list) -> None:
-        for ins in instructions:
-            if type(ins) is Send:
-                self._outbox.setdefault(ins.dst, []).append(ins.message)
-            else:
-                self._finish(ins)
+        for ins in self._outbox.carry(instructions):
+            self._finish(ins)
 
     def _finish(self, ins: Finish) -> None:
         call = ins.call
@@ -412,8 +414,9 @@ class EngineLoop:
         call.finish(ins.parts, ins.error)
 
     def _flush(self, now: float) -> None:
-        outbox, self._outbox = self._outbox, {}
-        transport, liveness = self.transport, self.liveness
-        for dst, messages in outbox.items():
-            transport.send(dst, messages)
+        round_peers, peers = self._outbox.flush(self.transport)
+        if self.native is None:  # else the native I/O noted the round's sends (sent_at)
+            peers += round_peers
+        liveness = self.liveness
+        for dst in peers:
             liveness.sent_to(dst, now)

@@ -15,9 +15,10 @@ when a round starts, or at a Tick with no round running, whatever waits goes alo
 from __future__ import annotations
 
 import collections
+from typing import Optional
 
-from .._wire.protocol import CARRIERS, MOVE_ARRAYS, Encoded, Kind, Message, message
-from .events import Finish, Send
+from .._wire.protocol import CARRIERS, MOVE_ARRAYS, Kind, Message, message
+from .events import Finish, Send, SendRound
 
 
 class Posting:
@@ -55,10 +56,11 @@ class Posting:
             self.release(dst)
             self.out.append(Send(dst, msg))
 
-    def send_encoded(self, dst: int, encoded: Encoded) -> None:
-        """A message encoded already, with the moves held for ``dst`` in it (a round's SYNC:
-        ``Directory.round_build`` took them)."""
-        self.out.append(Send(dst, encoded))
+    def send_round(self, parts: list) -> None:
+        """A round's SYNCs, encoded already with the moves held for their owners
+        (``Directory.round_build`` took them): ``parts``, one ``(dst, req_id, frames, nbytes)``
+        per peer; one instruction for all (:class:`~.events.SendRound`)."""
+        self.out.append(SendRound(self.rank, parts))
 
     def finish(self, call, parts: list, error=None) -> None:
         self.out.append(Finish(call, parts, error))
@@ -76,3 +78,55 @@ class Posting:
     def take_held(self) -> dict:
         """Takes the moves held for every peer: {rank: the 12 move arrays} (tests)."""
         return {dst: list(self.directory.take_moves(dst)) for dst in self.directory.held_peers()}
+
+
+class Outbox:
+    """What the runner of a state machine (the engine loop, the simulator) carries out of the
+    instructions it was given: the messages, per peer in the order posted, until it sends them
+    (:meth:`flush`); the calls to complete, handed back at once. A round's SYNCs
+    (:class:`~.events.SendRound`) that come before anything else since the last flush go out
+    first, all in one call (``Transport.send_round``); after other messages they take their
+    place among each peer's messages. Not thread-safe (the runner's thread)."""
+
+    __slots__ = ("round", "by_peer")
+
+    def __init__(self) -> None:
+        self.round: Optional[SendRound] = None
+        self.by_peer: dict[int, list] = {}
+
+    def __bool__(self) -> bool:
+        return self.round is not None or bool(self.by_peer)
+
+    def carry(self, instructions: list) -> list:
+        """Takes ``instructions`` (Send, SendRound, Finish, in order); returns the Finishes,
+        in order, for the caller to complete now."""
+        finished = []
+        by_peer = self.by_peer
+        for ins in instructions:
+            kind = type(ins)
+            if kind is Send:
+                by_peer.setdefault(ins.dst, []).append(ins.message)
+            elif kind is SendRound:
+                if self.round is None and not by_peer:
+                    self.round = ins  # nothing posted before it: it goes first, in one call
+                else:
+                    for send in ins.sends():
+                        by_peer.setdefault(send.dst, []).append(send.message)
+            else:
+                finished.append(ins)
+        return finished
+
+    def flush(self, transport) -> tuple[list, list]:
+        """Sends what was carried: the round's SYNCs first, then each peer's messages as one
+        wire message (``transport.send``). Returns the ranks the round went to and the other
+        ranks sent to (either may repeat the other's)."""
+        sync, self.round = self.round, None
+        by_peer, self.by_peer = self.by_peer, {}
+        round_peers = []
+        if sync is not None:
+            transport.send_round(sync.parts)
+            round_peers = [part[0] for part in sync.parts]
+        for dst, messages in by_peer.items():
+            transport.send(dst, messages)
+        return round_peers, list(by_peer)
+

@@ -33,9 +33,10 @@ from typing import Callable, Optional
 from .._wire.inproc import InprocNetwork
 from ..errors import AdaPMTimeout
 from .events import (
-    NATIVE_OPEN, NATIVE_QUEUED, Call, Finish, Op, Received, Request, Send, Submitted, Tick,
+    NATIVE_OPEN, NATIVE_QUEUED, Call, Finish, Op, Received, Request, Submitted, Tick,
     handed_pushes,
 )
+from .posting import Outbox
 from .validate import problem
 
 # Virtual seconds per step: rounds' idle gaps (a few ms) pass within tens of steps.
@@ -169,14 +170,10 @@ class Simulation:
 
     def handle(self, engine: SimEngine, event) -> None:
         self.now += STEP_S
-        outbox: dict[int, list] = {}
-        for ins in engine.state.handle(event, self.now):
-            if type(ins) is Send:
-                outbox.setdefault(ins.dst, []).append(ins.message)
-            else:
-                self._finish(engine, ins)
-        for dst, messages in outbox.items():
-            engine.transport.send(dst, messages)
+        outbox = Outbox()
+        for ins in outbox.carry(engine.state.handle(event, self.now)):
+            self._finish(engine, ins)
+        outbox.flush(engine.transport)
 
     def _finish(self, engine: SimEngine, ins: Finish) -> None:
         if ins.call.abandoned:

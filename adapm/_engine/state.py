@@ -59,7 +59,7 @@ import numpy as np
 from .._native_loader import load as _load_native
 from .._store import NONE, OWNER, REPLICA
 from .._wire.protocol import (
-    ANSWERS, CARRIERS, KEYED, NATIVE_REQUESTS, NO_MOVES, Encoded, Kind, Message, decode, message,
+    ANSWERS, CARRIERS, KEYED, NATIVE_REQUESTS, NO_MOVES, Kind, Message, decode, message,
     subset, widened,
 )
 from ..errors import PeerError, StateError
@@ -621,20 +621,26 @@ class NodeState:
         (``Directory.native_taken``; what :meth:`_apply_sync_answer` does is done): a
         (request, answering rank, entries) triple each; whether a replica was refreshed; and
         :meth:`_redirected`'s bookkeeping of their redirected reports. A request with nothing
-        left unanswered is done."""
+        left unanswered is done, and the round with its last."""
         if refreshed:
             self.pacer.busy()
         self._deferred_again += deferred_again
         self._redirected_now = self._redirected_now or redirected_now
-        for req_id, src, n in answers.reshape(-1, 3).tolist():
-            req = self.requests.get(req_id)
+        requests, opened = self.requests, self._open
+        done = False
+        for req_id, src, n in answers.reshape(-1, 3).tolist():  # one per peer the round asked
+            req = requests.get(req_id)
             if req is None:  # not reached: taken in only while the request is open
                 continue
             req.remaining -= n
-            req.at[src] = req.at.get(src, 0) - n
+            at = req.at
+            at[src] = at.get(src, 0) - n
             if req.remaining <= 0:
-                del self.requests[req_id]
-                self._round_request_done(req_id)
+                del requests[req_id]
+                opened.discard(req_id)
+                done = True
+        if done and not opened:
+            self._finish_round(empty=False)
 
     def _apply_sync_answer(self, context: RoundContext, msg: Message) -> None:
         """A (partial) SYNC_RESP: intent reports taken in or redirected; replicas' versions and
@@ -791,25 +797,32 @@ class NodeState:
 
     def _post_round(self, requests: list) -> None:
         """The round's SYNCs, encoded by ``Directory.round_build`` with the moves held for
-        their owners (so they go in the order a carrier's moves go), go out as they are."""
+        their owners (so they go in the order a carrier's moves go), go out as they are: one
+        :class:`~.events.SendRound` for the peers (one native call where the transport has
+        one), the part for keys on their way here handled as posted messages are."""
         # Where the transport serves natively, it takes an answer in itself when it needs
-        # nothing of ours (native/answer_fast.c): it learns the request's entries here, and
-        # counts the unanswered ones for both paths from now on (_answers_taken, _answer).
-        native = self.native_answers
-        rank, posting, outstanding = self.rank, self.posting, self.requests
+        # nothing of ours (native/answer_fast.c): it learns the requests' entries here, one
+        # call for the round, and counts the unanswered ones for both paths from now on
+        # (_answers_taken, _answer).
+        rank, outstanding, opened = self.rank, self.requests, self._open
+        parts, native = [], []
+        context = None
         for dst, count, req_id, nbytes, frames, context in requests:
             # round_build numbered them from next_id on, in this order
             if outstanding.add_round(count, context) != req_id:
                 raise AssertionError(f"rank {rank}: round request {req_id} out of order")
             outstanding[req_id].at[dst] = count
-            self._open.add(req_id)
-            if native:
-                self.directory.round_open(req_id, context.keys, context.flags.view(np.uint8),
-                                          context.num_intents, context.num_deltas, count)
+            opened.add(req_id)
+            native.append((req_id, count))
             if dst == rank:  # reports for keys on their way here: handled as posted ones are
-                posting.local.extend(decode(frames))
+                self.posting.local.extend(decode(frames))
             else:
-                posting.send_encoded(dst, Encoded(Kind.SYNC, rank, req_id, frames, nbytes))
+                parts.append((dst, req_id, frames, nbytes))
+        if self.native_answers and native:
+            self.directory.round_open(native, context.keys, context.flags.view(np.uint8),
+                                      context.num_intents, context.num_deltas)
+        if parts:
+            self.posting.send_round(parts)
 
     def _round_request_done(self, req_id: int) -> None:
         self._open.discard(req_id)

@@ -34,7 +34,7 @@ import numpy as np
 
 from .._native_loader import load as _load_native
 from ..errors import TransportError
-from .protocol import Encoded, Message, decode, encode, frame_bytes, runs
+from .protocol import Encoded, Kind, Message, decode, encode, frame_bytes, runs
 from .traffic import Traffic
 
 _native = _load_native()
@@ -163,6 +163,12 @@ class InprocTransport:
                       for f in (run.frames if encoded else encode(run))]
             self.network.put(self.rank, dst, frames)
             self.traffic.count("sent", frame_bytes(frames), (run,) if encoded else run)
+
+    def send_round(self, parts: list) -> None:
+        """A sync round's SYNCs, encoded already (``(dst, req_id, frames, nbytes)`` each), each
+        to its peer as a wire message of its own, in order."""
+        for dst, req_id, frames, nbytes in parts:
+            self.send(dst, [Encoded(Kind.SYNC, self.rank, req_id, frames, nbytes)])
 
     def receive(self, frames: list) -> list[Message]:
         """Decode and count one wire message that arrived here."""

@@ -43,6 +43,22 @@ class Traffic:
             by_kind[names[0]] = by_kind.get(names[0], 0) + 1
             by_kind[names[1]] = by_kind.get(names[1], 0) + m.nbytes
 
+    def count_round(self, direction: str, kind, n: int, wire_bytes: int, nbytes: int) -> None:
+        """``n`` wire messages of one logical message of ``kind`` each (a round's SYNCs),
+        ``wire_bytes`` in all, their messages ``nbytes``."""
+        wire, logical, size = _TOTALS[direction]
+        counters, by_kind = self.counters, self.by_kind
+        counters[wire] += n
+        counters[logical] += n
+        counters[size] += wire_bytes
+        names = _NAMES.get((direction, kind))
+        if names is None:
+            name = kind.name.lower()
+            names = _NAMES[direction, kind] = (f"messages_{direction}_{name}",
+                                               f"bytes_{direction}_{name}")
+        by_kind[names[0]] = by_kind.get(names[0], 0) + n
+        by_kind[names[1]] = by_kind.get(names[1], 0) + nbytes
+
     def snapshot(self) -> dict:
         out = dict(self.counters)
         out.update(dict(self.by_kind))
