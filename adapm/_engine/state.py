@@ -621,26 +621,20 @@ class NodeState:
         (``Directory.native_taken``; what :meth:`_apply_sync_answer` does is done): a
         (request, answering rank, entries) triple each; whether a replica was refreshed; and
         :meth:`_redirected`'s bookkeeping of their redirected reports. A request with nothing
-        left unanswered is done, and the round with its last."""
+        left unanswered is done."""
         if refreshed:
             self.pacer.busy()
         self._deferred_again += deferred_again
         self._redirected_now = self._redirected_now or redirected_now
-        requests, opened = self.requests, self._open
-        done = False
-        for req_id, src, n in answers.reshape(-1, 3).tolist():  # one per peer the round asked
-            req = requests.get(req_id)
+        for req_id, src, n in answers.reshape(-1, 3).tolist():
+            req = self.requests.get(req_id)
             if req is None:  # not reached: taken in only while the request is open
                 continue
             req.remaining -= n
-            at = req.at
-            at[src] = at.get(src, 0) - n
+            req.at[src] = req.at.get(src, 0) - n
             if req.remaining <= 0:
-                del requests[req_id]
-                opened.discard(req_id)
-                done = True
-        if done and not opened:
-            self._finish_round(empty=False)
+                del self.requests[req_id]
+                self._round_request_done(req_id)
 
     def _apply_sync_answer(self, context: RoundContext, msg: Message) -> None:
         """A (partial) SYNC_RESP: intent reports taken in or redirected; replicas' versions and
@@ -797,16 +791,12 @@ class NodeState:
 
     def _post_round(self, requests: list) -> None:
         """The round's SYNCs, encoded by ``Directory.round_build`` with the moves held for
-        their owners (so they go in the order a carrier's moves go), go out as they are: one
-        :class:`~.events.SendRound` for the peers (one native call where the transport has
-        one), the part for keys on their way here handled as posted messages are."""
+        their owners, go out as they are, one :class:`~.events.SendRound` for all peers."""
         # Where the transport serves natively, it takes an answer in itself when it needs
-        # nothing of ours (native/answer_fast.c): it learns the requests' entries here, one
-        # call for the round, and counts the unanswered ones for both paths from now on
-        # (_answers_taken, _answer).
+        # nothing of ours (native/answer_fast.c): it learns the requests' entries here (one
+        # call a round), and counts the unanswered ones for both paths from now on.
         rank, outstanding, opened = self.rank, self.requests, self._open
-        parts, native = [], []
-        context = None
+        parts, native, context = [], [], None
         for dst, count, req_id, nbytes, frames, context in requests:
             # round_build numbered them from next_id on, in this order
             if outstanding.add_round(count, context) != req_id:
