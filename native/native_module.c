@@ -171,6 +171,70 @@ done:
     return PyErr_Occurred() ? NULL : PyLong_FromLongLong(count);
 }
 
+/* alias_draw(bit_generator, prob, alias, low, out, sizes=None) -> None: see the method table. */
+static PyObject *alias_draw_py(PyObject *module, PyObject *args) {
+    PyObject *obitgen, *oprob, *oalias, *oout, *osizes = Py_None;
+    long long low;
+    if (!PyArg_ParseTuple(args, "OOOLO|O", &obitgen, &oprob, &oalias, &low, &oout, &osizes))
+        return NULL;
+    PyObject *capsule = PyObject_GetAttrString(obitgen, "capsule");
+    np_bitgen_t *g = NULL;
+    if (capsule) {
+        if (PyCapsule_IsValid(capsule, "BitGenerator"))
+            g = PyCapsule_GetPointer(capsule, "BitGenerator");
+        Py_DECREF(capsule); /* the bit generator, which the caller holds, keeps its state */
+    } else if (PyErr_ExceptionMatches(PyExc_AttributeError)) {
+        PyErr_Clear();
+    } else {
+        return NULL;
+    }
+    if (!g) {
+        PyErr_SetString(PyExc_TypeError, "alias_draw: bit_generator must be a numpy "
+                                         "BitGenerator (its capsule 'BitGenerator')");
+        return NULL;
+    }
+    Py_buffer v[4];
+    int got = 0;
+    PyObject *result = NULL;
+    int64_t one, *sizes = &one, nsizes = 1;
+    if (borrow(oprob, &v[0], 8, 0, "alias_draw prob") < 0) goto done;
+    got++;
+    if (borrow(oalias, &v[1], 8, 0, "alias_draw alias") < 0) goto done;
+    got++;
+    if (borrow(oout, &v[2], 8, 1, "alias_draw out") < 0) goto done;
+    got++;
+    const int64_t m = v[0].len / 8, nout = v[2].len / 8;
+    if (osizes == Py_None) {
+        one = nout;
+    } else {
+        if (borrow(osizes, &v[3], 8, 0, "alias_draw sizes") < 0) goto done;
+        got++;
+        sizes = v[3].buf;
+        nsizes = v[3].len / 8;
+    }
+    int64_t total = 0;
+    for (int64_t i = 0; i < nsizes; i++) {
+        if (sizes[i] < 0 || sizes[i] > nout - total) {
+            PyErr_SetString(PyExc_ValueError, "alias_draw: sizes must be >= 0 and add up to at "
+                                              "most len(out)");
+            goto done;
+        }
+        total += sizes[i];
+    }
+    if (v[1].len != v[0].len || m == 0 || (uint64_t)m - 1 >= 0xFFFFFFFFULL) {
+        PyErr_SetString(PyExc_ValueError, "alias_draw: prob (float64) and alias (int64) need "
+                                          "one equal length m, 0 < m < 2**32");
+        goto done;
+    }
+    NOGIL_BEGIN(2 * total)
+    alias_draw(g, v[0].buf, v[1].buf, m, low, sizes, nsizes, v[2].buf);
+    NOGIL_END
+    result = Py_NewRef(Py_None);
+done:
+    for (int i = 0; i < got; i++) PyBuffer_Release(&v[i]);
+    return result;
+}
+
 static PyMethodDef module_methods[] = {
     {"unique_inverse", unique_inverse_py, METH_VARARGS,
      "unique_inverse(keys, unique, inverse) -> count. The distinct int64 keys in order of first "
@@ -186,6 +250,13 @@ static PyMethodDef module_methods[] = {
     {"alias_build", alias_build_py, METH_VARARGS,
      "alias_build(weights, prob, alias) -> None. Vose's alias table of float64 weights into "
      "float64 prob and int64 alias (same length), GIL released; ValueError on a bad weight."},
+    {"alias_draw", alias_draw_py, METH_VARARGS,
+     "alias_draw(bit_generator, prob, alias, low, out, sizes=None) -> None. Draws keys from "
+     "alias_build's table into out (int64): as many as out holds, or one sample per entry of "
+     "sizes (int64, back to back), each what numpy's Generator over bit_generator would give "
+     "for `i = integers(0, m, n); u = random(n); where(u >= prob[i], alias[i], i) + low`, bit "
+     "for bit, the generator left alike (sampling.h). The caller holds bit_generator.lock. "
+     "Long draws release the GIL."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -35,6 +35,43 @@ int64_t alias_build(const double *w, int64_t m, double *prob, int64_t *alias, in
     return 0;
 }
 
+/* A uniform integer in [0, bound) from the bit generator's 32-bit stream, by Lemire's method
+ * (D. Lemire, "Fast random integer generation in an interval", 2019): the high half of a
+ * 32 x 32-bit product, drawn again while the low half falls in the biased sliver. 0 < bound <
+ * 2^32. numpy's Generator.integers draws its bounded integers below 2^32 this way, so the two
+ * read the same numbers off a generator. */
+static inline uint32_t bounded_u32(np_bitgen_t *g, uint32_t bound) {
+    uint64_t m = (uint64_t)g->next_uint32(g->state) * bound;
+    uint32_t low = (uint32_t)m;
+    if (low < bound) {
+        const uint32_t threshold = (uint32_t)(-bound) % bound; /* 2^32 mod bound */
+        while (low < threshold) {
+            m = (uint64_t)g->next_uint32(g->state) * bound;
+            low = (uint32_t)m;
+        }
+    }
+    return (uint32_t)(m >> 32);
+}
+
+void alias_draw(np_bitgen_t *g, const double *prob, const int64_t *alias, int64_t m,
+                int64_t low, const int64_t *sizes, int64_t nsizes, int64_t *out) {
+    for (int64_t s = 0; s < nsizes; s++) {
+        const int64_t n = sizes[s];
+        /* A table of one entry draws no integer (numpy reads nothing off the generator for an
+         * empty range), but still its doubles. */
+        if (m == 1) {
+            for (int64_t i = 0; i < n; i++) out[i] = 0;
+        } else {
+            for (int64_t i = 0; i < n; i++) out[i] = bounded_u32(g, (uint32_t)m);
+        }
+        for (int64_t i = 0; i < n; i++) {
+            const int64_t k = out[i];
+            out[i] = (g->next_double(g->state) >= prob[k] ? alias[k] : k) + low;
+        }
+        out += n;
+    }
+}
+
 int64_t pool_add(const pool_t *p, int64_t count, const int64_t *keys, int64_t n) {
     for (int64_t i = 0; i < n; i++) {
         const int64_t k = keys[i];

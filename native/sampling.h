@@ -15,6 +15,27 @@
  * or -1 - m when the sum is not positive. O(m). */
 int64_t alias_build(const double *w, int64_t m, double *prob, int64_t *alias, int64_t *scratch);
 
+/* The C interface of a numpy BitGenerator (the bitgen_t of numpy's numpy/random/bitgen.h, a
+ * stable part of numpy's C API: what its capsule "BitGenerator" points to). */
+typedef struct {
+    void *state;
+    uint64_t (*next_uint64)(void *state);
+    uint32_t (*next_uint32)(void *state);
+    double (*next_double)(void *state);
+    uint64_t (*next_raw)(void *state);
+} np_bitgen_t;
+
+/* Draws from an alias table (alias_build's prob and alias, m entries, m - 1 < 2^32 - 1) with a
+ * numpy BitGenerator, sample after sample: for each of the nsizes samples, its n = sizes[i]
+ * keys are what numpy's Generator over the same bit generator gives for
+ *     i = rng.integers(0, m, n); u = rng.random(n); i = where(u >= prob[i], alias[i], i)
+ * plus low, bit for bit and leaving the generator in the same state: first n bounded integers
+ * (Lemire's method over next_uint32, as numpy's Generator.integers draws them below 2^32), then
+ * n doubles (next_double). The samples go to out back to back. The caller holds the bit
+ * generator's lock. */
+void alias_draw(np_bitgen_t *g, const double *prob, const int64_t *alias, int64_t m,
+                int64_t low, const int64_t *sizes, int64_t nsizes, int64_t *out);
+
 /* The pool: pool[0..count) are the keys of [low, high) held here, in no order; pos[k - low] is
  * k's index in pool, or -1. One writer (the thread that moves keys in and out); readers may read
  * pool[] concurrently and must check that a drawn key is still held. */

@@ -12,8 +12,11 @@ from hypothesis import strategies as st
 from scipy import stats as scipy_stats
 
 import adapm
+from adapm._native_loader import load as _load_native
 from adapm._store import NONE
 from adapm.testing import run_cluster
+
+_native = _load_native()
 
 FAST = dict(connect_timeout_s=20, request_timeout_s=20)
 # A chi-square test at this level fails a correct sampler once in 10^4 runs; draws are seeded,
@@ -98,6 +101,61 @@ def test_bad_input_changes_nothing():
                 w.pull_sample(bad)
         assert node.stats()["sampled_keys"] == 3
         assert node.stats()["intents_signalled"] == 0
+
+
+def _numpy_alias_draw(rng, prob, alias, low, n):
+    """Vose's alias draw in numpy steps: what Sampling.draw computed before its native call."""
+    index = rng.integers(0, len(prob), n, dtype=np.int64)
+    take_alias = rng.random(n) >= prob[index]
+    index[take_alias] = alias[index[take_alias]]
+    return index + low
+
+
+@settings(max_examples=60, deadline=None)
+@given(size=st.one_of(st.integers(1, 40), st.integers(1, 300_000)),
+       sizes=st.lists(st.integers(0, 2_000), min_size=1, max_size=4),
+       seed=st.integers(0, 2**32 - 1),
+       bits=st.sampled_from([np.random.PCG64, np.random.MT19937, np.random.Philox,
+                             np.random.SFC64]))
+def test_weighted_draws_read_numpys_stream_bit_for_bit(size, sizes, seed, bits):
+    """Sampling.draw's native alias draw gives what numpy's Generator gives for the same
+    steps, and leaves the generator where numpy would: the one-worker runs and the baseline's
+    draws stay what they were. One draw per sample, and several samples in one call."""
+    weights = np.random.default_rng(size).random(size) ** 4
+    weights[0] += 1.0  # a positive sum
+    sampling = adapm.Sampling(10, 10 + size, weights=weights)
+    prob, alias, _ = sampling._alias
+    ours, theirs = np.random.Generator(bits(seed)), np.random.Generator(bits(seed))
+    for n in sizes:
+        np.testing.assert_array_equal(sampling.draw(ours, n),
+                                      _numpy_alias_draw(theirs, prob, alias, 10, n))
+    out = np.full(sum(sizes) + 3, -1, dtype=np.int64)
+    with ours.bit_generator.lock:
+        _native.alias_draw(ours.bit_generator, prob, alias, 10, out, np.array(sizes))
+    expected = [_numpy_alias_draw(theirs, prob, alias, 10, n) for n in sizes]
+    np.testing.assert_array_equal(out[:sum(sizes)], np.concatenate(expected))
+    assert (out[sum(sizes):] == -1).all()  # nothing written past the samples
+    assert ours.integers(0, 2**62) == theirs.integers(0, 2**62)  # the same state after
+
+
+def test_the_native_alias_draw_checks_its_arguments():
+    sampling = adapm.Sampling(0, 5, weights=np.arange(1.0, 6.0))
+    prob, alias, _ = sampling._alias
+    rng = np.random.default_rng(0)
+    out = np.empty(4, dtype=np.int64)
+    with pytest.raises(TypeError, match="BitGenerator"):
+        _native.alias_draw(rng, prob, alias, 0, out)  # the Generator, not its bit generator
+    with pytest.raises(TypeError, match="item size"):
+        _native.alias_draw(rng.bit_generator, prob, alias, 0, out.astype(np.int32))
+    with pytest.raises(ValueError, match="one equal length"):
+        _native.alias_draw(rng.bit_generator, prob, alias[:4], 0, out)
+    for sizes in ([5], [2, 3], [-1]):
+        with pytest.raises(ValueError, match="sizes"):
+            _native.alias_draw(rng.bit_generator, prob, alias, 0, out, np.array(sizes))
+    state = rng.bit_generator.state
+    with pytest.raises(ValueError):
+        _native.alias_draw(rng.bit_generator, prob[:0], alias[:0], 0, out)
+    assert rng.bit_generator.state == state  # refused before drawing anything
 
 
 @given(st.integers(-5, 120), st.integers(-5, 120))
