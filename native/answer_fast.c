@@ -346,7 +346,8 @@ PyObject *Directory_round_open(DirectoryObject *self, PyObject *args) {
         PyObject *pair = PyList_GET_ITEM(requests, i);
         long long *rc = pairs + 2 * i;
         if (!PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 2
-            || !PyLong_Check(PyTuple_GET_ITEM(pair, 0)) || !PyLong_Check(PyTuple_GET_ITEM(pair, 1))) {
+            || !PyLong_Check(PyTuple_GET_ITEM(pair, 0))
+            || !PyLong_Check(PyTuple_GET_ITEM(pair, 1))) {
             PyErr_SetString(PyExc_TypeError, "round_open: requests is a list of (request, "
                                              "count) tuples of ints");
             goto fail;

@@ -811,9 +811,10 @@ static PyMethodDef Directory_methods[] = {
      "hop). Indices ascend (int64 arrays); None for each when here is True."},
     {"staying", (PyCFunction)Directory_staying, METH_VARARGS,
      "staying(keys, counts) -> bytearray, a 0/1 per key: held here and not about to leave on "
-     "this node's account: owned, or a replica that counts (this node's IntentCounts) has "
-     "acted-on intent for (every replica when counts is None). Any thread, holding the GIL; "
-     "a snapshot."},
+     "this node's account: owned (and no peer's report on it deferred because a sample here "
+     "had it pinned, as far as the pins' lock is free to tell), or a replica that counts (this "
+     "node's IntentCounts) has acted-on intent for (every replica when counts is None). Any "
+     "thread, holding the GIL; a snapshot."},
     {"check_answer", (PyCFunction)Directory_check_answer, METH_VARARGS,
      "check_answer(asked, keys, positions, remaining, floats) -> None or str. Whether an "
      "answer's positions (int64) answer a worker's request of this node that asked for keys "

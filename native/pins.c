@@ -25,14 +25,14 @@ void pins_free(pins_t *p) {
 }
 
 /* Milliseconds of the monotonic clock, modulo 2^30 (a map value is a non-negative int32). */
-static int32_t now_ms(void) {
+int32_t pins_now_ms(void) {
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
     return (int32_t)(((int64_t)t.tv_sec * 1000 + t.tv_nsec / 1000000) & ((1 << 30) - 1));
 }
 
 int pins_defer(pins_t *p, int64_t key) {
-    const int32_t now = now_ms(), first = km_get(&p->deferred, key); /* -1: not deferred yet */
+    const int32_t now = pins_now_ms(), first = km_get(&p->deferred, key); /* -1: not deferred yet */
     if (first >= 0) return ((now - first) & ((1 << 30) - 1)) < PINS_MAX_DEFER_MS;
     if (km_reserve(&p->deferred, 1) < 0) return 0;
     km_put(&p->deferred, key, now);

@@ -43,6 +43,17 @@ int pins_try_change(pins_t *p, const int64_t *release, int64_t nr, const int64_t
  * as it is). */
 int pins_defer(pins_t *p, int64_t key);
 
+/* The pins' clock: milliseconds of the monotonic clock, modulo 2^30. */
+int32_t pins_now_ms(void);
+
+/* Between pins_lock and pins_unlock (any thread): whether a report on key is being deferred
+ * now (deferred less than PINS_MAX_DEFER_MS ago, at `now`, pins_now_ms's, and not taken
+ * since): a peer waits for key. */
+static inline int pins_waited(const pins_t *p, int64_t key, int32_t now) {
+    const int32_t first = km_get(&p->deferred, key);
+    return first >= 0 && ((now - first) & ((1 << 30) - 1)) < PINS_MAX_DEFER_MS;
+}
+
 /* Between pins_lock and pins_unlock (engine thread): a report on key was taken; a later one
  * may be deferred again. */
 static inline void pins_settled(pins_t *p, int64_t key) {

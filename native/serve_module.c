@@ -400,14 +400,28 @@ PyObject *Directory_staying(DirectoryObject *self, PyObject *args) {
     if (result) {
         /* The GIL stays held: the engine thread changes the counts holding it. */
         store_states(self->d.store, keys, n, out);
+        /* An owned key that a peer's report waits for (deferred less than PINS_MAX_DEFER_MS
+         * ago because a sample here had it pinned, pins.h) does not stay: the local sampler
+         * does not draw it again, so its pin ends with the sample that has it, and the report,
+         * coming again with the peer's next round, moves it. Drawn again (KGE on 2 nodes: a
+         * run draws most of a node's entities), it was pinned anew and the report deferred
+         * again, round after round. The deferred keys are read under the pins' lock, taken
+         * only if free (the engine thread may hold it while it waits for the GIL); when it is
+         * not, this call lets them stay. */
+        pins_t *pins = &self->pins;
+        const int locked = __atomic_load_n(&pins->deferred.live, __ATOMIC_RELAXED)
+                           && pthread_mutex_trylock(&pins->lock) == 0;
+        const int waits = locked && pins->deferred.live;
+        const int32_t now = waits ? pins_now_ms() : 0;
         for (int64_t i = 0; i < n; i++) {
             if (out[i] == KEY_REPLICA) {
                 const ic_rec_t *e = c ? ic_find(c, keys[i]) : NULL;
                 out[i] = !c || (e && e->count > 0);
             } else {
-                out[i] = out[i] == KEY_OWNER;
+                out[i] = out[i] == KEY_OWNER && !(waits && pins_waited(pins, keys[i], now));
             }
         }
+        if (locked) pins_unlock(pins);
     }
     PyBuffer_Release(&kv);
     return result;

@@ -30,6 +30,7 @@ from adapm._engine.state import NodeState
 from adapm._store import NONE, OWNER, REPLICA, Store
 from adapm._wire.protocol import (
     DTYPES, HOME_UPDATES, MOVE_SECTIONS, NO_MOVES, RELOCATIONS, SETUPS, Kind, Message, decode,
+    message,
 )
 
 from engine_reference import DensePolicy, Router, mask_words
@@ -995,3 +996,37 @@ def test_a_sync_answer_that_answers_an_entry_twice_is_refused():
 
     assert problem(redirecting([0, 1]), node) is None
     assert "answered twice" in problem(redirecting([0, 0]), node)
+
+
+def test_a_key_a_peer_waits_for_is_not_drawn_again_for_a_local_sample():
+    """An owner whose worker has a key pinned (its local sample, not pushed yet) defers a
+    peer's report that would relocate it; until the report is taken, the key does not stay for
+    the local sampler (``NodeState.staying``), so no later sample pins it anew and the report,
+    coming again, moves it."""
+    config = _config(2, 0, 2)
+    store = Store(config)
+    store.insert(home_keys(0, NUM_KEYS, 2), OWNER)  # 0, 2, 4, ...
+    node = NodeState(0, 2, store, config)
+    i64 = np.int64
+    none, no_rows = np.empty(0, i64), np.empty(0, np.float32)
+    keys = np.array([0, 2], i64)
+
+    def report(req_id: int) -> list:
+        """Rank 1's intent for key 0: what the owner answers."""
+        sync = message(Kind.SYNC, 1, req_id,
+                       [np.array([0], i64), np.array([0], i64), np.ones(1, np.int8), none, none,
+                        no_rows, none, none, none, none, *NO_MOVES], o=1)
+        return [ins.message for ins in node.handle(Received(sync), 1.0)]
+
+    assert node.staying(keys).tolist() == [True, True]
+    node.directory.repin(none, np.array([0], i64))  # a sample here holds key 0
+    (answer,) = report(7)
+    assert answer.kind == Kind.SYNC_RESP and node.counters["deferred_reports"] == 1
+    assert store.states(keys).tolist() == [OWNER, OWNER]
+    assert node.staying(keys).tolist() == [False, True]  # rank 1 waits for key 0
+    node.directory.repin(np.array([0], i64), none)  # the sample was pushed
+    assert node.staying(keys).tolist() == [False, True]  # until the report comes again
+    (answer,) = report(8)
+    assert node.counters["deferred_reports"] == 1 and node.counters["relocations_out"] == 1
+    assert store.states(keys).tolist() == [NONE, OWNER]
+    assert node.staying(keys).tolist() == [False, True]

@@ -911,11 +911,11 @@ class NodeState:
         return self.directory.repin if self.variant >= 0 else None
 
     def staying(self, keys: np.ndarray) -> np.ndarray:
-        """Per key (bool): held here and not about to leave on this node's own account: owned,
-        or a replica this node still has acted-on intent for (one without is dropped by the
-        next round). Any thread (a snapshot: the store's states and the intent counts are
-        safe to read while the engine works). The ``local`` sampler draws only these, so a
-        sampled key's push stays local (with the pins of :meth:`sample_pins`)."""
+        """Per key (bool): held here and not about to leave on this node's own account: owned
+        (and no peer's report on it deferred for a pin, see :meth:`sample_pins`), or a replica
+        this node still has acted-on intent for (one without is dropped by the next round).
+        Any thread (a snapshot). The ``local`` sampler draws only these, so a sampled key's
+        push stays local (with the pins), and a key a peer waits for is not pinned anew."""
         # One native pass (Directory.staying); replicas of every key (full replication, no
         # intent counts) never go.
         counts = self.intents.native if self.intents is not None else None
