@@ -276,8 +276,8 @@ class WorkerSampler:
 
         With replacement only the keys drawn again are looked at again (a look at which keys
         stay is one pass over the keys asked: KGE on 2 nodes draws 2,400 a run and nearly
-        always a few again); the callers that pin look at all of them once more after the
-        pins (``_hold``, ``_pull_local``), which is what keeps a key here."""
+        always a few again). What keeps a key here is its pin, and the callers look after
+        pinning: ``_hold`` at which keys stay, ``_pull_local`` by reading them."""
         replacement = self._sampling.replacement
         for attempt in range(_MAX_REDRAW_ROUNDS):
             where = np.flatnonzero(bad)

@@ -129,4 +129,3 @@ class Outbox:
         for dst, messages in by_peer.items():
             transport.send(dst, messages)
         return round_peers, list(by_peer)
-
