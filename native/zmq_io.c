@@ -432,26 +432,25 @@ static PyObject *ZmqIO_wake(ZmqIOObject *self, PyObject *unused) {
     Py_RETURN_NONE;
 }
 
-/* sent_at() -> [seconds]: see the method table. */
-static PyObject *ZmqIO_sent_at(ZmqIOObject *self, PyObject *unused) {
-    PyObject *out = PyList_New(self->world);
-    for (Py_ssize_t r = 0; out && r < self->world; r++) {
-        PyObject *v = PyFloat_FromDouble(self->sent_at[r]);
+/* A list of n floats (one per rank). */
+static PyObject *floats_by_rank(const double *at, Py_ssize_t n) {
+    PyObject *out = PyList_New(n);
+    for (Py_ssize_t r = 0; out && r < n; r++) {
+        PyObject *v = PyFloat_FromDouble(at[r]);
         if (!v) Py_CLEAR(out);
         else PyList_SET_ITEM(out, r, v);
     }
     return out;
 }
 
+/* sent_at() -> [seconds]: see the method table. */
+static PyObject *ZmqIO_sent_at(ZmqIOObject *self, PyObject *unused) {
+    return floats_by_rank(self->sent_at, self->world);
+}
+
 /* heard_at() -> [seconds]: see the method table. */
 static PyObject *ZmqIO_heard_at(ZmqIOObject *self, PyObject *unused) {
-    PyObject *out = PyList_New(self->world);
-    for (Py_ssize_t r = 0; out && r < self->world; r++) {
-        PyObject *v = PyFloat_FromDouble(self->heard_at[r]);
-        if (!v) Py_CLEAR(out);
-        else PyList_SET_ITEM(out, r, v);
-    }
-    return out;
+    return floats_by_rank(self->heard_at, self->world);
 }
 
 /* counters() -> {name: count} of the fast path (traffic names, added to the transport's). */
