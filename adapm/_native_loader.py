@@ -17,3 +17,9 @@ def load(name: str = "adapm._native"):
             f"adapm's native extension {name} is not built or does not load ({exc}). "
             f"Build it with: {FIX}"
         ) from exc
+
+
+def name_thread(name: str) -> None:
+    """Names the calling OS thread (what ``top -H``, ``ps -L``, perf and gdb show; its first
+    15 bytes): the library's threads call it first, so that a profile tells them apart."""
+    load().name_thread(name)

@@ -31,6 +31,7 @@ import time
 import traceback
 from typing import Optional
 
+from .._native_loader import name_thread
 from .._wire.protocol import Kind, message
 from ..errors import AdaPMError, AdaPMTimeout, NodeFailure
 from .events import Call, Finish, Received, Request, Submitted, Tick, handed_pushes
@@ -73,8 +74,9 @@ class EngineLoop:
         # Until when the loop's poll sleeps (time.monotonic; inf before the first): wake()
         # leaves it asleep when it wakes by then anyway.
         self._asleep_until = math.inf
-        self._thread = threading.Thread(target=self._run, name=f"adapm-engine-{self.rank}",
-                                        daemon=True)
+        channel = f"-c{state.channel}" if state.channel else ""  # channel 0: as ever
+        self._thread = threading.Thread(target=self._run, daemon=True,
+                                        name=f"adapm-engine-{self.rank}{channel}")
         # A peer's pulls, pushes and sets of keys all owned here are served by the transport
         # in C, as the state would serve them (Transport.serve_owned): this loop never sees
         # them. A worker's pull of keys held elsewhere goes through the native I/O when it can
@@ -237,6 +239,8 @@ class EngineLoop:
     # --- the engine thread -------------------------------------------------------------------
 
     def _run(self) -> None:
+        # The OS thread's name leaves out the rank (its process says it): 15 bytes at most.
+        name_thread("adapm-engine" + (f"-c{self.state.channel}" if self.state.channel else ""))
         state, transport, clock = self.state, self.transport, time.monotonic
         workers, submissions = self._workers, self._submissions
         now = clock()

@@ -32,6 +32,7 @@ import zmq
 from zmq.utils import z85
 from zmq.utils.monitor import recv_monitor_message
 
+from .._native_loader import name_thread
 from ..errors import ConfigError, TransportError
 
 # libzmq asks the ZAP handler bound at this fixed endpoint of the socket's context (RFC 27).
@@ -142,6 +143,7 @@ class ZapHandler:
         self._thread.start()
 
     def _run(self) -> None:
+        name_thread("adapm-zap")
         sock = self._sock
         poller = zmq.Poller()
         poller.register(sock, zmq.POLLIN)

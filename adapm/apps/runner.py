@@ -56,6 +56,7 @@ import adapm
 
 from .. import checkpoint as checkpoints
 from .._argtypes import non_negative_int, positive_int, trace_keys
+from .._native_loader import name_thread
 from ..config import MANAGEMENT_VARIANTS
 from ..errors import AdaPMTimeout, CheckpointError, ConfigError, NodeFailure, TransportError
 from .baseline import ArrayNode
@@ -421,7 +422,7 @@ def _train(task: Task, opts, node, out, resume: Optional[_Resume] = None) -> lis
         bar = _progress(opts, node, epoch, sum(t.num_batches for t in threads))
         cpu_before = time.process_time()
         runners = [threading.Thread(target=t.run_epoch, args=(epoch, ahead_clocks),
-                                    name=f"app-worker-{i}") for i, t in enumerate(threads)]
+                                    name=f"adapm-worker-{i}") for i, t in enumerate(threads)]
         for r in runners:
             r.start()
         _watch(runners, threads, bar)
@@ -558,6 +559,7 @@ class _Thread:
             sampler.set_rng_state(state["sampler"])
 
     def run_epoch(self, epoch: int, ahead: int) -> None:
+        name_thread(threading.current_thread().name)
         try:
             self._run_epoch(epoch, ahead)
         except BaseException as exc:  # surfaced in the main thread

@@ -23,6 +23,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from .._native_loader import name_thread
 from ..errors import AdaPMError, ConfigError
 from . import schema
 
@@ -178,6 +179,7 @@ class TraceRecorder:
     # --- the writer thread --------------------------------------------------------------------
 
     def _write_loop(self) -> None:
+        name_thread("adapm-trace")
         while True:
             item = self._queue.get()
             if item is None:
