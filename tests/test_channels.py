@@ -10,6 +10,7 @@ and counted; nodes that disagree on the number of channels are refused at the re
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -308,3 +309,22 @@ def test_every_nodes_home_keys_spread_evenly_over_channels(keys, world_size, cha
     home = np.arange(0, 1000 * world_size * channels, world_size)  # rank 0's home keys
     counts = np.bincount(channel_of(home, world_size, channels), minlength=channels)
     assert counts.min() == counts.max()
+
+
+def _thread_names_job(node):
+    """The OS names of this process's threads (Linux: /proc), and Python's."""
+    names = set()
+    for task in os.listdir("/proc/self/task"):
+        with open(f"/proc/self/task/{task}/comm") as fh:
+            names.add(fh.read().strip())
+    return sorted(names), sorted(t.name for t in threading.enumerate())
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="reads Linux's /proc")
+def test_each_channels_engine_thread_names_itself():
+    """top -H, perf and gdb tell the engine threads from the workers and from each other."""
+    config = dict(FAST, num_keys=NUM_KEYS, value_length=DIM, channels=2)
+    results = run_cluster(_thread_names_job, 2, timeout_s=90, config=config)
+    for rank, (os_names, py_names) in enumerate(results):
+        assert {"adapm-engine", "adapm-engine-c1"} <= set(os_names), os_names
+        assert {f"adapm-engine-{rank}", f"adapm-engine-{rank}-c1"} <= set(py_names), py_names
