@@ -53,6 +53,9 @@ class WorkerSampler:
     (until the worker's next clock), in place of or (``add``) beside the keys pinned already.
     ``staying(keys)`` says per key whether it is held here and stays (the ``local`` scheme
     draws only those); None on a single node, which holds every key for good.
+    ``draw_held(bit_generator, pool, out, rounds) -> int`` (``NodeState.held_draw``), where
+    given, draws a uniform sample with replacement among the pool's keys that stay and pins
+    each as it keeps it, in one call; ``pin(keys, add=True, held=True)`` then only notes them.
     """
 
     def __init__(self, sampling: "Sampling", store: SampleStore, pool: "SamplePool", *,
@@ -62,7 +65,8 @@ class WorkerSampler:
                  pull: Callable[[np.ndarray, Optional[np.ndarray]], np.ndarray],
                  missing_buffer: Callable[[int], np.ndarray],
                  pin: Callable[..., None],
-                 staying: Optional[Callable[[np.ndarray], np.ndarray]]) -> None:
+                 staying: Optional[Callable[[np.ndarray], np.ndarray]],
+                 draw_held: Optional[Callable[..., int]] = None) -> None:
         self._sampling = sampling
         self._store = store
         self._pool = pool
@@ -74,6 +78,7 @@ class WorkerSampler:
         self._missing_buffer = missing_buffer
         self._pin = pin
         self._staying = staying
+        self._draw_held = draw_held
         self._rng = np.random.default_rng([sampling.seed, rank, index])
         self._prepared: dict[int, tuple[int, Optional[np.ndarray]]] = {}
         self._next_handle = 0
@@ -169,6 +174,8 @@ class WorkerSampler:
             for i in range(count):
                 out[i * n:(i + 1) * n] = self._rng.integers(0, pool.count, n, dtype=np.int64)
             out[:] = pool.keys[out]
+        elif several and s.weights is None and s.replacement and self._held_drawn(out):
+            pass  # drawn among the keys that stay and pinned, in one native call
         elif several and s.weights is None and s.replacement:
             # A node of a multi-node job: its draws depend on which keys stay here anyway, so
             # no sequence is kept: one draw of all the samples, one look at which stay, where
@@ -181,15 +188,33 @@ class WorkerSampler:
             bad = self._unfit(out, local=True)
             if bad.any():
                 self._redraw(out, bad, local=True)
+            self._hold(out)
         else:
             for i in range(count):
                 out[i * n:(i + 1) * n] = self._draw(n, local=local)
-        if several:
-            self._hold(out)
+            if several:
+                self._hold(out)
         counters = self._counters
         counters["sampled_keys"] += total
         counters["sampled_local_keys"] += total
         return out
+
+    def _held_drawn(self, out: np.ndarray) -> bool:
+        """``out`` drawn among the keys that stay here and pinned beside this clock's pins, by
+        ``draw_held`` (one native pass that tests and pins each key under the pins' lock, so
+        nothing the engine decides falls between the two, where :meth:`_hold` tests again
+        after pinning). False, nothing drawn, where there is no such call or the pins are busy
+        (the engine thread has them): the caller takes the steps one by one."""
+        if self._draw_held is None:
+            return False
+        bit_generator = self._rng.bit_generator
+        with bit_generator.lock:
+            got = self._draw_held(bit_generator, self._pool, out, 1 + _MAX_REDRAW_ROUNDS)
+        if got == -2:
+            raise self._gave_up(len(out))
+        if got == 0:
+            self._pin(out, add=True, held=True)
+        return got == 0
 
     def _hold(self, keys: np.ndarray) -> None:
         """Pins ``keys`` (drawn among the keys that stay here) beside this clock's pins, then

@@ -275,3 +275,9 @@ class SamplePool:
     def count(self) -> int:
         """How many keys the pool holds now (a snapshot)."""
         return int(self._count[0])
+
+    @property
+    def counter(self) -> np.ndarray:
+        """The one-entry int64 array the store keeps :attr:`count` in, for native readers that
+        read it live (``Directory.draw_held``); not to be written."""
+        return self._count

@@ -106,7 +106,8 @@ class Worker:
                 pull=self.pull, missing_buffer=self._missing_buffer, pin=self._pin_sample,
                 # What the local sampler may draw: keys that stay here (None: every key, for
                 # good, on a single node).
-                staying=self._engine.state.staying if self._engine is not None else None)
+                staying=self._engine.state.staying if self._engine is not None else None,
+                draw_held=self._engine.state.held_draw() if self._engine is not None else None)
 
     @property
     def node(self) -> "Node":
@@ -402,16 +403,20 @@ class Worker:
             _yield_core()
         return self.clock
 
-    def _pin_sample(self, keys: np.ndarray, add: bool = False) -> None:
+    def _pin_sample(self, keys: np.ndarray, add: bool = False, held: bool = False) -> None:
         """Pin the keys of a local sample just read (until the next clock; see __init__): in
-        place of the keys pinned so far this clock, or with ``add`` beside them."""
+        place of the keys pinned so far this clock, or with ``add`` beside them; ``held``: they
+        are pinned already (``NodeState.held_draw``), to be released with the others."""
         if self._repin is not None:
-            pinned = self._pinned
+            pinned, take = self._pinned, _NO_KEYS if held else keys
             if add and pinned is not None:
-                self._repin(_NO_KEYS, keys)
+                if len(take):
+                    self._repin(_NO_KEYS, take)
                 self._pinned = np.concatenate([pinned, keys])
             else:
-                self._repin(_NO_KEYS if pinned is None else pinned, keys)
+                release = _NO_KEYS if pinned is None or add else pinned
+                if len(release) or len(take):
+                    self._repin(release, take)
                 self._pinned = keys.copy()  # the caller owns ``keys``
 
     # --- completion --------------------------------------------------------------------------

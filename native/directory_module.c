@@ -815,6 +815,14 @@ static PyMethodDef Directory_methods[] = {
      "had it pinned, as far as the pins' lock is free to tell), or a replica that counts (this "
      "node's IntentCounts) has acted-on intent for (every replica when counts is None). Any "
      "thread, holding the GIL; a snapshot."},
+    {"draw_held", (PyCFunction)Directory_draw_held, METH_VARARGS,
+     "draw_held(bit_generator, pool, pool_count, counts, out, rounds) -> int. Fills out (int64) "
+     "with keys drawn uniformly from pool[:pool_count[0]] (the count read live) with the numpy "
+     "BitGenerator (the caller holds its lock), keeping each key that stays (staying's test) "
+     "and pinning it once as it is kept, under the pins' lock; a key that does not stay is "
+     "drawn again, up to rounds times. 0: every key pinned; -1: the pins were busy, nothing "
+     "drawn (take the other path); -2: gave up, nothing pinned. Any thread, holding the GIL "
+     "throughout (one channel only)."},
     {"check_answer", (PyCFunction)Directory_check_answer, METH_VARARGS,
      "check_answer(asked, keys, positions, remaining, floats) -> None or str. Whether an "
      "answer's positions (int64) answer a worker's request of this node that asked for keys "

@@ -104,6 +104,7 @@ PyObject *Directory_serve_sync(DirectoryObject *self, PyObject *args);
 PyObject *Directory_moves_in(DirectoryObject *self, PyObject *args);
 PyObject *Directory_route_own(DirectoryObject *self, PyObject *args);
 PyObject *Directory_staying(DirectoryObject *self, PyObject *args);
+PyObject *Directory_draw_held(DirectoryObject *self, PyObject *args); /* held_draw.c */
 PyObject *Directory_check_answer(DirectoryObject *self, PyObject *args);
 
 void sync_fast_free(sync_fast_t *f); /* sync_fast.c */

@@ -11,6 +11,7 @@
 #include "check.h"
 #include "slots.h"
 #include "intents.h"
+#include "sampling.h"
 #include "store.h"
 #include "sync_fast.h"
 
@@ -92,6 +93,10 @@ static inline int borrow(PyObject *obj, Py_buffer *view, Py_ssize_t itemsize, in
     }
     return 0;
 }
+
+/* The C interface of a numpy BitGenerator (its capsule "BitGenerator"), or NULL with TypeError
+ * naming what. The caller holds the generator's lock while it draws (native_module.c). */
+np_bitgen_t *np_bitgen_of(PyObject *obj, const char *what);
 
 extern PyTypeObject StoreType;
 

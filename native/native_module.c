@@ -172,13 +172,8 @@ done:
     return PyErr_Occurred() ? NULL : PyLong_FromLongLong(count);
 }
 
-/* alias_draw(bit_generator, prob, alias, low, out, sizes=None) -> None: see the method table. */
-static PyObject *alias_draw_py(PyObject *module, PyObject *args) {
-    PyObject *obitgen, *oprob, *oalias, *oout, *osizes = Py_None;
-    long long low;
-    if (!PyArg_ParseTuple(args, "OOOLO|O", &obitgen, &oprob, &oalias, &low, &oout, &osizes))
-        return NULL;
-    PyObject *capsule = PyObject_GetAttrString(obitgen, "capsule");
+np_bitgen_t *np_bitgen_of(PyObject *obj, const char *what) {
+    PyObject *capsule = PyObject_GetAttrString(obj, "capsule");
     np_bitgen_t *g = NULL;
     if (capsule) {
         if (PyCapsule_IsValid(capsule, "BitGenerator"))
@@ -189,11 +184,20 @@ static PyObject *alias_draw_py(PyObject *module, PyObject *args) {
     } else {
         return NULL;
     }
-    if (!g) {
-        PyErr_SetString(PyExc_TypeError, "alias_draw: bit_generator must be a numpy "
-                                         "BitGenerator (its capsule 'BitGenerator')");
+    if (!g)
+        PyErr_Format(PyExc_TypeError, "%s: bit_generator must be a numpy BitGenerator (its "
+                     "capsule 'BitGenerator')", what);
+    return g;
+}
+
+/* alias_draw(bit_generator, prob, alias, low, out, sizes=None) -> None: see the method table. */
+static PyObject *alias_draw_py(PyObject *module, PyObject *args) {
+    PyObject *obitgen, *oprob, *oalias, *oout, *osizes = Py_None;
+    long long low;
+    if (!PyArg_ParseTuple(args, "OOOLO|O", &obitgen, &oprob, &oalias, &low, &oout, &osizes))
         return NULL;
-    }
+    np_bitgen_t *g = np_bitgen_of(obitgen, "alias_draw");
+    if (!g) return NULL;
     Py_buffer v[4];
     int got = 0;
     PyObject *result = NULL;

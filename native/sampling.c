@@ -53,6 +53,20 @@ static inline uint32_t bounded_u32(np_bitgen_t *g, uint32_t bound) {
     return (uint32_t)(m >> 32);
 }
 
+uint64_t sample_bounded(np_bitgen_t *g, uint64_t bound) {
+    if (bound - 1 < 0xFFFFFFFFULL) return bounded_u32(g, (uint32_t)bound);
+    unsigned __int128 m = (unsigned __int128)g->next_uint64(g->state) * bound;
+    uint64_t low = (uint64_t)m;
+    if (low < bound) {
+        const uint64_t threshold = (0 - bound) % bound; /* 2^64 mod bound */
+        while (low < threshold) {
+            m = (unsigned __int128)g->next_uint64(g->state) * bound;
+            low = (uint64_t)m;
+        }
+    }
+    return (uint64_t)(m >> 64);
+}
+
 void alias_draw(np_bitgen_t *g, const double *prob, const int64_t *alias, int64_t m,
                 int64_t low, const int64_t *sizes, int64_t nsizes, int64_t *out) {
     for (int64_t s = 0; s < nsizes; s++) {

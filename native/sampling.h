@@ -36,6 +36,10 @@ typedef struct {
 void alias_draw(np_bitgen_t *g, const double *prob, const int64_t *alias, int64_t m,
                 int64_t low, const int64_t *sizes, int64_t nsizes, int64_t *out);
 
+/* A uniform integer in [0, bound), 0 < bound: below 2^32 as alias_draw's (Lemire's method over
+ * next_uint32), else over next_uint64. */
+uint64_t sample_bounded(np_bitgen_t *g, uint64_t bound);
+
 /* The pool: pool[0..count) are the keys of [low, high) held here, in no order; pos[k - low] is
  * k's index in pool, or -1. One writer (the thread that moves keys in and out); readers may read
  * pool[] concurrently and must check that a drawn key is still held. */

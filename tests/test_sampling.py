@@ -289,6 +289,72 @@ def test_local_draws_never_go_remote_while_keys_move():
     assert sum(s["syncs_served_natively"] for s, _, _ in results) > 0
 
 
+def _sample_keys_job(node):
+    """sample_keys while the mover keeps keys moving: every run's keys held here and pinned
+    once per draw until the next clock, their pushes local."""
+    w = node.worker()
+    stop = threading.Event()
+    errors = []
+
+    def guarded():
+        try:
+            _mover(node, stop)
+        except Exception as exc:  # surfaced below
+            errors.append(exc)
+
+    mover = threading.Thread(target=guarded)
+    mover.start()
+    directory, store = node.engine.state.directory, node.engine.state.store
+    bad_held = bad_pins = 0
+    try:
+        for _ in range(200):
+            keys = w.sample_keys(60, 4)
+            bad_held += int(np.count_nonzero(store.states(keys) == NONE))
+            # Pinned as often as drawn (the mover's worker pins nothing).
+            pins = np.frombuffer(directory.pinned(keys), dtype=np.int32)
+            bad_pins += int(np.count_nonzero(pins != np.bincount(keys)[keys]))
+            w.push(keys, np.ones((len(keys), 4), np.float32))
+            w.advance_clock()
+    finally:
+        stop.set()
+        mover.join()
+    if errors:
+        raise errors[0]
+    every = np.arange(DOMAIN, dtype=np.int64)
+    left = np.frombuffer(directory.pinned(every), dtype=np.int32)
+    # The native draw refuses bad arguments, and gives up (-2, nothing pinned) on a pool of
+    # keys none of which is held here.
+    pool, bits, out = store.sample_pool, np.random.default_rng(0).bit_generator, np.empty(9, int)
+    refused = []
+    for args in ((np.random.default_rng(0), pool.keys, pool.counter, None, out, 5),
+                 (bits, pool.keys, pool.counter[:0], None, out, 5),
+                 (bits, pool.keys, pool.counter, None, out, 0),
+                 (bits, pool.keys, pool.counter, None, out.astype(np.int32), 5)):
+        try:
+            directory.draw_held(*args)
+        except (TypeError, ValueError) as exc:
+            refused.append(type(exc).__name__)
+    elsewhere = every[store.states(every) == NONE]
+    gave_up = directory.draw_held(bits, elsewhere, np.array([len(elsewhere)]), None, out, 3) \
+        if len(elsewhere) else -2
+    left += np.frombuffer(directory.pinned(every), dtype=np.int32)
+    w.wait()
+    return (bad_held, bad_pins, int(np.count_nonzero(left)), node.stats(), refused, gave_up)
+
+
+def test_sample_keys_are_held_and_pinned_until_the_next_clock():
+    config = dict(num_keys=DOMAIN, value_length=4, sampling=adapm.Sampling(0, DOMAIN), **FAST)
+    results = run_cluster(_sample_keys_job, 2, config=config, timeout_s=120)
+    for rank, (bad_held, bad_pins, left, s, refused, gave_up) in enumerate(results):
+        assert refused == ["TypeError", "ValueError", "ValueError", "TypeError"], refused
+        assert gave_up == -2, gave_up
+        assert bad_held == 0, f"rank {rank}: {bad_held} sampled keys not held here"
+        assert bad_pins == 0, f"rank {rank}: {bad_pins} sampled keys pinned otherwise than drawn"
+        assert left == 0, f"rank {rank}: {left} keys still pinned after the last clock"
+        assert s["sampled_keys"] == 200 * 240 and s["remote_push_keys"] == 0, (rank, s)
+        assert s["relocations_in"] + s["replica_setups"] > 0, "no key moved: the test is void"
+
+
 @pytest.mark.parametrize("scheme", ["local", "naive"])
 def test_pull_sample_into_out(scheme):
     lengths = np.where(np.arange(60) < 40, 3, 5)  # the domain [0, 40) has one length

@@ -137,6 +137,11 @@ class ChannelStates:
                     pins[c](gone, new)
         return repin
 
+    def held_draw(self):
+        """None: a sample's keys span the channels, each with pins of its own, so the sampler
+        draws, checks and pins them in steps (``staying``, :meth:`sample_pins`)."""
+        return None
+
     @property
     def counters(self) -> dict:
         return _summed(state.counters for state in self.states)

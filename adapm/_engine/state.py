@@ -116,9 +116,8 @@ class NodeState:
         self.store = store
         self.config = config
         self.policy = make_policy(config.management)
-        # Routing (hints, forward pointers, the home table), epochs and the owner's masks (only
-        # for the variants that act on intent) live in the native directory, which serves
-        # SYNCs, decides and relocates over them and the store.
+        # Routing (hints, forward pointers, the home table), epochs and the owner's masks (for
+        # the variants that act on intent) live in the native directory, which serves SYNCs.
         self.variant = self.policy.variant  # native/policy.h; -1: no masks
         masks = self.variant >= 0
         self.directory = _native.Directory(store.native, rank, world_size, masks,
@@ -218,8 +217,7 @@ class NodeState:
 
         Messages this node posts to itself are handled before returning, after the event, in
         the order posted. An exception means a broken invariant or a peer's bad message: the
-        node cannot go on (the loop fails every waiting call with it).
-        """
+        node cannot go on (the loop fails every waiting call with it)."""
         self.now = now
         self.posting.out = []
         taken = self.directory.native_taken()
@@ -403,8 +401,7 @@ class NodeState:
         messages per node and round, half of them forwarded again). A delta or check for a key
         that went to the origin itself (it crossed the relocation) goes back in the answer,
         which carries the relocation too. A key on its way here waits here; other deltas and
-        checks are forwarded (a delta must reach the owner).
-        """
+        checks are forwarded (a delta must reach the owner)."""
         answer, decision, rest_index, rest_hop = self.directory.serve_sync(
             self.variant, msg.header["o"], *msg.arrays[:10])
         if decision is not None:
@@ -841,8 +838,7 @@ class NodeState:
         An owner answers an intent report only after it sent the relocation or replica it
         decided on, over the same connection, so the keys have arrived by then. (Under
         ``relocation_only`` a key that several nodes want follows the latest of them, so it may
-        have moved on again.)
-        """
+        have moved on again.)"""
         return self.worker_intents[worker].served(clock, self.intents)
 
     # --- barrier (rank 0 counts arrivals) --------------------------------------------------------
@@ -903,12 +899,17 @@ class NodeState:
         sample a worker pulled and has not pushed yet are pinned, and a key does not leave
         while pinned: a report that would relocate it is answered "report again" (native
         ``dir_sync_plan``), and the end of this node's intent for a pinned replica is reported
-        a round later (:meth:`_build_round`). Before, such keys left between the worker's pull
-        and its push, which then went remote: most of KGE's remote accesses. The key still
-        goes where it is wanted, a round or so later (an earlier try gave the other node a
-        replica instead, and the staleness of those replicas cost KGE quality). None for the
-        variants that do not act on intent."""
+        a round later (:meth:`_build_round`); else the push would go remote (most of KGE's
+        remote accesses once). None for the variants that do not act on intent."""
         return self.directory.repin if self.variant >= 0 else None
+
+    def held_draw(self):
+        """``draw(bit_generator, pool, out, rounds) -> int`` for the ``local`` sampler: ``out``
+        drawn among the pool's keys that stay, each pinned as kept (``Directory.draw_held``;
+        any thread, the generator's lock held). None for the variants that do not pin."""
+        directory, counts = self.directory, self.intents.native if self.intents else None
+        return None if self.variant < 0 else lambda bitgen, pool, out, rounds: \
+            directory.draw_held(bitgen, pool.keys, pool.counter, counts, out, rounds)
 
     def staying(self, keys: np.ndarray) -> np.ndarray:
         """Per key (bool): held here and not about to leave on this node's own account: owned
@@ -916,8 +917,7 @@ class NodeState:
         this node still has acted-on intent for (one without is dropped by the next round).
         Any thread (a snapshot). The ``local`` sampler draws only these, so a sampled key's
         push stays local (with the pins), and a key a peer waits for is not pinned anew."""
-        # One native pass (Directory.staying); replicas of every key (full replication, no
-        # intent counts) never go.
+        # One native pass (Directory.staying); without intent counts every replica stays.
         counts = self.intents.native if self.intents is not None else None
         return np.frombuffer(self.directory.staying(keys, counts), dtype=bool)
 
