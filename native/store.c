@@ -110,15 +110,19 @@ static inline __attribute__((always_inline)) void prefetch_row(const store_t *s,
     if (raw < 0) return;
     const int64_t slot = SLOT_OFFSET(raw);
     if (slot >= s->slab_floats) return; /* an entry reused meanwhile: a hint only */
-    const char *p = (const char *)(s->slab + slot);
     int64_t bytes = (sh.row_len ? sh.row_len : s->lens[key]) * (int64_t)sizeof(float);
     if (bytes > PREFETCH_ROW_LINES * 64) bytes = PREFETCH_ROW_LINES * 64;
     /* A row need not start on a line boundary: touch its first and every following line. */
-    const char *end = p + bytes;
+    const char *p = (const char *)(s->slab + slot), *end = p + bytes;
     for (p = (const char *)((uintptr_t)p & ~(uintptr_t)63); p < end; p += 64) {
         if (for_write) __builtin_prefetch(p, 1, 3);
         else __builtin_prefetch(p, 0, 3);
     }
+    /* A replica's update is added to its delta row too (scatter_one), another region. */
+    if (!for_write || !(raw & REPLICA_BIT)) return;
+    p = (const char *)(s->delta + slot);
+    for (end = p + bytes, p = (const char *)((uintptr_t)p & ~(uintptr_t)63); p < end; p += 64)
+        __builtin_prefetch(p, 1, 3);
 }
 
 /* Before a batch loop: the home indices of its first keys (prefetch_ahead does the rest). */
@@ -282,13 +286,16 @@ static inline __attribute__((always_inline)) int scatter_one(const store_t *s, i
         const int64_t slot = SLOT_OFFSET(raw);
         float *dst = s->slab + slot;
         if (!replica) bump_version(s, h, e);
-        if (mode == 0) {
-            for (int64_t j = 0; j < len; j++) dst[j] += src[j];
-            if (replica) {
-                float *d = s->delta + slot;
-                for (int64_t j = 0; j < len; j++) d[j] += src[j];
-                if (!(raw & DIRTY_BIT)) __atomic_store_n(&e->raw, raw | DIRTY_BIT, __ATOMIC_RELAXED);
+        if (mode == 0 && replica) { /* its row and its delta row in one pass over src */
+            float *restrict row = dst, *restrict d = s->delta + slot;
+            const float *restrict u = src;
+            for (int64_t j = 0; j < len; j++) {
+                row[j] += u[j];
+                d[j] += u[j];
             }
+            if (!(raw & DIRTY_BIT)) __atomic_store_n(&e->raw, raw | DIRTY_BIT, __ATOMIC_RELAXED);
+        } else if (mode == 0) {
+            for (int64_t j = 0; j < len; j++) dst[j] += src[j];
         } else {
             memcpy(dst, src, (size_t)len * sizeof(float));
         }
