@@ -101,6 +101,16 @@ static inline __attribute__((always_inline)) int64_t prefetch_dir(const store_t 
     return h;
 }
 
+/* The first lines of a row, for writing (hints). */
+static inline __attribute__((always_inline)) void prefetch_lines(const float *row,
+                                                                 int64_t floats) {
+    int64_t bytes = floats * (int64_t)sizeof(float);
+    if (bytes > PREFETCH_ROW_LINES * 64) bytes = PREFETCH_ROW_LINES * 64;
+    const char *p = (const char *)row, *end = p + bytes;
+    for (p = (const char *)((uintptr_t)p & ~(uintptr_t)63); p < end; p += 64)
+        __builtin_prefetch(p, 1, 3);
+}
+
 static inline __attribute__((always_inline)) void prefetch_row(const store_t *s,
                                                                const held_table_t *t,
                                                                int64_t key, int64_t h,
@@ -119,10 +129,28 @@ static inline __attribute__((always_inline)) void prefetch_row(const store_t *s,
         else __builtin_prefetch(p, 0, 3);
     }
     /* A replica's update is added to its delta row too (scatter_one), another region. */
-    if (!for_write || !(raw & REPLICA_BIT)) return;
-    p = (const char *)(s->delta + slot);
-    for (end = p + bytes, p = (const char *)((uintptr_t)p & ~(uintptr_t)63); p < end; p += 64)
-        __builtin_prefetch(p, 1, 3);
+    if (for_write && (raw & REPLICA_BIT)) prefetch_lines(s->delta + slot, bytes / 4);
+}
+
+/* The engine's passes over replicas in an answer's or a round's order (store_refresh,
+ * store_take_deltas_to), working on key i: the directory entry and stripe of the key
+ * 2 * PREFETCH_AHEAD on, the rows of the one PREFETCH_AHEAD on (its delta row, and its slab row
+ * if `slab`). Hints only: an entry changed meanwhile costs a useless prefetch. */
+static inline void prefetch_replica(const store_t *s, const int64_t *keys, int64_t i,
+                                    int64_t n, int slab) {
+    const int64_t far = i + 2 * PREFETCH_AHEAD, near = i + PREFETCH_AHEAD;
+    if (far < n) {
+        store_prefetch(s, keys[far]);
+        __builtin_prefetch(store_stripe(s, keys[far]), 1, 3);
+    }
+    if (near >= n) return;
+    held_entry_t *e;
+    const int64_t raw = store_lookup(s, keys[near], &e);
+    if (raw < 0 || !(raw & REPLICA_BIT)) return;
+    const int64_t slot = SLOT_OFFSET(raw), len = key_len(s, keys[near]);
+    if (slot + len > s->slab_floats) return;
+    if (slab) prefetch_lines(s->slab + slot, len);
+    prefetch_lines(s->delta + slot, len);
 }
 
 /* Before a batch loop: the home indices of its first keys (prefetch_ahead does the rest). */
@@ -539,6 +567,7 @@ int64_t store_take_deltas_to(const store_t *s, const int64_t *keys, int64_t n, f
                    > base_floats)
             return -1;
     for (int64_t i = 0; i < n; i++) {
+        prefetch_replica(s, keys, i, n, 0);
         const int64_t key = keys[i], len = key_len(s, key);
         float *out = base + offsets[i];
         uint64_t *seq = store_stripe(s, key);
@@ -568,6 +597,7 @@ int64_t store_refresh(const store_t *s, const int64_t *keys, int64_t n, const fl
                       int64_t vals_floats, const int64_t *versions, int promote, double now) {
     int64_t off = 0, changed = 0;
     for (int64_t i = 0; i < n; i++) {
+        prefetch_replica(s, keys, i, n, 1);
         const int64_t key = keys[i];
         const int64_t len = key_len(s, key);
         if (off + len > vals_floats) return -1;
