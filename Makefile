@@ -43,7 +43,7 @@ test-slow: install
 
 # Every benchmark that has a quick mode, each against its peer in the same run (about 6
 # minutes here); the full runs, their tables and the rest: docs/benchmarks.md.
-BENCHES := store remote engine adaptive kge mf wv ctr threads gil auth trace
+BENCHES := store replicas remote engine adaptive kge mf wv ctr threads gil auth trace
 bench: install
 	@for b in $(BENCHES); do \
 		echo "== bench/$$b.py --quick"; \
