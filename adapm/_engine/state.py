@@ -907,9 +907,9 @@ class NodeState:
         """``draw(bit_generator, pool, out, rounds) -> int`` for the ``local`` sampler: ``out``
         drawn among the pool's keys that stay, each pinned as kept (``Directory.draw_held``;
         any thread, the generator's lock held). None for the variants that do not pin."""
-        directory, counts = self.directory, self.intents.native if self.intents else None
+        counts = self.intents.native if self.intents is not None else None
         return None if self.variant < 0 else lambda bitgen, pool, out, rounds: \
-            directory.draw_held(bitgen, pool.keys, pool.counter, counts, out, rounds)
+            self.directory.draw_held(bitgen, pool.keys, pool.counter, counts, out, rounds)
 
     def staying(self, keys: np.ndarray) -> np.ndarray:
         """Per key (bool): held here and not about to leave on this node's own account: owned
