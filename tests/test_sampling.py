@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 
@@ -223,13 +224,10 @@ def _mover(node, stop):
         w.wait_sync()
 
 
-def _local_job(node):
-    w = node.worker()
-    if node.rank == 0:
-        keys = np.arange(DOMAIN)
-        w.set(keys, np.repeat(keys, 4).reshape(-1, 4).astype(np.float32))
-        w.wait()
-    node.barrier()
+@contextlib.contextmanager
+def _keys_moving(node):
+    """A thread runs :func:`_mover` on ``node`` while the block runs; its error, if any, is
+    raised after the block."""
     stop = threading.Event()
     errors = []
 
@@ -241,9 +239,25 @@ def _local_job(node):
 
     mover = threading.Thread(target=guarded)
     mover.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        mover.join()
+    if errors:
+        raise errors[0]
+
+
+def _local_job(node):
+    w = node.worker()
+    if node.rank == 0:
+        keys = np.arange(DOMAIN)
+        w.set(keys, np.repeat(keys, 4).reshape(-1, 4).astype(np.float32))
+        w.wait()
+    node.barrier()
     wrong = 0
     zeros = np.zeros((100, 4), np.float32)
-    try:
+    with _keys_moving(node):
         for _ in range(300):
             keys, values = w.pull_sample(w.prepare_sample(100, w.clock))
             wrong += int(np.count_nonzero(values != keys[:, None]))
@@ -251,11 +265,6 @@ def _local_job(node):
             # read until the next clock), whatever the engine decides meanwhile.
             w.push(keys, zeros)
             w.advance_clock()
-    finally:
-        stop.set()
-        mover.join()
-    if errors:
-        raise errors[0]
     node.barrier()
     # No node starts a round from here on, so nothing moves any more (a round's moves reach a
     # node before the barrier's release): the pool must hold exactly the domain's held keys,
@@ -293,20 +302,9 @@ def _sample_keys_job(node):
     """sample_keys while the mover keeps keys moving: every run's keys held here and pinned
     once per draw until the next clock, their pushes local."""
     w = node.worker()
-    stop = threading.Event()
-    errors = []
-
-    def guarded():
-        try:
-            _mover(node, stop)
-        except Exception as exc:  # surfaced below
-            errors.append(exc)
-
-    mover = threading.Thread(target=guarded)
-    mover.start()
     directory, store = node.engine.state.directory, node.engine.state.store
     bad_held = bad_pins = 0
-    try:
+    with _keys_moving(node):
         for _ in range(200):
             keys = w.sample_keys(60, 4)
             bad_held += int(np.count_nonzero(store.states(keys) == NONE))
@@ -315,11 +313,6 @@ def _sample_keys_job(node):
             bad_pins += int(np.count_nonzero(pins != np.bincount(keys)[keys]))
             w.push(keys, np.ones((len(keys), 4), np.float32))
             w.advance_clock()
-    finally:
-        stop.set()
-        mover.join()
-    if errors:
-        raise errors[0]
     every = np.arange(DOMAIN, dtype=np.int64)
     left = np.frombuffer(directory.pinned(every), dtype=np.int32)
     # The native draw refuses bad arguments, and gives up (-2, nothing pinned) on a pool of
