@@ -4,12 +4,10 @@
  * the pins' lock, so that no decision of the engine falls between the test and the pin (the
  * engine holds the pins from its own test of a key to the key's leaving: dir_sync_pins); the
  * others drawn again. One call where the sampler took a numpy draw, two staying passes, a pin
- * pass and numpy's work between them (KGE on 2 nodes: ~11% of a worker's CPU). */
+ * pass and numpy's work between them (KGE on 2 nodes: 11% of a worker's CPU then, half now). */
 #include "directory_object.h"
 #include "pins.h"
 #include "sampling.h"
-
-#include <string.h>
 
 /* Whether key stays here: owned and no peer's report on it deferred now (waits: the deferrals
  * are read), or a replica this node has acted-on intent for (c NULL: every replica stays). */
