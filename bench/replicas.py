@@ -76,26 +76,24 @@ def main(argv=None) -> int:
     refresh = None
     for name, other, domain in cases:
         store = _store(other)
-        size = BATCH
-        batches = [rng.choice(domain, size, replace=False).astype(np.int64)
+        batches = [rng.choice(domain, BATCH, replace=False).astype(np.int64)
                    for _ in range(nbatches)]
-        out = np.empty((size, LENGTH), np.float32)
-        update = np.full((size, LENGTH), 1 / 1024, np.float32)
-        missing = np.empty(size, np.int64)
-        gather = _best(lambda b: store.gather(b, out, missing), batches, reps)
-        scatter = _best(lambda b: store.scatter_add(b, update, missing), batches, reps)
+        out = np.empty((BATCH, LENGTH), np.float32)
+        update = np.full((BATCH, LENGTH), 1 / 1024, np.float32)
+        missing = np.empty(BATCH, np.int64)
         if store.gather(batches[0], out, missing):
             raise SystemExit(f"{name}: a key of the batch is not held")
-        print(f"| {name} | {1e6 * gather:.0f} ({1e9 * gather / size:.0f}) | "
-              f"{1e6 * scatter:.0f} ({1e9 * scatter / size:.0f}) |")
+        gather = _best(lambda b: store.gather(b, out, missing), batches, reps)
+        scatter = _best(lambda b: store.scatter_add(b, update, missing), batches, reps)
+        print(f"| {name} | {1e6 * gather:.0f} ({1e9 * gather / BATCH:.0f}) | "
+              f"{1e6 * scatter:.0f} ({1e9 * scatter / BATCH:.0f}) |")
         if other is REPLICA and len(domain) < NUM_KEYS:
-            versions = np.zeros(size, np.int64)
+            versions = np.zeros(BATCH, np.int64)
             # Every replica has updates since its delta was taken (the scatter above).
-            refresh = (size, _best(lambda b: store.refresh(b, update, versions), batches, reps))
+            refresh = _best(lambda b: store.refresh(b, update, versions), batches, reps)
     if refresh is not None:
-        size, seconds = refresh
-        print(f"\nrefresh of {size:,} replicas from their owner's answer: {1e6 * seconds:.0f} us "
-              f"({1e9 * seconds / size:.0f} ns per row)")
+        print(f"\nrefresh of {BATCH:,} replicas from their owner's answer: {1e6 * refresh:.0f} us "
+              f"({1e9 * refresh / BATCH:.0f} ns per row)")
     return 0
 
 
