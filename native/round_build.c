@@ -115,9 +115,11 @@ int64_t dir_round_build(const directory_t *d, const round_in_t *in, const round_
     for (int64_t i = 0; i < nr; i++) o->iflags[at[i]] = in->rflags[i];
     if (place_keys(d, keys + nr, ndel, nr, o->counts + world, cursor, o->dkeys, o->dpos, at) < 0)
         return -1;
-    /* The versions first: a live replica's delta sent narrow says so in its version. */
+    /* The versions first: a live replica's delta sent narrow says so in its version, a dropped
+     * one's last delta that no value is to come back (DELTA_LAST). */
     const int64_t narrow = in->exact ? 0 : DELTA_NARROW;
-    for (int64_t i = 0; i < ndel; i++) o->dver[at[i]] = ver[i] | (i >= ndrop ? narrow : 0);
+    for (int64_t i = 0; i < ndel; i++)
+        o->dver[at[i]] = ver[i] | (i >= ndrop ? narrow : DELTA_LAST);
     int64_t *off = o->s_off, run = 0; /* float offset of each grouped delta's row */
     for (int64_t j = 0; j < ndel; j++) {
         off[j] = run;

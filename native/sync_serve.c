@@ -175,15 +175,18 @@ int64_t dir_sync_serve(const directory_t *d, const sync_request_t *r, const sync
         }
         row += delta_row_floats(len, dver);
     }
-    /* Entries whose base differs from the version read are behind. Then the owned deltas
-     * are merged: the first ndeltas entries of skeys (the deltas section comes first). */
+    /* Entries whose base differs from the version read are behind, but for a dropped
+     * replica's last delta (nothing there to refresh). Then the owned deltas are merged: the
+     * first ndeltas entries of skeys (the deltas section comes first). */
     int64_t base_index = 0;
     uint8_t *behind = a->behind;
     for (int64_t e = r->ni; e < n; e++) {
         if (p->where[e] != SYNC_OWNED) continue;
-        const int64_t base = e < r->ni + r->nd ? delta_version(r->dver[e - r->ni])
-                                               : r->cver[e - r->ni - r->nd];
-        behind[base_index] = behind[base_index] || base != svers[base_index];
+        const int delta = e < r->ni + r->nd;
+        const int64_t v = delta ? r->dver[e - r->ni] : r->cver[e - r->ni - r->nd];
+        behind[base_index] = !(delta && delta_last(v))
+                             && (behind[base_index] || (delta ? delta_version(v) : v)
+                                                           != svers[base_index]);
         base_index++;
     }
     if (ndeltas && store_scatter(s, a->skeys, ndeltas, direct ? r->drows : a->srows,

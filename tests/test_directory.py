@@ -29,8 +29,8 @@ from adapm._engine.routing import group_by_node, home_keys, home_of
 from adapm._engine.state import NodeState
 from adapm._store import NONE, OWNER, REPLICA, Store
 from adapm._wire.protocol import (
-    DTYPES, HOME_UPDATES, MOVE_SECTIONS, NO_MOVES, RELOCATIONS, SETUPS, Kind, Message, decode,
-    message,
+    DELTA_LAST, DTYPES, HOME_UPDATES, MOVE_SECTIONS, NO_MOVES, RELOCATIONS, SETUPS, Kind, Message,
+    decode, message,
 )
 
 from engine_reference import DensePolicy, Router, mask_words
@@ -143,7 +143,7 @@ class Reference:
         store = self.store
         ending = ikeys[~iflags]
         drop = ending[store.states(ending) == REPLICA]
-        dver = store.versions(drop)
+        dver = store.versions(drop) | DELTA_LAST  # no value is to come back for these
         _, drows = store.remove(drop, with_deltas=True)
         held = held[store.states(held) == REPLICA]
         deltas, nonzero = store.take_deltas(held)
@@ -195,7 +195,9 @@ class Reference:
         ckeys, cpos, cver = ckeys[oc], cpos[oc], cver[oc]
         skeys, spos = np.concatenate((dkeys, ckeys)), np.concatenate((dpos, cpos))
         reported = store.versions(skeys)
-        behind = np.concatenate((dver, cver)) != reported
+        last = (dver >= 0) & ((dver & DELTA_LAST) != 0)  # a dropped replica's: no value back
+        base = np.concatenate((np.where(last, dver & ~DELTA_LAST, dver), cver))
+        behind = (base != reported) & ~np.concatenate((last, np.zeros(len(cver), bool)))
         store.scatter_add(dkeys, drows, np.empty(len(dkeys), dtype=np.int64))
         reported[:len(dkeys)] = (reported[:len(dkeys)] + 1) & 0x7FFFFFFF  # versions mod 2^31
         stale = skeys[behind]

@@ -91,7 +91,8 @@ DTYPES = {KEYS: np.dtype("<i8"), POS: np.dtype("<i8"), ROWS: np.dtype("<f4"),
 
 # SYNC sections, in order. Intents: "this node has intent: yes/no" per key. Deltas: a replica's
 # accumulated updates and the version they are based on (a row as bfloat16 where the version
-# says so: DELTA_NARROW below). Checks: a replica's version only.
+# says so: DELTA_NARROW below; a dropped replica's last delta, DELTA_LAST, gets no value back).
+# Checks: a replica's version only.
 INTENTS, DELTAS, CHECKS = 0, 1, 2
 
 # Moves: relocations (key, value, version, intent mask S, replica mask R, epoch; a mask is
@@ -286,11 +287,14 @@ def _extra_fields(extra: bytes) -> dict:
 # DELTA_NARROW): its row takes ceil(length / 2) floats on the wire, and the bit is not part of
 # the version.
 DELTA_NARROW = 1 << 62
+# A SYNC delta whose version (>= 0) has this bit is a dropped replica's last (native/store.h,
+# DELTA_LAST): the owner merges it and answers no value. Kept by :func:`widened`.
+DELTA_LAST = 1 << 61
 
 
 def widened(message: Message, store) -> Message:
-    """A SYNC whose narrow (bfloat16) delta rows are float32 again and whose delta versions are
-    plain: what :func:`subset` slices by row lengths (entries passed on to another node, or
+    """A SYNC whose narrow (bfloat16) delta rows are float32 again and whose delta versions lose
+    that mark (DELTA_LAST stays): what :func:`subset` slices by row lengths (entries passed on to another node, or
     waiting here for their keys). The message itself when none is narrow."""
     dkeys, rows, versions = message.arrays[3], message.arrays[5], message.arrays[6]
     narrow = (versions >> 62) == 1
