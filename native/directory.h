@@ -196,7 +196,9 @@ static inline int64_t sync_entry_key(const sync_request_t *r, int64_t e, int *se
  * 0.007%, and MRR higher, not lower (bench notes, issue 25). Giving the origin a replica
  * meanwhile (the pinning owner counted in S for that decision) cost quality, replica staleness
  * on KGE's positives: measured again in session 34, the 2-node workers' waits for keys vanished
- * but MRR was 0.91-0.98 of the baseline's at epochs 2-4 against 0.99-1.01 (8 seeds each). */
+ * but MRR was 0.91-0.98 of the baseline's at epochs 2-4 against 0.99-1.01 (8 seeds each), and
+ * in session 40 (three alternating pairs of 32 seeds: 0.82 against 0.87 at epoch 2, 0.94
+ * against 0.96 at epoch 4; the waits 80-95% shorter, epochs alike; docs/quality.md). */
 enum { SYNC_OWNED = 0, SYNC_REDIRECT = 1, SYNC_BACK = 2, SYNC_QUEUE = 3, SYNC_FORWARD = 4 };
 
 typedef struct {
