@@ -116,8 +116,15 @@ PyObject *Directory_draw_held(DirectoryObject *self, PyObject *args) {
         PyErr_NoMemory();
         goto done;
     }
-    /* The GIL stays held: the engine thread changes the counts holding it. */
+    /* The GIL stays held: the engine thread changes the counts holding it. But not the store:
+     * it inserts and removes keys inside its receive call, without the GIL, and a held map
+     * that grows or sheds its tombstones is copied and the old table freed (held.h): the tests
+     * read the maps inside a reader's section, as the store's batch calls do. Without it a
+     * test that lost its core between reading the table and probing it read freed memory
+     * (a node's SIGSEGV in one of ~300 2-node KGE runs; tests/test_sampling.py provokes it). */
+    const uint64_t tokens = store_enter(self->d.store);
     const int64_t left = draw_pinned(self, c, g, pv.buf, size, cv.buf, ov.buf, todo, n, rounds);
+    store_exit(self->d.store, tokens);
     if (left) { /* gave up: the keys pinned here are released; out is the caller's to drop */
         int64_t *keys = ov.buf;
         for (int64_t j = 0; j < left; j++) keys[todo[j]] = -1; /* never pinned */
