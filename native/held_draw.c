@@ -120,8 +120,9 @@ PyObject *Directory_draw_held(DirectoryObject *self, PyObject *args) {
      * it inserts and removes keys inside its receive call, without the GIL, and a held map
      * that grows or sheds its tombstones is copied and the old table freed (held.h): the tests
      * read the maps inside a reader's section, as the store's batch calls do. Without it a
-     * test that lost its core between reading the table and probing it read freed memory
-     * (a node's SIGSEGV in one of ~300 2-node KGE runs; tests/test_sampling.py provokes it). */
+     * draw that lost its core between reading a table's address and probing the table read
+     * freed memory (a node's SIGSEGV in about one 2-node KGE run of 300; tests/test_sampling.py
+     * provokes it). */
     const uint64_t tokens = store_enter(self->d.store);
     const int64_t left = draw_pinned(self, c, g, pv.buf, size, cv.buf, ov.buf, todo, n, rounds);
     store_exit(self->d.store, tokens);

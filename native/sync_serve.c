@@ -184,9 +184,11 @@ int64_t dir_sync_serve(const directory_t *d, const sync_request_t *r, const sync
         if (p->where[e] != SYNC_OWNED) continue;
         const int delta = e < r->ni + r->nd;
         const int64_t v = delta ? r->dver[e - r->ni] : r->cver[e - r->ni - r->nd];
-        behind[base_index] = !(delta && delta_last(v))
-                             && (behind[base_index] || (delta ? delta_version(v) : v)
-                                                           != svers[base_index]);
+        if (delta && delta_last(v))
+            behind[base_index] = 0;
+        else
+            behind[base_index] = behind[base_index]
+                                 || (delta ? delta_version(v) : v) != svers[base_index];
         base_index++;
     }
     if (ndeltas && store_scatter(s, a->skeys, ndeltas, direct ? r->drows : a->srows,

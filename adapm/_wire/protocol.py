@@ -294,8 +294,8 @@ DELTA_LAST = 1 << 61
 
 def widened(message: Message, store) -> Message:
     """A SYNC whose narrow (bfloat16) delta rows are float32 again and whose delta versions lose
-    that mark (DELTA_LAST stays): what :func:`subset` slices by row lengths (entries passed on to another node, or
-    waiting here for their keys). The message itself when none is narrow."""
+    that mark (DELTA_LAST stays): what :func:`subset` slices by row lengths (entries passed on to
+    another node, or waiting here for their keys). The message itself when none is narrow."""
     dkeys, rows, versions = message.arrays[3], message.arrays[5], message.arrays[6]
     narrow = (versions >> 62) == 1
     if not narrow.any():
