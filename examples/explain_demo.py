@@ -52,13 +52,14 @@ def explain(adapm_lines: list[dict], baseline_lines: list[dict], entities: int) 
     ratio = run["mrr"] / base["mrr"] if base["mrr"] else float("nan")
     # The demo runs one worker per node: each node's share of the training time.
     waited = sum(s.get("access_wait_s", 0.0) for line in adapm_lines for s in line["stats"])
+    deferred = sum(s.get("deferred_reports", 0) for line in adapm_lines for s in line["stats"])
     return "\n".join([
         f"What was trained: ComplEx knowledge-graph embeddings, {len(adapm_lines)} epochs on "
         f"{nodes} node processes, {seconds:.1f} s of training in all.",
         f"How good: filtered MRR {run['mrr']:.3f} and Hits@10 {run['hits@10']:.3f} on the "
         f"validation triples (the rank of the true entity among all {entities:,}; a random "
-        f"ranking scores {random_mrr(entities):.4f}). The baseline, the same model on one process without the "
-        f"parameter manager, reached MRR {base['mrr']:.3f} in {base_seconds:.1f} s of "
+        f"ranking scores {random_mrr(entities):.4f}). The baseline, the same model on one "
+        f"process without the parameter manager, reached MRR {base['mrr']:.3f} in {base_seconds:.1f} s of "
         f"training: adapm's MRR is {ratio:.2f}x that (runs differ by several percent), its "
         f"time {seconds / base_seconds:.1f}x (here both share this machine's cores, and "
         f"adapm's nodes also run their communication threads and talk over loopback).",
@@ -72,10 +73,13 @@ def explain(adapm_lines: list[dict], baseline_lines: list[dict], entities: int) 
             f"after it."
             if max(shares) > _AIM else ""),
         f"Waiting: the workers spent {waited:.2f} s in all ({waited / (nodes * seconds):.0%} "
-        f"of their training time) waiting for keys that were still on their way (their "
-        f"intent's round came late) or, rarely, for values from another node. Local in the "
-        f"end, but the time is lost; signalling intent further ahead (`--ahead`) trades it "
-        f"for keys moved earlier." if seconds else "",
+        f"of their training time) waiting for keys that were still on their way, local in "
+        f"the end, or, rarely, for values from another node. A key is late when the node "
+        f"holding it still uses it (a key in that node's negative sample stays there until "
+        f"the sample's push, so a request to move it waits for a later round: {deferred:,} "
+        f"times in this run; a replica handed over at once instead cost model quality, "
+        f"docs/quality.md), or when its intent reached a sync round late, which signalling "
+        f"intent further ahead (`--ahead`) trades for keys moved earlier." if seconds else "",
     ])
 
 

@@ -21,9 +21,10 @@ def _module():
     return module
 
 
-def _line(epoch, seconds, mrr, remote, local=999, waited=0.0):
+def _line(epoch, seconds, mrr, remote, local=999, waited=0.0, deferred=0):
     stats = {"local_pull_keys": local, "waited_pull_keys": 0, "remote_pull_keys": remote,
-             "local_push_keys": 1000, "remote_push_keys": 0, "access_wait_s": waited}
+             "local_push_keys": 1000, "remote_push_keys": 0, "access_wait_s": waited,
+             "deferred_reports": deferred}
     return {"epoch": epoch, "train_seconds": seconds, "mrr": mrr, "hits@10": 2 * mrr,
             "stats": [stats, dict(stats, remote_pull_keys=0, local_pull_keys=local + remote)]}
 
@@ -35,7 +36,7 @@ def test_random_mrr_is_the_mean_reciprocal_rank_of_a_uniform_rank():
 
 
 def test_the_explanation_names_quality_ratio_time_and_remote_share(tmp_path):
-    run = [_line(1, 1.0, 0.1, 2, waited=0.25), _line(2, 1.5, 0.2, 0)]
+    run = [_line(1, 1.0, 0.1, 2, waited=0.25, deferred=600), _line(2, 1.5, 0.2, 0, deferred=7)]
     base = [_line(1, 0.5, 0.0, 0), _line(2, 0.5, 0.25, 0)]
     (tmp_path / "run.jsonl").write_text("".join(json.dumps(r) + "\n" for r in run))
     (tmp_path / "base.jsonl").write_text("".join(json.dumps(r) + "\n" for r in base))
@@ -56,6 +57,8 @@ def test_the_explanation_names_quality_ratio_time_and_remote_share(tmp_path):
     assert "This run is above that aim: 2 reads and 0 writes" in text, text  # 0.05% > 0.01%
     # 0.25 s on each of the 2 nodes in epoch 1: 0.5 s of 2 nodes x 2.5 s of training.
     assert "the workers spent 0.50 s in all (10% of their training time) waiting" in text, text
+    # Both nodes' deferred reports in both epochs: 2 x (600 + 7).
+    assert "waits for a later round: 1,214 times in this run" in text, text
 
 
 def test_wrong_arguments_say_how_to_call_it():
