@@ -75,17 +75,12 @@ PyObject *Directory_draw_held(DirectoryObject *self, PyObject *args) {
     if (ocounts != Py_None && !(c = dm_intent_counts(ocounts, "draw_held"))) return NULL;
     np_bitgen_t *g = np_bitgen_of(obitgen, "draw_held");
     if (!g) return NULL;
-    Py_buffer pv, cv, ov;
-    if (borrow(opool, &pv, 8, 0, "draw_held: pool") < 0) return NULL;
-    if (borrow(ocount, &cv, 8, 0, "draw_held: pool_count") < 0) {
-        PyBuffer_Release(&pv);
+    Py_buffer v[3];
+    if (borrow3((PyObject *[3]){opool, ocount, oout}, v, 4,
+                (const char *[3]){"draw_held: pool", "draw_held: pool_count", "draw_held: out"})
+        < 0)
         return NULL;
-    }
-    if (borrow(oout, &ov, 8, 1, "draw_held: out") < 0) {
-        PyBuffer_Release(&pv);
-        PyBuffer_Release(&cv);
-        return NULL;
-    }
+    Py_buffer pv = v[0], cv = v[1], ov = v[2];
     PyObject *result = NULL;
     const int64_t n = ov.len / 8, size = pv.len / 8;
     int64_t *todo = NULL;

@@ -94,6 +94,18 @@ static inline int borrow(PyObject *obj, Py_buffer *view, Py_ssize_t itemsize, in
     return 0;
 }
 
+/* borrow for three buffers of 8-byte items at once (writable: a bit per buffer, 1 << i): all of
+ * them, or none (those taken are released) and -1. */
+static inline int borrow3(PyObject *const obj[3], Py_buffer view[3], int writable,
+                          const char *const what[3]) {
+    for (int i = 0; i < 3; i++)
+        if (borrow(obj[i], &view[i], 8, (writable >> i) & 1, what[i]) < 0) {
+            while (i--) PyBuffer_Release(&view[i]);
+            return -1;
+        }
+    return 0;
+}
+
 /* The C interface of a numpy BitGenerator (its capsule "BitGenerator"), or NULL with TypeError
  * naming what. The caller holds the generator's lock while it draws (native_module.c). */
 np_bitgen_t *np_bitgen_of(PyObject *obj, const char *what);

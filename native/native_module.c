@@ -92,17 +92,12 @@ done:
 static PyObject *alias_build_py(PyObject *module, PyObject *args) {
     PyObject *ow, *oprob, *oalias;
     if (!PyArg_ParseTuple(args, "OOO", &ow, &oprob, &oalias)) return NULL;
-    Py_buffer w, prob, alias;
-    if (borrow(ow, &w, 8, 0, "alias_build weights") < 0) return NULL;
-    if (borrow(oprob, &prob, 8, 1, "alias_build prob") < 0) {
-        PyBuffer_Release(&w);
+    Py_buffer v[3];
+    if (borrow3((PyObject *[3]){ow, oprob, oalias}, v, 6,
+                (const char *[3]){"alias_build weights", "alias_build prob",
+                                  "alias_build alias"}) < 0)
         return NULL;
-    }
-    if (borrow(oalias, &alias, 8, 1, "alias_build alias") < 0) {
-        PyBuffer_Release(&w);
-        PyBuffer_Release(&prob);
-        return NULL;
-    }
+    Py_buffer w = v[0], prob = v[1], alias = v[2];
     PyObject *result = NULL;
     const int64_t m = w.len / 8;
     int64_t *scratch = NULL;

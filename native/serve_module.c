@@ -504,17 +504,12 @@ PyObject *Directory_check_answer(DirectoryObject *self, PyObject *args) {
     long long remaining, floats;
     if (!PyArg_ParseTuple(args, "OOOLL", &oasked, &okeys, &opos, &remaining, &floats))
         return NULL;
-    Py_buffer av, kv, pv;
-    if (borrow(oasked, &av, 8, 0, "check_answer: asked") < 0) return NULL;
-    if (borrow(okeys, &kv, 8, 0, "check_answer: keys") < 0) {
-        PyBuffer_Release(&av);
+    Py_buffer v[3];
+    if (borrow3((PyObject *[3]){oasked, okeys, opos}, v, 0,
+                (const char *[3]){"check_answer: asked", "check_answer: keys",
+                                  "check_answer: positions"}) < 0)
         return NULL;
-    }
-    if (borrow(opos, &pv, 8, 0, "check_answer: positions") < 0) {
-        PyBuffer_Release(&av);
-        PyBuffer_Release(&kv);
-        return NULL;
-    }
+    Py_buffer av = v[0], kv = v[1], pv = v[2];
     const int64_t na = av.len / 8, n = pv.len / 8, *asked = av.buf, *keys = kv.buf,
                   *pos = pv.buf;
     PyObject *result = NULL;
