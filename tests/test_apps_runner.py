@@ -115,3 +115,27 @@ def test_the_apps_evaluate_on_one_blas_thread(tmp_path, monkeypatch):
         assert seen and all(threads == [1] * len(threads) for threads in seen), seen
         assert blas_threads() == [2] * len(before)
     assert blas_threads() == before
+
+
+@pytest.mark.parametrize("program", [
+    ["-m", "adapm.apps.kge", "--data", "no-such-kg"],
+    ["-m", "adapm.apps.wv", "--corpus", "no-such-corpus.txt"],
+    ["-m", "adapm.apps.mf", "--train", "no-train.mmc", "--test", "no-test.mmc"],
+    ["examples/gnn/train.py"],
+    ["examples/ctr/train.py", "--data", "no-such-data"],
+], ids=["kge", "wv", "mf", "gnn", "ctr"])
+def test_the_baseline_refuses_a_launcher(program, tmp_path):
+    """--baseline is one process: under a launcher's environment every rank would train the
+    whole baseline and write the same outputs, so each app and example says so and stops
+    before reading its data or writing anything."""
+    from pathlib import Path
+
+    from app_cli import PY, run
+
+    root = Path(__file__).resolve().parent.parent
+    out = tmp_path / "epochs.jsonl"
+    proc = run([PY, *program, "--baseline", "--json", str(out)], expect=2, cwd=root,
+               env={"ADAPM_RANK": "1", "ADAPM_WORLD_SIZE": "2",
+                    "ADAPM_RENDEZVOUS": "127.0.0.1:9"}, timeout=120)
+    assert "--baseline runs in one process; start it without a launcher" in proc.stderr
+    assert not out.exists()

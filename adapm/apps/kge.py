@@ -422,8 +422,6 @@ def main(argv: Optional[list[str]] = None) -> int:
     p = parser()
     opts = p.parse_args(argv)
     runner.check_flags(p, opts)
-    if opts.baseline and adapm.Config.from_env(num_keys=1).world_size > 1:
-        p.error("--baseline runs in one process; start it without a launcher")
     try:
         kg = kge_data.load(opts.data)
     except kge_data.DataError as exc:

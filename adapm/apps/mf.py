@@ -426,8 +426,6 @@ def main(argv: Optional[list[str]] = None) -> int:
     p = parser()
     opts = p.parse_args(argv)
     runner.check_flags(p, opts)
-    if opts.baseline and adapm.Config.from_env(num_keys=1).world_size > 1:
-        p.error("--baseline runs in one process; start it without a launcher")
     try:
         train, test, *valid = mf_data.read_files(opts.train, opts.test,
                                                  *([opts.valid] if opts.valid else []),

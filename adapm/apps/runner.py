@@ -221,15 +221,19 @@ def check_flags(parser: argparse.ArgumentParser, opts: argparse.Namespace) -> No
         parser.error("--resume needs --checkpoint-dir (the checkpoint to resume from)")
     if opts.baseline and opts.checkpoint_dir:
         parser.error("--checkpoint-dir and --resume need the parameter manager, not --baseline")
-    # Rank 0 writes the JSON lines and the export; every rank its trace and checkpoint part.
     try:
-        lead = opts.baseline or adapm.Config.from_env(num_keys=1).rank == 0
+        launched = adapm.Config.from_env(num_keys=1)
     except ConfigError as exc:
         # The launcher's environment, not a flag: one line naming it, without the usage.
         if adapm.config.debug():
             raise
         print(f"{parser.prog}: error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
+    if opts.baseline and launched.world_size > 1:
+        # Every rank would train the whole baseline, each writing the same outputs.
+        parser.error("--baseline runs in one process; start it without a launcher")
+    # Rank 0 writes the JSON lines and the export; every rank its trace and checkpoint part.
+    lead = opts.baseline or launched.rank == 0
     problem = (lead and _file_problem(getattr(opts, "json", None))) or \
         (lead and _directory_problem(getattr(opts, "export", None))) or \
         _directory_problem(getattr(opts, "trace_dir", None)) or \

@@ -563,8 +563,6 @@ def main(argv: Optional[list[str]] = None) -> int:
     p = parser()
     opts = p.parse_args(argv)
     runner.check_flags(p, opts)
-    if opts.baseline and adapm.Config.from_env(num_keys=1).world_size > 1:
-        p.error("--baseline runs in one process; start it without a launcher")
     try:
         opts.analogy_questions = wv_data.read_analogies(opts.analogies) if opts.analogies \
             else None
