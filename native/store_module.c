@@ -234,62 +234,47 @@ static int check_keys_in_range(const StoreObject *self, const int64_t *keys, Py_
     return key_range_error(self, keys, bad);
 }
 
-/* gather(keys, out, missing) -> number of missing positions (written to missing[:n]) */
-static PyObject *Store_gather(StoreObject *self, PyObject *args) {
-    PyObject *okeys, *oout, *omiss;
-    if (!PyArg_ParseTuple(args, "OOO", &okeys, &oout, &omiss)) return NULL;
+/* gather(keys, out, missing), scatter_add(keys, vals, missing) and scatter_set(...) -> the
+ * number of positions of keys not held here (written to missing[:n]). op: 0 add, 1 set (as
+ * store_scatter's mode), GATHER; rows: out (written) or vals (read). The whole batch is
+ * range-checked before the first row is read or written, both in one GIL-released region. */
+enum { GATHER = -1 };
+
+static PyObject *keyed_rows(StoreObject *self, PyObject *args, int op) {
+    PyObject *okeys, *orows, *omiss;
+    if (!PyArg_ParseTuple(args, "OOO", &okeys, &orows, &omiss)) return NULL;
+    const char *rows_name = op == GATHER ? "out" : "vals";
     batch_t bt = {.n = 0};
-    Py_ssize_t n, nout, nmiss_cap;
+    Py_ssize_t n, nrows, nmiss_cap;
     int64_t *keys = batch_view(&bt, okeys, 0, 8, "lq", "keys", &n);
-    float *out = keys ? batch_view(&bt, oout, 1, 4, "f", "out", &nout) : NULL;
-    int64_t *missing = out ? batch_view(&bt, omiss, 1, 8, "lq", "missing", &nmiss_cap) : NULL;
+    float *rows = keys ? batch_view(&bt, orows, op == GATHER, 4, "f", rows_name, &nrows) : NULL;
+    int64_t *missing = rows ? batch_view(&bt, omiss, 1, 8, "lq", "missing", &nmiss_cap) : NULL;
     if (!missing) goto fail;
     if (nmiss_cap < n) {
         PyErr_SetString(PyExc_ValueError, "missing buffer is shorter than keys");
         goto fail;
     }
-    /* Range check (out stays untouched when it fails) and gather in one GIL-released region. */
     int64_t r = 0, bad;
-    NOGIL_BEGIN(n + nout)
+    NOGIL_BEGIN(n + nrows)
     bad = store_check_keys(keys, n, self->s.num_keys);
-    if (bad < 0) r = store_gather(&self->s, keys, n, out, nout, missing);
+    if (bad < 0)
+        r = op == GATHER ? store_gather(&self->s, keys, n, rows, nrows, missing)
+                         : store_scatter(&self->s, keys, n, rows, nrows, missing, op);
     NOGIL_END
     if (key_range_error(self, keys, bad) < 0) goto fail;
     release_batch(&bt);
-    if (r < 0) return PyErr_Format(PyExc_ValueError, "out is too small for the requested keys");
+    if (r < 0)
+        return PyErr_Format(PyExc_ValueError, op == GATHER
+                                                  ? "out is too small for the requested keys"
+                                                  : "values are too short for the given keys");
     return PyLong_FromLongLong(r);
 fail:
     release_batch(&bt);
     return NULL;
 }
 
-static PyObject *scatter(StoreObject *self, PyObject *args, int mode) {
-    PyObject *okeys, *ovals, *omiss;
-    if (!PyArg_ParseTuple(args, "OOO", &okeys, &ovals, &omiss)) return NULL;
-    batch_t bt = {.n = 0};
-    Py_ssize_t n, nvals, nmiss_cap;
-    int64_t *keys = batch_view(&bt, okeys, 0, 8, "lq", "keys", &n);
-    float *vals = keys ? batch_view(&bt, ovals, 0, 4, "f", "vals", &nvals) : NULL;
-    int64_t *missing = vals ? batch_view(&bt, omiss, 1, 8, "lq", "missing", &nmiss_cap) : NULL;
-    if (!missing) goto fail;
-    if (nmiss_cap < n) {
-        PyErr_SetString(PyExc_ValueError, "missing buffer is shorter than keys");
-        goto fail;
-    }
-    /* The whole batch is range-checked before the first key changes; both steps in one
-     * GIL-released region. */
-    int64_t r = 0, bad;
-    NOGIL_BEGIN(n + nvals)
-    bad = store_check_keys(keys, n, self->s.num_keys);
-    if (bad < 0) r = store_scatter(&self->s, keys, n, vals, nvals, missing, mode);
-    NOGIL_END
-    if (key_range_error(self, keys, bad) < 0) goto fail;
-    release_batch(&bt);
-    if (r < 0) return PyErr_Format(PyExc_ValueError, "values are too short for the given keys");
-    return PyLong_FromLongLong(r);
-fail:
-    release_batch(&bt);
-    return NULL;
+static PyObject *Store_gather(StoreObject *self, PyObject *args) {
+    return keyed_rows(self, args, GATHER);
 }
 
 /* The fast path of Worker.pull/push, for the layout training loops pass: keys a 1-d C-contiguous
@@ -408,8 +393,12 @@ static PyObject *Store_rows(StoreObject *self, PyObject *unused) {
     return capsule;
 }
 
-static PyObject *Store_scatter_add(StoreObject *self, PyObject *args) { return scatter(self, args, 0); }
-static PyObject *Store_scatter_set(StoreObject *self, PyObject *args) { return scatter(self, args, 1); }
+static PyObject *Store_scatter_add(StoreObject *self, PyObject *args) {
+    return keyed_rows(self, args, 0);
+}
+static PyObject *Store_scatter_set(StoreObject *self, PyObject *args) {
+    return keyed_rows(self, args, 1);
+}
 
 
 /* insert(keys, state, vals_or_None, versions_or_None, now) */
