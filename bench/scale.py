@@ -17,7 +17,9 @@ the app's quality after the last epoch (KGE: filtered MRR on ``--eval-max`` vali
 WV: analogy accuracy; MF: test RMSE), the training remote share (keys pulled or pushed remotely
 over all keys accessed, all nodes), and per node and epoch: the engine thread's CPU seconds and
 its share of the epoch (``engine busy``: 100% means the engine thread never idles; with
-channels their threads' CPU adds up, so K channels can reach K x 100%), MB sent, the worker
+channels their threads' CPU adds up, so K channels can reach K x 100%), the engine CPU of all
+nodes per worker clock (a batch of one worker: what the engine costs per unit of training,
+which predicts a larger machine's engine load from a small one's), MB sent, the worker
 threads' CPU seconds and the process's (the rest of it is ZeroMQ's I/O thread, and the main
 thread's evaluation between epochs is not in it). Every figure comes from the apps' own
 JSON lines.
@@ -44,6 +46,7 @@ SIZES = {  # app -> size -> its generator's size arguments
     "mf": {"small": ["--rows", "20000", "--cols", "5000", "--entries", "1000000"],
            "full": ["--rows", "200000", "--cols", "50000", "--entries", "11000000"]},
 }
+BATCH = {"kge": 100, "wv": 64, "mf": 1000}  # data points per batch, a clock (the apps' defaults)
 
 
 def data_and_command(app: str, size: str, epochs: int, eval_max: int, env: dict) -> list[str]:
@@ -51,7 +54,8 @@ def data_and_command(app: str, size: str, epochs: int, eval_max: int, env: dict)
     setup (baseline or nodes x workers)."""
     args = SIZES[app][size]
     data = Path(tempfile.gettempdir()) / f"adapm-bench-scale-{app}-{'-'.join(args[1::2])}"
-    common = ["--epochs", str(epochs), "--progress", "off", "--json", "-"]
+    common = ["--epochs", str(epochs), "--batch-size", str(BATCH[app]), "--progress", "off",
+              "--json", "-"]
     if app == "kge":
         if not (data / "train.txt").exists():
             sh([PY, "-m", "adapm.apps.kge", "generate", str(data), *args, "--seed", "1"], env)
@@ -83,7 +87,11 @@ def summarise(app: str, setup: str, lines: list[dict]) -> dict:
     remote = sum(s.get("remote_pull_keys", 0) + s.get("remote_push_keys", 0) for s in stats)
     epoch_s = sum(r["train_seconds"] for r in lines) / len(lines)
     engine = sum(s.get("engine_cpu_s", 0.0) for s in stats) / per_node_epoch
+    # Worker clocks of an epoch, all workers: the points it trained over the batch size (a
+    # worker's last batch may be short: at most one clock per worker undercounted).
+    clocks = sum(r["points_per_s"] * r["train_seconds"] for r in lines) / len(lines) / BATCH[app]
     return {"app": app, "setup": setup, "epoch_s": epoch_s,
+            "engine_per_clock_us": 1e6 * engine * nodes / clocks if clocks else 0.0,
             "quality": lines[-1].get(QUALITY[app][1]),
             "remote": remote / accessed if accessed else 0.0,
             "engine_s": engine, "engine_busy": engine / epoch_s if nodes > 1 else None,
@@ -147,9 +155,9 @@ def main() -> None:
     print(f"\n{opts.workers} workers in all, {opts.size} data, {opts.epochs} epochs, "
           f"{os.cpu_count()} cores\n")
     print("| app | setup | epoch (s) | vs baseline | quality | remote share | "
-          "engine CPU s/node/epoch | engine busy | MB sent/node/epoch | worker CPU s/node/epoch | "
-          "process CPU s/node/epoch |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+          "engine CPU s/node/epoch | engine busy | engine CPU us/worker-clock | "
+          "MB sent/node/epoch | worker CPU s/node/epoch | process CPU s/node/epoch |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     base = None
     for r in rows:
         if r["setup"].startswith("baseline"):
@@ -157,9 +165,11 @@ def main() -> None:
         name, _ = QUALITY[r["app"]]
         quality = "-" if r["quality"] is None else f"{name} {r['quality']:.4f}"
         busy = "-" if r["engine_busy"] is None else f"{100 * r['engine_busy']:.0f}%"
+        per_clock = "-" if r["engine_busy"] is None else f"{r['engine_per_clock_us']:.0f}"
         print(f"| {r['app']} | {r['setup']} | {r['epoch_s']:.2f} | "
               f"{base['epoch_s'] / r['epoch_s']:.2f}x | {quality} | {100 * r['remote']:.4f}% | "
-              f"{r['engine_s']:.2f} | {busy} | {r['mb_sent']:.1f} | {r['worker_cpu']:.2f} | "
+              f"{r['engine_s']:.2f} | {busy} | {per_clock} | "
+              f"{r['mb_sent']:.1f} | {r['worker_cpu']:.2f} | "
               f"{r['process_cpu']:.2f} |")
 
 
