@@ -50,8 +50,6 @@ from typing import Optional
 
 import numpy as np
 
-import adapm
-
 from .. import _argtypes
 from .._native_loader import load as _load
 from . import mf_data, runner
