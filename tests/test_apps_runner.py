@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -9,6 +11,8 @@ import adapm
 from adapm.apps.exchange import PAYLOAD_BYTES, Exchange
 from adapm.apps.runner import _delta
 from adapm.testing import run_cluster
+
+from app_cli import PY, run
 
 FAST = dict(connect_timeout_s=20, request_timeout_s=20)
 
@@ -128,10 +132,6 @@ def test_the_baseline_refuses_a_launcher(program, tmp_path):
     """--baseline is one process: under a launcher's environment every rank would train the
     whole baseline and write the same outputs, so each app and example says so and stops
     before reading its data or writing anything."""
-    from pathlib import Path
-
-    from app_cli import PY, run
-
     root = Path(__file__).resolve().parent.parent
     out = tmp_path / "epochs.jsonl"
     proc = run([PY, *program, "--baseline", "--json", str(out)], expect=2, cwd=root,
