@@ -9,8 +9,9 @@ data, a new seed each time, with Python's fault handler on (a native crash print
 thread's stack), and counts a run as failed when it exits non-zero, runs past ``--timeout``
 (a hang) or prints fewer epoch lines than asked. A failed run's output is kept in ``--out``.
 The configurations cover the apps (KGE, WV, MF), 2 to 4 nodes, two worker threads per node,
-two engine channels, and the managements and options whose paths differ (replication only,
-``local`` sampling of WV, averaged replica updates, MF's columnwise schedule).
+two engine channels, the managements and options whose paths differ (replication only,
+``local`` sampling of WV, averaged replica updates, MF's columnwise schedule), and the two
+PyTorch examples (CTR with forked DataLoader workers, GNN).
 
 It prints a line per failure as it happens and a table at the end; exit status 1 if any run
 failed. Timing is not measured: the machine is meant to be busy.
@@ -32,22 +33,35 @@ from tqdm import tqdm
 PY = sys.executable
 
 
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+
 def datasets(root: Path) -> dict[str, list[str]]:
-    """Generates the small data sets once (in ``root``); the apps' data arguments."""
-    kge, wv, mf = root / "kge-20000", root / "wv-50000", root / "mf-20000x5000"
+    """Generates the small data sets once (in ``root``); each program's command and data
+    arguments (the GNN example generates its graph itself)."""
+    kge, wv, mf, ctr = (root / "kge-20000", root / "wv-50000", root / "mf-20000x5000",
+                        root / "ctr-20000")
     generate = [
-        (kge / "train.txt", ["adapm.apps.kge", "generate", str(kge), "--triples", "20000"]),
-        (wv / "corpus.txt", ["adapm.apps.wv", "generate", str(wv), "--sentences", "50000"]),
-        (mf / "test.mmc", ["adapm.apps.mf", "generate", str(mf), "--rows", "20000", "--cols",
-                           "5000", "--entries", "1000000"]),
+        (kge / "train.txt", ["-m", "adapm.apps.kge", "generate", str(kge), "--triples", "20000"]),
+        (wv / "corpus.txt", ["-m", "adapm.apps.wv", "generate", str(wv), "--sentences",
+                             "50000"]),
+        (mf / "test.mmc", ["-m", "adapm.apps.mf", "generate", str(mf), "--rows", "20000",
+                           "--cols", "5000", "--entries", "1000000"]),
+        (ctr / "test.tsv", [str(EXAMPLES / "ctr" / "criteo.py"), "generate", str(ctr),
+                            "--rows", "20000"]),
     ]
     for marker, cmd in generate:
         if not marker.exists():
-            subprocess.run([PY, "-m", *cmd, "--seed", "1"], check=True, capture_output=True)
+            subprocess.run([PY, *cmd, "--seed", "1"], check=True, capture_output=True)
     return {"kge": ["-m", "adapm.apps.kge", "--data", str(kge), "--eval-max", "200"],
             "wv": ["-m", "adapm.apps.wv", "--corpus", str(wv / "corpus.txt")],
             "mf": ["-m", "adapm.apps.mf", "--train", str(mf / "train.mmc"), "--test",
-                   str(mf / "test.mmc")]}
+                   str(mf / "test.mmc")],
+            # DataLoader workers forked after the node started, and torch's own threads
+            "ctr": [str(EXAMPLES / "ctr" / "train.py"), "--data", str(ctr), "--dim", "8",
+                    "--hidden", "64,32", "--loader-workers", "2"],
+            "gnn": [str(EXAMPLES / "gnn" / "train.py"), "--nodes", "4000", "--communities",
+                    "4"]}
 
 
 # name -> (nodes, app, epochs, extra flags)
@@ -64,6 +78,8 @@ CONFIGS = {
     "mf2": (2, "mf", 3, []),
     "mf3-threads": (3, "mf", 2, ["--channels", "2", "--workers", "2"]),
     "mf2-columnwise": (2, "mf", 2, ["--schedule", "columnwise"]),
+    "ctr2": (2, "ctr", 2, []),
+    "gnn2": (2, "gnn", 2, []),
 }
 
 
@@ -72,8 +88,7 @@ def run_once(name: str, data: dict, seed: int, timeout_s: float, out: Path) -> s
     kept in ``out``)."""
     nodes, app, epochs, extra = CONFIGS[name]
     cmd = [PY, "-m", "adapm.launch", "-n", str(nodes), PY, *data[app], "--epochs", str(epochs),
-           "--eval-every", str(epochs), "--progress", "off", "--json", "-", "--seed", str(seed),
-           *extra]
+           "--progress", "off", "--json", "-", "--seed", str(seed), *extra]
     env = {**os.environ, "PYTHONFAULTHANDLER": "1", "OMP_WAIT_POLICY": "PASSIVE"}
     try:
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s)
@@ -86,6 +101,7 @@ def run_once(name: str, data: dict, seed: int, timeout_s: float, out: Path) -> s
         why = f"no end within {timeout_s:g} s"
     if why is None:
         lines = [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
+        lines = [r for r in lines if "epoch" in r and not r.get("final")]  # CTR: finals too
         if len(lines) != epochs:
             why = f"{len(lines)} epoch lines of {epochs}"
     if why is not None:
