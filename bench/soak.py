@@ -31,8 +31,6 @@ from pathlib import Path
 from tqdm import tqdm
 
 PY = sys.executable
-
-
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 
