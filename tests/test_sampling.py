@@ -251,6 +251,22 @@ def _keys_moving(node):
         raise errors[0]
 
 
+def _batches_until_moved(node, minimum, deadline_s=60.0):
+    """Yields batch numbers: at least ``minimum``, then on until a key moved into this node
+    (or ``deadline_s`` passed, and the caller's check fails). On a loaded machine the worker's
+    batches, all local, can end before the mover's first relocation reaches this node; the
+    test would then check nothing (CI saw it once in many runs)."""
+    deadline = time.monotonic() + deadline_s
+    batch = 0
+    while batch < minimum or (time.monotonic() < deadline and not _moved(node.stats())):
+        yield batch
+        batch += 1
+
+
+def _moved(s):
+    return s["relocations_in"] + s["replica_setups"] > 0
+
+
 def _local_job(node):
     w = node.worker()
     if node.rank == 0:
@@ -260,8 +276,9 @@ def _local_job(node):
     node.barrier()
     wrong = 0
     zeros = np.zeros((100, 4), np.float32)
+    batches = 0
     with _keys_moving(node):
-        for _ in range(300):
+        for batches in _batches_until_moved(node, 300):
             keys, values = w.pull_sample(w.prepare_sample(100, w.clock))
             wrong += int(np.count_nonzero(values != keys[:, None]))
             # The sample's push must stay local too (its keys are pinned from before they are
@@ -280,25 +297,25 @@ def _local_job(node):
     held = np.flatnonzero(state.store.states(np.arange(DOMAIN, dtype=np.int64)) != NONE)
     node.engine.resume()
     s = node.stats()
-    return s, wrong, pooled.tolist() == held.tolist()
+    return s, wrong, pooled.tolist() == held.tolist(), batches + 1
 
 
 def test_local_draws_never_go_remote_while_keys_move():
     config = dict(num_keys=DOMAIN, value_length=4, sampling=adapm.Sampling(0, DOMAIN), **FAST)
     results = run_cluster(_local_job, 2, config=config, timeout_s=120)
-    for rank, (s, wrong, pool_is_held) in enumerate(results):
+    for rank, (s, wrong, pool_is_held, batches) in enumerate(results):
         assert wrong == 0, f"rank {rank}: sampled values that are not their key's"
-        assert s["sampled_keys"] == 30_000
+        assert s["sampled_keys"] == 100 * batches
         assert s["sampled_remote_keys"] == 0, (rank, s)
         # A sample's push stays local: its keys are pinned before they are read, and the
         # engine keeps the pins locked from its check to a key's leaving (dir_sync_pins).
         # Before that, the demo's pushes of sampled keys went remote 80-220 times per node and
         # run; this test's timing did not show it (0 in 2,000 samples with the old code).
         assert s["remote_push_keys"] == 0, (rank, s)
-        assert s["relocations_in"] + s["replica_setups"] > 0, "no key moved: the test is void"
+        assert _moved(s), "no key moved: the test is void"
         assert pool_is_held, f"rank {rank}: the sample pool is not the held keys"
     # The peers' sync rounds were answered inside the transport (native/sync_fast.c) here too.
-    assert sum(s["syncs_served_natively"] for s, _, _ in results) > 0
+    assert sum(s["syncs_served_natively"] for s, *_ in results) > 0
 
 
 def _sample_keys_job(node):
@@ -306,9 +323,9 @@ def _sample_keys_job(node):
     once per draw until the next clock, their pushes local."""
     w = node.worker()
     directory, store = node.engine.state.directory, node.engine.state.store
-    bad_held = bad_pins = 0
+    bad_held = bad_pins = batches = 0
     with _keys_moving(node):
-        for _ in range(200):
+        for batches in _batches_until_moved(node, 200):
             keys = w.sample_keys(60, 4)
             bad_held += int(np.count_nonzero(store.states(keys) == NONE))
             # Pinned as often as drawn (the mover's worker pins nothing).
@@ -335,20 +352,21 @@ def _sample_keys_job(node):
         if len(elsewhere) else -2
     left += np.frombuffer(directory.pinned(every), dtype=np.int32)
     w.wait()
-    return (bad_held, bad_pins, int(np.count_nonzero(left)), node.stats(), refused, gave_up)
+    return (bad_held, bad_pins, int(np.count_nonzero(left)), node.stats(), refused, gave_up,
+            batches + 1)
 
 
 def test_sample_keys_are_held_and_pinned_until_the_next_clock():
     config = dict(num_keys=DOMAIN, value_length=4, sampling=adapm.Sampling(0, DOMAIN), **FAST)
     results = run_cluster(_sample_keys_job, 2, config=config, timeout_s=120)
-    for rank, (bad_held, bad_pins, left, s, refused, gave_up) in enumerate(results):
+    for rank, (bad_held, bad_pins, left, s, refused, gave_up, batches) in enumerate(results):
         assert refused == ["TypeError", "ValueError", "ValueError", "TypeError"], refused
         assert gave_up == -2, gave_up
         assert bad_held == 0, f"rank {rank}: {bad_held} sampled keys not held here"
         assert bad_pins == 0, f"rank {rank}: {bad_pins} sampled keys pinned otherwise than drawn"
         assert left == 0, f"rank {rank}: {left} keys still pinned after the last clock"
-        assert s["sampled_keys"] == 200 * 240 and s["remote_push_keys"] == 0, (rank, s)
-        assert s["relocations_in"] + s["replica_setups"] > 0, "no key moved: the test is void"
+        assert s["sampled_keys"] == batches * 240 and s["remote_push_keys"] == 0, (rank, s)
+        assert _moved(s), "no key moved: the test is void"
 
 
 def test_the_draw_reads_the_held_map_while_the_engine_copies_it():
