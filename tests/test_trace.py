@@ -256,6 +256,39 @@ def test_an_unwritable_trace_dir_is_a_clear_error(tmp_path, no_launcher):
     assert rows[0]["local_push_keys"] == 1 and rows[0]["complete"]
 
 
+def test_a_trace_dir_with_an_earlier_trace_is_refused(tmp_path, no_launcher):
+    """A second job into the same directory would replace some of the first one's parts and
+    leave the rest, and readers would take the mix for one run: refused, nothing written."""
+    first = tmp_path / "first"
+    with adapm.init(num_keys=4, trace_dir=str(first)) as node:
+        node.worker().push([1], [[1.0]])
+    before = sorted(p.name for p in first.rglob("*"))
+    with pytest.raises(adapm.ConfigError, match=r"earlier job's trace \(node-r0\.json\)"):
+        adapm.init(num_keys=4, trace_dir=str(first))
+    assert sorted(p.name for p in first.rglob("*")) == before
+    assert load(str(first)).summary().to_pylist()[0]["local_push_keys"] == 1
+    # A part of this rank without its metadata, or the metadata of a rank this job lacks.
+    for leftover in ("events/r0-000003.parquet", "node-r2.json"):
+        other = tmp_path / leftover.replace("/", "-")
+        (other / leftover).parent.mkdir(parents=True)
+        (other / leftover).write_text("")
+        with pytest.raises(adapm.ConfigError, match=leftover.replace(".", r"\.")):
+            adapm.init(num_keys=4, trace_dir=str(other))
+    # The apps say so before they start, in one line.
+    from app_cli import PY
+
+    data = tmp_path / "kg"
+    subprocess.run([PY, "-m", "adapm.apps.kge", "generate", str(data), "--triples", "300"],
+                   check=True, capture_output=True, timeout=120)
+    again = subprocess.run([PY, "-m", "adapm.apps.kge", "--data", str(data), "--epochs", "1",
+                            "--trace-dir", str(first)], capture_output=True, text=True,
+                           timeout=120)
+    assert again.returncode == 2, again.stderr
+    assert f"error: --trace-dir {first}: holds an earlier run's trace (node-r0.json); " \
+        "choose a new directory or remove that trace" in again.stderr.strip().splitlines()[-1]
+    assert "Traceback" not in again.stderr
+
+
 def test_import_adapm_loads_neither_pyarrow_nor_matplotlib():
     code = ("import sys, adapm; import adapm.trace; "
             "assert 'pyarrow' not in sys.modules and 'matplotlib' not in sys.modules")

@@ -234,9 +234,11 @@ def check_flags(parser: argparse.ArgumentParser, opts: argparse.Namespace) -> No
         parser.error("--baseline runs in one process; start it without a launcher")
     # Rank 0 writes the JSON lines and the export; every rank its trace and checkpoint part.
     lead = opts.baseline or launched.rank == 0
+    trace_dir = getattr(opts, "trace_dir", None)
     problem = (lead and _file_problem(getattr(opts, "json", None))) or \
         (lead and _directory_problem(getattr(opts, "export", None))) or \
-        _directory_problem(getattr(opts, "trace_dir", None)) or \
+        _directory_problem(trace_dir) or \
+        _trace_problem(trace_dir, launched.rank, launched.world_size) or \
         (not opts.resume and _directory_problem(getattr(opts, "checkpoint_dir", None)))
     if problem:
         parser.error(problem)
@@ -260,6 +262,18 @@ def _file_problem(path) -> Optional[str]:
     except OSError as exc:
         return f"--json {path}: cannot write: {exc.strerror}"
     return None
+
+
+def _trace_problem(path, rank: int, world_size: int) -> Optional[str]:
+    """Why --trace-dir ``path`` cannot take this rank's trace (it holds an earlier one), or
+    None."""
+    from ..trace.schema import earlier_trace
+
+    earlier = earlier_trace(path, rank, world_size) if path else None
+    if earlier is None:
+        return None
+    return (f"--trace-dir {path}: holds an earlier run's trace ({earlier}); choose a new "
+            f"directory or remove that trace")
 
 
 def _directory_problem(path) -> Optional[str]:

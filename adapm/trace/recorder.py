@@ -86,6 +86,14 @@ class TraceRecorder:
         self.meta = {"format": schema.FORMAT, "version": schema.VERSION, **meta,
                      "started": time.time()}
         try:
+            earlier = schema.earlier_trace(directory, rank, meta.get("world_size", 1))
+        except OSError as exc:
+            raise ConfigError(f"trace_dir {directory!r}: cannot read it ({exc})") from exc
+        if earlier is not None:
+            raise ConfigError(f"trace_dir {directory!r} holds an earlier job's trace ({earlier}):"
+                              f" a trace needs a directory of its own (choose a new one, or "
+                              f"remove that trace)")
+        try:
             for kind in schema.KINDS:
                 os.makedirs(os.path.join(directory, kind), exist_ok=True)
             self._write_meta()

@@ -21,6 +21,9 @@ see a half-written file.
 
 from __future__ import annotations
 
+import os
+import re
+
 FORMAT = "adapm-trace"
 # 1: flat directory, float Unix seconds, per-kind traffic as round columns. 2: this layout.
 VERSION = 2
@@ -157,6 +160,34 @@ def meta_name(rank: int) -> str:
 def part_name(rank: int, part: int) -> str:
     """A part's name inside its kind's directory."""
     return f"r{rank}-{part:06d}.parquet"
+
+
+_META = re.compile(r"node-r(\d+)\.json")
+
+
+def earlier_trace(directory: str, rank: int, world_size: int) -> str | None:
+    """What of an earlier job's trace ``directory`` holds that a node ``rank`` of a job of
+    ``world_size`` nodes would write beside (its own metadata or parts, or the metadata of a
+    rank this job does not have), or None. A new job's parts would replace some of the old
+    ones and leave the rest: readers would take the mix for one run. Reads names only."""
+    if not os.path.isdir(directory):
+        return None
+    names = os.listdir(directory)
+    if meta_name(rank) in names:
+        return meta_name(rank)
+    prefix = part_name(rank, 0)[:-len("000000.parquet")]
+    for kind in KINDS:
+        folder = os.path.join(directory, kind)
+        if os.path.isdir(folder):
+            for name in os.listdir(folder):
+                if name.startswith(prefix) and name.endswith(".parquet"):
+                    return os.path.join(kind, name)
+    if rank == 0:
+        for name in names:
+            match = _META.fullmatch(name)
+            if match and int(match.group(1)) >= world_size:
+                return name
+    return None
 
 
 def time_type():
