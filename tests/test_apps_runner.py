@@ -139,3 +139,24 @@ def test_the_baseline_refuses_a_launcher(program, tmp_path):
                     "ADAPM_RENDEZVOUS": "127.0.0.1:9"}, timeout=120)
     assert "--baseline runs in one process; start it without a launcher" in proc.stderr
     assert not out.exists()
+
+
+@pytest.mark.parametrize("program", [
+    ["-m", "adapm.apps.kge", "generate", "{out}", "--triples", "100"],
+    ["-m", "adapm.apps.wv", "generate", "{out}", "--sentences", "100"],
+    ["-m", "adapm.apps.mf", "generate", "{out}", "--rows", "100", "--cols", "100", "--entries",
+     "500"],
+    ["examples/ctr/criteo.py", "generate", "{out}", "--rows", "100"],
+    ["examples/gnn/graph.py", "generate", "{out}"],
+], ids=["kge", "wv", "mf", "ctr", "gnn"])
+def test_a_generator_refuses_an_output_it_cannot_write_in_one_line(program, tmp_path):
+    """Every data generator: an output path that is a file, or under one, is one line and exit
+    code 2 (it was a traceback and exit 1), and nothing is written."""
+    root = Path(__file__).resolve().parent.parent
+    blocker = tmp_path / "a-file"
+    blocker.write_text("data\n")
+    for out in (blocker, blocker / "kg"):
+        proc = run([PY, *[str(out) if arg == "{out}" else arg for arg in program]], expect=2,
+                   cwd=root, timeout=120)
+        assert "Traceback" not in proc.stderr and str(blocker) in proc.stderr, proc.stderr
+    assert blocker.read_text() == "data\n" and sorted(tmp_path.iterdir()) == [blocker]

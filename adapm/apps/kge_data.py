@@ -26,6 +26,7 @@ import numpy as np
 
 from ..errors import InvalidArgument
 from .datafiles import DataError
+from .outputs import directory_problem
 
 SPLITS = ("train", "valid", "test")
 _COLUMNS = ("head", "relation", "tail")
@@ -449,12 +450,17 @@ def generate_main(argv: list[str]) -> int:
     parser.add_argument("--relations", type=int, help="relations (default: ~4 log2(triples/100))")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
+    problem = directory_problem(args.out_dir)
+    if problem:
+        parser.error(problem)
     try:
         kg = generate(args.triples, num_entities=args.entities, num_relations=args.relations,
                       seed=args.seed)
         write(kg, args.out_dir)
     except InvalidArgument as exc:
         parser.error(str(exc))
+    except OSError as exc:
+        parser.error(f"{args.out_dir}: cannot write: {exc}")
     print(f"wrote {args.out_dir}: {kg.num_entities} entities, {kg.num_relations} relations, "
           f"{len(kg.train)} train / {len(kg.valid)} valid / {len(kg.test)} test triples")
     return 0

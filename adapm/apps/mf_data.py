@@ -39,6 +39,7 @@ import numpy as np
 from .. import _argtypes
 from .._native_loader import load as _load
 from .datafiles import DataError, write_atomically
+from .outputs import directory_problem
 
 _kernels = _load("adapm._kernels")
 
@@ -369,8 +370,14 @@ def generate_main(argv) -> int:
     opts = p.parse_args(argv)
     if opts.entries < 2 or opts.entries > opts.rows * opts.cols // 2:
         p.error("--entries must be in [2, rows * cols / 2]")
-    info = generate(opts.out_dir, opts.rows, opts.cols, opts.entries, rank=opts.rank,
-                    noise=opts.noise, skew=opts.skew, fmt=opts.format, seed=opts.seed)
+    problem = directory_problem(opts.out_dir)
+    if problem:
+        p.error(problem)
+    try:
+        info = generate(opts.out_dir, opts.rows, opts.cols, opts.entries, rank=opts.rank,
+                        noise=opts.noise, skew=opts.skew, fmt=opts.format, seed=opts.seed)
+    except OSError as exc:
+        p.error(f"{opts.out_dir}: cannot write: {exc}")
     print(f"wrote {info['train']} ({info['train_entries']} entries) and {info['test']} "
           f"({info['test_entries']}), {opts.rows} x {opts.cols}")
     return 0

@@ -44,7 +44,6 @@ import json
 import math
 import os
 import sys
-import tempfile
 import threading
 import time
 from collections import deque
@@ -60,6 +59,7 @@ from .._native_loader import name_thread
 from ..config import MANAGEMENT_VARIANTS
 from ..errors import AdaPMTimeout, CheckpointError, ConfigError, NodeFailure, TransportError
 from .baseline import ArrayNode
+from .outputs import directory_problem, file_problem
 from .datafiles import DataError
 from .exchange import Exchange, LocalExchange
 
@@ -235,33 +235,13 @@ def check_flags(parser: argparse.ArgumentParser, opts: argparse.Namespace) -> No
     # Rank 0 writes the JSON lines and the export; every rank its trace and checkpoint part.
     lead = opts.baseline or launched.rank == 0
     trace_dir = getattr(opts, "trace_dir", None)
-    problem = (lead and _file_problem(getattr(opts, "json", None))) or \
-        (lead and _directory_problem(getattr(opts, "export", None))) or \
-        _directory_problem(trace_dir) or \
+    problem = (lead and file_problem(getattr(opts, "json", None))) or \
+        (lead and directory_problem(getattr(opts, "export", None))) or \
+        directory_problem(trace_dir) or \
         _trace_problem(trace_dir, launched.rank, launched.world_size) or \
-        (not opts.resume and _directory_problem(getattr(opts, "checkpoint_dir", None)))
+        (not opts.resume and directory_problem(getattr(opts, "checkpoint_dir", None)))
     if problem:
         parser.error(problem)
-
-
-def _file_problem(path) -> Optional[str]:
-    """Why --json ``path`` could not be appended to, or None ('-' is stdout)."""
-    if not path or path == "-":
-        return None
-    if os.path.isdir(path):
-        return f"--json {path}: is a directory, not a file"
-    parent = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(parent):
-        return f"--json {path}: directory {parent} does not exist"
-    if not os.access(parent if not os.path.exists(path) else path, os.W_OK):
-        return f"--json {path}: not writable"
-    # os.access cannot tell everything (root on a read-only mount, /proc): open it as the run
-    # will. An empty file left by a run that fails later is what --json would leave anyway.
-    try:
-        open(path, "a").close()
-    except OSError as exc:
-        return f"--json {path}: cannot write: {exc.strerror}"
-    return None
 
 
 def _trace_problem(path, rank: int, world_size: int) -> Optional[str]:
@@ -274,29 +254,6 @@ def _trace_problem(path, rank: int, world_size: int) -> Optional[str]:
         return None
     return (f"--trace-dir {path}: holds an earlier run's trace ({earlier}); choose a new "
             f"directory or remove that trace")
-
-
-def _directory_problem(path) -> Optional[str]:
-    """Why directory ``path`` could not be created or written into, or None."""
-    if not path:
-        return None
-    if os.path.exists(path) and not os.path.isdir(path):
-        return f"{path}: exists and is not a directory"
-    existing = os.path.abspath(path)
-    while not os.path.exists(existing):
-        existing = os.path.dirname(existing)
-    if not os.path.isdir(existing):
-        return f"{path}: {existing} is a file, so the directory cannot be made"
-    if not os.access(existing, os.W_OK):
-        return f"{path}: {existing} is not writable"
-    # os.access cannot tell everything (root on a read-only mount, /proc): write a file there.
-    try:
-        fd, probe = tempfile.mkstemp(prefix=".adapm-probe-", dir=existing)
-    except OSError as exc:
-        return f"{path}: cannot write into {existing}: {exc.strerror}"
-    os.close(fd)
-    os.unlink(probe)
-    return None
 
 
 def run(task: Task, opts: argparse.Namespace, *, out=None) -> list[dict]:

@@ -28,6 +28,7 @@ import numpy as np
 from .. import _argtypes
 from .._native_loader import load as _load
 from .datafiles import DataError, line_at, write_atomically
+from .outputs import directory_problem
 
 _kernels = _load("adapm._kernels")
 
@@ -281,8 +282,14 @@ def generate_main(argv) -> int:
     opts = p.parse_args(argv)
     if opts.pairs < 2:
         p.error("--pairs must be >= 2")
-    info = generate(opts.out_dir, opts.sentences, families=opts.families, pairs=opts.pairs,
-                    seed=opts.seed)
+    problem = directory_problem(opts.out_dir)
+    if problem:
+        p.error(problem)
+    try:
+        info = generate(opts.out_dir, opts.sentences, families=opts.families, pairs=opts.pairs,
+                        seed=opts.seed)
+    except OSError as exc:
+        p.error(f"{opts.out_dir}: cannot write: {exc}")
     print(f"wrote {info['corpus']} ({info['sentences']} sentences), {info['analogies']} "
           f"({info['questions']} questions), {info['similarity']}")
     return 0

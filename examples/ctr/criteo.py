@@ -289,6 +289,9 @@ def main(argv=None) -> int:
     except DataError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:  # an output path that is a file, or not writable
+        print(f"error: {opts.directory}: cannot write: {exc}", file=sys.stderr)
+        return 2
     print(json.dumps({k: v for k, v in meta.items() if k != "cardinalities"}))
     return 0
 
