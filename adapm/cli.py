@@ -41,7 +41,8 @@ def parser() -> argparse.ArgumentParser:
                       help="a key to draw (repeat for several)")
     keys.add_argument("--hot", type=positive_int, metavar="N",
                       help="the N keys with the most events")
-    plot.add_argument("-o", "--output", required=True, metavar="PNG", help="the picture to write")
+    plot.add_argument("-o", "--output", required=True, metavar="PNG",
+                      help="the picture to write (PNG; .svg or .pdf by the name)")
     plot.add_argument("--no-intents", action="store_true",
                       help="leave out the intent windows (orange strips)")
     plot.add_argument("--no-remote", action="store_true",

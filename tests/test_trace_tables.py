@@ -175,6 +175,23 @@ def test_the_plot_marks_epochs_spans_intents_and_remote_accesses(trace_dir):
         plt.close(bare)
 
 
+def test_a_plot_to_a_format_matplotlib_lacks_is_one_line_before_drawing(trace_dir, tmp_path):
+    pytest.importorskip("matplotlib")
+    out = tmp_path / "keys.jpgg"
+    proc = subprocess.run([sys.executable, "-m", "adapm.cli", "trace", "plot", str(trace_dir),
+                           "--key", "0", "-o", str(out)], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.startswith(f"adapm trace: error: {out}: matplotlib writes no 'jpgg' "
+                                  "files; name a .png"), proc.stderr
+    assert not out.exists()
+    svg = tmp_path / "keys.svg"  # another format matplotlib writes is drawn as named
+    proc = subprocess.run([sys.executable, "-m", "adapm.cli", "trace", "plot", str(trace_dir),
+                           "--key", "0", "-o", str(svg)], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0 and svg.read_text().lstrip().startswith("<?xml"), proc.stderr
+
+
 def test_a_trace_of_the_old_format_is_refused_clearly(tmp_path):
     old = tmp_path / "old"
     old.mkdir()

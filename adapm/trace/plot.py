@@ -13,10 +13,12 @@ shaded grey. ``--hot N`` stacks the N keys with the most events in one figure.
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 from ..errors import AdaPMError
-from .query import Trace
+from .query import Trace, TraceError
 
 
 MAIN_COLOUR = "#1f4e79"     # main copy
@@ -143,8 +145,17 @@ def figure(trace: Trace, keys, intents: bool = True, remote: bool = True):
 
 
 def plot_keys(trace: Trace, keys, path: str, intents: bool = True, remote: bool = True) -> None:
-    """Write the timelines of ``keys`` (:func:`figure`) to ``path`` (PNG)."""
+    """Write the timelines of ``keys`` (:func:`figure`) to ``path``: PNG, or another format
+    matplotlib writes, by the name's extension (TraceError, before drawing, for one it does
+    not)."""
     plt = _pyplot()
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    extension = os.path.splitext(path)[1][1:].lower()
+    formats = FigureCanvasBase.get_supported_filetypes()
+    if extension and extension not in formats:
+        raise TraceError(f"{path}: matplotlib writes no {extension!r} files; name a .png "
+                         f"(or {', '.join('.' + f for f in sorted(formats) if f != 'png')})")
     fig = figure(trace, keys, intents=intents, remote=remote)
     try:
         fig.savefig(path, dpi=100)
