@@ -233,6 +233,14 @@ def test_trace_keys_selects_what_is_recorded(tmp_path):
 
     chosen = selection(adapm.Config(num_keys=12, trace_keys=3))
     assert len(chosen) == 3 and set(load(sampled).events["key"].to_pylist()) <= set(chosen)
+    # A key the trace did not record has no answer: its home and no replicas would be a guess.
+    for directory, recorded in ((listed, [1, 4]), (sampled, chosen.tolist())):
+        trace = load(directory)
+        other = next(k for k in range(12) if k not in recorded)
+        for question in (trace.location, trace.replicas, trace.timeline):
+            with pytest.raises(TraceError, match=f"key {other} was not recorded"):
+                question(other)
+            question(recorded[0])
 
 
 @settings(max_examples=30, deadline=None)

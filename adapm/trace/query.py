@@ -117,6 +117,9 @@ class Trace:
             ([int(self._times.max())] if len(self._times) else [])
         self._end = max(ends) if ends else self._start
         self._keys = self.events["key"].to_numpy()
+        # The recorded keys (sorted), None for all, or False where the metadata does not say.
+        listed = nodes[0].get("recorded_keys", False)
+        self._recorded = np.asarray(listed, dtype=np.int64) if listed else listed
         self._names = np.asarray(self.events["event"].to_numpy(zero_copy_only=False))
 
     def __repr__(self) -> str:
@@ -153,6 +156,14 @@ class Trace:
             raise TraceError(f"key must be an int, got {key!r}") from None
         if not 0 <= key < self.num_keys:
             raise TraceError(f"key {key} is outside [0, {self.num_keys})")
+        recorded = self._recorded
+        if recorded is not False and recorded is not None:
+            at = int(np.searchsorted(recorded, key))
+            if at == len(recorded) or recorded[at] != key:
+                raise TraceError(f"key {key} was not recorded: the trace holds the events of "
+                                 f"{len(recorded)} keys (trace_keys="
+                                 f"{self.nodes[0].get('trace_keys')!r}); record the key too "
+                                 "for its location, replicas and timeline")
         return key
 
     def timeline(self, key):

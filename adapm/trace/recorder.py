@@ -31,6 +31,7 @@ FLUSH_S = 1.0           # at most this long between parts: a crash loses about t
 FLUSH_ROWS = 1 << 18    # or this many buffered event rows (about 8 MB of columns)
 MAX_PENDING = 16        # parts queued for the writer before rows are dropped
 SAMPLE_SEED = 0         # of trace_keys=N
+MAX_LISTED = 100_000    # recorded keys listed in the metadata at most
 # node.stats()'s per-kind traffic counters: they go to the traffic table, one row per kind.
 _PER_KIND = re.compile(r"(messages|bytes)_(sent|received)_(\w+)")
 _FLOAT_STATS = ("remote_access_share", "access_wait_s", "mean_staleness_ms", "mean_round_ms",
@@ -85,6 +86,10 @@ class TraceRecorder:
         self._closed = False
         self.meta = {"format": schema.FORMAT, "version": schema.VERSION, **meta,
                      "started": time.time()}
+        # Which keys a reader may ask about (Trace.location and the rest refuse the others):
+        # null for all, else the list, unless too long for a JSON file (then not checked).
+        if selection is None or len(selection) <= MAX_LISTED:
+            self.meta["recorded_keys"] = None if selection is None else selection.tolist()
         try:
             earlier = schema.earlier_trace(directory, rank, meta.get("world_size", 1))
         except OSError as exc:

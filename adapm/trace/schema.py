@@ -6,8 +6,8 @@ One Parquet dataset per kind of row, each a directory with one file per node and
 ``read_parquet('DIR/events')`` read every node's rows as one table, without globs::
 
     DIR/node-r{r}.json             node r's metadata (format, version, rank, world_size,
-                                   num_keys, management, trace_keys, started; after a clean
-                                   shutdown finished, dropped_rows, complete)
+                                   num_keys, management, trace_keys, recorded_keys, started;
+                                   after a clean shutdown finished, dropped_rows, complete)
     DIR/events/r{r}-{part}.parquet one row per key and event  (EVENT_COLUMNS)
     DIR/rounds/r{r}-{part}.parquet one row per sync round     (ROUND_COLUMNS + ROUND_STATS)
     DIR/traffic/r{r}-{part}.parquet messages and bytes per message kind (TRAFFIC_COLUMNS)
