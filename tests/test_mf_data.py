@@ -319,6 +319,24 @@ def test_tables_with_a_header_or_a_delimiter(tmp_path, delimiter, text):
         ([1, 0], [0, 0], 2, 1)
 
 
+@pytest.mark.parametrize("delimiter, text", [
+    (None, "userId,movieId,rating,timestamp\n10,7,4.5,881250949\n3,7,1,881250950\n"),
+    (",", "10,7,4.5\n3,7,1\n"),
+    (None, "10 7 4.5\n3 7 1\n"),
+    (None, BANNER + "11 8 2\n11 8 4.5\n4 8 1\n"),
+])
+def test_a_byte_order_mark_is_not_part_of_the_first_line(tmp_path, delimiter, text):
+    """Excel's "CSV UTF-8" starts the file with a UTF-8 byte order mark: read as without it
+    (it was taken for the header's first characters, and the file refused)."""
+    plain = write(tmp_path, text, "plain.csv")
+    marked = tmp_path / "marked.csv"
+    marked.write_bytes(b"\xef\xbb\xbf" + text.encode())
+    got = read_matrix(marked, delimiter=delimiter)
+    assert got.rows.tolist() and as_tuple(got) == as_tuple(read_matrix(plain, delimiter=delimiter))
+    train, test = mf_data.read_files(marked, plain, delimiter=delimiter)
+    assert (train.num_rows, train.num_cols) == (test.num_rows, test.num_cols)
+
+
 def test_a_delimiter_leaves_matrix_market_files_alone(tmp_path):
     path = write(tmp_path, BANNER + "2 2 1\n2 1 1.5\n")
     assert as_tuple(read_matrix(path, delimiter=";")) == as_tuple(read_matrix(path)) == \

@@ -45,6 +45,7 @@ _kernels = _load("adapm._kernels")
 
 _BLOCK = 1 << 26  # bytes parsed per native call (see wv_data._BLOCK)
 MM_HEADER = "%%matrixmarket"
+_BOM = b"\xef\xbb\xbf"  # UTF-8 byte order mark
 _MM_FIELDS = ("real", "integer")
 _MM_SYMMETRIES = ("general", "symmetric")
 
@@ -116,8 +117,11 @@ def read_matrix(path, shape: tuple[int, int] | None = None,
     except OSError as exc:
         raise DataError(f"{path}: cannot open: {exc.strerror}") from None
     with f:
+        # A UTF-8 byte order mark (Excel's "CSV UTF-8") is not part of the first line.
+        start = len(_BOM) if f.read(len(_BOM)) == _BOM else 0
+        f.seek(start)
         market = f.read(len(MM_HEADER)).lower() == MM_HEADER.encode()
-        f.seek(0)
+        f.seek(start)
         declared, line_base, carry, symmetric = None, 0, b"", False
         if market:  # its own format: a delimiter is for tables
             *declared, line_base, symmetric = _mm_header(path, f)
@@ -220,10 +224,11 @@ def _table_header(path, f, delimiter: Optional[str]) -> tuple[Optional[str], int
     after its header line if it has one (a first line that starts with a letter, a quote or
     '_'). Without ``delimiter`` the header tells a comma or a tab; with neither the file is not
     a table (None, 0)."""
+    at = f.tell()  # after a byte order mark, if any
     first = f.readline()
     text = first.decode("utf-8", "replace").strip()
     if not text or not (text[0].isalpha() or text[0] in "\"'_"):
-        f.seek(0)
+        f.seek(at)
         return delimiter, 0
     if delimiter is not None:
         if len(text.split(delimiter)) < 3:
@@ -280,7 +285,8 @@ def read_files(train_path, *others, delimiter: Optional[str] = None) -> list[Mat
 def _is_market(path) -> bool:
     """Whether the file starts with the MatrixMarket banner (read_matrix's test)."""
     with open(path, "rb") as f:
-        return f.read(len(MM_HEADER)).lower() == MM_HEADER.encode()
+        head = f.read(len(_BOM) + len(MM_HEADER))
+    return head.removeprefix(_BOM)[:len(MM_HEADER)].lower() == MM_HEADER.encode()
 
 
 # -------------------------------------------------------------------------------- generator
