@@ -26,6 +26,7 @@ given to ``adapm.init`` under a launcher takes the launcher's rank, world size a
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import difflib
 import ipaddress
@@ -37,6 +38,7 @@ from typing import Mapping, Optional, Union
 
 import numpy as np
 
+from . import _argtypes
 from .errors import ConfigError
 from .sampling import Sampling
 
@@ -348,10 +350,10 @@ class Config:
         if "ADAPM_TRACE_DIR" in env:
             found["trace_dir"] = env["ADAPM_TRACE_DIR"]
         if "ADAPM_TRACE_KEYS" in env:
-            text = env["ADAPM_TRACE_KEYS"].strip()
-            found["trace_keys"] = text if text == "all" else \
-                _env_int(env, "ADAPM_TRACE_KEYS") if "," not in text else \
-                _env_ints(env, "ADAPM_TRACE_KEYS")
+            try:  # as --trace-keys reads it
+                found["trace_keys"] = _argtypes.trace_keys(env["ADAPM_TRACE_KEYS"])
+            except argparse.ArgumentTypeError as exc:
+                raise ConfigError(f"environment variable ADAPM_TRACE_KEYS: {exc}") from None
         found.update(env_auth(env))
         found.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**found)
@@ -603,14 +605,6 @@ def _env_int(env: Mapping[str, str], var: str) -> int:
         return int(env[var])
     except ValueError:
         raise ConfigError(f"environment variable {var} must be an integer, got {env[var]!r}") from None
-
-
-def _env_ints(env: Mapping[str, str], var: str) -> list:
-    try:
-        return [int(part) for part in env[var].split(",") if part.strip()]
-    except ValueError:
-        raise ConfigError(f"environment variable {var} must be integers separated by commas, "
-                          f"got {env[var]!r}") from None
 
 
 def _env_float(env: Mapping[str, str], var: str) -> float:

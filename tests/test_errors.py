@@ -463,6 +463,19 @@ def test_environment_timeout_error_names_variable():
         Config.from_env(env={"ADAPM_REQUEST_TIMEOUT_S": "soon"}, num_keys=3)
 
 
+@pytest.mark.parametrize("text, expected", [("all", "all"), (" 5 ", 5), ("1,4", [1, 4]),
+                                            ("4,", [4])])
+def test_trace_keys_from_the_environment_read_as_the_flag_reads_them(text, expected):
+    got = Config.from_env(env={"ADAPM_TRACE_KEYS": text}, num_keys=9).trace_keys
+    assert (got if isinstance(got, (str, int)) else list(got)) == expected
+    # Every form in the message: the variable's old one said "an integer" for a list or "all".
+    for bad in ("foo", "1,x", "0", ","):
+        with pytest.raises(ConfigError, match=r'ADAPM_TRACE_KEYS: (expected "all", a number of '
+                                              r'keys to sample, or keys like 1,5,9|a sample of 0 '
+                                              r'keys|no keys given)'):
+            Config.from_env(env={"ADAPM_TRACE_KEYS": bad}, num_keys=9)
+
+
 # --- distributed: a refused push changes nothing on any node ------------------------------------
 
 D_KEYS, D_DIM = 12, 2
