@@ -65,11 +65,16 @@ def test_valid_stops_early_and_exports_the_best_epoch(noisy, tmp_path, nodes):
     app = [PY, "-m", "adapm.apps.mf", "--train", str(noisy["train"]), "--valid",
            str(noisy["valid"]), "--test", str(noisy["test"]), "--epochs", "30", "--patience",
            "3", "--reg", "0", "--progress", "off", "--json", "-", "--export", str(export)]
-    lines = records(run([*LAUNCHER, "-n", "2", *app] if nodes == 2 else app).stdout)
+    proc = run([*LAUNCHER, "-n", "2", *app] if nodes == 2 else app)
+    lines = records(proc.stdout)
     best = lines[-1]["best_epoch"]
     valid = [r["valid_rmse"] for r in lines]
     # It overfits, so it stops: three epochs after the best, which has the lowest RMSE.
     assert len(lines) == best + 3 < 30, valid
+    # ... and says so, once.
+    notice = (f"stopped early after epoch {len(lines)} of 30: the validation figure did not "
+              f"improve since epoch {best}; {export} gets epoch {best}'s model")
+    assert proc.stderr.count(notice) == 1, proc.stderr
     assert valid[best - 1] == min(valid) < valid[-1], valid
     assert [r["best_epoch"] for r in lines] == [
         int(np.argmin(valid[:i + 1])) + 1 for i in range(len(lines))]

@@ -431,6 +431,12 @@ def _train(task: Task, opts, node, out, resume: Optional[_Resume] = None) -> lis
         if getattr(opts, "checkpoint_dir", None) and (last or epoch % opts.checkpoint_every == 0):
             _checkpoint(task, opts, node, exchange, threads, epoch)
         if stop:
+            if node.rank == 0:  # a notice, on stderr: stdout may be a pipe of JSON lines
+                best = extra.get("best_epoch", epoch)
+                print(f"stopped early after epoch {epoch} of {opts.epochs}: the validation "
+                      f"figure did not improve since epoch {best}"
+                      + (f"; {opts.export} gets epoch {best}'s model" if opts.export else ""),
+                      file=sys.stderr, flush=True)
             break
     if opts.export and node.rank == 0:
         task.export(lead, opts.export)
