@@ -80,7 +80,8 @@ def _summary(trace, as_json: bool, per_epoch: bool) -> None:
         for row in rows:
             print(json.dumps(row))
         return
-    print(f"{trace.directory}: {trace.world_size} nodes, {trace.num_keys:,} keys, "
+    nodes = "1 node" if trace.world_size == 1 else f"{trace.world_size} nodes"
+    print(f"{trace.directory}: {nodes}, {trace.num_keys:,} keys, "
           f"{len(trace.events):,} events over {trace.duration_s:.2f} s")
     groups = [(None, rows)] if not per_epoch else [
         (epoch, [r for r in rows if r["epoch"] == epoch])
