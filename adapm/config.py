@@ -67,6 +67,8 @@ ENV_VARIABLES = {
     "ADAPM_RENDEZVOUS": "host:port of rank 0's rendezvous (set by adapm-run)",
     "ADAPM_JOB": "Config.job: an id the job's ranks share (set by adapm-run)",
     "ADAPM_DEBUG": "1: the apps show a traceback for configuration and launch errors too",
+    "ADAPM_TERMINAL": "1: the launcher's stderr is a terminal, so the apps draw their progress "
+                      "bars (set by adapm-run)",
     "ADAPM_HOST": "address this node binds and advertises (Config.host)",
     "ADAPM_MANAGEMENT": "Config.management",
     "ADAPM_CHANNELS": "Config.channels",
@@ -397,6 +399,18 @@ def debug(env: Optional[Mapping[str, str]] = None) -> bool:
     """Whether ``ADAPM_DEBUG`` asks for tracebacks of user errors (the apps)."""
     env = os.environ if env is None else env
     return env.get("ADAPM_DEBUG", "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def on_terminal(stream, env: Optional[Mapping[str, str]] = None) -> bool:
+    """Whether ``stream`` reaches a terminal: itself, or through adapm-run, which relays a
+    rank's output through a pipe and says in ``ADAPM_TERMINAL`` that its own stderr is one."""
+    env = os.environ if env is None else env
+    try:
+        if stream.isatty():
+            return True
+    except (AttributeError, ValueError):  # no isatty, or closed
+        pass
+    return env.get("ADAPM_TERMINAL", "").strip() == "1"
 
 
 def check_env_names(env: Mapping[str, str]) -> None:

@@ -107,10 +107,12 @@ OTHER_LAUNCHER_VARIABLES = frozenset({
 
 
 def build_env(rank: int, n: int, rendezvous: str, host_addr: Optional[str] = None,
-              job: Optional[str] = None) -> dict:
+              job: Optional[str] = None, terminal: bool = False) -> dict:
     """The ``ADAPM_*`` variables for one rank (only those; the caller merges them into its env).
 
-    ``ADAPM_HOST`` is present only when ``host_addr`` is given, ``ADAPM_JOB`` when ``job`` is.
+    ``ADAPM_HOST`` is present only when ``host_addr`` is given, ``ADAPM_JOB`` when ``job`` is,
+    ``ADAPM_TERMINAL`` when ``terminal`` (adapm-run's stderr is a terminal: a rank's own is a
+    pipe to adapm-run, which relays a progress bar's redrawn lines as they come).
     """
     env = {
         "ADAPM_RANK": str(rank),
@@ -121,6 +123,8 @@ def build_env(rank: int, n: int, rendezvous: str, host_addr: Optional[str] = Non
         env["ADAPM_JOB"] = job
     if host_addr is not None:
         env["ADAPM_HOST"] = host_addr
+    if terminal:
+        env["ADAPM_TERMINAL"] = "1"
     return env
 
 
@@ -503,25 +507,27 @@ def _plan(args, parser: argparse.ArgumentParser) -> list[_Rank]:
     # (not ADAPM_HOST, an address of this machine; not ADAPM_SECRET, which goes over stdin).
     forwarded = {
         k: v for k, v in os.environ.items()
-        if k.startswith("ADAPM_") and k not in ("ADAPM_HOST", "ADAPM_SECRET")
+        if k.startswith("ADAPM_") and k not in ("ADAPM_HOST", "ADAPM_SECRET", "ADAPM_TERMINAL")
     }
     # One id per job: the rendezvous refuses a rank of another job on the same port.
     job = os.environ.get("ADAPM_JOB") or secrets.token_hex(8)
     # adapm-run is these processes' launcher: another launcher's rank variables (an sbatch
     # script's SLURM_PROCID, a shell's stale RANK) would contradict ours (adapm.Config refuses
     # that), so the ranks do not inherit them.
-    inherited = {k: v for k, v in os.environ.items() if k not in OTHER_LAUNCHER_VARIABLES}
+    inherited = {k: v for k, v in os.environ.items()
+                 if k not in OTHER_LAUNCHER_VARIABLES and k != "ADAPM_TERMINAL"}
     cwd = os.getcwd()
+    terminal = sys.stderr.isatty()
     ranks = []
     for r, host in enumerate(placement):
         if local[r]:
-            env = {**inherited, **build_env(r, n, rendezvous, local_addr, job)}
+            env = {**inherited, **build_env(r, n, rendezvous, local_addr, job, terminal)}
             if made:
                 env["ADAPM_SECRET"] = secret
             ranks.append(_Rank(r, host, cmd, env, remote=False))
         else:
             addr = args.iface if (args.iface is not None and remote_iface is None) else None
-            env = {**forwarded, **build_env(r, n, rendezvous, addr, job)}
+            env = {**forwarded, **build_env(r, n, rendezvous, addr, job, terminal)}
             command = remote_command(cmd, env, cwd, args.grace, iface=remote_iface,
                                      secret_on_stdin=secret is not None)
             stdin_data = None if secret is None else (secret + "\n").encode()

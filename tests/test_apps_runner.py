@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import fcntl
+import os
+import pty
+import struct
+import subprocess
+import termios
 from pathlib import Path
 
 import numpy as np
@@ -12,7 +18,7 @@ from adapm.apps.exchange import PAYLOAD_BYTES, Exchange
 from adapm.apps.runner import _delta
 from adapm.testing import run_cluster
 
-from app_cli import PY, run
+from app_cli import ENV, LAUNCHER, PY, run
 
 FAST = dict(connect_timeout_s=20, request_timeout_s=20)
 
@@ -160,3 +166,39 @@ def test_a_generator_refuses_an_output_it_cannot_write_in_one_line(program, tmp_
                    cwd=root, timeout=120)
         assert "Traceback" not in proc.stderr and str(blocker) in proc.stderr, proc.stderr
     assert blocker.read_text() == "data\n" and sorted(tmp_path.iterdir()) == [blocker]
+
+
+def _on_a_terminal(cmd, cwd) -> str:
+    """What ``cmd`` writes to a pseudo-terminal as its stdout and stderr (a user's terminal)."""
+    leader, follower = pty.openpty()
+    # 24 x 120 characters (a new pty has 0 x 0, and tqdm draws a bar that wide)
+    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 120, 0, 0))
+    proc = subprocess.Popen(cmd, stdout=follower, stderr=follower, cwd=cwd, env=ENV)
+    os.close(follower)
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(leader, 1 << 16)
+        except OSError:  # EIO: every writer closed its end
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(leader)
+    assert proc.wait(timeout=120) == 0, b"".join(chunks).decode(errors="replace")
+    return b"".join(chunks).decode(errors="replace")
+
+
+def test_the_progress_bar_shows_on_a_terminal_through_the_launcher(tmp_path):
+    """--progress auto draws rank 0's bar when the user's terminal is adapm-run's: a rank's
+    own stderr is a pipe to the launcher (the bar was missing under adapm-run), and no bar
+    goes into a pipe or a file."""
+    data = tmp_path / "kg"
+    run([PY, "-m", "adapm.apps.kge", "generate", str(data), "--triples", "2000"])
+    app = [PY, "-m", "adapm.apps.kge", "--data", str(data), "--dim", "8", "--epochs", "1",
+           "--eval-max", "0"]
+    for cmd in (app, [*LAUNCHER, "-n", "2", *app]):
+        shown = _on_a_terminal(cmd, tmp_path)
+        assert "batch/s]" in shown and "epoch 1:" in shown, shown
+        piped = run(cmd, cwd=tmp_path)
+        assert "batch/s" not in piped.stderr + piped.stdout, piped.stderr

@@ -761,8 +761,10 @@ def _progress(opts, node, epoch: int, total: int):
         return None
     from tqdm import tqdm
 
+    # auto: a bar on a terminal, also through adapm-run (its stderr a terminal: on_terminal).
+    shown = opts.progress == "on" or adapm.config.on_terminal(sys.stderr)
     return tqdm(total=total, desc=f"epoch {epoch}", unit="batch", leave=False,
-                disable=None if opts.progress == "auto" else False, file=sys.stderr)
+                disable=not shown, file=sys.stderr)
 
 
 def _watch(runners: Sequence[threading.Thread], threads: Sequence[_Thread], bar) -> None:
