@@ -90,6 +90,10 @@ def _summary(trace, as_json: bool, per_epoch: bool) -> None:
         if epoch is not None:
             print(f"\nepoch {epoch} (training):")
         _table(group)
+        missing = trace.world_size - sum(row["node"] != "total" for row in group)
+        if missing > 0:  # a node that died before it marked the epoch: total is the others'
+            print(f"({missing} of {trace.world_size} nodes did not mark this epoch: the total "
+                  "is the others')")
     if any(not row["complete"] for row in rows if row["node"] != "total"):
         print("(a node did not shut down cleanly: its figures are from its last recorded round)")
 

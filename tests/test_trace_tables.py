@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -190,6 +191,24 @@ def test_a_plot_to_a_format_matplotlib_lacks_is_one_line_before_drawing(trace_di
                            "--key", "0", "-o", str(svg)], capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode == 0 and svg.read_text().lstrip().startswith("<?xml"), proc.stderr
+
+
+def test_a_per_epoch_total_says_when_a_node_did_not_mark_the_epoch(trace_dir, tmp_path):
+    """A node that died before it marked an epoch has no row there, and the total is the
+    others': the table says so (it summed them without a word)."""
+    whole = subprocess.run([sys.executable, "-m", "adapm.cli", "trace", "summary",
+                            str(trace_dir), "--per-epoch"], capture_output=True, text=True,
+                           timeout=60)
+    assert whole.returncode == 0 and "did not mark" not in whole.stdout, whole.stdout
+    cut = tmp_path / "cut"
+    shutil.copytree(trace_dir, cut)
+    for part in (cut / "marks").glob("r1-*.parquet"):  # rank 1's marks: as if it died first
+        part.unlink()
+    proc = subprocess.run([sys.executable, "-m", "adapm.cli", "trace", "summary", str(cut),
+                           "--per-epoch"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    notice = "(1 of 2 nodes did not mark this epoch: the total is the others')"
+    assert proc.stdout.count(notice) == EPOCHS, proc.stdout
 
 
 def test_a_trace_of_the_old_format_is_refused_clearly(tmp_path):
