@@ -20,7 +20,8 @@ Output: with ``--prefix on`` every line a rank writes to stdout or stderr reache
 stdout or stderr behind ``[rank R]: `` (as torchrun's log prefix), each line written whole, so
 two ranks' lines never mix within a line. ``auto`` (the default) prefixes a stream when there
 are several ranks and that stream of adapm-run is a terminal; output going to a file or a pipe
-stays as the ranks wrote it (rank 0's JSON lines for a program that reads them).
+keeps the ranks' lines as they wrote them, without the prefix (rank 0's JSON lines for a program
+that reads them), each line whole.
 ``off``: the ranks write straight to adapm-run's stdout and stderr. ``--log-dir DIR``
 (as torchrun's ``--log-dir`` with ``--tee``) also writes each rank's output, as it wrote it,
 to ``DIR/rank-R.stdout`` and ``DIR/rank-R.stderr`` (created or overwritten).
@@ -638,9 +639,11 @@ def _run(ranks: list[_Rank], grace: float, prefix: str = "off",
     n = len(ranks)
     streams = {"stdout": sys.stdout, "stderr": sys.stderr}
     prefixed = {name for name, stream in streams.items() if use_prefix(prefix, n, stream)}
-    # the streams adapm-run relays (the others go straight to its own)
+    # The streams adapm-run relays, a line at a time (the others go straight to its own).
+    # Under auto, several ranks' output is relayed into a file or a pipe too, without the
+    # prefix: written straight, each rank's buffer (8 KiB) cut lines of another in two.
     sinks = {name: stream for name, stream in streams.items()
-             if name in prefixed or log_dir is not None}
+             if name in prefixed or log_dir is not None or (prefix == "auto" and n > 1)}
     lock = threading.Lock()
     relays: list[threading.Thread] = []
 
