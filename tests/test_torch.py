@@ -206,6 +206,35 @@ def test_embedding_trains_as_torch_does(node, opt, padding_idx):
         assert not table.weight[padding_idx].any()
 
 
+@pytest.mark.parametrize("opt", sorted(OPTIMIZERS))
+def test_zero_grad_between_forward_and_backward_trains_as_torch_does(node, opt):
+    """``loss = f(model(x)); opt.zero_grad(); loss.backward(); opt.step()``, common in torch
+    code, trained nothing here (zero_grad dropped the forward's rows). Also gradient
+    accumulation over two backward calls and a forward whose output is never differentiated
+    (its rows go at the second zero_grad; torch never sees them)."""
+    table = Embedding(50, 4, worker=node.worker(), offset=100, seed=5)
+    twin = _torch_twin(table, "emb")
+    ours, theirs = OPTIMIZERS[opt][0](table), OPTIMIZERS[opt][1](twin.parameters())
+    rng = np.random.default_rng(1)
+    for step in range(4):
+        idx = [torch.from_numpy(rng.integers(0, 50, (5, 2))) for _ in range(3)]
+        for model, optimizer in ((table, ours), (twin, theirs)):
+            model(idx[2]).sum()  # never differentiated
+            first = (model(idx[0]) ** 2).sum()
+            optimizer.zero_grad()
+            first.backward()
+            (model(idx[1]) ** 3).sum().backward()
+            optimizer.step()
+        np.testing.assert_allclose(table.weight.numpy(), twin.weight.detach().numpy(),
+                                   rtol=1e-5, atol=1e-6, err_msg=f"step {step}")
+    assert table.pending == []
+    table(idx[0]).sum()  # spared by one zero_grad, dropped by the next
+    ours.zero_grad()
+    assert len(table.pending) == 1
+    ours.zero_grad()
+    assert table.pending == []
+
+
 def test_a_table_restored_from_a_checkpoint_trains_on_as_torch_does(no_launcher, tmp_path):
     """Three AdaGrad steps (with lr_decay, which depends on the step count), a checkpoint, a
     new process's worth of objects from it (``init="keep"``, the optimizer's state_dict), three

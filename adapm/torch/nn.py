@@ -62,8 +62,8 @@ _GATHER_CHUNK = 65536
 class _Table(nn.Module):
     """What Embedding and EmbeddingBag share: the key range, pulls, initialisation, and the rows
     pulled since the last optimizer step (``pending``). A forward in training mode with grad
-    enabled keeps its rows until the optimizer's ``step`` or ``zero_grad``: evaluate under
-    ``torch.no_grad()`` or ``model.eval()``."""
+    enabled keeps its rows until the optimizer's ``step`` (or its second ``zero_grad`` without
+    a backward: see ``zero_grad``): evaluate under ``torch.no_grad()`` or ``model.eval()``."""
 
     def __init__(self, kind: str, num_embeddings: int, embedding_dim: int,
                  padding_idx: int | None, worker, offset: int, init: str, scale: float,
@@ -109,6 +109,7 @@ class _Table(nn.Module):
         self.worker = worker
         self.device = device
         self.pending: list[tuple[np.ndarray, np.ndarray, torch.Tensor]] = []
+        self.spared: set = set()  # ids of pending entries a zero_grad kept (see zero_grad)
         self._mesh = None  # a DeviceMesh while sharded_state_dict() runs
         self._requires_grad = True  # requires_grad_(False) freezes the table
         self._init_rows(init, float(scale), _int(seed, f"{kind}: seed", low=0))

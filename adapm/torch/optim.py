@@ -71,9 +71,17 @@ class _RowOptimizer:
         group["maximize"] = bool(group["maximize"])
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        """Forget the rows pulled since the last step (their gradients with them)."""
+        """torch's: drops the gradients so far (the pulls whose backward ran). The rows of a
+        forward whose backward is still to come stay for the next step, so that ``loss =
+        f(model(x)); opt.zero_grad(); loss.backward(); opt.step()`` trains as torch's does (it
+        pushed nothing). Such rows stay through one ``zero_grad``: at the next they are dropped
+        too (a forward whose output was never differentiated)."""
         for table in self.tables:
-            table.pending.clear()
+            spared = table.spared
+            kept = [entry for entry in table.pending
+                    if entry[2].grad is None and id(entry) not in spared]
+            table.pending[:] = kept
+            table.spared = {id(entry) for entry in kept}
 
     def step(self, closure: Callable | None = None):
         """Pushes each table's update (non-blocking for remote rows, see ``Worker.push``)."""
@@ -84,6 +92,7 @@ class _RowOptimizer:
         got = [_gathered(table) for table in self.tables]
         for table in self.tables:
             table.pending.clear()
+            table.spared = set()
         grads = _to_host([g[2] for g in got if g is not None])
         i = 0
         for group in self.param_groups:
