@@ -300,7 +300,7 @@ class Node:
 
     # --- collectives -------------------------------------------------------------------------
 
-    def barrier(self, timeout_s: Optional[float] = None) -> None:
+    def barrier(self, timeout_s: Optional[float] = None, *, name: Optional[str] = None) -> None:
         """Block until every node has called barrier() as often as this one.
 
         Call it from one thread per node. Updates that a worker had acknowledged before its node
@@ -308,9 +308,17 @@ class Node:
         every node afterwards: after the nodes meet, each runs a sync round that refreshes its
         replicas. Raises AdaPMTimeout after ``Config.connect_timeout_s`` (or ``timeout_s``)
         naming the ranks that did not arrive.
+
+        ``name`` says what the nodes meet for (a library's collective step, say): nodes meet
+        only at collectives of the same name, so a node in ``barrier(name="load")`` and one in
+        a plain ``barrier()`` (or ``shutdown()``, ``checkpoint()``) both raise PeerError naming
+        what each called, instead of passing each other.
         """
         self._check_open("barrier")
-        self._barrier(as_timeout(timeout_s))
+        if name is not None and (not isinstance(name, str) or not 0 < len(name) <= 200):
+            raise InvalidArgument(f"barrier: name must be a str of 1 to 200 characters, got "
+                                  f"{name!r:.80}")
+        self._barrier(as_timeout(timeout_s), kind="barrier" if name is None else name)
 
     def _barrier(self, timeout_s: Optional[float], refresh: bool = True,
                  kind: str = "barrier") -> None:

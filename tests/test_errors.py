@@ -536,3 +536,11 @@ def test_distributed_bad_push_changes_nothing_anywhere():
     for rank, (_, _, after_bad, after_good) in enumerate(results):
         np.testing.assert_array_equal(after_bad, np.zeros((D_KEYS, D_DIM)), err_msg=f"rank {rank}")
         np.testing.assert_array_equal(after_good, good, err_msg=f"rank {rank}")
+
+
+def test_a_barrier_name_must_be_a_short_str(no_launcher):
+    with adapm.init(num_keys=4) as node:
+        for bad in (5, "", "x" * 201):
+            with pytest.raises(adapm.InvalidArgument, match="barrier: name must be a str"):
+                node.barrier(name=bad)
+        node.barrier(name="epoch end")  # one node: nothing to meet

@@ -269,6 +269,34 @@ def _load_on_rank_0_alone(node):
     return "loaded"
 
 
+def _load_on_rank_0_then_meet(node):
+    """Rank 0 loads alone, then both meet at a barrier of their own: the load's collective
+    paired with rank 1's barrier, and the load returned with rank 1's half unwritten."""
+    table = Embedding(20, 2, worker=node.worker())
+    if node.rank == 0:
+        try:
+            table.load_state_dict({"weight": torch.ones(20, 2)})
+        except adapm.PeerError as exc:
+            return f"load: {exc}"
+    try:
+        node.barrier()
+    except adapm.PeerError as exc:
+        return f"barrier: {exc}"
+    return "met"
+
+
+@pytest.mark.timeout(120)
+def test_loading_on_one_rank_is_refused_where_the_other_meets_a_barrier():
+    from adapm.testing import run_cluster
+
+    out = run_cluster(_load_on_rank_0_then_meet, world_size=2, timeout_s=90,
+                      config={"num_keys": 40, "value_length": 2, "connect_timeout_s": 20})
+    mismatch = ("collective #1 does not match across nodes: rank 0 "
+                "Embedding.load_state_dict(), rank 1 barrier()")
+    assert out[0].startswith("load: ") and mismatch in out[0], out
+    assert out[1].startswith("barrier: ") and mismatch in out[1], out
+
+
 @pytest.mark.timeout(120)
 def test_loading_on_one_rank_alone_says_that_loading_is_collective():
     from adapm.testing import run_cluster

@@ -82,7 +82,7 @@ class DenseSync:
             worker.set(self.keys, self._values(self._flat))
             worker.wait()
         if node.world_size > 1:
-            node.barrier()
+            node.barrier(name="DenseSync")
             # A replica set up here before rank 0's values were in is refreshed by a round
             # that starts after the barrier.
             worker.wait_sync()

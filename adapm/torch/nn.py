@@ -139,7 +139,8 @@ class _Table(nn.Module):
                             self.as_values(rows))
         self.worker.wait()
         if node.world_size > 1:
-            node.barrier()
+            # Named: a rank that builds its tables meets only ranks that build theirs.
+            node.barrier(name=self._kind)
             # Replicas held here (intent signalled before construction) see the rows after a
             # sync round that starts now, when every rank's writes are in the main copies.
             self.worker.wait_sync()
@@ -291,7 +292,9 @@ class _Table(nn.Module):
         self.worker.wait()
         if node.world_size > 1:
             try:
-                node.barrier()
+                # Named: a rank that loads meets only ranks that load (a user's barrier on a
+                # rank that did not load fails both at once, instead of pairing with this).
+                node.barrier(name=f"{self._kind}.load_state_dict")
             except AdaPMTimeout as exc:
                 # torch users often load on rank 0 alone: say what this load needs.
                 raise AdaPMTimeout(f"{self._kind} at keys from {self.offset}: loading {what} "
