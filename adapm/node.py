@@ -118,6 +118,7 @@ class Node:
         self._workers: list[Worker] = []
         self._workers_lock = threading.Lock()
         self._barrier_epoch = 0
+        self._timed_out = None  # (kind, epoch, call) of the last collective if it timed out
         self._closed = False
         self._clean = False  # shutdown met all nodes: sockets may linger to flush
         self._context = None
@@ -307,7 +308,9 @@ class Node:
         entered the barrier (``wait()``; ``wait_sync()`` for updates to replicas) are visible on
         every node afterwards: after the nodes meet, each runs a sync round that refreshes its
         replicas. Raises AdaPMTimeout after ``Config.connect_timeout_s`` (or ``timeout_s``)
-        naming the ranks that did not arrive.
+        naming the ranks that did not arrive. This node's arrival still counts then: the same
+        call again waits on for the nodes to meet there (a retry), while any other collective
+        comes after it.
 
         ``name`` says what the nodes meet for (a library's collective step, say): nodes meet
         only at collectives of the same name, so a node in ``barrier(name="load")`` and one in
@@ -326,14 +329,22 @@ class Node:
         that a node in ``barrier()`` never pairs with one in ``shutdown()``)."""
         if self.engine is None:
             return
-        epoch = self._barrier_epoch
-        self._barrier_epoch += 1
         timeout_s = self.config.connect_timeout_s if timeout_s is None else timeout_s
-        call = self.engine.submit(Request(Op.BARRIER, epoch=epoch, tag=kind),
-                                  f"{kind} (collective #{epoch})")
+        pending, self._timed_out = self._timed_out, None
+        if pending is not None and pending[0] == kind:
+            # The same collective again after it timed out here: this node's arrival counted
+            # (the others meet it there), so the call goes on waiting for that collective.
+            _, epoch, call = pending
+            call.abandoned = False
+        else:
+            epoch = self._barrier_epoch
+            self._barrier_epoch += 1
+            call = self.engine.submit(Request(Op.BARRIER, epoch=epoch, tag=kind),
+                                      f"{kind} (collective #{epoch})")
         try:
             self.engine.wait(call, timeout_s)
         except AdaPMTimeout as exc:
+            self._timed_out = (kind, epoch, call)
             if self.rank == 0:
                 missing = self.engine.state.barrier_missing(epoch)
                 raise AdaPMTimeout(f"rank 0: {kind} (collective #{epoch}): ranks {missing} did "

@@ -245,6 +245,34 @@ def test_barrier_never_pairs_with_shutdown():
         assert seconds < REQUEST_TIMEOUT_S / 2, results  # told at once, not timed out
 
 
+def _late_peer_job(node):
+    """Rank 0's barrier times out and is called again; rank 1 arrives between the two."""
+    w = node.worker()
+    timed_out = False
+    if node.rank == 0:
+        try:
+            node.barrier(timeout_s=0.5)
+        except adapm.AdaPMTimeout:
+            timed_out = True
+        node.barrier(timeout_s=REQUEST_TIMEOUT_S)  # the retry
+        w.push([0], np.ones((1, 1), np.float32))
+        w.wait()
+    else:
+        time.sleep(2.0)
+        node.barrier()
+    node.barrier()  # the next collective pairs with the next, not off by one
+    return timed_out, float(w.pull([0])[0, 0])
+
+
+def test_a_barrier_that_timed_out_can_be_called_again():
+    """The timed-out arrival still counted, so the retry started collective #1 while rank 1
+    met #0 with it and passed at once; the next collectives were off by one and failed."""
+    results = run_cluster(_late_peer_job, 2, timeout_s=RUN_TIMEOUT_S,
+                          config=dict(num_keys=4, value_length=1,
+                                      connect_timeout_s=REQUEST_TIMEOUT_S))
+    assert results == [(True, 1.0), (False, 1.0)], results
+
+
 @pytest.mark.skipif(MPIRUN is None, reason="Open MPI's mpirun is not installed (dev extra)")
 def test_a_stale_single_node_setting_under_mpirun_fails_every_rank():
     """ADAPM_RANK=0 ADAPM_WORLD_SIZE=1 left in the environment, then mpirun -n 2: not two
