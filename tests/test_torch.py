@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import re
 import subprocess
 import sys
@@ -233,6 +234,64 @@ def test_zero_grad_between_forward_and_backward_trains_as_torch_does(node, opt):
     assert len(table.pending) == 1
     ours.zero_grad()
     assert table.pending == []
+
+
+SCHEDULERS = {
+    "StepLR": lambda o: torch.optim.lr_scheduler.StepLR(o, 1, gamma=0.5),
+    "LambdaLR": lambda o: torch.optim.lr_scheduler.LambdaLR(o, lambda epoch: 1 / (1 + epoch)),
+    "CosineAnnealingLR": lambda o: torch.optim.lr_scheduler.CosineAnnealingLR(o, 10),
+    "OneCycleLR": lambda o: torch.optim.lr_scheduler.OneCycleLR(
+        o, max_lr=0.5, total_steps=10, cycle_momentum=False),
+}
+
+
+@pytest.mark.parametrize("opt", sorted(OPTIMIZERS))
+@pytest.mark.parametrize("scheduler", sorted(SCHEDULERS))
+def test_torch_lr_schedulers_drive_the_optimizers_as_torchs(node, opt, scheduler):
+    """torch's schedulers refused these optimizers ("is not an Optimizer"): now each sets the
+    same rates as on torch's optimizer, the rows train alike, and a state_dict keeps what the
+    scheduler added to the groups (a resumed scheduler needs "initial_lr")."""
+    table = Embedding(50, 4, worker=node.worker(), offset=100, seed=5)
+    twin = _torch_twin(table, "emb")
+    ours, theirs = OPTIMIZERS[opt][0](table), OPTIMIZERS[opt][1](twin.parameters())
+    assert isinstance(ours, torch.optim.Optimizer)
+    ticks = []
+    ours.register_step_post_hook(lambda optimizer, args, kwargs: ticks.append(optimizer))
+    schedules = [SCHEDULERS[scheduler](ours), SCHEDULERS[scheduler](theirs)]
+    rng = np.random.default_rng(2)
+    for step in range(4):
+        idx = torch.from_numpy(rng.integers(0, 50, (6, 2)))
+        for model, optimizer, schedule in ((table, ours, schedules[0]),
+                                           (twin, theirs, schedules[1])):
+            optimizer.zero_grad()
+            (model(idx) ** 2).sum().backward()
+            optimizer.step()
+            schedule.step()
+        assert ours.param_groups[0]["lr"] == pytest.approx(theirs.param_groups[0]["lr"])
+        np.testing.assert_allclose(table.weight.numpy(), twin.weight.detach().numpy(),
+                                   rtol=1e-5, atol=1e-6, err_msg=f"step {step}")
+    assert ticks == [ours] * 4  # torch's step hooks run
+    again = OPTIMIZERS[opt][0](table)
+    again.load_state_dict(ours.state_dict())
+    assert again.param_groups[0]["initial_lr"] == theirs.param_groups[0]["initial_lr"]
+    torch.optim.lr_scheduler.StepLR(again, 1, last_epoch=3)  # resumes: needs initial_lr
+    with pytest.raises(TypeError, match=r"save optimizer.state_dict\(\) instead"):
+        pickle.dumps(ours)
+
+
+def test_the_optimizers_take_torchs_implementation_flags(node):
+    table = Embedding(10, 4, worker=node.worker())
+    optim.SGD(table, lr=0.1, foreach=None, fused=None, differentiable=False)
+    optim.Adagrad(table, lr=0.1, foreach=True, fused=False, differentiable=False)
+    with pytest.raises(adapm.InvalidArgument, match="differentiable is not supported"):
+        optim.Adagrad(table, differentiable=True)
+    grouped = optim.SGD(table, lr=0.1)
+    grouped.add_param_group({"params": Embedding(5, 4, worker=node.worker(), offset=20),
+                             "lr": 0.5})
+    assert [g["lr"] for g in grouped.param_groups] == [0.1, 0.5]
+    with pytest.raises(adapm.InvalidArgument, match="a table is given twice"):
+        grouped.add_param_group({"params": table})
+    assert len(grouped.param_groups) == 2 and len(grouped.state) == 2
 
 
 def test_a_table_restored_from_a_checkpoint_trains_on_as_torch_does(no_launcher, tmp_path):

@@ -32,6 +32,7 @@ sums.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Callable
 
 import numpy as np
@@ -41,30 +42,74 @@ from ..errors import InvalidArgument, InvalidType
 from .nn import _Table
 
 
-class _RowOptimizer:
+class _RowOptimizer(torch.optim.Optimizer):
     """Shared by SGD and Adagrad: which tables in which groups, and the pending rows of a step.
-    Not thread-safe (as the worker)."""
+    Not thread-safe (as the worker).
+
+    A ``torch.optim.Optimizer`` to torch's LR schedulers and tools (``isinstance``,
+    ``param_groups``, ``defaults``, ``state``, ``add_param_group``), without its constructor:
+    that one takes tensors, and an adapm table is a module whose rows live in the PM."""
 
     name = "optimizer"
-    defaults: dict = {}
     has_sums = False  # whether each row keeps a state (after the weights) to save
 
-    def __init__(self, params, defaults: dict) -> None:
+    def __init__(self, params, defaults: dict) -> None:  # noqa: the base's __init__ (above)
         groups = _param_groups(params, self.name)
         self.defaults = dict(defaults)
         self.param_groups: list[dict] = []
+        self.tables: list = []
+        self.steps: list[int] = []
+        # what torch.optim.Optimizer's hooks read (register_step_pre_hook and the rest)
+        self._optimizer_step_pre_hooks = OrderedDict()
+        self._optimizer_step_post_hooks = OrderedDict()
+        self._optimizer_state_dict_pre_hooks = OrderedDict()
+        self._optimizer_state_dict_post_hooks = OrderedDict()
+        self._optimizer_load_state_dict_pre_hooks = OrderedDict()
+        self._optimizer_load_state_dict_post_hooks = OrderedDict()
+        # step() runs the step hooks (and shows in torch's profiler), as the base's constructor
+        # arranges for every torch optimizer
+        patch = getattr(self, "_patch_step_function", None)
+        if patch is not None:
+            patch()
         for group in groups:
-            unknown = set(group) - set(defaults) - {"params"}
-            if unknown:
-                raise InvalidArgument(f"{self.name}: unknown option(s) {sorted(unknown)} in a "
-                                      f"parameter group (known: {sorted(defaults)})")
-            self.param_groups.append({**defaults, **group})
-        for group in self.param_groups:
-            self._check_group(group)
-        self.tables = [t for g in self.param_groups for t in g["params"]]
-        if len({id(t) for t in self.tables}) != len(self.tables):
+            self.add_param_group(group)
+
+    def add_param_group(self, param_group: dict) -> None:
+        """torch's: another group of tables (``{"params": tables, "lr": ...}``), the options
+        it leaves out taken from the defaults. Checked before anything changes."""
+        if not isinstance(param_group, dict) or "params" not in param_group:
+            raise InvalidArgument(f"{self.name}.add_param_group: expected a dict with "
+                                  f"'params', got {param_group!r:.200}")
+        (group,) = _param_groups([param_group], self.name)
+        unknown = set(group) - set(self.defaults) - {"params"}
+        if unknown:
+            raise InvalidArgument(f"{self.name}: unknown option(s) {sorted(unknown)} in a "
+                                  f"parameter group (known: {sorted(self.defaults)})")
+        group = {**self.defaults, **group}
+        self._check_group(group)
+        tables = self.tables + list(group["params"])
+        if len({id(t) for t in tables}) != len(tables):
             raise InvalidArgument(f"{self.name}: a table is given twice")
-        self.steps = [0] * len(self.tables)
+        self._check_tables(group["params"])
+        self.param_groups.append(group)
+        self.tables = tables
+        self.steps += [0] * len(group["params"])
+
+    def _check_tables(self, tables: list) -> None:
+        """Refuse tables this optimizer cannot train (InvalidArgument)."""
+
+    @property
+    def state(self) -> dict:
+        """``{table: {"step": tensor}}``: the step count of each table (AdaGrad's sums live in
+        the rows: ``state_dict()`` pulls them)."""
+        return {t: {"step": torch.tensor(float(s))} for t, s in zip(self.tables, self.steps)}
+
+    def __getstate__(self):
+        raise TypeError(f"adapm.torch.optim.{self.name} cannot be pickled (its tables' rows "
+                        "live in adapm): save optimizer.state_dict() instead")
+
+    def __setstate__(self, state):  # never reached (see __getstate__)
+        raise TypeError(f"adapm.torch.optim.{self.name} cannot be unpickled")
 
     def _check_group(self, group: dict) -> None:
         group["lr"] = _nonnegative(group["lr"], f"{self.name}: lr")
@@ -175,8 +220,9 @@ class _RowOptimizer:
                                       f"{[len(g['params']) for g in self.param_groups]}")
             new_groups = []
             for mine, theirs in zip(self.param_groups, groups):
-                group = {**mine, **{k: v for k, v in theirs.items()
-                                    if k in self.defaults}}
+                # as torch's: every key of the saved group but its params (an LR scheduler's
+                # "initial_lr", say), the options checked
+                group = {**mine, **{k: v for k, v in theirs.items() if k != "params"}}
                 self._check_group(group)
                 new_groups.append(group)
         else:
@@ -222,11 +268,14 @@ class SGD(_RowOptimizer):
 
     def __init__(self, params, lr: float = 1e-3, momentum: float = 0.0, dampening: float = 0.0,
                  weight_decay: float = 0.0, nesterov: bool = False, *,
-                 maximize: bool = False) -> None:
+                 maximize: bool = False, foreach=None, differentiable: bool = False,
+                 fused=None) -> None:
         for what, value in (("momentum", momentum), ("weight_decay", weight_decay),
-                            ("nesterov", nesterov)):
+                            ("nesterov", nesterov), ("differentiable", differentiable)):
             if value:
                 raise InvalidArgument(f"SGD: {what} is not supported for rows in adapm")
+        # foreach and fused choose among torch's implementations; a step here is one native
+        # update per table whatever they say
         super().__init__(params, {"lr": lr, "maximize": maximize})
 
     def _update(self, table, rows, grads, step, group):
@@ -247,13 +296,18 @@ class Adagrad(_RowOptimizer):
 
     def __init__(self, params, lr: float = 1e-2, lr_decay: float = 0.0,
                  weight_decay: float = 0.0, initial_accumulator_value: float = 0.0,
-                 eps: float = 1e-10, *, maximize: bool = False) -> None:
-        if weight_decay:
-            raise InvalidArgument("Adagrad: weight_decay is not supported for rows in adapm")
+                 eps: float = 1e-10, foreach=None, *, maximize: bool = False,
+                 differentiable: bool = False, fused=None) -> None:
+        for what, value in (("weight_decay", weight_decay), ("differentiable", differentiable)):
+            if value:
+                raise InvalidArgument(f"Adagrad: {what} is not supported for rows in adapm")
+        # foreach and fused: as SGD's
         super().__init__(params, {"lr": lr, "lr_decay": lr_decay,
                                   "initial_accumulator_value": initial_accumulator_value,
                                   "eps": eps, "maximize": maximize})
-        for table in self.tables:
+
+    def _check_tables(self, tables: list) -> None:
+        for table in tables:
             if table.row_length < 2 * table.embedding_dim:
                 raise InvalidArgument(
                     f"Adagrad keeps its accumulator with each row: the table at keys from "
