@@ -88,6 +88,12 @@ def test_state_dict_holds_the_whole_table_and_loads_it_back(node, tmp_path):
     assert other.load_state_dict({}, strict=False).missing_keys == ["emb.weight", "bag.weight"]
     with pytest.raises(RuntimeError, match="Missing key"):
         other.load_state_dict({})
+    # a key under a table's name that is not its weight is unexpected, as torch's tables say
+    typo = {**state, "emb.weight_typo": torch.zeros(1)}
+    assert other.load_state_dict(typo, strict=False).unexpected_keys == ["emb.weight_typo"]
+    with pytest.raises(RuntimeError,
+                       match='Unexpected key\\(s\\) in state_dict: "emb.weight_typo"'):
+        other.load_state_dict(typo)
 
 
 def test_a_table_too_big_to_pull_whole_raises_naming_node_checkpoint(node):

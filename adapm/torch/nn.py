@@ -308,6 +308,10 @@ class _Table(nn.Module):
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
                               unexpected_keys, error_msgs) -> None:
         key = prefix + "weight"
+        if strict:  # as torch's: other keys under this table's prefix are unexpected
+            unexpected_keys.extend(k for k in state_dict
+                                   if k.startswith(prefix) and k != key
+                                   and k[len(prefix):].split(".", 1)[0] not in self._modules)
         if key not in state_dict:
             missing_keys.append(key)
             return
