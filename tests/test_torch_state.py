@@ -9,6 +9,7 @@ after one more AdaGrad step (which depends on the optimizer's sums and step coun
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 
@@ -88,6 +89,10 @@ def test_state_dict_holds_the_whole_table_and_loads_it_back(node, tmp_path):
     assert other.load_state_dict({}, strict=False).missing_keys == ["emb.weight", "bag.weight"]
     with pytest.raises(RuntimeError, match="Missing key"):
         other.load_state_dict({})
+    # the model itself cannot be saved or copied: its rows are in adapm
+    for whole in (lambda: torch.save(other, tmp_path / "model.pt"), lambda: copy.deepcopy(other)):
+        with pytest.raises(TypeError, match=r"torch.save\(model.state_dict\(\)\) instead"):
+            whole()
     # a key under a table's name that is not its weight is unexpected, as torch's tables say
     typo = {**state, "emb.weight_typo": torch.zeros(1)}
     assert other.load_state_dict(typo, strict=False).unexpected_keys == ["emb.weight_typo"]

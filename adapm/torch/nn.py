@@ -317,6 +317,12 @@ class _Table(nn.Module):
             return
         self._import(state_dict[key], 0, self.embedding_dim, f"state_dict[{key!r}]")
 
+    def __getstate__(self):
+        # torch.save(model), copy.deepcopy(model): the rows live in adapm, not in this object
+        raise TypeError(f"an adapm.torch {self._kind} cannot be pickled or copied (its rows "
+                        "live in adapm): torch.save(model.state_dict()) instead, and "
+                        "load_state_dict into a model built again")
+
     def requires_grad_(self, requires_grad: bool = True) -> "_Table":
         """torch's way to freeze a module: a frozen table's forward output has no gradient
         for its rows, keeps no rows for an optimizer, and its rows do not change. Call it on
