@@ -394,6 +394,8 @@ class Worker:
         intents signalled meanwhile wait for it: the remote bursts of the 2-node KGE demo
         (docs/benchmarks.md, "Remote bursts"). A yield with nothing else runnable costs a
         system call (~1 us)."""
+        if self._node._closed:  # the one check here: this is O(1), once per batch
+            self._node._check_open("advance_clock")
         if self._pinned is not None:
             self._repin(self._pinned, _NO_KEYS)
             self._pinned = None
@@ -460,6 +462,7 @@ class Worker:
         round that starts after this call. Raises AdaPMTimeout after ``timeout_s`` (default
         ``Config.request_timeout_s``).
         """
+        self._node._check_open("wait_sync")
         timeout_s = args.as_timeout(timeout_s)
         self.wait(timeout_s)
         if self._intents is None:
