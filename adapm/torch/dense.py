@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from ..errors import InvalidArgument, InvalidType
+from .nn import _int
 
 # Intent "for the whole run": an end clock no worker reaches.
 _FOREVER = 2 ** 62
@@ -55,7 +56,8 @@ class DenseSync:
             raise InvalidArgument("DenseSync: worker= must be an adapm worker handle")
         node = worker.node
         store = node.store
-        if offset < 0 or offset >= store.num_keys:
+        offset = _int(offset, "DenseSync: offset", low=0)
+        if offset >= store.num_keys:
             raise InvalidArgument(f"DenseSync: offset {offset} is outside the node's "
                                   f"{store.num_keys} keys")
         length = int(store.lengths_of(np.array([offset], dtype=np.int64))[0])

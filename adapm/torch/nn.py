@@ -451,6 +451,9 @@ class EmbeddingBag(_Table):
                     per_sample_weights.shape != input.shape:
                 raise InvalidArgument("EmbeddingBag: per_sample_weights must be a tensor of "
                                       f"input's shape {tuple(input.shape)}")
+            if per_sample_weights.dtype != torch.float32:  # torch's: the rows' dtype
+                raise InvalidType("EmbeddingBag: per_sample_weights must be float32 as the "
+                                  f"rows, got {per_sample_weights.dtype}")
 
 
 class EmbeddingBagCollection(nn.Module):
