@@ -474,6 +474,10 @@ def test_bad_input_gives_a_clear_error_and_changes_nothing(node):
         (lambda: list(IntentLoader(DataLoader(TensorDataset(torch.arange(3))), w)),
          adapm.InvalidType, "IntentCollate"),
         (lambda: IntentCollate(None, None), adapm.InvalidArgument, "keys_fn"),
+        (lambda: list(IntentLoader(DataLoader(
+            TensorDataset(torch.arange(3)), collate_fn=IntentCollate(
+                None, lambda b: b[0] + 10_000)), w)),
+         adapm.InvalidArgument, r"keys_fn gave for a batch: .*outside .* table.offset \+ indices"),
         (lambda: IntentCollate(None, lambda b: b.float())([torch.ones(2)]), adapm.InvalidType,
          "integers"),
     ]

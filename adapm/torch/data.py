@@ -25,7 +25,7 @@ import torch
 from torch.utils.data import default_collate
 
 from .._store import _native
-from ..errors import InvalidArgument, InvalidType
+from ..errors import InvalidArgument, InvalidType, StateError
 
 
 class KeyedBatch(NamedTuple):
@@ -182,7 +182,13 @@ class IntentLoader:
                             "IntentLoader: the loader's batches carry no keys; build the "
                             "DataLoader with collate_fn=adapm.torch.IntentCollate(collate_fn, "
                             f"keys_fn) (got a batch of type {type(item).__name__})")
-                    worker.intent(item.keys, next_clock, next_clock + 1)
+                    try:
+                        worker.intent(item.keys, next_clock, next_clock + 1)
+                    except InvalidArgument as exc:
+                        raise InvalidArgument(
+                            f"IntentLoader: the keys IntentCollate's keys_fn gave for a batch: "
+                            f"{exc} (a table's keys are its offset plus the row index: "
+                            "table.offset + indices for each table)") from exc
                     next_clock += 1
                     ready.append(item.batch)
                 if not ready:
@@ -197,8 +203,11 @@ class IntentLoader:
                 worker.advance_clock()
         finally:
             # Ended early: the yielded batch counts as trained; the fetched ones never will be.
-            while worker.clock < next_clock:
-                worker.advance_clock()
+            try:
+                while worker.clock < next_clock:
+                    worker.advance_clock()
+            except StateError:  # the node was shut down meanwhile: no clock to keep
+                pass
             del source  # a multi-process loader iterator shuts its workers down
             if node is not None:
                 node.trace_mark("epoch end")
