@@ -279,6 +279,33 @@ def test_torch_lr_schedulers_drive_the_optimizers_as_torchs(node, opt, scheduler
         pickle.dumps(ours)
 
 
+def test_from_pretrained_and_weight_start_from_given_rows_as_torchs(node):
+    w = node.worker()
+    rows = torch.from_numpy(np.random.default_rng(3).standard_normal((12, 4)).astype(np.float32))
+    idx = torch.tensor([[1, 2], [11, 0]])
+    frozen = Embedding.from_pretrained(rows, worker=w, offset=100)
+    theirs = torch.nn.Embedding.from_pretrained(rows)
+    torch.testing.assert_close(frozen(idx), theirs(idx))
+    assert not frozen(idx).requires_grad  # freeze=True, as torch's default
+    trained = Embedding(12, 4, padding_idx=0, _weight=rows, worker=w, offset=120)
+    assert trained(idx).requires_grad
+    torch.testing.assert_close(trained.weight, rows)  # the padding row as given, as torch's
+    assert not w.pull(np.arange(120, 132))[:, 4:].any()  # the rest of each row zero
+    bag = EmbeddingBag.from_pretrained(rows, freeze=False, mode="sum", worker=w, offset=140)
+    torch.testing.assert_close(bag(idx), torch.nn.EmbeddingBag.from_pretrained(
+        rows, mode="sum")(idx))
+    before = w.pull(np.arange(200, 300)).copy()
+    for call, error in ((lambda: Embedding.from_pretrained(rows[0], worker=w, offset=200),
+                         adapm.InvalidArgument),
+                        (lambda: Embedding(12, 5, _weight=rows, worker=w, offset=200),
+                         adapm.InvalidArgument),
+                        (lambda: EmbeddingBag(12, 4, _weight=rows.long(), worker=w, offset=200),
+                         adapm.InvalidType)):
+        with pytest.raises(error, match="weights"):
+            call()
+    np.testing.assert_array_equal(w.pull(np.arange(200, 300)), before)  # nothing written
+
+
 def test_the_optimizers_take_torchs_implementation_flags(node):
     table = Embedding(10, 4, worker=node.worker())
     optim.SGD(table, lr=0.1, foreach=None, fused=None, differentiable=False)

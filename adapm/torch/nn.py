@@ -323,6 +323,14 @@ class _Table(nn.Module):
                         "live in adapm): torch.save(model.state_dict()) instead, and "
                         "load_state_dict into a model built again")
 
+    def _start_from(self, weight, freeze: bool) -> None:
+        """Construction's end with torch's ``_weight`` / ``_freeze``: the rows written (the
+        rest of each row zero), collective as a load."""
+        if weight is not None:
+            self._import(weight, 0, self.embedding_dim, "_weight")
+        if freeze:
+            self.requires_grad_(False)
+
     def requires_grad_(self, requires_grad: bool = True) -> "_Table":
         """torch's way to freeze a module: a frozen table's forward output has no gradient
         for its rows, keeps no rows for an optimizer, and its rows do not change. Call it on
@@ -369,17 +377,33 @@ class Embedding(_Table):
     as after ``adapm.init(..., restore=checkpoint)``) and ``seed``. ``device``: where a forward
     copies the rows and computes (the rows themselves stay in adapm; see the module docstring).
     ``max_norm`` and ``scale_grad_by_freq`` are not supported; updates are always sparse
-    (``sparse`` is accepted for compatibility).
+    (``sparse`` is accepted for compatibility). ``_weight`` (the rows to start from, every rank
+    the same; collective as a load) and ``_freeze``, and :meth:`from_pretrained`, as torch's.
     """
 
     def __init__(self, num_embeddings: int, embedding_dim: int, padding_idx: int | None = None,
                  max_norm: float | None = None, norm_type: float = 2.0,
-                 scale_grad_by_freq: bool = False, sparse: bool = True, *, worker=None,
-                 offset: int = 0, init: str = "normal", scale: float = 1.0, seed: int = 0,
-                 device=None, dtype=None) -> None:
+                 scale_grad_by_freq: bool = False, sparse: bool = True, _weight=None,
+                 _freeze: bool = False, device=None, dtype=None, *, worker=None,
+                 offset: int = 0, init: str = "normal", scale: float = 1.0,
+                 seed: int = 0) -> None:
         _unsupported("Embedding", max_norm=max_norm, scale_grad_by_freq=scale_grad_by_freq)
+        _check_weight("Embedding", _weight, num_embeddings, embedding_dim)
         super().__init__("Embedding", num_embeddings, embedding_dim, padding_idx, worker, offset,
-                         init, scale, seed, dtype, device)
+                         "zeros" if _weight is not None else init, scale, seed, dtype, device)
+        self._start_from(_weight, _freeze)
+
+    @classmethod
+    def from_pretrained(cls, embeddings: torch.Tensor, freeze: bool = True,
+                        padding_idx: int | None = None, max_norm: float | None = None,
+                        norm_type: float = 2.0, scale_grad_by_freq: bool = False,
+                        sparse: bool = True, *, worker=None, offset: int = 0) -> "Embedding":
+        """torch's: a table of ``embeddings``' rows (2-d), frozen unless ``freeze=False``;
+        plus adapm's ``worker`` and ``offset``. Collective (every rank, the same rows)."""
+        _check_weight("Embedding.from_pretrained", embeddings, None, None)
+        rows, dim = embeddings.shape
+        return cls(rows, dim, padding_idx, max_norm, norm_type, scale_grad_by_freq, sparse,
+                   _weight=embeddings, _freeze=freeze, worker=worker, offset=offset)
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         inverse, weights, pad = self._pull_rows(input, "input")
@@ -398,14 +422,30 @@ class EmbeddingBag(_Table):
                  padding_idx: int | None = None, *, worker=None, offset: int = 0,
                  init: str = "normal", scale: float = 1.0, seed: int = 0, device=None,
                  dtype=None) -> None:
-        _unsupported("EmbeddingBag", max_norm=max_norm, scale_grad_by_freq=scale_grad_by_freq,
-                     _weight=_weight)
+        _unsupported("EmbeddingBag", max_norm=max_norm, scale_grad_by_freq=scale_grad_by_freq)
         if mode not in ("sum", "mean", "max"):
             raise InvalidArgument(f"EmbeddingBag: mode must be 'sum', 'mean' or 'max', got {mode!r}")
+        _check_weight("EmbeddingBag", _weight, num_embeddings, embedding_dim)
         super().__init__("EmbeddingBag", num_embeddings, embedding_dim, padding_idx, worker,
-                         offset, init, scale, seed, dtype, device)
+                         offset, "zeros" if _weight is not None else init, scale, seed, dtype,
+                         device)
         self.mode = mode
         self.include_last_offset = bool(include_last_offset)
+        self._start_from(_weight, False)
+
+    @classmethod
+    def from_pretrained(cls, embeddings: torch.Tensor, freeze: bool = True,
+                        max_norm: float | None = None, norm_type: float = 2.0,
+                        scale_grad_by_freq: bool = False, mode: str = "mean",
+                        sparse: bool = True, include_last_offset: bool = False,
+                        padding_idx: int | None = None, *, worker=None,
+                        offset: int = 0) -> "EmbeddingBag":
+        """torch's (see :meth:`Embedding.from_pretrained`)."""
+        _check_weight("EmbeddingBag.from_pretrained", embeddings, None, None)
+        rows, dim = embeddings.shape
+        table = cls(rows, dim, max_norm, norm_type, scale_grad_by_freq, mode, sparse,
+                    embeddings, include_last_offset, padding_idx, worker=worker, offset=offset)
+        return table.requires_grad_(not freeze)
 
     def forward(self, input: torch.Tensor, offsets: torch.Tensor | None = None,
                 per_sample_weights: torch.Tensor | None = None) -> torch.Tensor:
@@ -507,6 +547,22 @@ class EmbeddingBagCollection(nn.Module):
                 offsets = offsets[:-1]  # torchrec's offsets end with the total length
             out[name] = table(jagged.values(), offsets, per_sample_weights=weights)
         return out
+
+
+def _check_weight(kind: str, weight, rows, dim) -> None:
+    """torch's ``_weight`` (or ``from_pretrained``'s embeddings): None, or a real floating
+    tensor of shape (rows, dim) (any 2-d shape for None), checked before anything is built."""
+    if weight is None:
+        return
+    if not isinstance(weight, torch.Tensor) or not weight.dtype.is_floating_point:
+        raise InvalidType(f"{kind}: the weights must be a floating point tensor, got "
+                          f"{getattr(weight, 'dtype', type(weight).__name__)}")
+    if weight.dim() != 2 or (rows is not None and tuple(weight.shape) != (rows, dim)):
+        want = f"({rows}, {dim})" if rows is not None else "2-d"
+        raise InvalidArgument(f"{kind}: the weights have shape {tuple(weight.shape)}, "
+                              f"expected {want}")
+    if weight.device.type == "meta":
+        raise InvalidArgument(f"{kind}: the weights are on the meta device (no values)")
 
 
 def _int(value, what: str, low: int) -> int:
