@@ -448,6 +448,10 @@ class Node:
                     failure = failure or exc
             self._meet(timeout_s)  # rank 0's verdict posted
             verdict = writer.read_verdict(attempt)
+            if verdict.status == "error" and self.rank == 0 and failure is not None:
+                # rank 0's own cause, not that its verdict could not be read back (it could
+                # not write one into a directory it could not make)
+                verdict = _checkpoint.Verdict("error", str(failure))
             if verdict.status == "ok":
                 break
             if verdict.status != "retry":

@@ -254,6 +254,20 @@ def test_a_node_that_cannot_write_fails_the_checkpoint_on_every_node(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["ckpt"]
 
 
+def test_a_directory_that_cannot_be_made_is_named_as_the_cause(tmp_path, no_launcher):
+    """A checkpoint under a file: rank 0 says it cannot make the directory (it said it found
+    no verdict of its own, and to see rank 0's error, which was itself)."""
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with adapm.init(num_keys=4) as node:
+        with pytest.raises(adapm.CheckpointError) as info:
+            node.checkpoint(str(blocker / "ckpt"))
+        assert "cannot prepare" in str(info.value) and "Not a directory" in str(info.value)
+        assert "no verdict" not in str(info.value)
+        node.checkpoint(str(tmp_path / "ckpt"))  # the node goes on
+    assert sorted(os.listdir(tmp_path)) == ["ckpt", "file"]
+
+
 # --- a checkpoint killed at any step leaves one to load ----------------------------------------
 
 # Run as a separate process: a node writes values of 2.0 over the checkpoint at argv[1] and
