@@ -263,15 +263,10 @@ class ShardWriter:
     # --- every node --------------------------------------------------------------------------
 
     def check_path(self) -> None:
-        """CheckpointError unless ``path`` is free to be (re)written: missing, an empty
-        directory, or a checkpoint (a crashed swap's ``.previous`` counts)."""
-        path = self.path
-        if os.path.lexists(path) and not os.path.isdir(path):
-            raise CheckpointError(f"checkpoint {path}: exists and is not a directory")
-        if os.path.isdir(path) and not _has_manifest(path) and os.listdir(path) and \
-                not _has_manifest(self.previous):
-            raise CheckpointError(f"checkpoint {path}: a non-empty directory that is not a "
-                                  f"checkpoint (no {MANIFEST}); refusing to replace it")
+        """CheckpointError unless ``path`` is free to be (re)written (:func:`path_problem`)."""
+        problem = path_problem(self.path)
+        if problem is not None:
+            raise CheckpointError(problem)
 
     def check_prepared(self, tag: str) -> None:
         """CheckpointError unless rank 0 prepared the directory for collective ``tag``."""
@@ -492,6 +487,19 @@ def resolve(path: PathLike) -> str:
             return candidate
     raise CheckpointError(f"checkpoint {final}: no {MANIFEST} there (not a checkpoint, or "
                           f"none was completed)")
+
+
+def path_problem(path: PathLike) -> str | None:
+    """Why a checkpoint may not be written at ``path``, or None: it must be missing, an empty
+    directory, or a checkpoint (a crashed swap's ``.previous`` counts). Reads names only."""
+    path = _final_path(path)
+    if os.path.lexists(path) and not os.path.isdir(path):
+        return f"checkpoint {path}: exists and is not a directory"
+    if os.path.isdir(path) and not _has_manifest(path) and os.listdir(path) and \
+            not _has_manifest(path + PREVIOUS_SUFFIX):
+        return (f"checkpoint {path}: a non-empty directory that is not a checkpoint (no "
+                f"{MANIFEST}); refusing to replace it")
+    return None
 
 
 class Checkpoint:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -242,6 +243,45 @@ def test_a_resume_with_another_dim_is_one_line(kg_dir, tmp_path):
     proc = run([PY, "-m", "adapm.apps.kge", "--data", str(kg_dir), "--epochs", "2", "--dim",
                 "16", "--checkpoint-dir", ckpt, "--resume", "--progress", "off"], expect=2)
     _one_line_error(proc, r"^error: checkpoint .*")
+
+
+def test_a_resume_on_other_data_is_one_line(kg_dir, tmp_path):
+    """A checkpoint of a bigger KG resumed on a smaller one trained on with rows of the wrong
+    keys (only fewer keys were refused); a checkpoint dir that is no checkpoint was found after
+    an epoch's work (a traceback, exit 1); a damaged one at its read (a traceback too)."""
+    ckpt = str(tmp_path / "ckpt")
+    base = [PY, "-m", "adapm.apps.kge", "--dim", "8", "--progress", "off"]
+    run([*base, "--data", str(kg_dir), "--epochs", "1", "--checkpoint-dir", ckpt])
+    small = tmp_path / "small"
+    run([PY, "-m", "adapm.apps.kge", "generate", str(small), "--triples", "600", "--seed", "9"])
+    proc = run([*base, "--data", str(small), "--epochs", "2", "--checkpoint-dir", ckpt,
+                "--resume"], expect=2)
+    _one_line_error(proc, r"^error: checkpoint .* holds a model of \d+ keys, this run's has")
+    # the same entities and relations, other triples: the data's content differs
+    other = tmp_path / "other"
+    shutil.copytree(kg_dir, other)
+    lines = (other / "train.txt").read_text().splitlines()
+    (other / "train.txt").write_text("\n".join(lines[:-1]) + "\n")
+    proc = run([*base, "--data", str(other), "--epochs", "2", "--checkpoint-dir", ckpt,
+                "--resume"], expect=2)
+    _one_line_error(proc, r"^error: checkpoint .* was trained on other data \(the files of "
+                          r"--data differ")
+    # a directory that is no checkpoint: before the first epoch
+    busy = tmp_path / "busy"
+    busy.mkdir()
+    (busy / "notes.txt").write_text("mine")
+    proc = run([*base, "--data", str(kg_dir), "--epochs", "1", "--checkpoint-dir", str(busy)],
+               expect=2)
+    assert "a non-empty directory that is not a checkpoint" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr and "epoch 1" not in proc.stdout
+    # a damaged shard, found when the run reads it
+    shard = next(Path(ckpt).glob("shard-*.values.npy"))
+    data = bytearray(shard.read_bytes())
+    data[-1] ^= 1
+    shard.write_bytes(bytes(data))
+    proc = run([*base, "--data", str(kg_dir), "--epochs", "2", "--checkpoint-dir", ckpt,
+                "--resume"], expect=2)
+    assert "is corrupt (sha256" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
 
 
 def test_a_half_set_launcher_environment_is_one_line(kg_dir):

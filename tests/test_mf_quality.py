@@ -86,6 +86,27 @@ def test_valid_stops_early_and_exports_the_best_epoch(noisy, tmp_path, nodes):
     assert not (export / "rows.tsv").exists()  # ids without labels: no label files
 
 
+def test_a_resumed_run_keeps_its_best_epoch(noisy, tmp_path):
+    """--valid with --resume: the best epoch, early stopping and the JSON lines go on as in
+    the uninterrupted run (the best epoch was forgotten: best_epoch restarted at the resume,
+    and so did the patience); the export says when the best epoch's model is gone."""
+    app = [PY, "-m", "adapm.apps.mf", "--train", str(noisy["train"]), "--valid",
+           str(noisy["valid"]), "--test", str(noisy["test"]), "--patience", "3", "--reg", "0",
+           "--progress", "off", "--json", "-"]
+    whole = records(run([*app, "--epochs", "30"]).stdout)
+    best = whole[-1]["best_epoch"]
+    assert len(whole) == best + 3 < 30
+    ckpt, export = str(tmp_path / "ckpt"), tmp_path / "model"
+    first = records(run([*app, "--epochs", str(best + 1), "--checkpoint-dir", ckpt]).stdout)
+    proc = run([*app, "--epochs", "30", "--checkpoint-dir", ckpt, "--resume", "--export",
+                str(export)])
+    resumed = records(proc.stdout)
+    assert [r["best_epoch"] for r in first + resumed] == [r["best_epoch"] for r in whole]
+    assert [r["valid_rmse"] for r in first + resumed] == [r["valid_rmse"] for r in whole]
+    assert f"the best epoch ({best}) came before this run resumed" in proc.stderr, proc.stderr
+    assert (export / "W.npy").exists()
+
+
 def _ratings_csv(path, m: mf_data.Matrix, sep=",") -> None:
     """``m`` as a ratings table: userId = 1000 + 7 row, movieId = 3 + 5 col, a timestamp."""
     rows = [f"{1000 + 7 * r}{sep}{3 + 5 * c}{sep}{v:.9g}{sep}{881250949 + i}\n"

@@ -221,9 +221,27 @@ class MFTask:
         stop = bool(self.patience) and epoch - self.best_epoch >= self.patience
         return {"best_epoch": self.best_epoch}, stop
 
+    def checkpoint_state(self) -> dict:
+        """What a resumed run needs of the early stopping: the best epoch and its RMSE (a
+        checkpoint holds the last epoch's model, not the best one's)."""
+        return {"best_epoch": self.best_epoch,
+                "best_valid": None if math.isinf(self.best_valid) else self.best_valid}
+
+    def resume_state(self, state: dict) -> None:
+        """Takes :meth:`checkpoint_state` back: early stopping and ``best_epoch`` go on as in
+        an uninterrupted run."""
+        if state.get("best_valid") is not None:
+            self.best_epoch, self.best_valid = int(state["best_epoch"]), float(state["best_valid"])
+
     def export(self, worker, directory: str) -> None:
         """W.npy and H.npy: of the best epoch under ``--valid``, else the last; with labelled
-        input (a table with a header) also rows.tsv and cols.tsv (index<TAB>label)."""
+        input (a table with a header) also rows.tsv and cols.tsv (index<TAB>label). A run
+        resumed after its best epoch that found none better has only the last epoch's model:
+        exported, and said so on stderr."""
+        if self._best is None and self.valid is not None and self.best_epoch:
+            print(f"the best epoch ({self.best_epoch}) came before this run resumed, and a "
+                  f"checkpoint keeps the last epoch's model only: {directory} gets the last "
+                  "epoch's", file=sys.stderr, flush=True)
         w, h = self._best if self._best is not None else self.factors(worker)
         os.makedirs(directory, exist_ok=True)
         for name, array in (("W.npy", w), ("H.npy", h)):

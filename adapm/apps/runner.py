@@ -140,7 +140,9 @@ class Task(Protocol):
     # ``standing_keys(points) -> keys``: keys a worker wants for every batch of an epoch,
     # signalled once per epoch for all its clocks rather than with each batch; and
     # ``after_evaluation(epoch, metrics, keep) -> (fields, stop)`` after each evaluation (extra
-    # fields for the JSON line, and whether to stop training: early stopping); and
+    # fields for the JSON line, and whether to stop training: early stopping), with
+    # ``checkpoint_state() -> dict`` (JSON, kept in a checkpoint) and ``resume_state(dict)``
+    # (given it back on --resume) for what it remembers across epochs; and
     # ``replica_updates``, the node's Config.replica_updates (default "sum").
 
     def export(self, worker, directory: str) -> None: ...
@@ -239,7 +241,9 @@ def check_flags(parser: argparse.ArgumentParser, opts: argparse.Namespace) -> No
         (lead and directory_problem(getattr(opts, "export", None))) or \
         directory_problem(trace_dir) or \
         _trace_problem(trace_dir, launched.rank, launched.world_size) or \
-        (not opts.resume and directory_problem(getattr(opts, "checkpoint_dir", None)))
+        (not opts.resume and directory_problem(getattr(opts, "checkpoint_dir", None))) or \
+        (not opts.resume and getattr(opts, "checkpoint_dir", None) and
+         checkpoints.path_problem(opts.checkpoint_dir))
     if problem:
         parser.error(problem)
 
@@ -284,7 +288,9 @@ def _run(task: Task, opts: argparse.Namespace, out) -> list[dict]:
     except BaseException as exc:
         if not opts.baseline:
             node._release()  # do not wait for peers in shutdown after a failure here
-        if isinstance(exc, DataError):  # as the apps' own data errors: one line, exit 2
+        # as the apps' own data errors: one line, exit 2 (a checkpoint that turned out
+        # damaged when read, or cannot be written: the user's to fix)
+        if isinstance(exc, (DataError, CheckpointError)):
             print(f"error: {exc}", file=sys.stderr)
             raise SystemExit(2) from None
         raise
@@ -354,9 +360,19 @@ def _resume_point(task: Task, opts) -> _Resume:
     if meta.get("seed") != opts.seed:
         raise CheckpointError(f"{where} was trained with --seed {meta.get('seed')}, this run "
                               f"has --seed {opts.seed} (another data split and order)")
-    if reader.num_keys < task.num_keys:
-        raise CheckpointError(f"{where} holds {reader.num_keys} keys, this model has "
-                              f"{task.num_keys}")
+    if reader.num_keys < task.num_keys or meta.get("model_keys", task.num_keys) != task.num_keys:
+        raise CheckpointError(f"{where} holds a model of {meta.get('model_keys', reader.num_keys)}"
+                              f" keys, this run's has {task.num_keys} (other data, or another "
+                              f"vocabulary: --min-count?)")
+    mine = _data_contents(opts)
+    if "data" in meta and meta["data"] != mine:
+        flags = {entry[0] for entry in meta["data"] + mine}
+        differ = sorted(f"--{flag}" for flag in flags
+                        if [e for e in meta["data"] if e[0] == flag] != [e for e in mine
+                                                                         if e[0] == flag])
+        raise CheckpointError(f"{where} was trained on other data (the files of "
+                              f"{', '.join(differ)} differ in size or content); resume on the "
+                              "same files")
     theirs = (np.full(task.num_keys, reader.uniform) if reader.lengths is None
               else reader.lengths[:task.num_keys])
     if not np.array_equal(theirs, np.broadcast_to(task.value_length, (task.num_keys,))):
@@ -368,6 +384,9 @@ def _resume_point(task: Task, opts) -> _Resume:
                               f"--epochs above {epochs_done}")
     probe = adapm.Config.from_env(num_keys=1)
     same = [meta.get("world_size"), meta.get("workers")] == [probe.world_size, opts.workers]
+    hook = getattr(task, "resume_state", None)
+    if hook is not None:  # the task's checkpoint_state() back (MF: its best epoch so far)
+        hook(meta.get("task", {}))
     return _Resume(reader, epochs_done, meta.get("states", {}) if same else {})
 
 
@@ -504,7 +523,26 @@ def _checkpoint(task: Task, opts, node, exchange, threads, epoch: int) -> None:
         states.update(document)
     node.checkpoint(opts.checkpoint_dir, meta={
         "app": task.name, "epoch": epoch, "seed": opts.seed, "world_size": node.world_size,
-        "workers": opts.workers, "states": states})
+        "workers": opts.workers, "states": states, "model_keys": task.num_keys,
+        "data": _data_contents(opts), "task": _task_state(task)})
+
+
+def _task_state(task: Task) -> dict:
+    """The task's optional ``checkpoint_state() -> dict`` (JSON: MF's early stopping)."""
+    hook = getattr(task, "checkpoint_state", None)
+    return hook() if hook is not None else {}
+
+
+def _data_contents(opts) -> list:
+    """[flag, size, digest] of each data file (data_fingerprint without the names, which may
+    differ between hosts and runs): what a resumed run must read again. Hashed once a run."""
+    key = tuple(sorted((f, str(getattr(opts, f, None))) for f in _DATA_FLAGS))
+    if key not in _CONTENTS:
+        _CONTENTS[key] = [[flag, size, digest] for flag, _, size, digest in data_fingerprint(opts)]
+    return _CONTENTS[key]
+
+
+_CONTENTS: dict = {}
 
 
 class _Thread:
