@@ -5,6 +5,7 @@ from __future__ import annotations
 import fcntl
 import os
 import pty
+import signal
 import struct
 import subprocess
 import termios
@@ -202,3 +203,25 @@ def test_the_progress_bar_shows_on_a_terminal_through_the_launcher(tmp_path):
         assert "batch/s]" in shown and "epoch 1:" in shown, shown
         piped = run(cmd, cwd=tmp_path)
         assert "batch/s" not in piped.stderr + piped.stdout, piped.stderr
+
+
+def test_ctrl_c_is_one_line_and_a_batch_beyond_the_data_is_one_batch(tmp_path):
+    """SIGINT mid-run (Ctrl-C; adapm-run passes it to every rank): "interrupted" and exit code
+    130, not each rank's traceback. A --batch-size beyond the data trains as one batch (its
+    scratch was sized by the flag: 2 TiB asked for 10^8)."""
+    data = tmp_path / "kg"
+    run([PY, "-m", "adapm.apps.kge", "generate", str(data), "--triples", "2000"])
+    app = [PY, "-m", "adapm.apps.kge", "--data", str(data), "--dim", "8", "--eval-max", "0",
+           "--progress", "off"]
+    whole = run([*app, "--epochs", "1", "--batch-size", "100000000", "--json", "-"])
+    assert "Traceback" not in whole.stderr and '"epoch": 1' in whole.stdout
+    proc = subprocess.Popen([*app, "--epochs", "100000"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=ENV)
+    try:
+        assert proc.stdout.readline().startswith("epoch 1:")  # training
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == 130 and err.strip() == "interrupted", (proc.returncode, err)

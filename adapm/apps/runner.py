@@ -288,6 +288,10 @@ def _run(task: Task, opts: argparse.Namespace, out) -> list[dict]:
     except BaseException as exc:
         if not opts.baseline:
             node._release()  # do not wait for peers in shutdown after a failure here
+        if isinstance(exc, KeyboardInterrupt) and not adapm.config.debug():
+            # Ctrl-C (adapm-run passes it to every rank): a line, not each rank's traceback
+            print("interrupted", file=sys.stderr)
+            raise SystemExit(130) from None
         # as the apps' own data errors: one line, exit 2 (a checkpoint that turned out
         # damaged when read, or cannot be written: the user's to fix)
         if isinstance(exc, (DataError, CheckpointError)):
@@ -553,7 +557,11 @@ class _Thread:
         self.part = part  # the global worker id: shuffles depend on it, not on the node count
         self.points = 0
         self._data = task.worker_points(part, parts)
-        self._trainer = task.trainer(opts.batch_size, self._data, opts.epochs)
+        # No batch holds more than the worker's points: a --batch-size beyond them sizes no
+        # buffer (the trainers' scratch grows with it: 2 TiB asked for a 10^8 KGE batch), and
+        # its batches are the same
+        self.batch_size = max(1, min(opts.batch_size, len(self._data)))
+        self._trainer = task.trainer(self.batch_size, self._data, opts.epochs)
         self.num_batches = math.ceil(len(self._data) / opts.batch_size)
         self.done = 0
         self.error: Optional[BaseException] = None
@@ -585,7 +593,7 @@ class _Thread:
             self.error = exc
 
     def _run_epoch(self, epoch: int, ahead: int) -> None:
-        w, trainer, bs = self.worker, self._trainer, self.opts.batch_size
+        w, trainer, bs = self.worker, self._trainer, self.batch_size
         self.started = time.time()  # the epoch's schedule is part of its time
         cpu = time.thread_time()
         rng = np.random.default_rng([self.opts.seed, 1, self.part, epoch])
