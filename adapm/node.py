@@ -318,8 +318,10 @@ class Node:
         what each called, instead of passing each other.
         """
         self._check_open("barrier")
-        if name is not None and (not isinstance(name, str) or not 0 < len(name) <= 200):
-            raise InvalidArgument(f"barrier: name must be a str of 1 to 200 characters, got "
+        if name is not None and (not isinstance(name, str) or not 0 < len(name) <= 200
+                                 or name in ("shutdown", "checkpoint")):
+            raise InvalidArgument(f"barrier: name must be a str of 1 to 200 characters other "
+                                  f"than 'shutdown' and 'checkpoint' (the nodes' own), got "
                                   f"{name!r:.80}")
         self._barrier(as_timeout(timeout_s), kind="barrier" if name is None else name)
 

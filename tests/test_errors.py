@@ -541,7 +541,7 @@ def test_distributed_bad_push_changes_nothing_anywhere():
 
 def test_a_barrier_name_must_be_a_short_str(no_launcher):
     with adapm.init(num_keys=4) as node:
-        for bad in (5, "", "x" * 201):
+        for bad in (5, "", "x" * 201, "shutdown", "checkpoint"):
             with pytest.raises(adapm.InvalidArgument, match="barrier: name must be a str"):
                 node.barrier(name=bad)
         node.barrier(name="epoch end")  # one node: nothing to meet
