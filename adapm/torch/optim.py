@@ -53,7 +53,7 @@ class _RowOptimizer(torch.optim.Optimizer):
     name = "optimizer"
     has_sums = False  # whether each row keeps a state (after the weights) to save
 
-    def __init__(self, params, defaults: dict) -> None:  # noqa: the base's __init__ (above)
+    def __init__(self, params, defaults: dict) -> None:  # the base's is not called: above
         groups = _param_groups(params, self.name)
         self.defaults = dict(defaults)
         self.param_groups: list[dict] = []
