@@ -215,8 +215,11 @@ def test_ctrl_c_is_one_line_and_a_batch_beyond_the_data_is_one_batch(tmp_path):
            "--progress", "off"]
     whole = run([*app, "--epochs", "1", "--batch-size", "100000000", "--json", "-"])
     assert "Traceback" not in whole.stderr and '"epoch": 1' in whole.stdout
+    # SIGINT at its default in the app (a shell's background job, as a CI runner may start
+    # the suite, ignores it, and the app would inherit that)
     proc = subprocess.Popen([*app, "--epochs", "100000"], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=ENV)
+                            stderr=subprocess.PIPE, text=True, env=ENV,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         assert proc.stdout.readline().startswith("epoch 1:")  # training
         proc.send_signal(signal.SIGINT)
