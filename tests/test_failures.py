@@ -258,7 +258,7 @@ def _late_peer_job(node):
         w.push([0], np.ones((1, 1), np.float32))
         w.wait()
     else:
-        time.sleep(2.0)
+        time.sleep(3.0)  # well past rank 0's first timeout, on a loaded machine too
         node.barrier()
     node.barrier()  # the next collective pairs with the next, not off by one
     return timed_out, float(w.pull([0])[0, 0])
