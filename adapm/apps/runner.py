@@ -368,8 +368,8 @@ def _resume_point(task: Task, opts) -> _Resume:
         raise CheckpointError(f"{where} holds a model of {meta.get('model_keys', reader.num_keys)}"
                               f" keys, this run's has {task.num_keys} (other data, or another "
                               f"vocabulary: --min-count?)")
-    mine = _data_contents(opts)
-    if "data" in meta and meta["data"] != mine:
+    mine = _data_contents(opts) if "data" in meta else None  # older checkpoints: no digests
+    if mine is not None and meta["data"] != mine:
         flags = {entry[0] for entry in meta["data"] + mine}
         differ = sorted(f"--{flag}" for flag in flags
                         if [e for e in meta["data"] if e[0] == flag] != [e for e in mine
