@@ -62,6 +62,9 @@ def probe_rate(seconds: float, stop: threading.Event | None = None) -> tuple[flo
 def torch_step(opts, data):
     import torch
 
+    # Torch's default, said out loud: its sparse Adagrad otherwise warns on every run that the
+    # checks are "implicitly disabled" (checking them would slow the peer, not this bench).
+    torch.sparse.check_sparse_tensor_invariants.disable()
     emb = torch.nn.EmbeddingBag(opts.ids, opts.dim, mode="sum", sparse=True)
     head = torch.nn.Linear(opts.dim, 1)
     opt_rows = torch.optim.Adagrad(emb.parameters(), lr=0.1)
