@@ -1,12 +1,15 @@
 """The ``adapm`` command: ``adapm trace summary DIR [--json]``, ``adapm trace plot DIR (--key K |
---hot N) -o out.png``. Exit codes: 0 done, 2 bad usage or an unreadable trace (the message names
-the directory or file)."""
+--hot N) -o out.png``. Exit codes: 0 done, 1 done from a damaged trace (a warning on stderr
+names each part or node file it went without), 2 bad usage or an unreadable trace (the message
+names the directory or file)."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+import warnings
 from typing import Optional
 
 from . import __version__
@@ -55,23 +58,44 @@ def main(argv: Optional[list] = None) -> int:
     from .errors import AdaPMError
     from .trace import TraceError, load
 
+    damaged = []
     try:
-        trace = load(opts.directory)
-        if opts.action == "summary":
-            _summary(trace, opts.json, opts.per_epoch)
-        else:
-            from .trace.plot import plot_keys
+        with warnings.catch_warnings(record=True) as damaged:
+            warnings.simplefilter("always")  # a damaged part: one line each, below
+            trace = load(opts.directory)
+            if opts.action == "summary":
+                _summary(trace, opts.json, opts.per_epoch)
+            else:
+                from .trace.plot import plot_keys
 
-            keys = opts.key if opts.key else trace.hot_keys(opts.hot).tolist()
-            if not keys:
-                raise TraceError(f"{opts.directory}: the trace has no events to draw")
-            plot_keys(trace, keys, opts.output, intents=not opts.no_intents,
-                      remote=not opts.no_remote)
-            print(f"wrote {opts.output}: keys {', '.join(map(str, keys))}")
+                keys = opts.key if opts.key else trace.hot_keys(opts.hot).tolist()
+                if not keys:
+                    raise TraceError(f"{opts.directory}: the trace has no events to draw")
+                plot_keys(trace, keys, opts.output, intents=not opts.no_intents,
+                          remote=not opts.no_remote)
+                print(f"wrote {opts.output}: keys {', '.join(map(str, keys))}")
+            sys.stdout.flush()
+    except BrokenPipeError:  # `adapm trace summary DIR | head`: the reader had enough
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141  # as a tool that SIGPIPE ended (128 + 13)
     except (AdaPMError, OSError) as exc:  # an unreadable trace, matplotlib missing
+        _warn(damaged)
         print(f"adapm trace: error: {exc}", file=sys.stderr)
         return 2
-    return 0
+    _warn(damaged)
+    return 1 if any(_ours(w) for w in damaged) else 0
+
+
+def _ours(warning) -> bool:
+    return str(warning.message).startswith("adapm.trace: ")
+
+
+def _warn(caught: list) -> None:
+    """Warnings as one line each, as the errors (not Python's two with the source line)."""
+    for w in caught:
+        text = str(w.message)
+        print(f"adapm trace: warning: {text.removeprefix('adapm.trace: ')}" if _ours(w)
+              else f"adapm trace: warning: {w.category.__name__}: {text}", file=sys.stderr)
 
 
 def _summary(trace, as_json: bool, per_epoch: bool) -> None:
@@ -82,7 +106,7 @@ def _summary(trace, as_json: bool, per_epoch: bool) -> None:
         return
     nodes = "1 node" if trace.world_size == 1 else f"{trace.world_size} nodes"
     print(f"{trace.directory}: {nodes}, {trace.num_keys:,} keys, "
-          f"{len(trace.events):,} events over {trace.duration_s:.2f} s")
+          f"{trace.num_events:,} events over {trace.duration_s:.2f} s")
     groups = [(None, rows)] if not per_epoch else [
         (epoch, [r for r in rows if r["epoch"] == epoch])
         for epoch in dict.fromkeys(r["epoch"] for r in rows)]
@@ -90,12 +114,22 @@ def _summary(trace, as_json: bool, per_epoch: bool) -> None:
         if epoch is not None:
             print(f"\nepoch {epoch} (training):")
         _table(group)
-        missing = trace.world_size - sum(row["node"] != "total" for row in group)
-        if missing > 0:  # a node that died before it marked the epoch: total is the others'
-            print(f"({missing} of {trace.world_size} nodes did not mark this epoch: the total "
-                  "is the others')")
-    if any(not row["complete"] for row in rows if row["node"] != "total"):
+        missing = sorted(set(range(trace.world_size)) - {int(row["node"]) for row in group
+                                                          if row["node"] != "total"})
+        if missing and epoch is not None:  # a node died before it marked the epoch
+            print(f"({len(missing)} of {trace.world_size} nodes did not mark this epoch: the "
+                  "total is the others')")
+        elif missing:  # its statistics rows are in parts that could not be read (or none)
+            print(f"(node {', '.join(map(str, missing))}: no statistics could be read: the "
+                  "total is the others')")
+    shut_down = {int(m["rank"]): m.get("complete") for m in trace.nodes}
+    partial = {int(row["node"]) for row in rows if row["node"] != "total" and not row["complete"]}
+    lost = sorted(r for r in partial if shut_down.get(r))
+    if partial - set(lost):
         print("(a node did not shut down cleanly: its figures are from its last recorded round)")
+    if lost:  # its metadata says it shut down cleanly, but its final row did not load
+        print(f"(node {', '.join(map(str, lost))}: the final statistics are in a part that "
+              "could not be read: its figures are from its last round that could)")
 
 
 def _table(rows: list) -> None:

@@ -212,6 +212,98 @@ def test_missing_and_foreign_directories_are_clear_errors(tmp_path):
     assert proc.returncode == 2 and "nowhere: no such trace directory" in proc.stderr
 
 
+def _cli(*args, **kwargs):
+    return subprocess.run([sys.executable, "-m", "adapm.cli", "trace", *args],
+                          capture_output=True, text=True, timeout=120, **kwargs)
+
+
+def test_a_damaged_trace_is_summarised_with_one_line_per_loss_and_exit_1(scenario, tmp_path):
+    import shutil
+
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    lost = tmp_path / "lost"
+    shutil.copytree(scenario[0], lost)
+    parts = sorted(p for p in os.listdir(lost / "rounds") if p.startswith("r1-"))
+    for part in parts:  # node 1's rounds without its final row, as if that part were lost
+        table = pq.read_table(lost / "rounds" / part)
+        pq.write_table(table.filter(pc.invert(table["final"])), lost / "rounds" / part)
+    (lost / "rounds" / "r1-000099.parquet").write_bytes(b"")  # the lost part
+    proc = _cli("summary", str(lost))
+    assert proc.returncode == 1, proc
+    assert proc.stderr.splitlines() == [
+        f"adapm trace: warning: skipping {lost / 'rounds' / 'r1-000099.parquet'}: Could not "
+        f"open Parquet input source '{lost / 'rounds' / 'r1-000099.parquet'}': Parquet file "
+        "size is 0 bytes"]
+    # node 1 did shut down cleanly (its metadata says so): not "did not shut down cleanly"
+    assert "node 1: the final statistics are in a part that could not be read" in proc.stdout
+    assert "did not shut down cleanly" not in proc.stdout
+    for part in parts:  # and now none of node 1's statistics: the total is the others'
+        (lost / "rounds" / part).write_bytes(b"")
+    proc = _cli("summary", str(lost))
+    assert proc.returncode == 1 and len(proc.stderr.splitlines()) == len(parts) + 1
+    assert "(node 1: no statistics could be read: the total is the others')" in proc.stdout
+    no_meta = tmp_path / "no_meta"
+    shutil.copytree(scenario[0], no_meta)
+    (no_meta / "node-r2.json").unlink()
+    proc = _cli("summary", str(no_meta))
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert proc.stderr.splitlines() == [
+        f"adapm trace: warning: {no_meta}: no metadata of node 2 (node-r2.json): its rows "
+        "load, its start and end do not count"]
+    meta = json.loads((no_meta / "node-r0.json").read_text())
+    del meta["started"]
+    (no_meta / "node-r0.json").write_text(json.dumps(meta))
+    proc = _cli("summary", str(no_meta))
+    assert proc.returncode == 2 and proc.stderr.strip().endswith(
+        "node-r0.json: damaged trace metadata (no number for started)"), proc
+    proc = _cli("summary", str(no_meta / "node-r1.json"))
+    assert proc.returncode == 2 and "node-r1.json: not a directory" in proc.stderr
+
+
+def test_a_reader_that_stops_early_ends_the_cli_quietly(scenario):
+    read, write = os.pipe()
+    os.close(read)  # as `adapm trace summary DIR | head -1` once head has its line
+    try:
+        proc = subprocess.run([sys.executable, "-m", "adapm.cli", "trace", "summary",
+                               scenario[0]], stdout=write, stderr=subprocess.PIPE, text=True,
+                              timeout=120)
+    finally:
+        os.close(write)
+    assert proc.returncode == 141 and proc.stderr == "", proc
+
+
+def test_the_events_are_read_only_when_a_query_needs_them(scenario, tmp_path):
+    import shutil
+
+    copy = tmp_path / "copy"
+    shutil.copytree(scenario[0], copy)
+    whole = load(scenario[0])
+    trace = load(str(copy))
+    shutil.rmtree(copy / "events")  # after load: what needs the events finds them gone
+    assert trace.num_events == len(whole.events) > 0 and trace.end == whole.end
+    assert trace.summary().to_pylist() == whole.summary().to_pylist()
+    with pytest.warns(UserWarning, match="skipping"):
+        assert len(trace.events) == 0
+    assert trace.skipped and trace.location(1) == 1  # no events: every key at its home
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda t: t.location(1, at=float("nan")), "a time must be finite"),
+    (lambda t: t.location(1, at=float("inf")), "a time must be finite"),
+    (lambda t: t.location(1, at=0), "is outside the trace"),
+    (lambda t: t.location(1, at=t.end.timestamp() + 3600), "is outside the trace"),
+    (lambda t: t.location(1.5), "key must be an int"),
+    (lambda t: t.timeline(True), "key must be an int"),
+    (lambda t: t.hot_keys(-1), "n must be a positive int"),
+    (lambda t: t.hot_keys(0), "n must be a positive int"),
+])
+def test_bad_queries_are_trace_errors(scenario, call, message):
+    with pytest.raises(TraceError, match=message):
+        call(load(scenario[0]))
+
+
 def _selected_job(node):
     w = node.worker()
     w.intent(np.arange(6), 1)
@@ -316,7 +408,15 @@ def test_an_app_run_traced_per_epoch_agrees_with_its_own_epoch_lines(tmp_path):
                "--trace-keys", "all"]).stdout
     lines = records(out)
     assert [line["epoch"] for line in lines] == [1, 2] and len(lines[0]["stats"]) == 2
-    rows = load(str(trace_dir)).summary(per_epoch=True).to_pylist()
+    trace = load(str(trace_dir))
+    # the clock of placement events is the training workers' (the runner's own worker for
+    # evaluation and export never advances its clock: it pinned every event at 0)
+    frame = trace.to_pandas()
+    placement = frame[frame["event"] != "remote_access"]
+    for rank in (0, 1):  # one training worker a node: its clock, rising through both epochs
+        clocks = placement[placement["rank"] == rank]["clock"]
+        assert clocks.is_monotonic_increasing and clocks.max() > 20, clocks.describe()
+    rows = trace.summary(per_epoch=True).to_pylist()
     assert sorted({r["epoch"] for r in rows}) == [1, 2]
     for line in lines:
         for rank, stats in enumerate(line["stats"]):

@@ -122,8 +122,13 @@ def test_every_column_is_documented(trace_dir):
     for kind, names in expected.items():
         table = getattr(trace, kind)
         assert table.column_names == names, (kind, set(table.column_names) ^ set(names))
-        for name in names:
-            assert f"| `{name}` |" in text, f"docs/traces.md does not describe {kind}.{name}"
+        # the docs' table lists the columns as the files hold them, in order
+        section = text[text.index(f"### `{kind}`"):]
+        section = section[:section.index("\n##", 1)] if "\n##" in section[1:] else section
+        documented = re.findall(r"^\| `(\w+)` \|", section, re.M)
+        if kind == "marks":  # "and the statistics columns of `rounds`"
+            documented += stats
+        assert documented == names, (kind, [(a, b) for a, b in zip(documented, names) if a != b])
     for kind in ("events", "rounds", "traffic", "marks"):
         for name in ("time", "start", "end"):
             if name in getattr(trace, kind).column_names:

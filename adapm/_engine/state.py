@@ -148,8 +148,9 @@ class NodeState:
         # The transport serves and takes in what it can itself: the round's requests are
         # registered with the directory, which may take their answers in. See serve_through.
         self.native_answers = False
-        self.clock = 0  # smallest worker clock at the last Tick (kept while a sink listens)
-        # The sync rounds.
+        # At the last Tick, while a sink listens: the smallest clock of the workers that advanced
+        # theirs (one that never does, as the apps' for evaluation, would pin it at 0).
+        self.clock = 0
         self.worker_intents: list[WorkerIntents] = []
         self.pacer = RoundPacer(config.max_rounds_per_s)
         self.waiters = Waiters()
@@ -716,7 +717,7 @@ class NodeState:
         if self.awaiting:  # an intent may have ended meanwhile: its keys are not coming
             self._arrived = True
         if self.sinks:
-            self.clock = min(clocks) if clocks else 0
+            self.clock = min((c for c in clocks if c), default=0)
         if not self.policy.runs_rounds or self._open or self.closing:
             return
         if not self.pacer.due(self.now) or not self._round_needed(clocks):

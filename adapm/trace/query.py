@@ -13,6 +13,7 @@ from __future__ import annotations
 import datetime as dt
 import glob
 import json
+import math
 import numbers
 import os
 import warnings
@@ -34,16 +35,28 @@ class TraceError(AdaPMError):
     """A directory that is not a readable adapm trace."""
 
 
+# Each node's metadata must have these (numbers); the rest is read where it is there.
+_REQUIRED = ("rank", "world_size", "num_keys", "started")
+
+
 def load(directory: str) -> Trace:
     """The trace recorded under ``directory`` (every node's files). Raises TraceError for a
     missing directory, one without an adapm trace, or one recorded by an adapm with another
     trace format (record it again). A part file that cannot be read (cut off by a crash, say)
-    is skipped with a warning; the rest loads (``Trace.skipped``)."""
+    is skipped with a warning, and so is a node whose metadata file is missing; the rest loads
+    (``Trace.skipped``).
+
+    Cheap for any size of trace: the rounds, marks and traffic tables are read now, the events
+    (most of a trace) when first used (``Trace.events``, the per-key queries, ``hot_keys``);
+    ``summary()`` never reads them."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    if not os.path.isdir(directory):
+    if not os.path.exists(directory):
         raise TraceError(f"{directory}: no such trace directory")
+    if not os.path.isdir(directory):
+        raise TraceError(f"{directory}: not a directory (a trace is the directory an app's "
+                         "--trace-dir or Config(trace_dir=...) names)")
     metas = []
     for path in sorted(glob.glob(os.path.join(directory, "node-r*.json"))):
         try:
@@ -57,28 +70,97 @@ def load(directory: str) -> Trace:
             raise TraceError(f"{path}: trace format version {meta.get('version')}, this adapm "
                              f"{__version__} reads version {schema.VERSION} only (one Parquet "
                              "directory per table, timestamps): record the trace again")
+        lacking = [name for name in _REQUIRED if isinstance(meta.get(name), bool)
+                   or not isinstance(meta.get(name), (int, float))]
+        if lacking:
+            raise TraceError(f"{path}: damaged trace metadata (no number for "
+                             f"{', '.join(lacking)})")
         metas.append(meta)
     if not metas:
         raise TraceError(f"{directory}: not an adapm trace (no node-r*.json: record one with "
                          "Config(trace_dir=...) or an app's --trace-dir)")
     metas.sort(key=lambda m: m["rank"])
     world = {m["world_size"] for m in metas}
-    if len(world) != 1 or {m["num_keys"] for m in metas}.__len__() != 1:
+    ranks = [m["rank"] for m in metas]
+    if len(world) != 1 or len({m["num_keys"] for m in metas}) != 1 or \
+            len(set(ranks)) != len(ranks) or not all(0 <= r < metas[0]["world_size"]
+                                                      for r in ranks):
         raise TraceError(f"{directory}: the nodes' metadata disagree (several jobs in one "
                          "directory?)")
+    absent = sorted(set(range(int(metas[0]["world_size"]))) - set(ranks))
+    if absent:
+        warnings.warn(f"adapm.trace: {directory}: no metadata of node "
+                      f"{', '.join(map(str, absent))} ({schema.meta_name(absent[0])}"
+                      f"{' and more' if len(absent) > 1 else ''}): its rows load, its start "
+                      "and end do not count", stacklevel=2)
     skipped = []
     tables = {}
-    for kind in schema.KINDS:
+    for kind in ("rounds", "traffic", "marks"):
         parts = []
-        for path in sorted(glob.glob(os.path.join(directory, kind, "r*-*.parquet"))):
+        for path in _parts(directory, kind):
             try:
                 parts.append(pq.read_table(path))
             except (OSError, pa.ArrowException) as exc:
-                warnings.warn(f"adapm.trace: skipping {path}: {exc}", stacklevel=2)
-                skipped.append(path)
+                _skip(path, exc, skipped)
         tables[kind] = pa.concat_tables(parts, promote_options="default") if parts else None
-    return Trace(directory, metas, tables["events"], tables["rounds"], skipped, tables["marks"],
+    events = _EventParts()
+    for path in _parts(directory, "events"):
+        try:  # the footer only: a part cut off by a crash fails here
+            events.add(path, pq.ParquetFile(path).metadata)
+        except (OSError, pa.ArrowException) as exc:
+            _skip(path, exc, skipped)
+    return Trace(directory, metas, events, tables["rounds"], skipped, tables["marks"],
                  tables["traffic"])
+
+
+def _parts(directory: str, kind: str) -> list:
+    return sorted(glob.glob(os.path.join(directory, kind, "r*-*.parquet")))
+
+
+def _skip(path: str, exc: BaseException, skipped: list) -> None:
+    warnings.warn(f"adapm.trace: skipping {path}: {exc}", stacklevel=3)
+    skipped.append(path)
+
+
+class _EventParts:
+    """The events' part files, their row count and latest time, from their footers."""
+
+    def __init__(self) -> None:
+        self.paths: list = []
+        self.rows = 0
+        self.latest: int | None = None  # µs since the epoch; None: no statistics said
+
+    def add(self, path: str, metadata) -> None:
+        latest = None
+        column = metadata.schema.names.index("time") if "time" in metadata.schema.names else -1
+        for group in range(metadata.num_row_groups):
+            stats = metadata.row_group(group).column(column).statistics if column >= 0 else None
+            if stats is None or not stats.has_min_max:
+                latest = None
+                break
+            latest = stats.max_raw if latest is None else max(latest, stats.max_raw)
+        if latest is None and metadata.num_rows:
+            import pyarrow.parquet as pq
+
+            times = _micros(pq.read_table(path, columns=["time"])["time"])
+            latest = int(times.max()) if len(times) else None
+        self.paths.append(path)
+        self.rows += metadata.num_rows
+        if latest is not None:
+            self.latest = int(latest) if self.latest is None else max(self.latest, int(latest))
+
+    def read(self, skipped: list):
+        """The events of every part that reads (the others skipped, with a warning)."""
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        parts = []
+        for path in self.paths:
+            try:
+                parts.append(pq.read_table(path))
+            except (OSError, pa.ArrowException) as exc:
+                _skip(path, exc, skipped)
+        return pa.concat_tables(parts, promote_options="default") if parts else None
 
 
 class Trace:
@@ -86,18 +168,40 @@ class Trace:
     node's rows, columns as in adapm.trace.schema and docs/traces.md; ``events`` and ``marks``
     sorted by time; ``traffic`` and ``marks`` None when there were none), ``nodes`` (each
     node's metadata), ``world_size``, ``num_keys``, ``start`` and ``end`` (UTC datetimes: the
-    first node's start, the last node's end or last event), ``skipped`` (part files that could
-    not be read)."""
+    first node's start, the last node's end or last event), ``num_events``, ``skipped`` (part
+    files that could not be read).
+
+    The events are read from their files when first used, and the per-key queries
+    (``location``, ``replicas``, ``timeline``) index them by key once: O(log n) each after."""
 
     def __init__(self, directory: str, nodes: list, events, rounds, skipped: list,
                  marks=None, traffic=None) -> None:
-        import pyarrow as pa
-
+        """``events``: an Arrow table, None, or the part files to read when first used."""
         self.directory = directory
         self.nodes = nodes
         self.world_size = int(nodes[0]["world_size"])
         self.num_keys = int(nodes[0]["num_keys"])
         self.skipped = skipped
+        self.rounds = rounds
+        self.traffic = traffic
+        self.marks = marks.sort_by([("time", "ascending")]) if marks is not None else None
+        self._parts = events if isinstance(events, _EventParts) else None
+        self._events = None if self._parts is not None else self._prepare(events)
+        self._by_key = None  # (order, sorted keys): the events by key, built at the first query
+        self._start = int(round(min(m["started"] for m in nodes) * 1e6))
+        latest = self._parts.latest if self._parts is not None else (
+            int(self._times.max()) if len(self._times) else None)
+        ends = [int(round(m["finished"] * 1e6)) for m in nodes if m.get("finished")] + \
+            ([latest] if latest is not None else [])
+        self._end = max(ends) if ends else self._start
+        # The recorded keys (sorted), None for all, or False where the metadata does not say.
+        listed = nodes[0].get("recorded_keys", False)
+        self._recorded = np.asarray(listed, dtype=np.int64) if listed else listed
+
+    def _prepare(self, events):
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
         if events is None:
             events = pa.table({"time": pa.array([], schema.time_type()),
                                "clock": pa.array([], pa.int64()),
@@ -107,24 +211,30 @@ class Trace:
         else:
             events = events.set_column(events.schema.get_field_index("event"), "event",
                                        events["event"].cast(pa.string()))
-        self.events = events.sort_by([("time", "ascending")])
-        self.rounds = rounds
-        self.traffic = traffic
-        self.marks = marks.sort_by([("time", "ascending")]) if marks is not None else None
-        self._times = _micros(self.events["time"])  # int64 µs since the epoch, for queries
-        self._start = int(round(min(m["started"] for m in nodes) * 1e6))
-        ends = [int(round(m["finished"] * 1e6)) for m in nodes if m.get("finished")] + \
-            ([int(self._times.max())] if len(self._times) else [])
-        self._end = max(ends) if ends else self._start
-        self._keys = self.events["key"].to_numpy()
-        # The recorded keys (sorted), None for all, or False where the metadata does not say.
-        listed = nodes[0].get("recorded_keys", False)
-        self._recorded = np.asarray(listed, dtype=np.int64) if listed else listed
-        self._names = np.asarray(self.events["event"].to_numpy(zero_copy_only=False))
+        events = events.sort_by([("time", "ascending")])
+        self._times = _micros(events["time"])  # int64 µs since the epoch, for queries
+        self._keys = events["key"].to_numpy()
+        self._ranks = events["rank"].to_numpy()
+        # each event's name as its index in schema.EVENTS (one byte, not a Python string)
+        self._codes = pc.index_in(events["event"], value_set=pa.array(schema.EVENTS)) \
+            .fill_null(-1).to_numpy().astype(np.int8)
+        return events
+
+    @property
+    def events(self):
+        """Every node's events in time order (an Arrow table; read when first used)."""
+        if self._events is None:
+            self._events = self._prepare(self._parts.read(self.skipped))
+        return self._events
+
+    @property
+    def num_events(self) -> int:
+        """How many events the trace holds (from the files' footers until they are read)."""
+        return len(self._events) if self._events is not None else self._parts.rows
 
     def __repr__(self) -> str:
         return (f"<adapm.trace.Trace {self.directory!r}: {self.world_size} nodes, "
-                f"{len(self.events)} events>")
+                f"{self.num_events} events>")
 
     @property
     def start(self) -> dt.datetime:
@@ -150,10 +260,9 @@ class Trace:
     # --- one key ----------------------------------------------------------------------------
 
     def _check_key(self, key) -> int:
-        try:
-            key = int(key)
-        except (TypeError, ValueError):
-            raise TraceError(f"key must be an int, got {key!r}") from None
+        if isinstance(key, bool) or not isinstance(key, numbers.Integral):
+            raise TraceError(f"key must be an int, got {key!r}")
+        key = int(key)
         if not 0 <= key < self.num_keys:
             raise TraceError(f"key {key} is outside [0, {self.num_keys})")
         recorded = self._recorded
@@ -166,22 +275,32 @@ class Trace:
                                  "for its location, replicas and timeline")
         return key
 
+    def _check_time(self, at) -> int:
+        micros = _to_micros(at)
+        if not self._start <= micros <= self._end:
+            raise TraceError(f"time {at!r} is outside the trace ({self.start.isoformat()} to "
+                             f"{self.end.isoformat()})")
+        return micros
+
+    def _of_key(self, key: int) -> np.ndarray:
+        """The positions of ``key``'s events in ``events``, in time order."""
+        if self._by_key is None:
+            self.events  # noqa: B018 (read the files)
+            order = np.argsort(self._keys, kind="stable")  # stable: time order within a key
+            self._by_key = (order, self._keys[order])
+        order, keys = self._by_key
+        return order[np.searchsorted(keys, key, "left"):np.searchsorted(keys, key, "right")]
+
     def timeline(self, key):
         """The events of ``key`` on every node, in time order (an Arrow table)."""
-        key = self._check_key(key)
-        return self.events.filter(self._mask(key))
-
-    def _mask(self, key: int):
-        import pyarrow as pa
-
-        return pa.array(self._keys == key)
+        return self.events.take(self._of_key(self._check_key(key)))
 
     def location(self, key, at=None) -> int:
         """The rank holding ``key``'s main copy at time ``at`` (default: the trace's end; a
-        datetime, numpy.datetime64 or Unix seconds): its home, or the node of the last
-        ``alloc`` of it up to then."""
+        datetime, numpy.datetime64 or Unix seconds within the trace, ``start`` to ``end``):
+        its home, or the node of the last ``alloc`` of it up to then."""
         key = self._check_key(key)
-        rows = self._rows(key, ("alloc",), None if at is None else _to_micros(at))
+        rows = self._rows(key, ("alloc",), None if at is None else self._check_time(at))
         return int(rows[-1][1]) if rows else key % self.world_size
 
     def replicas(self, key) -> dict:
@@ -207,23 +326,25 @@ class Trace:
     def _rows(self, key: int, names: tuple, at: int | None) -> list:
         """(time in µs since the epoch, rank, event) of ``key``'s events named ``names``, up
         to ``at`` (µs; None: all)."""
-        mask = (self._keys == key) & np.isin(self._names, names)
-        times = self._times[mask]
-        ranks = self.events["rank"].to_numpy()[mask]
-        kinds = self._names[mask]
+        at_key = self._of_key(key)
+        codes = [schema.EVENTS.index(name) for name in names]
+        at_key = at_key[np.isin(self._codes[at_key], codes)]
         if at is not None:
-            keep = times <= at
-            times, ranks, kinds = times[keep], ranks[keep], kinds[keep]
-        return [(int(t), int(r), str(k)) for t, r, k in zip(times, ranks, kinds)]
+            at_key = at_key[self._times[at_key] <= at]
+        return [(int(self._times[i]), int(self._ranks[i]), schema.EVENTS[self._codes[i]])
+                for i in at_key]
 
     def hot_keys(self, n: int) -> np.ndarray:
-        """The ``n`` keys with the most events (placement activity and remote accesses; local
-        accesses are not events), most first."""
+        """The ``n`` keys (a positive int) with the most events (placement activity and
+        remote accesses; local accesses are not events), most first."""
+        if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 1:
+            raise TraceError(f"hot_keys: n must be a positive int, got {n!r}")
+        self.events  # noqa: B018 (read the files)
         if not len(self._keys):
             return np.empty(0, dtype=np.int64)
         keys, counts = np.unique(self._keys, return_counts=True)
         order = np.lexsort((keys, -counts))
-        return keys[order[:n]]
+        return keys[order[:int(n)]]
 
     # --- the nodes ----------------------------------------------------------------------------
 
@@ -319,6 +440,8 @@ def _to_micros(when) -> int:
     if isinstance(when, np.datetime64):
         return int(when.astype("datetime64[us]").astype(np.int64))
     if isinstance(when, numbers.Real) and not isinstance(when, bool):
+        if not math.isfinite(float(when)):
+            raise TraceError(f"a time must be finite, got {when!r}")
         return int(round(float(when) * 1e6))
     raise TraceError(f"a time must be a datetime, numpy.datetime64 or Unix seconds, got "
                      f"{when!r}")

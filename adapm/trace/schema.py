@@ -39,8 +39,8 @@ TIME_ZONE = "UTC"
 
 EVENT_COLUMNS = {
     "time": "when (timestamp, UTC)",
-    "clock": "the node's smallest worker clock then; for remote_access the clock of the worker "
-             "whose access it was",
+    "clock": "the smallest clock then of the node's workers that have advanced theirs (0 before "
+             "any has); for remote_access the clock of the worker whose access it was",
     "rank": "the node where it happened",
     "key": "the key",
     "event": "one of " + ", ".join(EVENTS),
