@@ -464,7 +464,49 @@ def detect_cluster(env: Mapping[str, str]) -> dict:
         derived = derived_rendezvous(env)
         if derived is not None:
             out["rendezvous"] = derived
+    spread = _across_hosts(env)
+    if spread and out.get("rendezvous"):
+        host = parse_address(out["rendezvous"], "rendezvous")[0]
+        looped = _loopback_here(host)
+        if looped:
+            named = "ADAPM_RENDEZVOUS" if "ADAPM_RENDEZVOUS" in env else "MASTER_ADDR"
+            raise ConfigError(
+                f"{spread}, but the rendezvous {out['rendezvous']} is {looped} on this host, "
+                f"which the other hosts cannot reach: give {named} rank 0's address on their "
+                "network (`hostname -I` on rank 0's host lists them), or map its host name to "
+                "that address in /etc/hosts")
     return out
+
+
+def _across_hosts(env: Mapping[str, str]) -> Optional[str]:
+    """What a launcher says of ranks on several hosts ("mpirun started 4 ranks on several
+    hosts"), or None when it says they share one or does not say."""
+    pairs = (("OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "mpirun"),
+             ("WORLD_SIZE", "LOCAL_WORLD_SIZE", "torchrun"))
+    for world, local, launcher in pairs:
+        if env.get(world, "").strip().isdigit() and env.get(local, "").strip().isdigit() and \
+                int(env[local]) < int(env[world]):
+            return f"{launcher} started {env[world]} ranks on several hosts ({env[local]} here)"
+    nodes = env.get("SLURM_STEP_NUM_NODES", "").strip()
+    if nodes.isdigit() and int(nodes) > 1:
+        return f"srun started its tasks on {nodes} nodes"
+    return None
+
+
+def _loopback_here(host: str) -> Optional[str]:
+    """How ``host`` is a loopback address here ("127.0.0.1", "vm, 127.0.1.1 here"), or None
+    (not, or it does not resolve: the rendezvous says so then)."""
+    if is_loopback(host):
+        return "a loopback address"
+    import socket
+
+    try:
+        found = {info[4][0] for info in socket.getaddrinfo(host, None, socket.AF_INET)}
+    except (OSError, UnicodeError):
+        return None
+    if found and all(ipaddress.ip_address(a).is_loopback for a in found):
+        return f"{host}, which resolves to {sorted(found)[0]}, a loopback address"
+    return None
 
 
 # Job ids of launchers, in order of precedence (ADAPM_JOB first): every rank of a job sees the
@@ -559,6 +601,9 @@ def read_secret_file(path: str) -> str:
         raise ConfigError(f"{where} is not UTF-8 text") from None
     if not secret:
         raise ConfigError(f"{where} is empty")
+    if len(secret.splitlines()) > 1:
+        raise ConfigError(f"{where} holds {len(secret.splitlines())} lines; a secret file holds "
+                          "one (the secret, on one line)")
     return secret
 
 

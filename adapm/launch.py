@@ -197,8 +197,53 @@ def free_port(host: str = LOOPBACK) -> int:
 
 
 def is_local_host(host: str) -> bool:
-    """Whether ``host`` names this machine (so its ranks start without ssh)."""
-    return host in _LOCAL_NAMES or host == socket.gethostname()
+    """Whether ``host`` names this machine (so its ranks start without ssh): loopback, its
+    host name or full name, or a name or address that resolves to an address of its own (one
+    a socket here can bind)."""
+    if host in _LOCAL_NAMES or host in (socket.gethostname(), socket.getfqdn()):
+        return True
+    addresses = _addresses(host)
+    return bool(addresses) and all(_own_address(a) for a in addresses)
+
+
+def _addresses(host: str) -> list[str]:
+    """The IPv4 addresses ``host`` resolves to here ([] if it does not)."""
+    try:
+        return sorted({info[4][0] for info in socket.getaddrinfo(host, None, socket.AF_INET)})
+    except (OSError, UnicodeError):
+        return []
+
+
+def _own_address(address: str) -> bool:
+    """Whether ``address`` is one of this machine's (a socket binds it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        try:
+            sock.bind((address, 0))
+        except OSError:
+            return False
+    return True
+
+
+# A destination for looking up the default route only (TEST-NET-3, RFC 5737): nothing is sent.
+_ANYWHERE = "203.0.113.1"
+
+
+def _route_address(host: str) -> Optional[str]:
+    """This machine's address on the route to ``host`` (a UDP connect sends nothing), or on
+    the default route when ``host`` does not resolve here (an ssh alias, say); None if there
+    is no route."""
+    addresses = _addresses(host) or [_ANYWHERE]
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        try:
+            sock.connect((addresses[0], 22))
+            return sock.getsockname()[0]
+        except OSError:
+            return None
+
+
+# How long ssh may take to connect to a host before the rank counts as failed (ssh waits for
+# the TCP stack's own timeout otherwise: minutes for an address that drops packets).
+SSH_CONNECT_TIMEOUT_S = 30
 
 
 def remote_command(
@@ -259,7 +304,8 @@ def remote_command(
 
 def ssh_argv(host: str, command: str) -> list[str]:
     """The local argv that runs ``command`` (from :func:`remote_command`) on ``host``."""
-    return ["ssh", "-o", "BatchMode=yes", host, command]
+    return ["ssh", "-o", "BatchMode=yes", "-o", f"ConnectTimeout={SSH_CONNECT_TIMEOUT_S}", host,
+            command]
 
 
 def derived_port(job: str) -> int:
@@ -470,7 +516,8 @@ def _plan(args, parser: argparse.ArgumentParser) -> list[_Rank]:
         if not all(hosts):
             parser.error(f"argument --hosts: empty host name in {args.hosts!r}")
     placement = plan_ranks(n, hosts)
-    local = [is_local_host(h) for h in placement]
+    here = {h: is_local_host(h) for h in set(placement)}  # each host resolved once
+    local = [here[h] for h in placement]
 
     local_addr = None
     if args.iface is not None and any(local):
@@ -496,6 +543,18 @@ def _plan(args, parser: argparse.ArgumentParser) -> list[_Rank]:
             rv_host = local_addr or socket.gethostname()
         else:
             rv_host = placement[0]
+        looped = [a for a in _addresses(rv_host) if ipaddress.ip_address(a).is_loopback]
+        if local_addr is None and looped:
+            # The name is loopback here (/etc/hosts maps the host name to 127.0.1.1 on many
+            # systems): rank 0 would listen where no other host reaches. Our address on the
+            # way to the first remote host instead.
+            remote = placement[local.index(False)]
+            rv_host_name, rv_host = rv_host, _route_address(remote)
+            if rv_host is None:
+                parser.error(f"rank 0's host name {rv_host_name!r} resolves to {looped[0]} "
+                             f"here, which {remote} cannot reach, and this machine has no route "
+                             "to it: give --iface (the interface or address the other hosts "
+                             "reach this one on)")
     else:
         rv_host = placement[0]
     # Checked on this machine only; if rank 0 is remote and the port is taken there, rank 0
@@ -598,7 +657,10 @@ def _reap(procs: list) -> None:
     for p in procs:
         p.wait()
         if p.stdin is not None:
-            p.stdin.close()
+            try:
+                p.stdin.close()  # flushes what ssh never read: the pipe may be broken
+            except BrokenPipeError:
+                pass
 
 
 def _monitor(ranks: list[_Rank], procs: list, grace: float, received: list) -> int:

@@ -228,3 +228,30 @@ def test_ctrl_c_is_one_line_and_a_batch_beyond_the_data_is_one_batch(tmp_path):
         proc.kill()
         proc.wait()
     assert proc.returncode == 130 and err.strip() == "interrupted", (proc.returncode, err)
+
+
+def test_a_peer_that_dies_mid_run_is_one_line_naming_it(tmp_path):
+    """Two KGE ranks started by hand (no launcher to stop the survivor); rank 1 is killed once
+    both train: rank 0 reports the failed node in one line and exits 1, not a traceback
+    through the app's frames."""
+    from adapm.launch import free_port
+
+    data = tmp_path / "kg"
+    run([PY, "-m", "adapm.apps.kge", "generate", str(data), "--triples", "20000"])
+    app = [PY, "-m", "adapm.apps.kge", "--data", str(data), "--dim", "8", "--eval-max", "0",
+           "--progress", "off", "--epochs", "100000"]
+    common = {**ENV, "ADAPM_WORLD_SIZE": "2", "ADAPM_FAILURE_TIMEOUT_S": "3",
+              "ADAPM_RENDEZVOUS": f"127.0.0.1:{free_port()}", "ADAPM_JOB": "peer-dies"}
+    procs = [subprocess.Popen(app, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env={**common, "ADAPM_RANK": str(rank)}) for rank in (0, 1)]
+    try:
+        assert procs[0].stdout.readline().startswith("epoch 1:")  # both train
+        procs[1].kill()
+        _, err = procs[0].communicate(timeout=90)
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+    assert procs[0].returncode == 1, (procs[0].returncode, err)
+    assert "Traceback" not in err and err.count("\n") == 1, err
+    assert err.startswith("error: rank 0: rank 1 failed") and "ADAPM_DEBUG=1" in err, err

@@ -154,16 +154,19 @@ def test_secret_file(tmp_path):
         Config.from_env(env={**env, "ADAPM_SECRET": SECRET}, num_keys=10)
 
 
-@pytest.mark.parametrize("problem", ["missing", "directory", "empty"])
-def test_unusable_secret_file_is_an_error(tmp_path, problem):
+@pytest.mark.parametrize("problem, message", [
+    ("missing", "cannot open it"), ("directory", "not a regular file"), ("empty", "is empty"),
+    ("two lines", "holds 2 lines; a secret file holds one")])
+def test_unusable_secret_file_is_an_error(tmp_path, problem, message):
     path = tmp_path / "secret"
     if problem == "directory":
         path.mkdir(mode=0o700)
-    elif problem == "empty":
-        path.write_text("\n")
+    elif problem in ("empty", "two lines"):
+        path.write_text("\n" if problem == "empty" else f"{SECRET}\n{SECRET}\n")
         path.chmod(0o600)
-    with pytest.raises(ConfigError, match="ADAPM_SECRET_FILE"):
+    with pytest.raises(ConfigError, match="ADAPM_SECRET_FILE") as info:
         Config.from_env(env={"ADAPM_SECRET_FILE": str(path)}, num_keys=10)
+    assert message in str(info.value) and SECRET not in str(info.value)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -6,9 +6,11 @@ programs that record their pid so the tests can check nothing outlives the launc
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -462,6 +464,43 @@ def test_adapm_run_ranks_do_not_inherit_other_launchers_variables(monkeypatch):
         assert rank.env["ADAPM_RANK"] == str(rank.rank)
     jobs = {rank.env["ADAPM_JOB"] for rank in ranks}
     assert len(jobs) == 1 and len(jobs.pop()) >= 16  # one id, shared, not guessable
+
+
+def _own_address():
+    """This machine's address on its default route, or None (no route: nothing is sent)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect(("203.0.113.1", 22))
+        except OSError:
+            return None
+        return probe.getsockname()[0]
+
+
+def test_this_machines_own_address_starts_its_ranks_without_ssh():
+    own = _own_address()
+    if own is None:
+        pytest.skip("no default route: this machine has no address to name")
+    args = ["-n", "3", "--hosts", f"{socket.gethostname()},{own},localhost", "python", "x.py"]
+    ranks = _plan(_parser().parse_args(args), _parser())
+    assert [rank.remote for rank in ranks] == [False, False, False]
+    assert ranks[0].env["ADAPM_RENDEZVOUS"].startswith("127.0.0.1:")
+
+
+def test_across_hosts_the_rendezvous_is_an_address_the_others_reach():
+    """Rank 0 here, rank 1 on another host: the rendezvous the ranks get must not be a name
+    that resolves to loopback here (Debian's /etc/hosts maps the host name to 127.0.x.1:
+    rank 0 listened where no other host reached it), and ssh gives up connecting in bounded
+    time."""
+    if _own_address() is None:
+        pytest.skip("no default route")
+    args = ["-n", "2", "--hosts", f"{socket.gethostname()},198.51.100.7", "python", "x.py"]
+    ranks = _plan(_parser().parse_args(args), _parser())
+    assert [rank.remote for rank in ranks] == [False, True]
+    host = ranks[0].env["ADAPM_RENDEZVOUS"].rpartition(":")[0]
+    resolved = {info[4][0] for info in socket.getaddrinfo(host, None, socket.AF_INET)}
+    assert not any(ipaddress.ip_address(a).is_loopback for a in resolved), (host, resolved)
+    assert f"ADAPM_RENDEZVOUS={ranks[0].env['ADAPM_RENDEZVOUS']}" in ranks[1].argv[-1]
+    assert ranks[1].argv[:5] == ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=30"]
 
 
 def test_torchrun_rendezvous_is_master_port_plus_one():

@@ -5,9 +5,11 @@ error says what to set. adapm-run's per-rank output prefixes ("[rank R]: ")."""
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import select
 import shutil
+import socket
 import subprocess
 import sys
 import uuid
@@ -71,6 +73,28 @@ def test_across_hosts_the_error_says_what_to_set():
     env = {**_ompi(0, size=4, local=2), "ADAPM_RENDEZVOUS": "10.0.0.1:29500",
            "ADAPM_SECRET": "a-test-secret-of-enough-length"}
     assert Config.from_env(env=env, num_keys=10).rendezvous == "10.0.0.1:29500"
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "localhost", socket.gethostname()])
+def test_across_hosts_a_rendezvous_on_loopback_here_is_refused(host):
+    """docs/operations.md's mpirun -x ADAPM_RENDEZVOUS=$(hostname):29500 where the host name
+    resolves to loopback (Debian's /etc/hosts): rank 0 would listen where no other host
+    reaches it, and every rank waited the connect timeout out. Refused at once, naming why."""
+    resolved = {info[4][0] for info in socket.getaddrinfo(host, None, socket.AF_INET)}
+    if not all(ipaddress.ip_address(a).is_loopback for a in resolved):
+        pytest.skip(f"{host} is not loopback on this machine")
+    secret = {"ADAPM_SECRET": "a-test-secret-of-enough-length"}
+    for env in ({**_ompi(0, size=4, local=2), "ADAPM_RENDEZVOUS": f"{host}:29500", **secret},
+                {**_slurm(1, size=4, nodes=2), "ADAPM_RENDEZVOUS": f"{host}:29500", **secret},
+                {"RANK": "1", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": host,
+                 "MASTER_PORT": "29500", **secret}):
+        with pytest.raises(ConfigError, match=r"several hosts|on 2 nodes") as caught:
+            Config.from_env(env=env, num_keys=10)
+        assert "loopback address on this host, which the other hosts cannot reach" in \
+            str(caught.value)
+    # on one host the same rendezvous is right
+    env = {**_ompi(0, size=4, local=4), "ADAPM_RENDEZVOUS": f"{host}:29500", **secret}
+    assert Config.from_env(env=env, num_keys=10).rendezvous == f"{host}:29500"
 
 
 @pytest.mark.parametrize("env", [

@@ -118,7 +118,7 @@ def test_two_jobs_on_one_port_do_not_pair():
     finally:
         a0.kill()
     assert code_b == 1 and "ERROR ConfigError" in out_b, out_b
-    assert "is job 'job-a''s; this process belongs to job 'job-b'" in out_b, out_b
+    assert "belongs to job job-a; this process to job-b: two jobs on one port" in out_b, out_b
     for code, out in results:
         assert code == 0 and "SUM" in out and " 8.0" in out, out
 

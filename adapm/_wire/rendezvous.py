@@ -327,8 +327,10 @@ class _Gathering:
                                             f"authenticated as rank {sender}")
         if hello.get("job") != own["job"]:
             _answer(sock, identity, Kind.ERROR,
-                    msg=f"the rendezvous at {config.rendezvous} is job {own['job']!r}'s; this "
-                        f"process belongs to job {hello.get('job')!r} (two jobs on one port?)")
+                    msg=f"the rendezvous at {config.rendezvous} belongs to job "
+                        f"{own['job'] or '(no job id)'}; this process to "
+                        f"{hello.get('job') or '(no job id)'}: two jobs on one port, or ADAPM_JOB "
+                        "set on some ranks only?")
             return self._ignore("other job", f"a hello of job {hello.get('job')!r}")
         theirs = hello["fp"]
         if theirs and theirs[0] != own["fp"][0]:

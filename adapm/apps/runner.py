@@ -57,7 +57,9 @@ from .. import checkpoint as checkpoints
 from .._argtypes import non_negative_int, positive_int, trace_keys
 from .._native_loader import name_thread
 from ..config import MANAGEMENT_VARIANTS
-from ..errors import AdaPMTimeout, CheckpointError, ConfigError, NodeFailure, TransportError
+from ..errors import (
+    AdaPMTimeout, CheckpointError, ConfigError, NodeFailure, PeerError, TransportError,
+)
 from .baseline import ArrayNode
 from .outputs import directory_problem, file_problem
 from .datafiles import DataError
@@ -297,6 +299,11 @@ def _run(task: Task, opts: argparse.Namespace, out) -> list[dict]:
         if isinstance(exc, (DataError, CheckpointError)):
             print(f"error: {exc}", file=sys.stderr)
             raise SystemExit(2) from None
+        # A node that failed or stopped answering: the error names the rank and what was
+        # awaited; each rank's 40-line traceback through the app's frames adds nothing.
+        if isinstance(exc, _RUN_FAILURES) and not adapm.config.debug():
+            print(f"error: {exc} (ADAPM_DEBUG=1 shows the traceback)", file=sys.stderr)
+            raise SystemExit(1) from None
         raise
     node.shutdown()
     return records
@@ -305,6 +312,9 @@ def _run(task: Task, opts: argparse.Namespace, out) -> list[dict]:
 # Errors of a run's start that are the user's to fix (configuration, launcher, checkpoint,
 # a taken port, a rank that never came): reported in one line.
 _STARTUP_ERRORS = (ConfigError, CheckpointError, TransportError, AdaPMTimeout, NodeFailure)
+# Errors of a running job that another node caused (it failed, stopped answering, or disagreed
+# in a collective): reported in one line, exit 1.
+_RUN_FAILURES = (NodeFailure, PeerError, AdaPMTimeout, TransportError)
 
 
 def _start(task: Task, opts):
