@@ -669,7 +669,11 @@ def _monitor(ranks: list[_Rank], procs: list, grace: float, received: list) -> i
         if received:
             sig = received[0]
             running = sum(p.poll() is None for p in procs)
-            _err(f"received {signal.Signals(sig).name}; stopping {_plural(running)}")
+            # The signal often reached the ranks too (Ctrl-C and `timeout` signal the process
+            # group): those already gone are not "stopped".
+            _err(f"received {signal.Signals(sig).name}; "
+                 + (f"stopping {_plural(running)}" if running else
+                    f"every rank had already exited ({len(procs)} started)"))
             _stop(procs, sig, grace, received)
             return 128 + sig
         failed = None

@@ -230,8 +230,9 @@ def test_signal_to_launcher_is_forwarded(tmp_path, sig, status):
             proc.kill()
             proc.wait()
     assert proc.returncode == status, err
-    assert signal.Signals(sig).name in err
+    assert f"received {signal.Signals(sig).name}; stopping 3 processes" in err, err
     _assert_gone(pids)
+
 
 
 def test_missing_program_fails_cleanly():
