@@ -25,7 +25,9 @@ or malformed file stops either with a message naming it and exit code 2.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
+import math
 import os
 import sys
 import zipfile
@@ -35,6 +37,8 @@ import numpy as np
 
 FILE_NAME = "graph.npz"
 ARRAYS = ("indptr", "indices", "labels", "train", "val", "test", "num_communities")
+# Seeds go to numpy and torch (torch.manual_seed takes 64 bits).
+MAX_SEED = 2 ** 63 - 1
 # Rounds of redrawing the self loops among the drawn edges (each round redraws only the loops
 # left) before the last ones are redrawn outside their community.
 _SELF_LOOP_ROUNDS = 32
@@ -231,6 +235,18 @@ def graph_file(path: str) -> str:
         os.path.join(path, FILE_NAME)
 
 
+def digest(graph: Graph) -> str:
+    """A BLAKE2b digest of the graph's contents (edges, labels, split, communities): equal for
+    equal graphs however they were made, generated from flags or loaded from a file."""
+    h = hashlib.blake2b(digest_size=16)
+    for name in ARRAYS[:-1]:
+        array = np.ascontiguousarray(getattr(graph, name), dtype=np.int64)
+        h.update(np.int64(len(array)).tobytes())
+        h.update(array.tobytes())
+    h.update(np.int64(graph.num_communities).tobytes())
+    return h.hexdigest()
+
+
 def save(graph: Graph, directory: str) -> str:
     """Writes ``directory/graph.npz`` (the directory is created); returns the file's path."""
     os.makedirs(directory, exist_ok=True)
@@ -317,23 +333,46 @@ def add_generation_flags(parser: argparse.ArgumentParser, *, required_defaults: 
     g = parser.add_argument_group("graph generation")
     g.add_argument("--nodes", type=int_at_least(1), default=d(20_000),
                    help="number of nodes (default 20000)")
-    g.add_argument("--communities", type=int_at_least(1), default=d(8),
+    g.add_argument("--communities", type=int_at_least(2), default=d(8),
                    help="number of communities, i.e. classes (default 8)")
-    g.add_argument("--edges-per-node", type=float, default=d(5.0),
+    g.add_argument("--edges-per-node", type=float_in(1.0, None), default=d(5.0),
                    help="undirected edges drawn per node; the mean degree is about twice this "
                         "(default 5)")
-    g.add_argument("--p-in", type=float, default=d(0.7),
+    g.add_argument("--p-in", type=float_in(0.0, 1.0), default=d(0.7),
                    help="probability that an edge stays within its first endpoint's community "
                         "(default 0.7: about 90%% test accuracy, not 100%%)")
-    g.add_argument("--alpha", type=float, default=d(2.0),
+    g.add_argument("--alpha", type=float_in(0.0, None, low_open=True), default=d(2.0),
                    help="tail index of the Pareto node weights: smaller means more extreme hubs "
                         "(default 2)")
-    g.add_argument("--train-frac", type=float, default=d(0.1),
-                   help="share of nodes labelled for training (default 0.1)")
-    g.add_argument("--val-frac", type=float, default=d(0.1),
+    g.add_argument("--train-frac", type=float_in(0.0, 1.0, low_open=True), default=d(0.1),
+                   help="share of nodes labelled for training, > 0 (default 0.1)")
+    g.add_argument("--val-frac", type=float_in(0.0, 1.0), default=d(0.1),
                    help="share of nodes labelled for validation (default 0.1)")
-    g.add_argument("--test-frac", type=float, default=d(0.3),
+    g.add_argument("--test-frac", type=float_in(0.0, 1.0), default=d(0.3),
                    help="share of nodes labelled for testing (default 0.3)")
+
+
+def check_generation_flags(parser: argparse.ArgumentParser, opts: argparse.Namespace,
+                           defaults: dict) -> None:
+    """``parser.error`` for generation flags that are fine alone but not together (the values
+    not given taken from ``defaults``): before anything is generated."""
+    value = {name: getattr(opts, name) if getattr(opts, name) is not None else defaults[name]
+             for name in defaults}
+    if value["nodes"] < 2 * value["communities"]:
+        parser.error(f"--nodes must be >= 2 * --communities = {2 * value['communities']}, "
+                     f"got {value['nodes']}")
+    fracs = [value[name] for name in ("train_frac", "val_frac", "test_frac")]
+    if sum(fracs) > 1:
+        parser.error(f"--train-frac, --val-frac and --test-frac must sum to <= 1, got "
+                     f"{' + '.join(str(f) for f in fracs)}")
+    if round(value["train_frac"] * value["nodes"]) < 1:
+        parser.error(f"--train-frac {value['train_frac']} of --nodes {value['nodes']} is no "
+                     f"training node")
+
+
+# The defaults of the generation flags, for check_generation_flags.
+GENERATION_DEFAULTS = {"nodes": 20_000, "communities": 8, "train_frac": 0.1, "val_frac": 0.1,
+                       "test_frac": 0.3}
 
 
 def generation_kwargs(opts: argparse.Namespace, defaults: dict | None = None) -> dict:
@@ -343,8 +382,9 @@ def generation_kwargs(opts: argparse.Namespace, defaults: dict | None = None) ->
     return {**(defaults or {}), **kwargs}
 
 
-def int_at_least(low: int):
-    """An argparse type: an integer >= ``low`` (also used by train.py)."""
+def int_at_least(low: int, high: int | None = None):
+    """An argparse type: an integer >= ``low`` (and <= ``high``, if given; also used by
+    train.py)."""
     def parse(text: str) -> int:
         try:
             value = int(text)
@@ -352,6 +392,27 @@ def int_at_least(low: int):
             raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
         if value < low:
             raise argparse.ArgumentTypeError(f"must be >= {low}, got {value}")
+        if high is not None and value > high:
+            raise argparse.ArgumentTypeError(f"must be <= {high}, got {value}")
+        return value
+    return parse
+
+
+def float_in(low: float, high: float | None, *, low_open: bool = False):
+    """An argparse type: a finite number >= ``low`` (> with ``low_open``), <= ``high`` if given
+    (not inf or nan, which no generator parameter can be)."""
+    relation = ">" if low_open else ">="
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        if not math.isfinite(value) or value < low or (low_open and value == low) or \
+                (high is not None and value > high):
+            bound = f"in [{low}, {high}]" if high is not None and not low_open else \
+                f"in ({low}, {high}]" if high is not None else f"{relation} {low}"
+            raise argparse.ArgumentTypeError(f"must be a finite number {bound}, got {text}")
         return value
     return parse
 
@@ -363,11 +424,13 @@ def main(argv: list[str] | None = None) -> int:
     gen = sub.add_parser("generate", help="write DIR/graph.npz")
     gen.add_argument("dir", metavar="DIR", help="output directory (created if needed)")
     add_generation_flags(gen, required_defaults=True)
-    gen.add_argument("--seed", type=int_at_least(0), default=0,
+    gen.add_argument("--seed", type=int_at_least(0, MAX_SEED), default=0,
                      help="seed of the generator (default 0)")
     info = sub.add_parser("info", help="load DIR/graph.npz and print its statistics")
     info.add_argument("dir", metavar="DIR", help="a directory holding graph.npz, or the file")
     opts = parser.parse_args(argv)
+    if opts.command == "generate":
+        check_generation_flags(gen, opts, GENERATION_DEFAULTS)
     try:
         if opts.command == "generate":
             graph = generate(opts.nodes, opts.communities, seed=opts.seed,

@@ -40,7 +40,9 @@ concurrently), without adapm.
 ``--checkpoint-dir DIR`` writes a checkpoint (``Node.checkpoint``: the embeddings with their
 AdaGrad sums, the dense parameters, and in its meta the epoch reached, the seed and rank 0's
 Adam state) every ``--checkpoint-every`` epochs and after the last; ``--resume`` continues
-from it at the next epoch, on any number of ranks. Shuffles, neighbour samples and dropout
+from it at the next epoch, on any number of ranks. The meta also holds the graph's node and edge
+counts and a digest of its contents, ``--dim`` and ``--hidden``: a checkpoint of another graph,
+seed or model shape is refused (one line, exit code 2), as one with ``--epochs`` done. Shuffles, neighbour samples and dropout
 masks depend on the epoch only, so on one rank a resumed run computes what the uninterrupted
 run computes; on several, every rank starts from rank 0's Adam state.
 
@@ -58,25 +60,35 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 import time
+import warnings
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from batches import NeighbourCollate, SageBatch, TableKeys
 from graph import (
+    GENERATION_DEFAULTS,
+    MAX_SEED,
     Graph,
     GraphError,
     add_generation_flags,
+    check_generation_flags,
+    digest,
     generate,
     generation_kwargs,
+    graph_file,
     int_at_least,
     load,
 )
 from torch import nn
 from torch.utils.data import DataLoader
 
+import adapm
+from adapm import CheckpointError, ConfigError
+from adapm.apps.outputs import directory_problem
 from adapm.apps.runner import AppParser, check_flags
 from adapm.trace import keys_argument
 
@@ -184,13 +196,15 @@ def mean_adjacency(graph: Graph) -> torch.Tensor:
 
 @torch.no_grad()
 def evaluate(model: Sage, x: torch.Tensor, mean_adj: torch.Tensor,
-             graph: Graph) -> tuple[float, float]:
-    """Accuracy on the validation and on the test nodes (full neighbourhoods)."""
+             graph: Graph) -> tuple[float | None, float | None]:
+    """Accuracy on the validation and on the test nodes (full neighbourhoods); None for a
+    split without nodes."""
     model.eval()
     predicted = model.full(x, mean_adj).argmax(1).numpy()
     model.train()
     correct = predicted == graph.labels
-    return float(correct[graph.val].mean()), float(correct[graph.test].mean())
+    return tuple(float(correct[nodes].mean()) if len(nodes) else None
+                 for nodes in (graph.val, graph.test))
 
 
 def step(table, model: Sage, batch: SageBatch, optimizers) -> float:
@@ -248,9 +262,10 @@ class Gather:
 # --- checkpoints -------------------------------------------------------------------------------
 
 
-def resume_point(opts, num_keys: int):
-    """The checkpoint of ``--checkpoint-dir`` and its meta, checked against this run."""
-    from adapm import CheckpointError, checkpoint
+def resume_point(opts, graph: Graph, model: "Sage", dense_keys: int):
+    """The checkpoint of ``--checkpoint-dir`` and its meta, checked against this run (before
+    the node starts): the same example, seed, graph and model shapes, epochs left to train."""
+    from adapm import checkpoint
 
     reader = checkpoint.load(opts.checkpoint_dir)
     meta = reader.meta
@@ -259,13 +274,50 @@ def resume_point(opts, num_keys: int):
         raise CheckpointError(f"{where} is not of this example with --seed {opts.seed} "
                               f"(its meta: example {meta.get('example')!r}, seed "
                               f"{meta.get('seed')!r})")
-    if reader.num_keys < num_keys or reader.uniform != 2 * opts.dim:
-        raise CheckpointError(f"{where} does not fit this model (another graph, --dim or "
-                              f"--hidden?)")
+    n = graph.num_nodes
+    theirs = meta.get("graph")
+    if theirs is not None and theirs != graph_meta(graph):
+        raise CheckpointError(
+            f"{where} was trained on another graph ({theirs.get('nodes')} nodes, "
+            f"{theirs.get('edges')} edges, digest {str(theirs.get('digest'))[:12]}), this run's "
+            f"has {n} nodes, {graph.num_edges} edges, digest {digest(graph)[:12]}; resume on "
+            f"the same graph")
+    if reader.uniform != 2 * opts.dim or meta.get("dim", opts.dim) != opts.dim:
+        raise CheckpointError(f"{where} holds embeddings of --dim {reader.uniform // 2} (rows of "
+                              f"{reader.uniform} floats with their AdaGrad sums), this run has "
+                              f"--dim {opts.dim}")
+    if meta.get("hidden", opts.hidden) != opts.hidden or not _adam_fits(meta, model):
+        raise CheckpointError(f"{where} holds dense layers of another shape (--hidden "
+                              f"{meta.get('hidden', '?')}), this run has --hidden {opts.hidden}")
+    # Older checkpoints have no graph in the meta: their key count must be this graph's.
+    expected = n + dense_keys + Gather.keys_needed(int(meta.get("world_size", 0)), 2 * opts.dim)
+    if reader.num_keys != expected:
+        raise CheckpointError(f"{where} holds {reader.num_keys} keys, a checkpoint of this graph "
+                              f"and model holds {expected} (another graph?)")
     if meta["epoch"] >= opts.epochs:
         raise CheckpointError(f"{where} has {meta['epoch']} epochs done; to continue, give "
                               f"--epochs above {meta['epoch']}")
     return reader, meta
+
+
+def graph_meta(graph: Graph) -> dict:
+    """What a checkpoint records of the graph it was trained on, for --resume to compare."""
+    return {"nodes": graph.num_nodes, "edges": graph.num_edges, "digest": digest(graph)}
+
+
+def _adam_fits(meta: dict, model: "Sage") -> bool:
+    """Whether the checkpoint's Adam state has one entry of each parameter's shape."""
+    params = list(model.parameters())
+    state = meta.get("adam", {}).get("state", {})
+    for index, entry in state.items():
+        if not index.isdigit() or int(index) >= len(params):
+            return False
+        shape = tuple(params[int(index)].shape)
+        for value in entry.values():
+            if isinstance(value, dict) and "tensor" in value and \
+                    np.shape(value["tensor"]) not in (shape, ()):
+                return False
+    return True
 
 
 def load_flat(params, flat: np.ndarray) -> None:
@@ -312,8 +364,10 @@ def train_adapm(opts, graph: Graph) -> None:
     torch.manual_seed(opts.seed)
     model = Sage(dim, opts.hidden, graph.num_communities, opts.dropout)
     dense_keys = DenseSync.keys_needed(model.parameters(), value_length)
-    reader, meta = resume_point(opts, n + dense_keys) if opts.resume else (None, {"epoch": 0})
     world = adapm.Config.from_env(num_keys=1).world_size
+    check_shards(opts, graph, world, "ranks")
+    reader, meta = resume_point(opts, graph, model, dense_keys) if opts.resume else \
+        (None, {"epoch": 0})
     num_keys = n + dense_keys + Gather.keys_needed(world, value_length)
     with adapm.init(num_keys=num_keys, value_length=value_length, trace_dir=opts.trace_dir,
                     trace_keys=opts.trace_keys) as node:
@@ -346,6 +400,7 @@ def train_adapm(opts, graph: Graph) -> None:
         loader = make_loader(shards(graph.train, world, opts.seed)[rank], collate, opts)
         batches = IntentLoader(loader, w, ahead=opts.ahead)
         mean_adj = mean_adjacency(graph) if rank == 0 else None
+        described = graph_meta(graph) if opts.checkpoint_dir else None
         for epoch in range(meta["epoch"] + 1, opts.epochs + 1):
             collate.epoch = epoch
             reseed(loader, opts.seed, epoch, rank)
@@ -381,7 +436,8 @@ def train_adapm(opts, graph: Graph) -> None:
                                         epoch % opts.checkpoint_every == 0):
                 node.checkpoint(opts.checkpoint_dir, meta={
                     "example": "gnn", "epoch": epoch, "seed": opts.seed,
-                    "world_size": world, "adam": optimizer_state(adam)})
+                    "world_size": world, "graph": described, "dim": dim,
+                    "hidden": opts.hidden, "adam": optimizer_state(adam)})
 
 
 class _Synced:
@@ -403,6 +459,9 @@ class _Synced:
 def train_baseline(opts, graph: Graph) -> None:
     """The same training in one plain process: torch's sparse embedding and AdaGrad, the
     batches of ``--shards`` shards interleaved (round robin)."""
+    check_shards(opts, graph, opts.shards, "shards (--shards)")
+    # torch's sparse AdaGrad warns on every run that it skips its invariant checks.
+    warnings.filterwarnings("ignore", message="Sparse invariant checks")
     n, dim = graph.num_nodes, opts.dim
     torch.manual_seed(opts.seed)
     model = Sage(dim, opts.hidden, graph.num_communities, opts.dropout)
@@ -433,6 +492,15 @@ def train_baseline(opts, graph: Graph) -> None:
         val_acc, test_acc = evaluate(model, table.weight.detach(), mean_adj, graph)
         every = np.array([[start, end, loss_sum, examples]])
         _emit(_record(epoch, every, val_acc, test_acc, 1), opts)
+
+
+def check_shards(opts, graph: Graph, parts: int, what: str) -> None:
+    """GraphError unless every one of ``parts`` shards gets a training node."""
+    if len(graph.train) < parts:
+        source = graph_file(opts.graph) if opts.graph is not None else "the generated graph"
+        raise GraphError(f"{source}: {len(graph.train)} training node(s) for {parts} {what}: "
+                         f"each needs one at least (more --train-frac or --nodes, or fewer "
+                         f"{what.split()[0]})")
 
 
 def _round_robin(loaders):
@@ -469,7 +537,8 @@ def _emit(record: dict, opts) -> None:
     line = json.dumps(record)
     summary = (f"epoch {record['epoch']}: {record['train_seconds']:.2f} s, "
                f"{record['examples_per_s'] or 0:,.0f} examples/s, loss {record['loss']:.4f}, "
-               f"val acc {record['val_acc']:.4f}, test acc {record['test_acc']:.4f}")
+               f"val acc {_accuracy(record['val_acc'])}, "
+               f"test acc {_accuracy(record['test_acc'])}")
     if "remote_share" in record:
         summary += f", remote accesses {100 * record['remote_share']:.3f}%"
     if opts.json == "-":
@@ -482,14 +551,20 @@ def _emit(record: dict, opts) -> None:
             f.write(line + "\n")
 
 
+def _accuracy(value: float | None) -> str:
+    return "n/a (no such nodes)" if value is None else f"{value:.4f}"
+
+
 def _progress(opts, rank: int, epoch: int, total: int):
     """Rank 0's progress bar on stderr (auto: only on a terminal), or None."""
     if rank != 0 or opts.progress == "off":
         return None
     from tqdm import tqdm
 
+    # auto: a bar on a terminal, also through adapm-run (its stderr a terminal: on_terminal).
+    shown = opts.progress == "on" or adapm.config.on_terminal(sys.stderr)
     return tqdm(total=total, desc=f"epoch {epoch}", unit="batch", leave=False, file=sys.stderr,
-                disable=None if opts.progress == "auto" else False)
+                disable=not shown)
 
 
 # --- command line ------------------------------------------------------------------------------
@@ -534,12 +609,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "(default: generate one from the flags below)")
     add_generation_flags(parser, required_defaults=False)
     t = parser.add_argument_group("training")
-    t.add_argument("--seed", type=int_at_least(0), default=0,
+    t.add_argument("--seed", type=int_at_least(0, MAX_SEED), default=0,
                    help="seed of the generated graph, initial values, shards, shuffles and "
                         "neighbour samples (default 0)")
     t.add_argument("--epochs", type=int_at_least(1), default=10,
                    help="epochs to train (default 10)")
-    t.add_argument("--batch-size", type=int_at_least(1), default=64,
+    t.add_argument("--batch-size", type=int_at_least(1, sys.maxsize), default=64,
                    help="training nodes per mini-batch, i.e. per step of a rank (default 64)")
     t.add_argument("--dim", type=int_at_least(1), default=32,
                    help="node embedding size (default 32)")
@@ -596,6 +671,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                      "one (without --graph)")
     if opts.shards > 1 and not opts.baseline:
         parser.error("--shards applies to --baseline only (an adapm run has one shard per rank)")
+    if opts.graph is None:
+        check_generation_flags(parser, opts, GENERATION_DEFAULTS)
+    # The directories' flags named in their errors (check_flags names the path only).
+    for flag, path in (("--trace-dir", opts.trace_dir),
+                       ("--checkpoint-dir", None if opts.resume else opts.checkpoint_dir)):
+        problem = directory_problem(path)
+        if problem:
+            parser.error(f"{flag} {problem}")
     # --resume and --baseline against the checkpoint flags, and the output paths (--json,
     # --trace-dir, --checkpoint-dir), as the apps check them: before the graph is built.
     check_flags(parser, opts)
@@ -613,16 +696,45 @@ def load_graph(opts) -> Graph:
 def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)  # small dense layers: threads would only contend for the cores
     opts = parse_args(argv)
+    _on_interrupt_ignore_the_next()
     try:
         graph = load_graph(opts)
-    except (GraphError, ValueError) as exc:
+    except ValueError as exc:  # GraphError: the file; ValueError: the generator's arguments
         print(f"train.py: error: {exc}", file=sys.stderr)
         return 2
-    if opts.baseline:
-        train_baseline(opts, graph)
-    else:
-        train_adapm(opts, graph)
+    try:
+        if opts.baseline:
+            train_baseline(opts, graph)
+        else:
+            train_adapm(opts, graph)
+    except (GraphError, CheckpointError, ConfigError) as exc:
+        # The graph, the checkpoint or the launch is the user's to fix: one line, as the apps
+        # (ADAPM_DEBUG=1 shows the traceback). The node, if any, was released on the way out.
+        if adapm.config.debug():
+            raise
+        print(f"train.py: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        # Ctrl-C (adapm-run passes it to every rank): a line, not each rank's traceback.
+        if adapm.config.debug():
+            raise
+        print("interrupted", file=sys.stderr)
+        return 130
     return 0
+
+
+def _on_interrupt_ignore_the_next() -> None:
+    """The first SIGINT raises KeyboardInterrupt and any later one is ignored: Ctrl-C on the
+    terminal reaches each rank twice (from the terminal, and passed on by adapm-run), and the
+    second must not interrupt the node's release with a traceback of its own."""
+    if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        return  # ignored (a background job) or handled by whoever runs us
+
+    def interrupted(signum, frame):
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, interrupted)
 
 
 if __name__ == "__main__":
