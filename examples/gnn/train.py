@@ -40,11 +40,12 @@ concurrently), without adapm.
 ``--checkpoint-dir DIR`` writes a checkpoint (``Node.checkpoint``: the embeddings with their
 AdaGrad sums, the dense parameters, and in its meta the epoch reached, the seed and rank 0's
 Adam state) every ``--checkpoint-every`` epochs and after the last; ``--resume`` continues
-from it at the next epoch, on any number of ranks. The meta also holds the graph's node and edge
-counts and a digest of its contents, ``--dim`` and ``--hidden``: a checkpoint of another graph,
-seed or model shape is refused (one line, exit code 2), as one with ``--epochs`` done. Shuffles, neighbour samples and dropout
+from it at the next epoch, on any number of ranks. Shuffles, neighbour samples and dropout
 masks depend on the epoch only, so on one rank a resumed run computes what the uninterrupted
-run computes; on several, every rank starts from rank 0's Adam state.
+run computes; on several, every rank starts from rank 0's Adam state. The meta also holds the
+graph's node and edge counts and a digest of its contents, ``--dim`` and ``--hidden``: a
+checkpoint of another graph, seed or model shape is refused (one line, exit code 2), as one
+with ``--epochs`` epochs done.
 
 Output, as the apps' (``adapm.apps.runner``): per epoch rank 0 prints a summary line on stdout
 and appends one JSON line to ``--json FILE`` (with ``--json -`` the JSON lines go to stdout and
