@@ -25,7 +25,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
+import re
 import sys
 from dataclasses import dataclass
 
@@ -90,14 +92,61 @@ def _read_table(path: str):
     types = {"label": pa.int8(), **{c: pa.int64() for c in COLUMNS[1:1 + NUM_INTEGER]},
              **{c: pa.string() for c in COLUMNS[1 + NUM_INTEGER:]}}
     try:
-        return csv.read_csv(
+        table = csv.read_csv(
             path, read_options=csv.ReadOptions(column_names=COLUMNS),
             parse_options=csv.ParseOptions(delimiter="\t", quote_char=False),
             convert_options=csv.ConvertOptions(column_types=types, strings_can_be_null=True,
                                                null_values=[""]))
-    except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
-        raise DataError(f"{path}: not in the Criteo layout (label, 13 integers, 26 categorical "
-                        f"values, tab-separated): {exc}") from None
+    except (pa.ArrowInvalid, pa.ArrowTypeError):
+        # Arrow's message quotes the row (binary garbage too) and not its line: find the line.
+        bad = _first_bad_line(path)
+        if bad is None:
+            raise DataError(f"{path}: not in {_LAYOUT}") from None
+        line, what = bad
+        raise DataError(f"{path}: line {line}: {what}" if line else f"{path}: {what}") \
+            from None
+    if not len(table):
+        raise DataError(f"{path}: no examples (the file has no lines)")
+    return table
+
+
+_LAYOUT = "the Criteo layout: label, 13 integers, 26 categorical values, tab-separated"
+
+
+def _first_bad_line(path: str) -> tuple[int, str] | None:
+    """(line number, what is wrong) of the file's first line outside the Criteo layout, (0,
+    "no examples...") for a file without lines, or None when every line is fine. Reads the file
+    line by line in Python: only for a file that Arrow refused."""
+    lines = 0
+    with open(path, "rb") as f:
+        for number, raw in enumerate(f, 1):
+            fields = raw.rstrip(b"\r\n").split(b"\t")
+            if fields == [b""]:
+                continue  # empty lines are skipped, by Arrow too
+            lines += 1
+            if len(fields) != len(COLUMNS):
+                return number, f"{len(fields)} columns, expected {len(COLUMNS)} ({_LAYOUT})"
+            if fields[0] not in (b"0", b"1"):
+                return number, f"the label must be 0 or 1{_shown(fields[0])}"
+            for j, field in enumerate(fields[1:1 + NUM_INTEGER], start=1):
+                if field and not (re.fullmatch(rb"[+-]?[0-9]+", field) and
+                                  -2 ** 63 <= int(field) < 2 ** 63):
+                    return number, (f"column {j + 1} (integer feature I{j}) is not a 64-bit "
+                                    f"integer{_shown(field)}")
+            for j, field in enumerate(fields[1 + NUM_INTEGER:], start=1):
+                try:
+                    field.decode("utf-8")
+                except UnicodeDecodeError:
+                    return number, (f"column {j + 1 + NUM_INTEGER} (categorical feature C{j}) "
+                                    f"is not UTF-8 text")
+    return (0, "no examples (the file has no lines)") if not lines else None
+
+
+def _shown(field: bytes) -> str:
+    """`` ('text')`` for a short printable field, else nothing (no binary garbage echoed)."""
+    if len(field) <= 24 and all(32 <= c < 127 for c in field):
+        return f" ({field.decode()!r})"
+    return ""
 
 
 def build_vocabulary(path: str, min_count: int = 1) -> Vocabulary:
@@ -146,9 +195,61 @@ def read(path: str, vocabulary: Vocabulary) -> Examples:
 # spread geometrically from _SMALLEST up to the --vocab size, in a seeded order over the fields.
 _SMALLEST = 4
 _ZIPF = 1.1               # exponent of the values' power law (heavy head, long tail)
-_POSITIVES = 0.25         # Criteo's share of clicks is about a quarter
+_POSITIVES = 0.25         # logits shifted so that a quarter are positive (labels: ~31% clicks)
 _INTERACTIONS = 8         # field pairs with a planted interaction
 _LATENT = 4               # dimension of the planted interaction vectors
+
+
+# What generate holds in memory at its peak (measured): about this many bytes per categorical
+# value (of all fields: weights, latent vectors, hex strings, Zipf tables) and per row (the
+# columns, the table, the CSV writer's buffers), and a base.
+_BYTES_PER_VALUE = 60
+_BYTES_PER_ROW = 800
+_BYTES_BASE = 200 << 20
+
+
+def _needed_bytes(rows: int, vocab: int) -> float:
+    values = float(np.geomspace(_SMALLEST, float(vocab), NUM_CATEGORICAL).sum())
+    return _BYTES_BASE + _BYTES_PER_VALUE * values + _BYTES_PER_ROW * float(rows)
+
+
+def _available_bytes() -> float | None:
+    """Memory available to a new allocation (MemAvailable), or None where it is not known."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return float(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def _check_memory(rows: int, vocab: int) -> None:
+    """DataError, before anything is allocated, when ``rows`` and ``vocab`` need more memory
+    than is available (the system would kill the process part way, without a word)."""
+    available = _available_bytes()
+    if available is None or _needed_bytes(rows, vocab) <= available:
+        return
+    gib = 1 << 30
+    fits = _SMALLEST
+    if _needed_bytes(rows, _SMALLEST) <= available:  # the largest vocab that fits, by bisection
+        high = vocab
+        while high - fits > max(1, fits // 100):
+            middle = (fits + high) // 2
+            fits, high = (middle, high) if _needed_bytes(rows, middle) <= available else \
+                (fits, middle)
+    advice = (f"with --rows {rows}, a --vocab up to about {fits:,} fits" if fits > _SMALLEST
+              else "fewer --rows")
+    raise DataError(f"generate: --rows {rows:,} and --vocab {vocab:,} need about "
+                    f"{_needed_bytes(rows, vocab) / gib:,.1f} GiB of memory (the values of all "
+                    f"26 fields, up to --vocab each, and the rows are held in memory), "
+                    f"{available / gib:,.1f} GiB are available: {advice}")
+
+
+def _finite(value: float) -> float | None:
+    """``value``, or None for NaN (JSON has no NaN)."""
+    return None if math.isnan(value) else value
 
 
 def _cardinalities(vocab: int, rng) -> np.ndarray:
@@ -195,6 +296,7 @@ def generate(directory: str, rows: int = 200_000, vocab: int = 100_000, test_sha
 
     if rows < 10 or not 0 < test_share < 1 or vocab < _SMALLEST:
         raise DataError(f"generate: need rows >= 10, 0 < test_share < 1, vocab >= {_SMALLEST}")
+    _check_memory(rows, vocab)
     rng = np.random.default_rng(seed)
     cards = _cardinalities(vocab, rng)
     missing = rng.choice([0.0, 0.0, 0.05, 0.3], NUM_CATEGORICAL)  # share of empty values
@@ -224,7 +326,9 @@ def generate(directory: str, rows: int = 200_000, vocab: int = 100_000, test_sha
     for f, g in pairs:
         both = present[:, f] & present[:, g]
         logit += np.where(both, (latent[f][ranks[:, f]] * latent[g][ranks[:, g]]).sum(1), 0.0)
-    logit -= np.quantile(logit, 1 - _POSITIVES)  # about a quarter positives
+    # A quarter of the logits positive; the labels, Bernoulli draws, have more clicks (~31%):
+    # the other three quarters' probabilities are not 0.
+    logit -= np.quantile(logit, 1 - _POSITIVES)
     probability = 1 / (1 + np.exp(-logit))
     labels = (rng.random(rows) < probability).astype(np.int8)
     table = pa.table({"label": labels, **columns})
@@ -236,7 +340,8 @@ def generate(directory: str, rows: int = 200_000, vocab: int = 100_000, test_sha
     meta = {"rows": rows, "train_rows": rows - test_rows, "test_rows": test_rows,
             "vocab": vocab, "seed": seed, "positives": float(labels.mean()),
             "cardinalities": cards.tolist(),
-            "planted_auc": auc(probability[rows - test_rows:], labels[rows - test_rows:])}
+            # None (null) when the test split holds one class only: no AUC exists then.
+            "planted_auc": _finite(auc(probability[rows - test_rows:], labels[rows - test_rows:]))}
     with open(os.path.join(directory, "meta.json"), "w") as f:
         json.dump(meta, f, indent=1)
     return meta
@@ -273,16 +378,22 @@ def logloss(probabilities: np.ndarray, labels: np.ndarray) -> float:
 
 
 def main(argv=None) -> int:
+    from adapm._argtypes import non_negative_int  # here: the reader needs no adapm
+
     parser = argparse.ArgumentParser(prog="python examples/ctr/criteo.py",
                                      description="Criteo-like click data: generate it.")
     sub = parser.add_subparsers(dest="command", required=True)
     gen = sub.add_parser("generate", help="write train.tsv, test.tsv and meta.json to DIR")
     gen.add_argument("directory", metavar="DIR")
-    gen.add_argument("--rows", type=int, default=200_000, help="examples in all")
-    gen.add_argument("--vocab", type=int, default=100_000,
-                     help="values of the largest categorical field")
-    gen.add_argument("--test-share", type=float, default=0.2, help="share of rows held out")
-    gen.add_argument("--seed", type=int, default=0, help="seed of the data and planted model")
+    gen.add_argument("--rows", type=_int_at_least(10), default=200_000,
+                     help="examples in all (at least 10)")
+    gen.add_argument("--vocab", type=_int_at_least(_SMALLEST), default=100_000,
+                     help="values of the largest categorical field (the others have fewer); "
+                          "what fits in memory")
+    gen.add_argument("--test-share", type=_share, default=0.2,
+                     help="share of rows held out, in (0, 1)")
+    gen.add_argument("--seed", type=non_negative_int, default=0,
+                     help="seed of the data and planted model")
     opts = parser.parse_args(argv)
     try:
         meta = generate(opts.directory, opts.rows, opts.vocab, opts.test_share, opts.seed)
@@ -293,7 +404,32 @@ def main(argv=None) -> int:
         print(f"error: {opts.directory}: cannot write: {exc}", file=sys.stderr)
         return 2
     print(json.dumps({k: v for k, v in meta.items() if k != "cardinalities"}))
+    if meta["planted_auc"] is None:
+        print("note: the test split holds one class only: no planted AUC (null)",
+              file=sys.stderr)
     return 0
+
+
+def _int_at_least(low: int):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be >= {low}, got {text}")
+        return value
+    return parse
+
+
+def _share(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0 < value < 1:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1), got {text}")
+    return value
 
 
 if __name__ == "__main__":

@@ -54,9 +54,12 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import math
 import os
+import signal
 import sys
 import time
+import types
 import warnings
 
 import criteo
@@ -66,12 +69,19 @@ import torch.nn.functional as F
 from model import WideAndDeep
 from torch.utils.data import DataLoader, Dataset
 
-from adapm import CheckpointError
-from adapm.apps.runner import AppParser, HelpFormatter, check_flags
+import adapm
+from adapm import CheckpointError, ConfigError
+from adapm._argtypes import non_negative_float, non_negative_int, positive_float, positive_int
+from adapm.apps.outputs import directory_problem
+from adapm.apps.runner import AppParser, HelpFormatter, check_flags, data_fingerprint
 from adapm.trace import keys_argument
 
 # Each dense key holds this many floats of the MLP's parameters (fewer keys to sync per round).
 DENSE_KEY_FLOATS = 256
+# Bounds of flags whose values reach C code: torch.manual_seed takes 64 bits; torch's thread
+# pools are not made for millions of threads (set_num_threads(10**6) crashes at exit).
+MAX_SEED = 2 ** 63 - 1
+MAX_THREADS = 1024
 
 
 # --- data ---------------------------------------------------------------------------------------
@@ -162,18 +172,19 @@ class AdapmRun:
     state of them (written for checkpoints)."""
 
     def __init__(self, opts, table_size: int) -> None:
-        import adapm
         from adapm.torch import DenseSync, Embedding, EmbeddingBag, IntentCollate, optim
 
+        self.opts = opts
         torch.manual_seed(opts.seed)
         skeleton = WideAndDeep(torch.nn.Identity(), torch.nn.Identity(), opts.dim,
                                opts.hidden)
         dense_keys = DenseSync.keys_needed(skeleton.dense_parameters(), DENSE_KEY_FLOATS)
         world = adapm.Config.from_env(num_keys=1).world_size
-        self.resumed = resume_point(opts, world) if opts.resume else None
         lengths = np.concatenate([np.full(table_size, 2 * opts.dim),  # weights, AdaGrad's sums
                                   np.full(table_size, 2),
                                   np.full((1 + world) * dense_keys, DENSE_KEY_FLOATS)])
+        # Before the node starts: a checkpoint that does not fit fails alone, not in a job.
+        self.resumed = resume_point(opts, world, table_size, lengths) if opts.resume else None
         self.node = adapm.init(num_keys=len(lengths), value_length=lengths,
                                trace_dir=opts.trace_dir, trace_keys=opts.trace_keys,
                                restore=opts.checkpoint_dir if opts.resume else None)
@@ -220,6 +231,7 @@ class AdapmRun:
         self.collate = IntentCollate(as_batch, functools.partial(batch_keys,
                                                                  table_size=table_size))
         self.ahead = opts.ahead
+        self.table_size = table_size
 
     def checkpoint(self, directory: str, meta: dict) -> None:
         """Collective: this rank's dense AdaGrad state (and under DDP rank 0's parameters)
@@ -232,7 +244,10 @@ class AdapmRun:
         steps = float(state[self.dense_params[0]]["step"])  # one step count for all of them
         # The rows' AdaGrad sums are in the checkpoint's keys: the meta takes the step counts.
         row_state = self.row_opt.state_dict(with_rows=False)
-        self.node.checkpoint(directory, meta={**meta, "row_optimizer": row_state,
+        # What a resumed run must match: the model's shape and the data (rank 0's meta is kept).
+        model = {"table_size": self.table_size,
+                 "data": data_contents(self.opts) if self.rank == 0 else None}
+        self.node.checkpoint(directory, meta={**meta, **model, "row_optimizer": row_state,
                                               "dense_steps": steps})
 
     def batches(self, data: DataLoader):
@@ -339,16 +354,20 @@ def evaluate(run, examples: criteo.Examples, device, batch: int = 8192) -> dict:
                            torch.from_numpy(part.categorical).to(run.index_device))
             scores[at:at + batch] = torch.sigmoid(logits).cpu().numpy()
     model.train()
+    auc = criteo.auc(scores, examples.labels)
+    # No AUC when the test file holds one class only: null in the JSON line, not NaN.
     return {"test_logloss": round(criteo.logloss(scores, examples.labels), 5),
-            "test_auc": round(criteo.auc(scores, examples.labels), 5)}
+            "test_auc": None if math.isnan(auc) else round(auc, 5)}
 
 
 def progress(opts, rank: int, total: int, epoch: int):
     from tqdm import tqdm
 
+    # auto: a bar on a terminal, also through adapm-run (its stderr a terminal: on_terminal).
+    shown = rank == 0 and (opts.progress == "on" or
+                           opts.progress == "auto" and adapm.config.on_terminal(sys.stderr))
     return tqdm(total=total, desc=f"epoch {epoch}", unit="batch", leave=False, file=sys.stderr,
-                disable=True if rank != 0 or opts.progress == "off" else
-                None if opts.progress == "auto" else False)
+                disable=not shown)
 
 
 def train(run, opts, train_rows: criteo.Examples, test_rows: criteo.Examples) -> None:
@@ -435,7 +454,7 @@ def train(run, opts, train_rows: criteo.Examples, test_rows: criteo.Examples) ->
              "remote_share": _share(accessed[0] + accessed[1], accessed[2])}
     if stopped is not None:
         final["stopped_at"] = {"epoch": stopped["epoch"], "batch": stopped["batch"]}
-    emit(final, _final_summary(final), opts.json)
+    emit(final, _final_summary(final, opts.checkpoint_dir), opts.json)
 
 
 def _where(opts, run, share: int, epoch: int, batch: int, steps: int, loss_sum: float,
@@ -443,16 +462,19 @@ def _where(opts, run, share: int, epoch: int, batch: int, steps: int, loss_sum: 
     """A checkpoint's meta: where training stands (``batch``: batches done in ``epoch``) and
     what a resumed run must match."""
     return {"example": "ctr", "seed": opts.seed, "world_size": run.world,
-            "batch_size": opts.batch_size, "share": share, "epoch": epoch, "batch": batch,
+            "batch_size": opts.batch_size, "dim": opts.dim, "hidden": list(opts.hidden),
+            "min_count": opts.min_count, "share": share, "epoch": epoch, "batch": batch,
             "steps": steps, "loss_sum": loss_sum, "seen": seen}
 
 
-def resume_point(opts, world: int) -> dict:
-    """The meta of the checkpoint in ``--checkpoint-dir``, checked against this run."""
-    from adapm import checkpoint_meta
+def resume_point(opts, world: int, table_size: int, lengths: np.ndarray) -> dict:
+    """The meta of the checkpoint in ``--checkpoint-dir``, checked against this run (its
+    ranks, vocabulary size, keys' ``lengths`` and data files) before the node starts."""
+    from adapm import checkpoint
 
-    meta = checkpoint_meta(opts.checkpoint_dir)
-    where = f"checkpoint {opts.checkpoint_dir}"
+    reader = checkpoint.load(opts.checkpoint_dir)
+    meta = reader.meta
+    where = f"checkpoint {reader.directory}"
     if meta.get("example") != "ctr" or meta.get("seed") != opts.seed or \
             meta.get("batch_size") != opts.batch_size:
         raise CheckpointError(f"{where} is not of this example with --seed {opts.seed} and "
@@ -463,12 +485,54 @@ def resume_point(opts, world: int) -> dict:
         raise CheckpointError(f"{where} was written by {meta.get('world_size')} ranks; resume "
                               f"it with as many (here {world}): each rank's data share and "
                               f"dense optimizer state are its own")
+    mine = {"dim": opts.dim, "hidden": list(opts.hidden), "min_count": opts.min_count}
+    differ = [f"--{flag.replace('_', '-')} {_flag_value(meta[flag])} (this run: "
+              f"{_flag_value(value)})" for flag, value in mine.items()
+              if flag in meta and meta[flag] != value]
+    if differ:
+        raise CheckpointError(f"{where} was trained with {', '.join(differ)}")
+    if meta.get("data") is not None and meta["data"] != data_contents(opts):
+        names = dict.fromkeys(entry[0] for entry in data_contents(opts) + meta["data"])
+        changed = [name for name in names
+                   if [e for e in meta["data"] if e[0] == name] !=
+                   [e for e in data_contents(opts) if e[0] == name]]
+        files = [os.path.join(opts.data, name) for name in changed]
+        raise CheckpointError(f"{where} was trained on other data ({' and '.join(files)} "
+                              f"differ{'s' if len(files) == 1 else ''} in size or content); "
+                              f"resume on the same files")
+    if meta.get("table_size", table_size) != table_size:
+        raise CheckpointError(f"{where} holds tables of {meta['table_size']} rows, the "
+                              f"vocabulary of this run's {opts.data}/train.tsv has {table_size} "
+                              f"(other data?)")
+    theirs = reader.lengths if reader.lengths is not None else \
+        np.full(reader.num_keys, reader.uniform)
+    if not np.array_equal(theirs, lengths):  # what a meta without the flags leaves to tell
+        raise CheckpointError(f"{where} holds a model of another shape (another --dim, "
+                              f"--hidden, --min-count or data?)")
     per_epoch = -(-meta["share"] // opts.batch_size)
     if meta["epoch"] > opts.epochs or (meta["epoch"] == opts.epochs and
                                        meta["batch"] >= per_epoch):
         raise CheckpointError(f"{where} has {meta['epoch']} epochs done; to continue, give "
                               f"--epochs above {meta['epoch']}")
     return meta
+
+
+def _flag_value(value) -> str:
+    return ",".join(str(v) for v in value) if isinstance(value, list) else str(value)
+
+
+def data_contents(opts) -> list:
+    """[file name, size, BLAKE2b digest] of train.tsv and test.tsv (the runner's
+    data_fingerprint; without the directory, which may differ between hosts and runs): what a
+    resumed run must read again. Hashed once a run."""
+    return [list(entry) for entry in _contents(opts.data)]
+
+
+@functools.lru_cache(maxsize=None)
+def _contents(directory: str) -> tuple:
+    files = types.SimpleNamespace(train=os.path.join(directory, "train.tsv"),
+                                  test=os.path.join(directory, "test.tsv"))
+    return tuple((name, size, digest) for _, name, size, digest in data_fingerprint(files))
 
 
 def _flat(tensors, keys: int) -> np.ndarray:
@@ -511,9 +575,11 @@ def _write(stream, line: str) -> None:
 
 
 def _epoch_summary(r: dict) -> str:
+    auc = "n/a (one class only in test.tsv)" if r["test_auc"] is None else \
+        f"{r['test_auc']:.4f}"
     text = (f"epoch {r['epoch']}: {r['train_seconds']:.2f} s, {r['examples_per_s']:,.0f} "
             f"examples/s, train logloss {r['train_logloss']:.4f}, test logloss "
-            f"{r['test_logloss']:.4f}, test AUC {r['test_auc']:.4f}")
+            f"{r['test_logloss']:.4f}, test AUC {auc}")
     if not r["baseline"]:
         text += (f", in adapm {r['adapm_seconds']:.2f} s, remote accesses "
                  f"{100 * r['remote_share']:.4f}%")
@@ -522,14 +588,16 @@ def _epoch_summary(r: dict) -> str:
     return text
 
 
-def _final_summary(r: dict) -> str:
+def _final_summary(r: dict, checkpoint_dir) -> str:
     text = f"rank {r['rank']}: {r['examples']:,} examples trained"
     if r["training_accesses"]:
         text += (f", remote accesses {100 * r['remote_share']:.4f}% of "
                  f"{r['training_accesses']:,}")
     if "stopped_at" in r:
         text += (f"; stopped at epoch {r['stopped_at']['epoch']}, batch "
-                 f"{r['stopped_at']['batch']} (--resume goes on from the checkpoint)")
+                 f"{r['stopped_at']['batch']} ")
+        text += (f"(--resume goes on from the checkpoint in {checkpoint_dir})" if checkpoint_dir
+                 else "(no checkpoint written: a run to resume needs --checkpoint-dir)")
     return text
 
 
@@ -552,28 +620,44 @@ def _widths(text: str) -> tuple[int, ...]:
     return widths
 
 
+def _at_most(parse, high: int):
+    """An argparse type: ``parse``'s value, at most ``high``."""
+    def check(text: str) -> int:
+        value = parse(text)
+        if value > high:
+            raise argparse.ArgumentTypeError(f"must be <= {high}, got {text}")
+        return value
+    return check
+
+
 def parser() -> argparse.ArgumentParser:
     p = AppParser(prog="examples/ctr/train.py", description=__doc__.split("\n")[0],
                   formatter_class=HelpFormatter)
     p.add_argument("--data", required=True, metavar="DIR",
                    help="directory with train.tsv and test.tsv (Criteo layout)")
-    p.add_argument("--epochs", type=int, default=1,
+    p.add_argument("--epochs", type=positive_int, default=1,
                    help="epochs to train (one is the rule on click logs; more overfit)")
-    p.add_argument("--batch-size", type=int, default=512, help="examples per batch and rank")
-    p.add_argument("--dim", type=int, default=16, help="width of the deep embeddings")
+    p.add_argument("--batch-size", type=_at_most(positive_int, sys.maxsize), default=512,
+                   help="examples per batch and rank")
+    p.add_argument("--dim", type=positive_int, default=16, help="width of the deep embeddings")
     p.add_argument("--hidden", type=_widths, default=(256, 128), metavar="W,W",
                    help="widths of the MLP's hidden layers")
-    p.add_argument("--lr", type=float, default=0.05, help="AdaGrad's step size for the tables")
-    p.add_argument("--dense-lr", type=float, default=0.02,
+    p.add_argument("--lr", type=positive_float, default=0.05,
+                   help="AdaGrad's step size for the tables")
+    p.add_argument("--dense-lr", type=positive_float, default=0.02,
                    help="AdaGrad's step size for the MLP and the wide layer")
-    p.add_argument("--init-scale", type=float, default=0.05,
+    p.add_argument("--init-scale", type=non_negative_float, default=0.05,
                    help="deep embeddings start from N(0, scale^2); wide weights from 0")
-    p.add_argument("--min-count", type=int, default=2,
+    p.add_argument("--min-count", type=positive_int, default=2,
                    help="categorical values seen fewer times in train.tsv share one row")
-    p.add_argument("--ahead", type=int, default=8, help="batches of intent ahead of training")
-    p.add_argument("--loader-workers", type=int, default=0, help="DataLoader worker processes")
-    p.add_argument("--threads", type=int, default=1, help="torch threads (torch.set_num_threads)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the model and data order")
+    p.add_argument("--ahead", type=positive_int, default=8,
+                   help="batches of intent ahead of training")
+    p.add_argument("--loader-workers", type=non_negative_int, default=0,
+                   help="DataLoader worker processes")
+    p.add_argument("--threads", type=_at_most(positive_int, MAX_THREADS), default=1,
+                   help="torch threads (torch.set_num_threads)")
+    p.add_argument("--seed", type=_at_most(non_negative_int, MAX_SEED), default=0,
+                   help="seed of the model and data order")
     p.add_argument("--device", default="cpu",
                    help="device of the model: cuda keeps the adapm tables in host memory and "
                         "copies each batch's rows to the GPU (the baseline's tables go there)")
@@ -591,14 +675,14 @@ def parser() -> argparse.ArgumentParser:
                    help="record a parameter-placement trace there (adapm trace summary DIR)")
     p.add_argument("--trace-keys", type=keys_argument, default="all", metavar="KEYS",
                    help="keys the trace records: all, a sample size N, or k1,k2,...")
-    p.add_argument("--max-batches", type=int, default=None, metavar="N",
+    p.add_argument("--max-batches", type=positive_int, default=None, metavar="N",
                    help="stop after N batches in all, counted from the first epoch (a "
                         "time-boxed run; resume it with --resume)")
     c = p.add_argument_group("checkpoints")
     c.add_argument("--checkpoint-dir", metavar="DIR", default=None,
                    help="write a checkpoint there (replacing the last one atomically) every "
                         "--checkpoint-every batches and when training ends")
-    c.add_argument("--checkpoint-every", type=int, default=1000, metavar="N",
+    c.add_argument("--checkpoint-every", type=positive_int, default=1000, metavar="N",
                    help="with --checkpoint-dir: every N batches (and at the end)")
     c.add_argument("--resume", action="store_true",
                    help="continue from the checkpoint in --checkpoint-dir where it stopped")
@@ -608,13 +692,6 @@ def parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     p = parser()
     opts = p.parse_args(argv)
-    for name in ("epochs", "batch_size", "dim", "ahead", "threads", "min_count"):
-        if getattr(opts, name) < 1:
-            p.error(f"--{name.replace('_', '-')} must be >= 1")
-    if opts.loader_workers < 0 or not opts.lr > 0 or not opts.dense_lr > 0:
-        p.error("--loader-workers must be >= 0, --lr and --dense-lr > 0")
-    if opts.checkpoint_every < 1 or (opts.max_batches is not None and opts.max_batches < 1):
-        p.error("--checkpoint-every and --max-batches must be >= 1")
     if opts.dense == "ddp" and ("MASTER_ADDR" not in os.environ or opts.baseline):
         p.error("--dense ddp needs torchrun (torch.distributed's MASTER_ADDR and "
                 "MASTER_PORT) and is not for --baseline")
@@ -625,6 +702,12 @@ def main(argv=None) -> int:
         p.error(f"--device must be cpu or cuda[:n], got {opts.device!r}")
     if torch.device(opts.device).type == "cuda" and not torch.cuda.is_available():
         p.error(f"--device {opts.device}: torch sees no CUDA device here")
+    # The directories' flags named in their errors (check_flags names the path only).
+    for flag, path in (("--trace-dir", opts.trace_dir),
+                       ("--checkpoint-dir", None if opts.resume else opts.checkpoint_dir)):
+        problem = directory_problem(path)
+        if problem:
+            p.error(f"{flag} {problem}")
     # --resume and --baseline against the checkpoint flags, and the output paths (--json,
     # --trace-dir, --checkpoint-dir), as the apps check them: before the data is read.
     check_flags(p, opts)
@@ -634,16 +717,37 @@ def main(argv=None) -> int:
         except OSError as exc:
             p.error(f"--json {opts.json}: cannot write: {exc.strerror}")
     torch.set_num_threads(opts.threads)
+    _on_interrupt_ignore_the_next()
     try:
-        vocabulary = criteo.build_vocabulary(os.path.join(opts.data, "train.tsv"), opts.min_count)
-        train_rows = criteo.read(os.path.join(opts.data, "train.tsv"), vocabulary)
+        return _main(opts)
+    except KeyboardInterrupt:
+        # Ctrl-C (adapm-run passes it to every rank): a line, not each rank's traceback. The
+        # node, if any, was released on the way (run.close).
+        if adapm.config.debug():
+            raise
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+def _main(opts) -> int:
+    world = 1 if opts.baseline else adapm.Config.from_env(num_keys=1).world_size
+    train_path = os.path.join(opts.data, "train.tsv")
+    try:
+        vocabulary = criteo.build_vocabulary(train_path, opts.min_count)
+        train_rows = criteo.read(train_path, vocabulary)
+        if len(train_rows) < world:  # no rank may go without a share
+            raise criteo.DataError(f"{train_path}: {len(train_rows)} example(s) for {world} "
+                                   f"ranks: every rank trains a share of one at least")
         test_rows = criteo.read(os.path.join(opts.data, "test.tsv"), vocabulary)
     except criteo.DataError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     try:
         run = (BaselineRun if opts.baseline else AdapmRun)(opts, vocabulary.size)
-    except CheckpointError as exc:  # the checkpoint does not fit this run: say so, no traceback
+    except (CheckpointError, ConfigError) as exc:
+        # The checkpoint does not fit this run (or the launch is wrong): say so, no traceback.
+        if adapm.config.debug():
+            raise
         print(f"error: {exc}", file=sys.stderr)
         return 2
     failed = True
@@ -656,6 +760,20 @@ def main(argv=None) -> int:
     finally:
         run.close(failed)
     return 0
+
+
+def _on_interrupt_ignore_the_next() -> None:
+    """The first SIGINT raises KeyboardInterrupt and any later one is ignored: Ctrl-C on the
+    terminal reaches each rank twice (from the terminal, and passed on by adapm-run), and the
+    second must not interrupt the node's release with a traceback of its own."""
+    if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        return  # ignored (a background job) or handled by whoever runs us
+
+    def interrupted(signum, frame):
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, interrupted)
 
 
 if __name__ == "__main__":
