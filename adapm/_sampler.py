@@ -26,7 +26,7 @@ if TYPE_CHECKING:  # pragma: no cover
 # here, n (1 - p)^rounds keys are still missing: 1000 rounds cover p >= 2% for n = 10^6.
 _MAX_REDRAW_ROUNDS = 1000
 # With weights, redraws are by rejection (from all keys, keeping those held here) this many
-# times, then by weight among the held keys directly (WorkerSampler._draw_held_weighted).
+# times, then by weight among the keys that fit directly (WorkerSampler._draw_weighted_among).
 _WEIGHTED_REJECTIONS = 8
 
 
@@ -309,8 +309,11 @@ class WorkerSampler:
             if local and self._sampling.weights is None:
                 pool = self._pool
                 fresh = pool.keys[self._rng.integers(0, max(pool.count, 1), len(where))]
-            elif local and attempt >= _WEIGHTED_REJECTIONS:
-                fresh = self._draw_held_weighted(len(where))
+            elif attempt >= _WEIGHTED_REJECTIONS and (local or not replacement):
+                # by weight among the keys that fit, without those already drawn: a heavy key
+                # drawn again and again made rejection give up (replacement=False, one node)
+                fresh = self._draw_weighted_among(len(where), local,
+                                                  None if replacement else keys[~bad])
             else:
                 fresh = self._sampling.draw(self._rng, len(where))
             keys[where] = fresh
@@ -326,22 +329,32 @@ class WorkerSampler:
                     return keys
         raise self._gave_up(len(keys))
 
-    def _draw_held_weighted(self, n: int) -> np.ndarray:
-        """n keys by weight among the keys held here that stay (the distribution that drawing
-        from all keys and rejecting the others converges to), for when rejection keeps failing:
-        a node that holds little of a skewed distribution (8 nodes under relocation_only held
-        ~1/8 of WV's output vectors, and drawing 596 of them by rejection gave up). One pass
-        over the held keys of the domain."""
+    def _draw_weighted_among(self, n: int, local: bool,
+                             drawn: Optional[np.ndarray]) -> np.ndarray:
+        """n keys by weight among the keys that fit (the distribution that drawing from all
+        keys and rejecting the others converges to), for when rejection keeps failing: a node
+        that holds little of a skewed distribution (8 nodes under relocation_only held ~1/8 of
+        WV's output vectors, and drawing 596 of them by rejection gave up), or distinct keys of
+        a distribution with a few heavy ones. ``local``: among the keys held here that stay,
+        else among the whole domain; ``drawn`` (without replacement): keys already in the
+        sample, left out, and the n drawn distinct. One pass over the candidates."""
         s = self._sampling
-        pool = self._pool
-        candidates = pool.keys[:pool.count]
-        if self._staying is not None and len(candidates):
-            candidates = candidates[self._staying(candidates)]
+        if local:
+            pool = self._pool
+            candidates = pool.keys[:pool.count]
+            if self._staying is not None and len(candidates):
+                candidates = candidates[self._staying(candidates)]
+        else:
+            candidates = np.arange(s.low, s.high, dtype=np.int64)
+        if drawn is not None and len(candidates):
+            candidates = candidates[~np.isin(candidates, drawn)]
         weights = s.weights[candidates - s.low] if len(candidates) else candidates
+        if drawn is not None and np.count_nonzero(weights) < n:
+            raise self._gave_up(n)
         total = float(weights.sum()) if len(candidates) else 0.0
         if not total > 0:
             raise self._gave_up(n)
-        return self._rng.choice(candidates, n, p=weights / total)
+        return self._rng.choice(candidates, n, replace=drawn is None, p=weights / total)
 
     def _unfit(self, keys: np.ndarray, local: bool) -> np.ndarray:
         """Positions to draw again: keys not held here or about to leave (if ``local``: a
@@ -362,7 +375,7 @@ class WorkerSampler:
 
     def _gave_up(self, n: int) -> AdaPMError:
         s = self._sampling
-        return StateError(f"pull_sample: rank {self._rank} could not draw {n} keys "
+        return StateError(f"sample: rank {self._rank} could not draw {n} keys "
                           f"in {_MAX_REDRAW_ROUNDS} rounds: too little of the sampling "
                           f"distribution over [{s.low}, {s.high}) is held here now "
                           f"(scheme {s.scheme!r}, replacement={s.replacement})")

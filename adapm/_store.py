@@ -32,6 +32,7 @@ import numpy as np
 from . import _native_loader
 from ._engine import routing
 from .config import Config
+from .errors import ConfigError
 from .sampling import Sampling
 
 _native = _native_loader.load()
@@ -80,10 +81,18 @@ class Store:
             self.lens = config.value_length
             capacity = int(self.lens.sum())
         self.rank, self.world_size = config.rank, config.world_size
-        self.home = np.zeros(len(range(self.rank, self.num_keys, self.world_size)),
-                             dtype=np.uint32)
-        self._slab_region, self.slab = _reserve_floats(capacity)
-        self._delta_region, self.delta = _reserve_floats(capacity)
+        homes = len(range(self.rank, self.num_keys, self.world_size))
+        try:
+            self.home = np.zeros(homes, dtype=np.uint32)
+            self._slab_region, self.slab = _reserve_floats(capacity)
+            self._delta_region, self.delta = _reserve_floats(capacity)
+        except (MemoryError, OSError) as exc:
+            # What the sizes ask for, not numpy's or mmap's words for it.
+            raise ConfigError(
+                f"num_keys={self.num_keys:,} with {capacity:,} floats of values in all: this "
+                f"node cannot reserve the {2 * 4 * capacity / 2**30:,.1f} GiB of address space "
+                f"for them (values and replica deltas) and {4 * homes / 2**30:,.1f} GiB for "
+                f"its home table ({type(exc).__name__}: {exc})") from None
         self.seqs = np.zeros(NUM_STRIPES * SEQ_STRIDE, dtype=np.uint64)
         # [replica reads, sum of read times (us), sum of their synced_at (us)], kept by gather.
         self.access_stats = np.zeros(3, dtype=np.int64)

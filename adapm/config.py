@@ -357,6 +357,13 @@ class Config:
             except argparse.ArgumentTypeError as exc:
                 raise ConfigError(f"environment variable ADAPM_TRACE_KEYS: {exc}") from None
         found.update(env_auth(env))
+        names = [f.name for f in dataclasses.fields(cls)]
+        for name in overrides:
+            if name not in names:  # as Python's TypeError would, but naming the closest field
+                close = difflib.get_close_matches(name, names, n=1)
+                raise ConfigError(f"{name}: not a setting of adapm.Config"
+                                  + (f"; did you mean {close[0]}?" if close else "")
+                                  + " (adapm.Config.describe() lists them)")
         found.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**found)
 

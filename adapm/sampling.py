@@ -71,7 +71,11 @@ class Sampling:
         if not isinstance(self.replacement, bool):
             raise ConfigError("sampling.replacement must be a bool")
         if self.weights is not None:
-            weights = np.array(self.weights, dtype=np.float64)  # a private copy
+            try:
+                weights = np.array(self.weights, dtype=np.float64)  # a private copy
+            except (TypeError, ValueError) as exc:
+                raise ConfigError(f"sampling.weights must be numbers, one per key of "
+                                  f"[low, high) ({exc})") from None
             if weights.ndim != 1 or len(weights) != self.size:
                 raise ConfigError(f"sampling.weights needs one weight per key of [low, high) "
                                   f"({self.size}), got shape {weights.shape}")

@@ -114,8 +114,11 @@ static PyObject *alias_build_py(PyObject *module, PyObject *args) {
         if (got == -1 - m) {
             PyErr_SetString(PyExc_ValueError, "sampling weights: the sum must be positive and finite");
         } else if (got < 0) {
-            PyErr_Format(PyExc_ValueError, "sampling weights: entry %lld is %g; weights must be "
-                         "finite and >= 0", (long long)(-1 - got), ((double *)w.buf)[-1 - got]);
+            /* PyErr_Format has no %g: the number through Python's own repr of a float */
+            char *text = PyOS_double_to_string(((double *)w.buf)[-1 - got], 'r', 0, 0, NULL);
+            PyErr_Format(PyExc_ValueError, "sampling weights: entry %lld is %s; weights must be "
+                         "finite and >= 0", (long long)(-1 - got), text ? text : "not a number");
+            PyMem_Free(text);
         } else {
             result = Py_NewRef(Py_None);
         }

@@ -440,6 +440,23 @@ def test_config_errors_through_init(case):
     adapm.init(num_keys=2).shutdown()  # nothing was left registered
 
 
+@pytest.mark.parametrize("settings, message", [
+    (dict(num_keys=5, value_lenght=2), "value_lenght: not a setting of adapm.Config; did you "
+                                       "mean value_length?"),
+    (dict(num_keys=5, foo=1), "foo: not a setting of adapm.Config"),
+    # beyond the 128 TiB of a Linux process's address space, however the memory is overcommitted
+    (dict(num_keys=2**45, value_length=2), "cannot reserve the 524,288.0 GiB"),
+    (dict(num_keys=3, value_length=np.array([2**46, 1, 1])), "cannot reserve the 524,288.0 GiB"),
+])
+def test_init_settings_beyond_the_config_or_the_machine_are_config_errors(settings, message):
+    """A misspelt setting was Python's TypeError; sizes beyond the machine were numpy's
+    MemoryError or mmap's OSError: ConfigErrors naming the setting or the sizes."""
+    with pytest.raises(ConfigError) as info:
+        adapm.init(**settings)
+    assert message in str(info.value), info.value
+    adapm.init(num_keys=2).shutdown()  # nothing was left registered
+
+
 def test_config_is_frozen_and_replace_validates():
     cfg = Config(num_keys=5)
     with pytest.raises(dataclasses.FrozenInstanceError):

@@ -72,6 +72,40 @@ def test_without_replacement_is_distinct(scheme, weighted):
             w.prepare_sample(61, 0)
 
 
+@pytest.mark.parametrize("scheme", ["local", "naive"])
+def test_distinct_keys_of_a_skewed_distribution_follow_successive_sampling(scheme):
+    """replacement=False with one heavy key: each sample is drawn as successive picks, each by
+    weight among the keys not yet picked (rejecting repeats of the heavy key gave up: 'could
+    not draw 50 keys in 1000 rounds', on one node holding every key). Inclusion frequencies
+    against the exact ones, by enumerating the ordered draws of 3 of 6 keys."""
+    import itertools
+
+    weights = np.array([1e6, 1.0, 2.0, 3.0, 4.0, 5.0])
+    sampling = adapm.Sampling(0, 6, weights=weights, replacement=False, scheme=scheme, seed=7)
+    exact = np.zeros(6)
+    for picks in itertools.permutations(range(6), 3):
+        p, left = 1.0, weights.sum()
+        for k in picks:
+            p *= weights[k] / left
+            left -= weights[k]
+        exact[list(picks)] += p
+    with single(sampling, num_keys=6) as node:
+        w = node.worker()
+        samples = [draw(w, 3) for _ in range(3000)]
+        assert all(len(np.unique(keys)) == 3 for keys in samples)
+        counts = np.bincount(np.concatenate(samples), minlength=6)
+        assert counts[0] == 3000  # the heavy key is in every sample
+        assert scipy_stats.chisquare(counts[1:], exact[1:] * 3000 * 2 / exact[1:].sum()
+                                     ).pvalue > P_MIN
+    heavy = adapm.Sampling(0, 100, weights=np.r_[1e6, np.ones(99)], replacement=False,
+                           scheme=scheme)
+    with single(heavy) as node:
+        w = node.worker()
+        for n in (50, 100):
+            keys = draw(w, n)
+            assert len(keys) == len(np.unique(keys)) == n and 0 in keys
+
+
 def test_values_belong_to_the_drawn_keys():
     sampling = adapm.Sampling(0, 100)
     lengths = np.arange(100) % 3 + 1
@@ -175,6 +209,13 @@ def test_bad_domains_are_config_errors(low, high):
 def test_bad_weights_and_schemes():
     for weights in ([1.0, -1.0, 2.0], [0.0, 0.0, 0.0], [1.0, float("nan"), 1.0], [1.0, 2.0]):
         with pytest.raises(adapm.ConfigError, match="weight"):
+            adapm.Sampling(0, 3, weights=np.array(weights))
+    for weights in ("abc", [1.0, "x", 2.0], [[1.0], [2.0, 3.0]]):
+        with pytest.raises(adapm.ConfigError, match="weights must be numbers"):
+            adapm.Sampling(0, 3, weights=weights)
+    for weights, shown in (([1.0, -1.5, 2.0], "entry 1 is -1.5;"),
+                           ([1.0, 1.0, float("nan")], "entry 2 is nan;")):
+        with pytest.raises(adapm.ConfigError, match=shown):  # the value, not a literal "%g"
             adapm.Sampling(0, 3, weights=np.array(weights))
     with pytest.raises(adapm.ConfigError, match="scheme"):
         adapm.Sampling(0, 3, scheme="pool")
