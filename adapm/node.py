@@ -78,6 +78,12 @@ def init(num_keys: Optional[int] = None, value_length=None, *, config: Optional[
     return node
 
 
+def _left(deadline: Optional[float]) -> Optional[float]:
+    """Seconds until ``deadline`` (time.monotonic), as a timeout (> 0: what is past is spent);
+    None for None (the callee's default)."""
+    return None if deadline is None else max(deadline - time.monotonic(), 1e-3)
+
+
 class _KeysMoved(CheckpointError):
     """Keys left this node while its checkpoint shard was read (the shards are written again)."""
 
@@ -346,6 +352,8 @@ class Node:
         try:
             self.engine.wait(call, timeout_s)
         except AdaPMTimeout as exc:
+            if exc is self.engine.error:  # the node had died of its own timeout: say that one
+                raise
             self._timed_out = (kind, epoch, call)
             if self.rank == 0:
                 missing = self.engine.state.barrier_missing(epoch)
@@ -488,23 +496,29 @@ class Node:
     def shutdown(self, timeout_s: Optional[float] = None) -> None:
         """Flush every worker's queued operations, meet all nodes, then close. Idempotent.
 
-        Collective: every node must call it. After it returns, every call on this node or its
-        workers raises StateError. Sockets and the engine thread are released even when
-        flushing or meeting fails (the error is raised after cleanup).
+        Collective: every node must call it. ``timeout_s`` bounds the whole call: the flush,
+        the running round and the meeting share it (None: each waits up to its own default,
+        ``request_timeout_s``, and ``connect_timeout_s`` for the nodes to meet). After it
+        returns, every call on this node or its workers that reads or changes values, waits or
+        meets raises StateError (``stats()`` still reads the final counters). A call another
+        thread is still waiting in fails with StateError when the sockets close, at the end.
+        Sockets and the engine thread are released even when flushing or meeting fails (the
+        error is raised after cleanup).
         """
         if self._closed:
             return
         timeout_s = as_timeout(timeout_s)
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
         error: Optional[BaseException] = None
         try:
             with self._workers_lock:
                 workers = list(self._workers)
-            for handle in workers:
-                handle._flush_at_shutdown(timeout_s)  # replica updates reach their owners too
+            for handle in workers:  # replica updates reach their owners too
+                handle._flush_at_shutdown(_left(deadline))
             if self.engine is not None:
-                self.engine.quiesce(self.config.request_timeout_s)
+                self.engine.quiesce(_left(deadline) or self.config.request_timeout_s)
             final = self._stats() if self._trace is not None else None
-            self._barrier(timeout_s, refresh=False, kind="shutdown")
+            self._barrier(_left(deadline), refresh=False, kind="shutdown")
             self._clean = True
         except BaseException as exc:
             error = exc

@@ -308,3 +308,74 @@ def test_a_rank_resumed_after_sigstop_learns_it_was_declared_failed():
     assert record["error"] == "NodeFailure" and record["failed_rank"] == 1, record
     assert "rank 0 declared this node failed" in record["message"], record
     assert codes[1] != 0, job.text
+
+
+_STALLED_PEER = """
+import json, os, signal, sys, threading, time
+import numpy as np
+import adapm
+
+mode = sys.argv[1]
+node = adapm.init(num_keys=64, value_length=2)
+node.barrier()
+if node.rank == 1:
+    os.kill(os.getpid(), signal.SIGSTOP)  # alive, silent: the test kills it
+w = node.worker()
+out = {}
+def in_wait_sync():
+    try:
+        w.intent(np.arange(1, 64, 2), w.clock, w.clock + 100)  # keys homed on rank 1
+        w.wait_sync()
+        out["wait_sync"] = "returned"
+    except adapm.AdaPMError as exc:
+        out["wait_sync"] = type(exc).__name__
+if mode == "shutdown":
+    thread = threading.Thread(target=in_wait_sync)
+    thread.start()
+    time.sleep(1)
+    start = time.monotonic()
+    try:
+        node.shutdown(timeout_s=3)
+        out["shutdown"] = "returned"
+    except adapm.AdaPMError as exc:
+        out["shutdown"] = type(exc).__name__
+    out["shutdown_s"] = time.monotonic() - start
+    thread.join()
+else:  # the round times out (request_timeout_s), then a barrier is asked for
+    in_wait_sync()
+    try:
+        node.barrier()
+    except adapm.AdaPMError as exc:
+        out["barrier"] = str(exc)
+print(json.dumps(out), flush=True)
+"""
+
+
+@pytest.mark.parametrize("mode", ["shutdown", "barrier"])
+def test_a_stalled_peer_bounds_shutdown_and_a_dead_node_says_why(mode):
+    """Rank 1 stops (SIGSTOP: alive to the failure detector for 30 s, answering nothing).
+    ``shutdown(timeout_s=3)`` on rank 0, while another thread waits in ``wait_sync``, comes
+    back in about 3 s (its round waited request_timeout_s, 20 s, before); after the node died
+    of its round's timeout, a barrier raises that error (it said the barrier timed out)."""
+    timeouts = ({"ADAPM_REQUEST_TIMEOUT_S": "20"} if mode == "shutdown" else
+                {"ADAPM_REQUEST_TIMEOUT_S": "2", "ADAPM_CONNECT_TIMEOUT_S": "20"})
+    env = {**ENV, "ADAPM_WORLD_SIZE": "2", "ADAPM_RENDEZVOUS": f"127.0.0.1:{free_port()}",
+           "ADAPM_FAILURE_TIMEOUT_S": "30", **timeouts}
+    procs = [subprocess.Popen([sys.executable, "-c", _STALLED_PEER, mode], text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              env={**env, "ADAPM_RANK": str(rank)}) for rank in (0, 1)]
+    try:
+        out, err = procs[0].communicate(timeout=60)
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+    assert procs[0].returncode == 0, err
+    result = json.loads(out)
+    if mode == "shutdown":
+        assert result["shutdown"] == "AdaPMTimeout" and result["shutdown_s"] < 12, result
+        assert result["wait_sync"] in ("StateError", "AdaPMTimeout"), result
+    else:
+        assert result["wait_sync"] == "AdaPMTimeout", result
+        assert "sync round" in result["barrier"] and "did not arrive" not in result["barrier"], \
+            result
