@@ -339,23 +339,7 @@ class Config:
         env = os.environ if env is None else env
         check_env_names(env)
         found = detect_cluster(env)
-        for name in ("request_timeout_s", "connect_timeout_s", "failure_timeout_s"):
-            var = "ADAPM_" + name.upper()
-            if var in env:
-                found[name] = _env_float(env, var)
-        if "ADAPM_HOST" in env:
-            found["host"] = env["ADAPM_HOST"]
-        if "ADAPM_MANAGEMENT" in env:
-            found["management"] = env["ADAPM_MANAGEMENT"]
-        if "ADAPM_CHANNELS" in env:
-            found["channels"] = _env_int(env, "ADAPM_CHANNELS")
-        if "ADAPM_TRACE_DIR" in env:
-            found["trace_dir"] = env["ADAPM_TRACE_DIR"]
-        if "ADAPM_TRACE_KEYS" in env:
-            try:  # as --trace-keys reads it
-                found["trace_keys"] = _argtypes.trace_keys(env["ADAPM_TRACE_KEYS"])
-            except argparse.ArgumentTypeError as exc:
-                raise ConfigError(f"environment variable ADAPM_TRACE_KEYS: {exc}") from None
+        found.update(env_settings(env))
         found.update(env_auth(env))
         names = [f.name for f in dataclasses.fields(cls)]
         for name in overrides:
@@ -625,6 +609,44 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def env_settings(env: Mapping[str, str]) -> dict:
+    """The Config fields that ``ADAPM_*`` settings give (timeouts, host, management, channels,
+    trace): only those set; ConfigError for a value that does not parse."""
+    found: dict = {}
+    for name in ("request_timeout_s", "connect_timeout_s", "failure_timeout_s"):
+        var = "ADAPM_" + name.upper()
+        if var in env:
+            found[name] = _env_float(env, var)
+    if "ADAPM_HOST" in env:
+        found["host"] = env["ADAPM_HOST"]
+    if "ADAPM_MANAGEMENT" in env:
+        found["management"] = env["ADAPM_MANAGEMENT"]
+    if "ADAPM_CHANNELS" in env:
+        found["channels"] = _env_int(env, "ADAPM_CHANNELS")
+    if "ADAPM_TRACE_DIR" in env:
+        found["trace_dir"] = env["ADAPM_TRACE_DIR"]
+    if "ADAPM_TRACE_KEYS" in env:
+        try:  # as --trace-keys reads it
+            found["trace_keys"] = _argtypes.trace_keys(env["ADAPM_TRACE_KEYS"])
+        except argparse.ArgumentTypeError as exc:
+            raise ConfigError(f"environment variable ADAPM_TRACE_KEYS: {exc}") from None
+    return found
+
+
+def unapplied_env(config: Config, env: Optional[Mapping[str, str]] = None) -> list[str]:
+    """The ``ADAPM_*`` settings in ``env`` whose value ``config`` (given whole to
+    ``adapm.init(config=...)``, which takes them from nowhere else) does not have."""
+    env = os.environ if env is None else env
+    differ = []
+    for name, value in env_settings(env).items():
+        mine = getattr(config, name)
+        same = np.array_equal(mine, value) if name == "trace_keys" and not isinstance(
+            value, str) and not isinstance(mine, str) else mine == value
+        if not same:
+            differ.append("ADAPM_" + name.upper())
+    return differ
+
+
 def under_launcher(config: Config, env: Optional[Mapping[str, str]] = None) -> Config:
     """``config`` as it applies in this process: under a launcher (``world_size > 1`` in the
     environment), a config left at rank 0 of 1 takes the launcher's rank, world size and
@@ -635,8 +657,11 @@ def under_launcher(config: Config, env: Optional[Mapping[str, str]] = None) -> C
     found = detect_cluster(env)
     if found.get("world_size", 1) <= 1:
         return config
-    # The launcher's job secret, auth setting and job id apply where the Config leaves them out.
+    # The launcher's job secret, auth setting, job id and host (adapm-run --iface) apply where
+    # the Config leaves them out.
     auth = {k: v for k, v in env_auth(env).items() if getattr(config, k) is None}
+    if config.host is None and env.get("ADAPM_HOST"):
+        auth["host"] = env["ADAPM_HOST"]
     job = found.pop("job", None)
     if config.job is None and job is not None:
         auth["job"] = job

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+import warnings
 from typing import Optional
 
 import numpy as np
@@ -19,7 +20,7 @@ from ._store import OWNER, Store
 from ._wire import auth, rendezvous
 from ._wire.zmq_transport import Transport
 from .args import as_timeout
-from .config import Config, remove_secret_from_env, under_launcher
+from .config import Config, remove_secret_from_env, unapplied_env, under_launcher
 from .errors import (AdaPMError, AdaPMTimeout, CheckpointError, ConfigError, InvalidArgument,
                      StateError)
 from .worker import Worker
@@ -66,6 +67,12 @@ def init(num_keys: Optional[int] = None, value_length=None, *, config: Optional[
         config = Config.from_env(num_keys=num_keys, **settings)
     else:
         config = under_launcher(config)
+        unapplied = unapplied_env(config)
+        if unapplied:  # the Config wins, but not silently
+            warnings.warn(f"adapm.init(config=...): {', '.join(unapplied)} set in the "
+                          "environment do not apply: the Config's own values do (give the "
+                          "settings as keywords, adapm.init(num_keys=..., ...), to take the "
+                          "environment's)", stacklevel=2)
     remove_secret_from_env()  # the node has it now; the processes it starts need not
     global _active
     with _active_lock:

@@ -519,6 +519,21 @@ def test_launcher_settings_pass_through():
     assert cfg.request_timeout_s == 2.5 and cfg.connect_timeout_s == 7.0
 
 
+def test_a_whole_config_takes_the_launchers_host_and_says_what_it_leaves():
+    """adapm.init(config=...) under adapm-run --iface: the launcher's ADAPM_HOST applies where
+    the Config leaves host out (it bound where --iface did not say); other ADAPM_* settings
+    the Config does not have are named (they were ignored without a word)."""
+    from adapm.config import unapplied_env, under_launcher
+
+    env = {"ADAPM_RANK": "1", "ADAPM_WORLD_SIZE": "2", **RV, **SECRET, "ADAPM_HOST": "10.0.0.3",
+           "ADAPM_REQUEST_TIMEOUT_S": "3", "ADAPM_MANAGEMENT": "adaptive"}
+    cfg = under_launcher(Config(num_keys=10), env)
+    assert cfg.host == "10.0.0.3" and cfg.rank == 1
+    assert unapplied_env(cfg, env) == ["ADAPM_REQUEST_TIMEOUT_S"]  # adaptive is the default
+    assert unapplied_env(cfg.replace(request_timeout_s=3.0), env) == []
+    assert under_launcher(Config(num_keys=10, host="10.0.0.9"), env).host == "10.0.0.9"
+
+
 def test_overrides_win_over_env():
     env = {"ADAPM_RANK": "1", "ADAPM_WORLD_SIZE": "2", **RV}
     cfg = Config.from_env(env=env, num_keys=10, rank=0)
