@@ -11,6 +11,7 @@ internals, and this module imports no other part of adapm but errors at run time
 
 from __future__ import annotations
 
+import itertools
 from typing import TYPE_CHECKING, Callable, Optional, Protocol
 
 import numpy as np
@@ -20,6 +21,10 @@ from .errors import AdaPMError, InvalidArgument, InvalidType, StateError
 if TYPE_CHECKING:  # pragma: no cover
     from ._store import SamplePool
     from .sampling import Sampling
+
+# Sample handles, unique in the process (next() of a count is atomic under the GIL): a handle
+# of another worker is never taken for one of this worker's.
+_HANDLES = itertools.count()
 
 # Redraw rounds before a draw gives up: each round redraws only the keys that failed (not held
 # here, or a duplicate without replacement). With a fraction p of the distribution's mass held
@@ -81,7 +86,6 @@ class WorkerSampler:
         self._draw_held = draw_held
         self._rng = np.random.default_rng([sampling.seed, rank, index])
         self._prepared: dict[int, tuple[int, Optional[np.ndarray]]] = {}
-        self._next_handle = 0
         if store.uniform_length:
             self._row_length = store.uniform_length
         else:  # pull_sample(out=) needs to know the size of n rows before it draws them
@@ -113,8 +117,7 @@ class WorkerSampler:
         if s.scheme == "naive":
             keys = self._draw(n, local=False)
             self._intent(keys, start, end)
-        handle = self._next_handle
-        self._next_handle += 1
+        handle = next(_HANDLES)
         self._prepared[handle] = (n, keys)
         return handle
 
@@ -130,7 +133,6 @@ class WorkerSampler:
         n, keys = prepared
         if out is not None:
             self._check_out(out, n)
-        del self._prepared[int(handle)]
         counters = self._counters
         if keys is not None:  # naive: the keys were drawn and signalled at prepare time
             local_before = counters["local_pull_keys"] + counters["waited_pull_keys"]
@@ -139,6 +141,8 @@ class WorkerSampler:
         else:
             keys, values = self._pull_local(n, out)
             local = n
+        # Used up once pulled: a pull that raised (no key held here to draw) may be tried again.
+        del self._prepared[int(handle)]
         counters["sampled_keys"] += n
         counters["sampled_local_keys"] += local
         counters["sampled_remote_keys"] += n - local

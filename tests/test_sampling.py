@@ -137,8 +137,41 @@ def test_bad_input_changes_nothing():
         for bad in (h + 1, -1, "0", 1.0):
             with pytest.raises((adapm.InvalidArgument, adapm.InvalidType), match="handle"):
                 w.pull_sample(bad)
-        assert node.stats()["sampled_keys"] == 3
+        # another worker's handle is not this one's (handles were counters from 0 per worker:
+        # the other's first handle was this one's first, and was taken)
+        a, b = node.worker(), node.worker()
+        mine, theirs = a.prepare_sample(3, 0), b.prepare_sample(3, 0)
+        with pytest.raises(adapm.InvalidArgument, match="not a prepared sample of this worker"):
+            a.pull_sample(theirs)
+        a.pull_sample(mine)
+        b.pull_sample(theirs)
+        assert node.stats()["sampled_keys"] == 9
         assert node.stats()["intents_signalled"] == 0
+
+
+def test_a_pull_sample_that_failed_can_be_tried_again():
+    """replacement=False asking more keys than the node holds: the pull raises, and the handle
+    stays for a pull after the keys came (it was used up by the failed pull)."""
+    results = run_cluster(_retry_job, 2, timeout_s=60,
+                          config={**FAST, "num_keys": 20, "value_length": 2,
+                                  "sampling": adapm.Sampling(0, 20, replacement=False)})
+    assert results == [("StateError", 12), ("StateError", 12)]
+
+
+def _retry_job(node):
+    w = node.worker()
+    h = w.prepare_sample(12, w.clock + 1)  # 10 of the 20 keys are held here
+    try:
+        w.pull_sample(h)
+        failed = "pulled"
+    except adapm.StateError:
+        failed = "StateError"
+    w.intent(np.arange(20), w.clock + 1, w.clock + 3)  # now every key comes here (a replica)
+    w.advance_clock()
+    w.wait_sync()
+    keys, _ = w.pull_sample(h)
+    node.barrier()
+    return failed, len(np.unique(keys))
 
 
 def _numpy_alias_draw(rng, prob, alias, low, n):
