@@ -11,7 +11,8 @@ Run it alone, under any launcher, or as the plain PyTorch baseline::
 What the adapm run does: the categorical values' deep embeddings and wide weights are
 ``adapm.torch.Embedding`` / ``EmbeddingBag`` tables (rows in adapm, AdaGrad state in the row);
 each rank trains on its own share of the training rows (rank r takes every world-th row from
-r; all ranks take equally many), through a DataLoader whose ``collate_fn`` is an ``IntentCollate`` naming each batch's rows
+r; all ranks take equally many), through a DataLoader whose ``collate_fn`` is an
+``IntentCollate`` naming each batch's rows
 and an ``IntentLoader`` that signals them ``--ahead`` batches before they are trained; the MLP
 and the wide layer on the integer features are trained by torch's AdaGrad on every rank and
 kept equal by ``DenseSync`` (asynchronously, through adapm) or, with ``--dense ddp`` under
@@ -31,12 +32,16 @@ batches), ``test_logloss`` and ``test_auc`` (rank 0 evaluates the whole test fil
 and ``remote_share`` (rank 0's remote pulled and pushed keys over all its keys, training loop
 only). At the end every rank gives its own training totals the same way: a summary line, and a
 JSON line (``"rank"``, ``"final"``) that every rank appends to ``--json FILE`` (or writes to
-stdout with ``--json -``). Output paths are checked before the data is read.
+stdout with ``--json -``). A test file of one class has no AUC: ``"test_auc": null``. Output
+paths are checked before the data is read; bad flag values, data files and checkpoints are one
+line naming the flag or file (and line) and exit code 2, before any training; Ctrl-C is
+"interrupted" and exit code 130, as the apps'.
 
-Checkpoints (adapm runs)::
+Checkpoints (adapm runs; the default data has 313 batches per epoch on one process)::
 
-    python examples/ctr/train.py --data data/ctr --checkpoint-dir ck --checkpoint-every 200
-    python examples/ctr/train.py --data data/ctr --checkpoint-dir ck --resume
+    python examples/ctr/train.py --data data/ctr --epochs 2 --checkpoint-dir ck \
+        --checkpoint-every 100 --max-batches 450            # stops in epoch 2, batch 137
+    python examples/ctr/train.py --data data/ctr --epochs 2 --checkpoint-dir ck --resume
 
 ``--checkpoint-dir DIR`` writes a checkpoint (``Node.checkpoint``, atomic) every
 ``--checkpoint-every`` batches and when training ends: the tables with their AdaGrad state, the
@@ -45,8 +50,14 @@ the meta where training stands (epoch, batches done in it, rank 0's partial loss
 continues from there: the same batches follow (each epoch's order is a function of the seed,
 the rank and the epoch), so on one process a resumed run gives exactly the numbers of an
 uninterrupted one. It needs the same number of ranks as the run that wrote the checkpoint
-(each rank's data share and dense optimizer state are its own). ``--max-batches N`` stops after
-N batches in all (a time-boxed run, to be resumed).
+(each rank's data share and dense optimizer state are its own), the same ``--seed``,
+``--batch-size``, ``--dim``, ``--hidden`` and ``--min-count``, and the same data (the meta holds
+the size and digest of train.tsv and test.tsv); anything else is refused before the node starts.
+``--max-batches N`` stops after N batches in all (a time-boxed run, to be resumed if it has a
+``--checkpoint-dir``). The default ``--checkpoint-every`` (1000 batches) suits click logs of
+Criteo's size (its Kaggle set: about 88,000 batches an epoch on one process); an epoch of the
+default generated data is shorter (313 batches on one process, 157 per rank on two), so there
+only the checkpoint at the end is written unless ``--checkpoint-every`` is lowered.
 """
 
 from __future__ import annotations
@@ -683,7 +694,8 @@ def parser() -> argparse.ArgumentParser:
                    help="write a checkpoint there (replacing the last one atomically) every "
                         "--checkpoint-every batches and when training ends")
     c.add_argument("--checkpoint-every", type=positive_int, default=1000, metavar="N",
-                   help="with --checkpoint-dir: every N batches (and at the end)")
+                   help="with --checkpoint-dir: every N batches (and at the end); an epoch of "
+                        "the default generated data is 313 batches on one process")
     c.add_argument("--resume", action="store_true",
                    help="continue from the checkpoint in --checkpoint-dir where it stopped")
     return p

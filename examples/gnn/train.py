@@ -52,9 +52,12 @@ and appends one JSON line to ``--json FILE`` (with ``--json -`` the JSON lines g
 the summary lines to stderr, so that stdout holds JSON lines only): ``epoch``,
 ``train_seconds`` (first rank's start to last rank's end of the training loop), ``examples_per_s``
 (training nodes per second over all ranks), ``loss`` (mean cross-entropy over all ranks'
-training nodes), ``val_acc``, ``test_acc``, ``world_size``, and for adapm runs ``remote_share``:
-remote pulled + pushed keys over all keys pulled and pushed in this epoch's training loops,
-summed over all ranks (evaluation is not counted). Output paths are checked before training.
+training nodes), ``val_acc``, ``test_acc`` (null for a split without nodes), ``world_size``,
+and for adapm runs ``remote_share``: remote pulled + pushed keys over all keys pulled and pushed
+in this epoch's training loops, summed over all ranks (evaluation is not counted). Output paths
+are checked before training; bad flag values, graphs and checkpoints are one line naming the
+flag or file and exit code 2; Ctrl-C is "interrupted" and exit code 130, as the apps'. The
+progress bar shows on a terminal, also under adapm-run.
 """
 
 from __future__ import annotations
