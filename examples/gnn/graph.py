@@ -76,7 +76,8 @@ class Graph:
         """Sizes, degree distribution and the share of edges within a community."""
         deg = self.degrees()
         rows = np.repeat(np.arange(self.num_nodes), deg)
-        within = float(np.mean(self.labels[rows] == self.labels[self.indices])) if len(rows) else 0.0
+        within = float(np.mean(self.labels[rows] == self.labels[self.indices])) \
+            if len(rows) else 0.0
         return {"nodes": self.num_nodes, "edges": self.num_edges,
                 "communities": self.num_communities, "mean_degree": float(deg.mean()),
                 "median_degree": float(np.median(deg)), "max_degree": int(deg.max()),

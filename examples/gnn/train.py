@@ -360,7 +360,6 @@ def load_optimizer_state(optimizer, document: dict) -> None:
 
 def train_adapm(opts, graph: Graph) -> None:
     """Training on this rank's shard, with the rows in adapm (any world size)."""
-    import adapm
     from adapm.torch import DenseSync, Embedding, IntentLoader, optim
 
     n, dim = graph.num_nodes, opts.dim
