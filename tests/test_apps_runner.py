@@ -9,6 +9,7 @@ import signal
 import struct
 import subprocess
 import termios
+import time
 from pathlib import Path
 
 import numpy as np
@@ -222,6 +223,21 @@ def test_ctrl_c_is_one_line_and_a_batch_beyond_the_data_is_one_batch(tmp_path):
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         assert proc.stdout.readline().startswith("epoch 1:")  # training
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == 130 and err.strip() == "interrupted", (proc.returncode, err)
+    # Ctrl-C under adapm-run comes twice (the terminal's group signal, and adapm-run's): the
+    # second, in the middle of the node's release, was a traceback
+    proc = subprocess.Popen([*app, "--epochs", "100000"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=ENV,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        assert proc.stdout.readline().startswith("epoch 1:")
+        proc.send_signal(signal.SIGINT)
+        time.sleep(0.002)
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=60)
     finally:

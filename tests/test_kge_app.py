@@ -211,10 +211,12 @@ def test_bad_flags_are_usage_errors(kg_dir, flags, expected):
     ("--json", "missing/out.jsonl", r"--json .*missing/out.jsonl: directory .*missing does not exist"),
     ("--json", ".", r"--json \.: is a directory"),
     ("--json", "/proc/out.jsonl", r"--json /proc/out.jsonl: (not writable|cannot write)"),
-    ("--export", "/proc/model", r"/proc/model: (/proc is not writable|cannot write into /proc)"),
-    ("--export", "a_file", r"a_file: exists and is not a directory"),
-    ("--export", "a_file/model", r"a_file/model: .*a_file is a file"),
-    ("--trace-dir", "a_file", r"a_file: exists and is not a directory"),
+    ("--export", "/proc/model",
+     r"--export /proc/model: (/proc is not writable|cannot write into /proc)"),
+    ("--export", "a_file", r"--export a_file: exists and is not a directory"),
+    ("--export", "a_file/model", r"--export a_file/model: .*a_file is a file"),
+    ("--trace-dir", "a_file", r"--trace-dir a_file: exists and is not a directory"),
+    ("--checkpoint-dir", "a_file", r"--checkpoint-dir a_file: exists and is not a directory"),
 ])
 def test_output_paths_are_checked_before_training(kg_dir, tmp_path, flag, where, expected):
     """A path the run could not write is a usage error at once, not a traceback after the

@@ -31,10 +31,16 @@ def file_problem(path) -> Optional[str]:
     return None
 
 
-def directory_problem(path) -> Optional[str]:
-    """Why directory ``path`` could not be created or written into, or None."""
+def directory_problem(path, flag: Optional[str] = None) -> Optional[str]:
+    """Why directory ``path`` could not be created or written into, or None; the line starts
+    with ``flag`` (the option that named it: "--export") where given."""
     if not path:
         return None
+    problem = _directory_problem(path)
+    return f"{flag} {problem}" if problem and flag else problem
+
+
+def _directory_problem(path) -> Optional[str]:
     if os.path.exists(path) and not os.path.isdir(path):
         return f"{path}: exists and is not a directory"
     existing = os.path.abspath(path)

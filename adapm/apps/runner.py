@@ -43,6 +43,7 @@ import hashlib
 import json
 import math
 import os
+import signal
 import sys
 import threading
 import time
@@ -240,10 +241,11 @@ def check_flags(parser: argparse.ArgumentParser, opts: argparse.Namespace) -> No
     lead = opts.baseline or launched.rank == 0
     trace_dir = getattr(opts, "trace_dir", None)
     problem = (lead and file_problem(getattr(opts, "json", None))) or \
-        (lead and directory_problem(getattr(opts, "export", None))) or \
-        directory_problem(trace_dir) or \
+        (lead and directory_problem(getattr(opts, "export", None), "--export")) or \
+        directory_problem(trace_dir, "--trace-dir") or \
         _trace_problem(trace_dir, launched.rank, launched.world_size) or \
-        (not opts.resume and directory_problem(getattr(opts, "checkpoint_dir", None))) or \
+        (not opts.resume and directory_problem(getattr(opts, "checkpoint_dir", None),
+                                               "--checkpoint-dir")) or \
         (not opts.resume and getattr(opts, "checkpoint_dir", None) and
          checkpoints.path_problem(opts.checkpoint_dir))
     if problem:
@@ -288,6 +290,11 @@ def _run(task: Task, opts: argparse.Namespace, out) -> list[dict]:
     try:
         records = _train(task, opts, node, out, resume)
     except BaseException as exc:
+        if isinstance(exc, KeyboardInterrupt) and \
+                threading.current_thread() is threading.main_thread():
+            # Ctrl-C reaches a rank twice (the terminal signals the group, and adapm-run passes
+            # it on): the second must not interrupt the release below with a traceback.
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
         if not opts.baseline:
             node._release()  # do not wait for peers in shutdown after a failure here
         if isinstance(exc, KeyboardInterrupt) and not adapm.config.debug():
