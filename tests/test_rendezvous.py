@@ -173,3 +173,73 @@ def test_a_hello_for_a_rank_outside_the_job_is_ignored():
         rank0.kill()
     for code, out in results:
         assert code == 0 and " 8.0" in out, out
+
+
+def test_a_copy_of_a_members_hello_gets_neither_the_table_nor_the_job(tmp_path):
+    """Without authentication a local process can copy a member's hello (its rank and the
+    address it listens on, which `ss` shows): rank 0 answered the copy as the member, the
+    table and the job token went to the copy, and the real rank 1 never got them. Now the
+    copy gets nothing; and a hello for rank 99 of another world size no longer stops the job."""
+    port = free_port()
+    rank0 = _start(0, 3, port)
+    context = zmq.Context()
+    try:
+        _await_listening(port, rank0)
+        outside = context.socket(zmq.DEALER)
+        outside.connect(f"tcp://127.0.0.1:{port}")
+        outside.send(msgpack.packb({"k": 40, "s": 99, "addr": "tcp://127.0.0.1:9", "fp": [5],
+                                    "job": None}))
+        assert outside.poll(30_000) and msgpack.unpackb(outside.recv())["k"] == 13
+        rank1 = _start(1, 3, port)
+        listen = _rank_address(rank1.pid, rendezvous=port)
+        time.sleep(0.5)  # rank 1's own hello, sent as it connected, is in (the first one wins)
+        copy = context.socket(zmq.DEALER)
+        copy.connect(f"tcp://127.0.0.1:{port}")
+        hello = msgpack.packb({"k": 40, "s": 1, "addr": listen,
+                               "fp": [3, 4, 1, "adaptive", "sum", 1], "job": None})
+        copy.send(hello)
+        rank2 = _start(2, 3, port)
+        got = []
+        deadline = time.monotonic() + 20
+        while rank2.poll() is None and time.monotonic() < deadline:
+            copy.send(hello)
+            while copy.poll(50):
+                got.append(msgpack.unpackb(copy.recv())["k"])
+        results = [_finish(rank0), _finish(rank1), _finish(rank2)]
+    finally:
+        context.destroy(linger=0)
+        rank0.kill()
+    assert 41 not in got, got  # never the table
+    for code, out in results:
+        assert code == 0 and " 12.0" in out, out
+    assert "copy of rank 1's hello from another connection" in results[0][1], results[0][1]
+
+
+def _rank_address(pid: int, rendezvous: int, timeout_s: float = 60) -> str:
+    """The data address a rank process listens on, as its hello advertises it
+    ("tcp://127.0.0.1:PORT"), once it is connected to the rendezvous port: its TCP sockets,
+    from /proc."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        time.sleep(0.05)
+        inodes = set()
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            try:
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            if target.startswith("socket:["):
+                inodes.add(target[8:-1])
+        listening, connected = None, False
+        with open("/proc/net/tcp") as f:
+            for line in f.readlines()[1:]:
+                fields = line.split()
+                if fields[9] not in inodes:
+                    continue
+                if fields[3] == "0A":  # LISTEN
+                    listening = f"tcp://127.0.0.1:{int(fields[1].split(':')[1], 16)}"
+                elif fields[3] == "01" and int(fields[2].split(":")[1], 16) == rendezvous:
+                    connected = True  # ESTABLISHED, to the rendezvous
+        if listening and connected:
+            return listening
+    raise AssertionError("rank 1 never listened and met the rendezvous")

@@ -34,6 +34,10 @@ from adapm.torch import (
 )
 from adapm.torch.data import distinct
 
+# torch's own default, said out loud: its sparse Adagrad (the peer here) warns otherwise that
+# the checks are "implicitly disabled".
+torch.sparse.check_sparse_tensor_invariants.disable()
+
 torch.set_num_threads(1)
 
 

@@ -106,6 +106,9 @@ def rendezvous(config: Config, my_address: str | list[str], context: zmq.Context
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.MAXMSGSIZE,
                     _MAX_HELLO_BYTES + _MAX_ADDRESS_CHARS * config.world_size * config.channels)
+    # A routing id of its own, secret, and kept if the connection is made again: rank 0 answers
+    # this rank's hellos only on it (a copy of the hello from elsewhere gets nothing).
+    sock.setsockopt(zmq.ROUTING_ID, b"\x01" + secrets.token_bytes(15))
     watch = None
     try:
         if ":" in host:
@@ -270,7 +273,8 @@ class _Gathering:
         self.hellos = {0: own}
         self.identities: dict[int, bytes] = {}  # rank -> connection, for the answers
         self.heard: dict[int, float] = {}  # rank -> last hello
-        self.ignored = {"impostor": 0, "malformed": 0, "outside": 0, "other job": 0}
+        self.ignored = {"impostor": 0, "malformed": 0, "outside": 0, "other job": 0,
+                        "copied": 0}
 
     def missing(self) -> list[int]:
         return sorted(set(range(self.config.world_size)) - set(self.hellos))
@@ -333,18 +337,25 @@ class _Gathering:
                         "set on some ranks only?")
             return self._ignore("other job", f"a hello of job {hello.get('job')!r}")
         theirs = hello["fp"]
-        if theirs and theirs[0] != own["fp"][0]:
-            self.identities[-1] = identity  # told too
-            raise _Refused(f"rank {rank} was started for a job of {theirs[0]!r} nodes, rank 0 "
-                           f"for {own['fp'][0]}: every rank needs the same world size")
+        # The rank first: a stranger's "rank 99" of another world size is no member to refuse
+        # the job for (it stopped the job)
         if not 0 <= rank < config.world_size:
             _answer(sock, identity, Kind.ERROR,
                     msg=f"rank {rank} is not in this job of {config.world_size} nodes")
             return self._ignore("outside", f"a hello for rank {rank!r}, outside the job")
+        if theirs and theirs[0] != own["fp"][0]:
+            self.identities[-1] = identity  # told too
+            raise _Refused(f"rank {rank} was started for a job of {theirs[0]!r} nodes, rank 0 "
+                           f"for {own['fp'][0]}: every rank needs the same world size")
         if rank in self.hellos:
             if rank != 0 and self.hellos[rank]["addr"] == hello["addr"]:
-                self.identities[rank] = identity  # the same member, still waiting
-                self.heard[rank] = time.monotonic()
+                if identity != self.identities[rank]:
+                    # The same hello from another connection: a copy (a member's connection
+                    # keeps its routing id, even reconnected); the table goes where it came
+                    # first, the copy gets nothing (it took the table and the token).
+                    return self._ignore("copied", f"a copy of rank {rank}'s hello from "
+                                                  "another connection")
+                self.heard[rank] = time.monotonic()  # the same member, still waiting
                 _answer(sock, identity, Kind.WAITING, missing=self.missing())
                 return None
             self.identities[-1] = identity
