@@ -739,6 +739,13 @@ def main(argv=None) -> int:
             raise
         print("interrupted", file=sys.stderr)
         return 130
+    except (adapm.NodeFailure, adapm.PeerError, adapm.AdaPMTimeout, adapm.TransportError) as exc:
+        # Another node failed or stopped answering: the error names it and what was awaited
+        # (as the apps: one line, exit 1).
+        if adapm.config.debug():
+            raise
+        print(f"error: {exc} (ADAPM_DEBUG=1 shows the traceback)", file=sys.stderr)
+        return 1
 
 
 def _main(opts) -> int:
