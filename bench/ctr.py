@@ -70,12 +70,15 @@ def main() -> None:
     print(f"\ndata: {data} ({rows:,} rows, largest field {opts.vocab:,} values), Wide & Deep "
           f"(dim 16, MLP 256-128), batch {opts.batch_size}, {opts.epochs} epochs, "
           f"medians of {opts.repeat} rounds\n")
-    print("| run | nodes x threads | examples/s | vs baseline, same threads | step ms | "
-          "in adapm ms (share) | test AUC | remote share |")
+    print("| run | nodes x threads | examples/s | vs the best baseline with as many threads or "
+          "fewer | step ms | in adapm ms (share) | test AUC | remote share |")
     print("|---|---|---:|---:|---:|---:|---:|---:|")
     for name, (nodes, threads, _) in runs.items():
         r = table[name]
-        peer = table["baseline, 1 thread" if nodes * threads == 1 else "baseline, 2 threads"]
+        # The strongest peer: where torch with 2 threads is slower than with 1 (small operations
+        # split over a shared 2-core machine), the 1-thread baseline.
+        peers = ["baseline, 1 thread"] + (["baseline, 2 threads"] if nodes * threads > 1 else [])
+        peer = max((table[p] for p in peers), key=lambda t: t["examples_s"])
         adapm = (f"{r['adapm_ms']:.2f} ({100 * r['adapm_ms'] / r['step_ms']:.1f}%)"
                  if r["adapm_ms"] else "-")
         print(f"| {name} | {nodes} x {threads} | {r['examples_s']:,.0f} | "

@@ -85,7 +85,7 @@ def main() -> None:
     base = rows[0]
     print(f"\nKG: {data} ({triples:,} triples asked), ComplEx d={opts.dim}, {opts.neg} negatives "
           f"per side, {epochs} epochs, MRR on {opts.eval_max} validation triples\n")
-    print("| run | nodes x threads | epoch (s) | vs baseline | triples/s | MRR | "
+    print("| run | nodes x threads | epoch (s) | epoch / baseline's | triples/s | MRR | "
           "remote share | MB sent/node/epoch | CPU s/node/epoch: workers, process | "
           "rounds/node/epoch | engine CPU/round (us) |")
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")

@@ -79,7 +79,7 @@ def main() -> None:
     base = rows_out[0]
     print(f"\nmatrix: {data} ({rows:,} x {cols:,}, {entries:,} entries: 90% train, 10% test), "
           f"rank 10, {opts.epochs} epochs\n")
-    print("| run | nodes x threads | epoch (s) | vs baseline | test RMSE per epoch | "
+    print("| run | nodes x threads | epoch (s) | epoch / baseline's | test RMSE per epoch | "
           "MB sent/node/epoch | remote share | process CPU s/node/epoch |")
     print("|---|---|---:|---:|---|---:|---:|---:|")
     for r in rows_out:

@@ -303,7 +303,9 @@ def wv_adapm(corpus: Path, seed: int, extra: list[str]) -> dict:
     return {"words_s": sum(r["words"] for r in lines) / seconds, **_gensim_quality(kv)}
 
 
-def wv_gensim(corpus: Path, seed: int) -> dict:
+def wv_gensim(corpus: Path, seed: int, corpus_file: bool) -> dict:
+    """gensim from the file itself (``corpus_file``, its fastest path) or from a LineSentence
+    iterable (read by one Python thread each epoch, in the timed call): bench/wv.py says more."""
     from gensim.models import Word2Vec
     from gensim.models.word2vec import LineSentence
 
@@ -312,22 +314,31 @@ def wv_gensim(corpus: Path, seed: int) -> dict:
                      epochs=WV["epochs"], seed=seed)
     model.build_vocab(LineSentence(str(corpus)))
     started = time.perf_counter()
-    _, raw = model.train(LineSentence(str(corpus)), total_examples=model.corpus_count,
-                         epochs=WV["epochs"])
+    if corpus_file:
+        _, raw = model.train(corpus_file=str(corpus), total_examples=model.corpus_count,
+                             total_words=model.corpus_total_words, epochs=WV["epochs"])
+    else:
+        _, raw = model.train(LineSentence(str(corpus)), total_examples=model.corpus_count,
+                             epochs=WV["epochs"])
     seconds = time.perf_counter() - started
-    print(f"  {seconds:6.1f} s  gensim Word2Vec, 2 workers, seed {seed}", file=sys.stderr)
+    print(f"  {seconds:6.1f} s  gensim Word2Vec, 2 workers, "
+          f"{'corpus_file' if corpus_file else 'LineSentence'}, seed {seed}", file=sys.stderr)
     return {"words_s": raw / seconds, **_gensim_quality(model.wv)}
+
+
+_GENSIMS = ("gensim Word2Vec, 2 workers, corpus_file", "gensim Word2Vec, 2 workers, LineSentence")
 
 
 def wv_real(opts) -> None:
     corpus = english_corpus()
     runs = {"adapm 1 x 2 (SGD, default)": [], "adapm 1 x 2 (--optimizer adagrad)": [],
-            "gensim Word2Vec, 2 workers": []}
+            _GENSIMS[0]: [], _GENSIMS[1]: []}
     for seed in range(opts.seeds):
         runs["adapm 1 x 2 (SGD, default)"].append(wv_adapm(corpus, seed, []))
-        runs["gensim Word2Vec, 2 workers"].append(wv_gensim(corpus, seed))
+        runs[_GENSIMS[0]].append(wv_gensim(corpus, seed, corpus_file=True))
         runs["adapm 1 x 2 (--optimizer adagrad)"].append(
             wv_adapm(corpus, seed, ["--optimizer", "adagrad"]))
+        runs[_GENSIMS[1]].append(wv_gensim(corpus, seed, corpus_file=False))
     words = sum(len(line.split()) for line in corpus.open())
     print(f"\nWV on real English text ({corpus}: {words:,} words), d=100, window 5, 5 "
           f"negatives, min-count 5, sample 1e-3, 5 epochs; per seed, then the mean\n")
@@ -342,11 +353,14 @@ def wv_real(opts) -> None:
         m = means[name]
         print(f"| {name} | mean | {m['words_s']:,.0f} | {m['analogy']:.4f} | {m['ws353']:.4f} "
               f"| {m['simlex']:.4f} |")
-    ours, theirs = means["adapm 1 x 2 (SGD, default)"], means["gensim Word2Vec, 2 workers"]
-    print(f"\nadapm (SGD) vs gensim: {ours['words_s'] / theirs['words_s']:.2f}x words/s "
-          f"(target >= 1.0x); analogy {100 * (ours['analogy'] - theirs['analogy']):+.2f}, "
-          f"WordSim-353 {100 * (ours['ws353'] - theirs['ws353']):+.2f}, SimLex "
-          f"{100 * (ours['simlex'] - theirs['simlex']):+.2f} points (target: within 1)")
+    # Against gensim's faster path for speed, and its better one for each quality figure.
+    ours = means["adapm 1 x 2 (SGD, default)"]
+    best = {k: max(means[g][k] for g in _GENSIMS) for k in ours}
+    print(f"\nadapm (SGD) vs gensim (the better of its two paths for each figure): "
+          f"{ours['words_s'] / best['words_s']:.2f}x words/s (target >= 1.0x); analogy "
+          f"{100 * (ours['analogy'] - best['analogy']):+.2f}, WordSim-353 "
+          f"{100 * (ours['ws353'] - best['ws353']):+.2f}, SimLex "
+          f"{100 * (ours['simlex'] - best['simlex']):+.2f} points (target: within 1)")
 
 
 # ------------------------------------------------------------- quality per epoch, 2 nodes

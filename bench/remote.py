@@ -158,7 +158,8 @@ def main(argv=None) -> None:
     print("num_keys = " + ", ".join(f"{n:,} (dim {d})" for d, n in sizes) + "\n")
     if len(modes) == 1:
         print(f"CURVE {'on' if modes[0] else 'off'}\n")
-        print("| op | batch | dim | mean latency (µs) | p99 latency (µs) | throughput (M keys/s) "
+        print("| op | batch | dim | mean latency, best repetition (µs) | its p99 (µs) | "
+              "throughput (M keys/s) "
               "| MB/s (values) |")
         print("|---|---:|---:|---:|---:|---:|---:|")
         for op, batch, dim, mean_us, p99_us, keys_per_s in rows[modes[0]]:

@@ -8,16 +8,18 @@ native path. For each value length the node and an equivalent ``(num_keys, dim)`
 array hold the same values; both sides then see the same random key batches (drawn with
 replacement, so batches contain duplicates). Measurements of adapm and numpy alternate within one
 run (this machine is shared and noisy), and each figure is the best (min) time of several
-repetitions. The table reports million keys per second and the ratio adapm / numpy.
+repetitions. The table reports million keys per second and the ratio adapm / peer (numpy, or torch).
 
 Compared operations:
 
-- ``pull out=``  ``w.pull(keys, out=buf)``   vs ``np.take(arr, keys, axis=0, out=buf2)``
-  (numpy buffers ``out`` when mode='raise', its default, so this numpy call is slower than the
-  allocating one; see the next row)
+- ``pull out=``  ``w.pull(keys, out=buf)``   vs ``np.take(arr, keys, axis=0, out=buf2,
+  mode="clip")`` (with its default mode="raise" numpy copies through a buffer, 1.2-2.2x slower:
+  "clip", right for keys known to be in range, is the fastest numpy call)
 - ``pull alloc`` ``w.pull(keys)``            vs ``np.take(arr, keys, axis=0)``
 - ``push``       ``w.push(keys, updates)``   vs ``np.add.at(arr, keys, updates)`` (scatter-add:
-  duplicates add up, same semantics)
+  duplicates add up, same semantics; numpy's only such call, and a slow one)
+- ``push vs torch``  ``w.push``              vs ``torch.index_add_`` on the same memory, one torch
+  thread (the same semantics, and the fastest scatter-add a user has at hand; with torch)
 - ``push vs fancy +=``  ``w.push``           vs ``arr[keys] += updates`` (NOT equivalent with
   duplicate keys: numpy keeps one update per key; only a reference for unique-key batches)
 
@@ -39,6 +41,13 @@ import time
 import numpy as np
 
 import adapm
+
+try:  # the push's strongest peer, where torch is installed (adapm[torch])
+    import torch
+
+    torch.set_num_threads(1)  # as adapm's push: one thread per call
+except ImportError:
+    torch = None
 
 # (dim, num_keys): the sizes, 64 MB and 100 MB of values.
 SIZES = ((16, 1_000_000), (128, 200_000))
@@ -91,14 +100,15 @@ def bench_dim(dim: int, num_keys: int, batches, reps: int, keys_per_rep: int, rn
 
             # correctness first: same data, same answer
             w.pull(banks[0], out=buf)
-            np.take(arr, banks[0], axis=0, out=buf2)
+            np.take(arr, banks[0], axis=0, out=buf2, mode="clip")
             assert np.array_equal(buf, buf2), "adapm pull differs from numpy.take"
 
             t = _compare([
                 ("adapm", lambda i: w.pull(banks[i], out=buf), calls),
-                ("numpy", lambda i: np.take(arr, banks[i], axis=0, out=buf2), calls),
+                ("numpy", lambda i: np.take(arr, banks[i], axis=0, out=buf2, mode="clip"), calls),
             ], reps)
-            rows.append(("pull out= vs np.take(out=)", batch, dim, t["adapm"], t["numpy"], calls))
+            rows.append(("pull out= vs np.take(out=, mode='clip')", batch, dim, t["adapm"],
+                         t["numpy"], calls))
 
             t = _compare([
                 ("adapm", lambda i: w.pull(banks[i]), calls),
@@ -111,6 +121,17 @@ def bench_dim(dim: int, num_keys: int, batches, reps: int, keys_per_rep: int, rn
                 ("numpy", lambda i: np.add.at(arr, banks[i], upd[i % nupd]), calls),
             ], reps)
             rows.append(("push vs np.add.at", batch, dim, t["adapm"], t["numpy"], calls))
+
+            if torch is not None:  # both sides push reps times: arr and adapm stay equal
+                rows_t, banks_t = torch.from_numpy(arr), [torch.from_numpy(b) for b in banks]
+                upd_t = [torch.from_numpy(u) for u in upd]
+                t = _compare([
+                    ("adapm", lambda i: w.push(banks[i], upd[i % nupd]), calls),
+                    ("torch", lambda i: rows_t.index_add_(0, banks_t[i], upd_t[i % nupd]),
+                     calls),
+                ], reps)
+                rows.append(("push vs torch index_add_ (1 thread)", batch, dim, t["adapm"],
+                             t["torch"], calls))
 
             def fancy(i):
                 fancy_arr[banks[i]] += upd[i % nupd]
@@ -131,9 +152,11 @@ def bench_dim(dim: int, num_keys: int, batches, reps: int, keys_per_rep: int, rn
             hot = min(HOT_BATCHES, calls)
             t = _compare([
                 ("adapm", lambda i: w.pull(banks[i % hot], out=buf), calls),
-                ("numpy", lambda i: np.take(arr, banks[i % hot], axis=0, out=buf2), calls),
+                ("numpy", lambda i: np.take(arr, banks[i % hot], axis=0, out=buf2,
+                                            mode="clip"), calls),
             ], reps)
-            rows.append((f"pull out= vs np.take(out=), hot ({hot} batches cycled)", batch, dim,
+            rows.append((f"pull out= vs np.take(out=, mode='clip'), hot ({hot} batches cycled)",
+                         batch, dim,
                          t["adapm"], t["numpy"], calls))
             t = _compare([
                 ("adapm", lambda i: w.push(banks[i % hot], upd[i % nupd]), calls),
@@ -170,7 +193,7 @@ def main(argv=None) -> None:
     print("keys drawn with replacement from num_keys = "
           + ", ".join(f"{n:,} (dim {d})" for d, n in sizes)
           + f"; best of {reps} repetitions, {keys_per_rep:,} keys per repetition\n")
-    print("| op | batch | dim | adapm (M keys/s) | numpy (M keys/s) | ratio adapm/numpy |")
+    print("| op | batch | dim | adapm (M keys/s) | peer (M keys/s) | ratio adapm/peer |")
     print("|---|---:|---:|---:|---:|---:|")
     for op, batch, dim, ta, tn, calls in rows:
         n = batch * calls
