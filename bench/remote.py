@@ -166,8 +166,10 @@ def main(argv=None) -> None:
             print(f"| {op} | {batch:,} | {dim} | {mean_us:,.0f} | {_p99(p99_us)} | "
                   f"{keys_per_s / 1e6:.3f} | {keys_per_s * dim * 4 / 1e6:,.1f} |")
     else:
+        # each figure from the repetition with the lowest mean (_latency)
         print("| op | batch | dim | mean µs, off | mean µs, CURVE | p99 µs, off | p99 µs, CURVE "
               "| MB/s (values), off | MB/s (values), CURVE | time CURVE / off |")
+        print("(mean and p99 of the best repetition, by mean, of each)\n", file=sys.stderr)
         print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
         for off, on in zip(rows[False], rows[True]):
             op, batch, dim = off[:3]
