@@ -61,3 +61,28 @@ def counting_job(directory, app: str, kernel: str):
     path = directory / f"{app}_{kernel}_job.py"
     path.write_text(_COUNTING_JOB.format(app=app, kernel=kernel))
     return path
+
+
+def peer_dies_mid_run(argv: list, job: str) -> str:
+    """Two ranks of ``argv`` started by hand (no launcher to stop the survivor); rank 1 is
+    killed once rank 0 printed its first epoch line. Rank 0 must exit 1 naming the failed node
+    in one line ("error: ... rank 1 failed ... ADAPM_DEBUG=1"), not a traceback; returns its
+    stderr."""
+    from adapm.launch import free_port
+
+    common = {**ENV, "ADAPM_WORLD_SIZE": "2", "ADAPM_FAILURE_TIMEOUT_S": "3",
+              "ADAPM_RENDEZVOUS": f"127.0.0.1:{free_port()}", "ADAPM_JOB": job}
+    procs = [subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env={**common, "ADAPM_RANK": str(rank)}) for rank in (0, 1)]
+    try:
+        assert procs[0].stdout.readline().startswith("epoch 1:")  # both train
+        procs[1].kill()
+        _, err = procs[0].communicate(timeout=90)
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+    assert procs[0].returncode == 1, (procs[0].returncode, err)
+    assert "Traceback" not in err and err.count("\n") == 1, err
+    assert "error: " in err and "rank 1 failed" in err and "ADAPM_DEBUG=1" in err, err
+    return err

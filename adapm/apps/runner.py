@@ -278,6 +278,19 @@ def run(task: Task, opts: argparse.Namespace, *, out=None) -> list[dict]:
 
 
 def _run(task: Task, opts: argparse.Namespace, out) -> list[dict]:
+    # A second Ctrl-C must not break the release after the first. The caller's handler comes
+    # back at the end of a run that was not interrupted (a notebook that runs an app goes on as
+    # it was); after a Ctrl-C the process is on its way out (exit 130) and adapm-run's copy of
+    # the signal may still come, so SIGINT stays ignored.
+    before = interrupt_once() if threading.current_thread() is threading.main_thread() else None
+    try:
+        return _run_node(task, opts, out)
+    finally:
+        if before is not None and signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
+            signal.signal(signal.SIGINT, before)
+
+
+def _run_node(task: Task, opts: argparse.Namespace, out) -> list[dict]:
     try:
         node, resume = _start(task, opts)
     except _STARTUP_ERRORS as exc:
@@ -290,11 +303,6 @@ def _run(task: Task, opts: argparse.Namespace, out) -> list[dict]:
     try:
         records = _train(task, opts, node, out, resume)
     except BaseException as exc:
-        if isinstance(exc, KeyboardInterrupt) and \
-                threading.current_thread() is threading.main_thread():
-            # Ctrl-C reaches a rank twice (the terminal signals the group, and adapm-run passes
-            # it on): the second must not interrupt the release below with a traceback.
-            signal.signal(signal.SIGINT, signal.SIG_IGN)
         if not opts.baseline:
             node._release()  # do not wait for peers in shutdown after a failure here
         if isinstance(exc, KeyboardInterrupt) and not adapm.config.debug():
@@ -308,7 +316,7 @@ def _run(task: Task, opts: argparse.Namespace, out) -> list[dict]:
             raise SystemExit(2) from None
         # A node that failed or stopped answering: the error names the rank and what was
         # awaited; each rank's 40-line traceback through the app's frames adds nothing.
-        if isinstance(exc, _RUN_FAILURES) and not adapm.config.debug():
+        if isinstance(exc, RUN_FAILURES) and not adapm.config.debug():
             print(f"error: {exc} (ADAPM_DEBUG=1 shows the traceback)", file=sys.stderr)
             raise SystemExit(1) from None
         raise
@@ -320,8 +328,25 @@ def _run(task: Task, opts: argparse.Namespace, out) -> list[dict]:
 # a taken port, a rank that never came): reported in one line.
 _STARTUP_ERRORS = (ConfigError, CheckpointError, TransportError, AdaPMTimeout, NodeFailure)
 # Errors of a running job that another node caused (it failed, stopped answering, or disagreed
-# in a collective): reported in one line, exit 1.
-_RUN_FAILURES = (NodeFailure, PeerError, AdaPMTimeout, TransportError)
+# in a collective): reported in one line, exit 1 (by the apps, and by examples/ that import it).
+RUN_FAILURES = (NodeFailure, PeerError, AdaPMTimeout, TransportError)
+
+
+def interrupt_once():
+    """From now on the first SIGINT raises KeyboardInterrupt and any later one is ignored:
+    Ctrl-C on a terminal reaches each rank twice (from the terminal, and passed on by
+    adapm-run), and the second must not interrupt the node's release with a traceback of its
+    own. Main thread only; leaves a SIGINT that is ignored (a background job) or handled by
+    someone else as it is. Returns the handler it replaced (None if it replaced none), for
+    ``signal.signal`` to put back."""
+    if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        return None
+
+    def interrupted(signum, frame):
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        raise KeyboardInterrupt
+
+    return signal.signal(signal.SIGINT, interrupted)
 
 
 def _start(task: Task, opts):

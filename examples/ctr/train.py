@@ -67,7 +67,6 @@ import functools
 import json
 import math
 import os
-import signal
 import sys
 import time
 import types
@@ -84,7 +83,9 @@ import adapm
 from adapm import CheckpointError, ConfigError
 from adapm._argtypes import non_negative_float, non_negative_int, positive_float, positive_int
 from adapm.apps.outputs import directory_problem
-from adapm.apps.runner import AppParser, HelpFormatter, check_flags, data_fingerprint
+from adapm.apps.runner import (
+    RUN_FAILURES, AppParser, HelpFormatter, check_flags, data_fingerprint, interrupt_once,
+)
 from adapm.trace import keys_argument
 
 # Each dense key holds this many floats of the MLP's parameters (fewer keys to sync per round).
@@ -729,7 +730,7 @@ def main(argv=None) -> int:
         except OSError as exc:
             p.error(f"--json {opts.json}: cannot write: {exc.strerror}")
     torch.set_num_threads(opts.threads)
-    _on_interrupt_ignore_the_next()
+    interrupt_once()
     try:
         return _main(opts)
     except KeyboardInterrupt:
@@ -739,7 +740,7 @@ def main(argv=None) -> int:
             raise
         print("interrupted", file=sys.stderr)
         return 130
-    except (adapm.NodeFailure, adapm.PeerError, adapm.AdaPMTimeout, adapm.TransportError) as exc:
+    except RUN_FAILURES as exc:
         # Another node failed or stopped answering: the error names it and what was awaited
         # (as the apps: one line, exit 1).
         if adapm.config.debug():
@@ -779,20 +780,6 @@ def _main(opts) -> int:
     finally:
         run.close(failed)
     return 0
-
-
-def _on_interrupt_ignore_the_next() -> None:
-    """The first SIGINT raises KeyboardInterrupt and any later one is ignored: Ctrl-C on the
-    terminal reaches each rank twice (from the terminal, and passed on by adapm-run), and the
-    second must not interrupt the node's release with a traceback of its own."""
-    if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
-        return  # ignored (a background job) or handled by whoever runs us
-
-    def interrupted(signum, frame):
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGINT, interrupted)
 
 
 if __name__ == "__main__":

@@ -64,7 +64,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import signal
 import sys
 import time
 import warnings
@@ -93,7 +92,7 @@ from torch.utils.data import DataLoader
 import adapm
 from adapm import CheckpointError, ConfigError
 from adapm.apps.outputs import directory_problem
-from adapm.apps.runner import AppParser, check_flags
+from adapm.apps.runner import RUN_FAILURES, AppParser, check_flags, interrupt_once
 from adapm.trace import keys_argument
 
 # Initial embeddings: N(0, INIT_SCALE^2), drawn in chunks of INIT_CHUNK rows, chunk k from its
@@ -699,7 +698,7 @@ def load_graph(opts) -> Graph:
 def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)  # small dense layers: threads would only contend for the cores
     opts = parse_args(argv)
-    _on_interrupt_ignore_the_next()
+    interrupt_once()
     try:
         graph = load_graph(opts)
     except ValueError as exc:  # GraphError: the file; ValueError: the generator's arguments
@@ -723,7 +722,7 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print("interrupted", file=sys.stderr)
         return 130
-    except (adapm.NodeFailure, adapm.PeerError, adapm.AdaPMTimeout, adapm.TransportError) as exc:
+    except RUN_FAILURES as exc:
         # Another node failed or stopped answering: the error names it and what was awaited
         # (as the apps: one line, exit 1).
         if adapm.config.debug():
@@ -731,20 +730,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"train.py: error: {exc} (ADAPM_DEBUG=1 shows the traceback)", file=sys.stderr)
         return 1
     return 0
-
-
-def _on_interrupt_ignore_the_next() -> None:
-    """The first SIGINT raises KeyboardInterrupt and any later one is ignored: Ctrl-C on the
-    terminal reaches each rank twice (from the terminal, and passed on by adapm-run), and the
-    second must not interrupt the node's release with a traceback of its own."""
-    if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
-        return  # ignored (a background job) or handled by whoever runs us
-
-    def interrupted(signum, frame):
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGINT, interrupted)
 
 
 if __name__ == "__main__":
