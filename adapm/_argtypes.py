@@ -7,9 +7,13 @@ import argparse
 import math
 
 
-def _bounded(parse, low: float, inclusive: bool):
+def _bounded(parse, low: float, inclusive: bool, high=None, high_inclusive: bool = True):
+    """An argparse type: ``parse``'s value (int, or a finite float) above ``low`` (or equal,
+    ``inclusive``) and, if ``high`` is given, below it (or equal, ``high_inclusive``)."""
     what = "an integer" if parse is int else "a finite number"
-    relation = ">=" if inclusive else ">"
+    bound = (">=" if inclusive else ">") + f" {low}"
+    if high is not None:
+        bound = f"in {'[' if inclusive else '('}{low}, {high}{']' if high_inclusive else ')'}"
 
     def check(text: str):
         try:
@@ -17,8 +21,10 @@ def _bounded(parse, low: float, inclusive: bool):
         except ValueError:
             raise argparse.ArgumentTypeError(f"not {what}: {text!r}") from None
         finite = parse is int or math.isfinite(value)
-        if not finite or (value < low if inclusive else value <= low):
-            raise argparse.ArgumentTypeError(f"must be {what} {relation} {low}, got {text}")
+        below = value < low if inclusive else value <= low
+        above = high is not None and (value > high if high_inclusive else value >= high)
+        if not finite or below or above:
+            raise argparse.ArgumentTypeError(f"must be {what} {bound}, got {text}")
         return value
 
     return check
@@ -28,6 +34,17 @@ positive_int = _bounded(int, 1, inclusive=True)
 non_negative_int = _bounded(int, 0, inclusive=True)
 positive_float = _bounded(float, 0, inclusive=False)
 non_negative_float = _bounded(float, 0, inclusive=True)
+
+
+def int_in(low: int, high=None):
+    """An argparse type: an integer >= ``low`` and, if given, <= ``high``."""
+    return _bounded(int, low, inclusive=True, high=high)
+
+
+def float_in(low: float, high=None, *, low_open: bool = False, high_open: bool = False):
+    """An argparse type: a finite number >= ``low`` (> with ``low_open``) and, if given,
+    <= ``high`` (< with ``high_open``)."""
+    return _bounded(float, low, inclusive=not low_open, high=high, high_inclusive=not high_open)
 
 
 def trace_keys(text: str):

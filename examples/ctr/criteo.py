@@ -378,19 +378,21 @@ def logloss(probabilities: np.ndarray, labels: np.ndarray) -> float:
 
 
 def main(argv=None) -> int:
-    from adapm._argtypes import non_negative_int  # here: the reader needs no adapm
+    # here: the reader needs no adapm
+    from adapm._argtypes import float_in, int_in, non_negative_int
 
     parser = argparse.ArgumentParser(prog="python examples/ctr/criteo.py",
                                      description="Criteo-like click data: generate it.")
     sub = parser.add_subparsers(dest="command", required=True)
     gen = sub.add_parser("generate", help="write train.tsv, test.tsv and meta.json to DIR")
     gen.add_argument("directory", metavar="DIR")
-    gen.add_argument("--rows", type=_int_at_least(10), default=200_000,
+    gen.add_argument("--rows", type=int_in(10), default=200_000,
                      help="examples in all (at least 10)")
-    gen.add_argument("--vocab", type=_int_at_least(_SMALLEST), default=100_000,
+    gen.add_argument("--vocab", type=int_in(_SMALLEST), default=100_000,
                      help="values of the largest categorical field (the others have fewer); "
                           "what fits in memory")
-    gen.add_argument("--test-share", type=_share, default=0.2,
+    gen.add_argument("--test-share", type=float_in(0, 1, low_open=True, high_open=True),
+                     default=0.2,
                      help="share of rows held out, in (0, 1)")
     gen.add_argument("--seed", type=non_negative_int, default=0,
                      help="seed of the data and planted model")
@@ -408,28 +410,6 @@ def main(argv=None) -> int:
         print("note: the test split holds one class only: no planted AUC (null)",
               file=sys.stderr)
     return 0
-
-
-def _int_at_least(low: int):
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-        if value < low:
-            raise argparse.ArgumentTypeError(f"must be >= {low}, got {text}")
-        return value
-    return parse
-
-
-def _share(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not 0 < value < 1:
-        raise argparse.ArgumentTypeError(f"must be in (0, 1), got {text}")
-    return value
 
 
 if __name__ == "__main__":

@@ -81,7 +81,9 @@ from torch.utils.data import DataLoader, Dataset
 
 import adapm
 from adapm import CheckpointError, ConfigError
-from adapm._argtypes import non_negative_float, non_negative_int, positive_float, positive_int
+from adapm._argtypes import (
+    int_in, non_negative_float, non_negative_int, positive_float, positive_int,
+)
 from adapm.apps.outputs import directory_problem
 from adapm.apps.runner import (
     RUN_FAILURES, AppParser, HelpFormatter, check_flags, data_fingerprint, interrupt_once,
@@ -632,16 +634,6 @@ def _widths(text: str) -> tuple[int, ...]:
     return widths
 
 
-def _at_most(parse, high: int):
-    """An argparse type: ``parse``'s value, at most ``high``."""
-    def check(text: str) -> int:
-        value = parse(text)
-        if value > high:
-            raise argparse.ArgumentTypeError(f"must be <= {high}, got {text}")
-        return value
-    return check
-
-
 def parser() -> argparse.ArgumentParser:
     p = AppParser(prog="examples/ctr/train.py", description=__doc__.split("\n")[0],
                   formatter_class=HelpFormatter)
@@ -649,7 +641,7 @@ def parser() -> argparse.ArgumentParser:
                    help="directory with train.tsv and test.tsv (Criteo layout)")
     p.add_argument("--epochs", type=positive_int, default=1,
                    help="epochs to train (one is the rule on click logs; more overfit)")
-    p.add_argument("--batch-size", type=_at_most(positive_int, sys.maxsize), default=512,
+    p.add_argument("--batch-size", type=int_in(1, sys.maxsize), default=512,
                    help="examples per batch and rank")
     p.add_argument("--dim", type=positive_int, default=16, help="width of the deep embeddings")
     p.add_argument("--hidden", type=_widths, default=(256, 128), metavar="W,W",
@@ -666,9 +658,9 @@ def parser() -> argparse.ArgumentParser:
                    help="batches of intent ahead of training")
     p.add_argument("--loader-workers", type=non_negative_int, default=0,
                    help="DataLoader worker processes")
-    p.add_argument("--threads", type=_at_most(positive_int, MAX_THREADS), default=1,
+    p.add_argument("--threads", type=int_in(1, MAX_THREADS), default=1,
                    help="torch threads (torch.set_num_threads)")
-    p.add_argument("--seed", type=_at_most(non_negative_int, MAX_SEED), default=0,
+    p.add_argument("--seed", type=int_in(0, MAX_SEED), default=0,
                    help="seed of the model and data order")
     p.add_argument("--device", default="cpu",
                    help="device of the model: cuda keeps the adapm tables in host memory and "

@@ -35,6 +35,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from adapm._argtypes import float_in, int_in
+
 FILE_NAME = "graph.npz"
 ARRAYS = ("indptr", "indices", "labels", "train", "val", "test", "num_communities")
 # Seeds go to numpy and torch (torch.manual_seed takes 64 bits).
@@ -332,9 +334,9 @@ def add_generation_flags(parser: argparse.ArgumentParser, *, required_defaults: 
         return value if required_defaults else None
 
     g = parser.add_argument_group("graph generation")
-    g.add_argument("--nodes", type=int_at_least(1), default=d(20_000),
+    g.add_argument("--nodes", type=int_in(1), default=d(20_000),
                    help="number of nodes (default 20000)")
-    g.add_argument("--communities", type=int_at_least(2), default=d(8),
+    g.add_argument("--communities", type=int_in(2), default=d(8),
                    help="number of communities, i.e. classes (default 8)")
     g.add_argument("--edges-per-node", type=float_in(1.0, None), default=d(5.0),
                    help="undirected edges drawn per node; the mean degree is about twice this "
@@ -383,41 +385,6 @@ def generation_kwargs(opts: argparse.Namespace, defaults: dict | None = None) ->
     return {**(defaults or {}), **kwargs}
 
 
-def int_at_least(low: int, high: int | None = None):
-    """An argparse type: an integer >= ``low`` (and <= ``high``, if given; also used by
-    train.py)."""
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-        if value < low:
-            raise argparse.ArgumentTypeError(f"must be >= {low}, got {value}")
-        if high is not None and value > high:
-            raise argparse.ArgumentTypeError(f"must be <= {high}, got {value}")
-        return value
-    return parse
-
-
-def float_in(low: float, high: float | None, *, low_open: bool = False):
-    """An argparse type: a finite number >= ``low`` (> with ``low_open``), <= ``high`` if given
-    (not inf or nan, which no generator parameter can be)."""
-    relation = ">" if low_open else ">="
-
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-        if not math.isfinite(value) or value < low or (low_open and value == low) or \
-                (high is not None and value > high):
-            bound = f"in [{low}, {high}]" if high is not None and not low_open else \
-                f"in ({low}, {high}]" if high is not None else f"{relation} {low}"
-            raise argparse.ArgumentTypeError(f"must be a finite number {bound}, got {text}")
-        return value
-    return parse
-
-
 def main(argv: list[str] | None = None) -> int:
     """``generate DIR`` or ``info DIR``; exit code 2 on bad input, with a one-line message."""
     parser = argparse.ArgumentParser(prog="graph.py", description=__doc__.splitlines()[0])
@@ -425,7 +392,7 @@ def main(argv: list[str] | None = None) -> int:
     gen = sub.add_parser("generate", help="write DIR/graph.npz")
     gen.add_argument("dir", metavar="DIR", help="output directory (created if needed)")
     add_generation_flags(gen, required_defaults=True)
-    gen.add_argument("--seed", type=int_at_least(0, MAX_SEED), default=0,
+    gen.add_argument("--seed", type=int_in(0, MAX_SEED), default=0,
                      help="seed of the generator (default 0)")
     info = sub.add_parser("info", help="load DIR/graph.npz and print its statistics")
     info.add_argument("dir", metavar="DIR", help="a directory holding graph.npz, or the file")

@@ -83,7 +83,6 @@ from graph import (
     generate,
     generation_kwargs,
     graph_file,
-    int_at_least,
     load,
 )
 from torch import nn
@@ -91,6 +90,7 @@ from torch.utils.data import DataLoader
 
 import adapm
 from adapm import CheckpointError, ConfigError
+from adapm._argtypes import float_in, int_in, positive_float
 from adapm.apps.outputs import directory_problem
 from adapm.apps.runner import RUN_FAILURES, AppParser, check_flags, interrupt_once
 from adapm.trace import keys_argument
@@ -572,26 +572,6 @@ def _progress(opts, rank: int, epoch: int, total: int):
 # --- command line ------------------------------------------------------------------------------
 
 
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
-    return value
-
-
-def _probability(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not 0.0 <= value < 1.0:
-        raise argparse.ArgumentTypeError(f"must be in [0, 1), got {text}")
-    return value
-
-
 def _fanouts(text: str) -> tuple[int, int]:
     try:
         values = tuple(int(part) for part in text.split(","))
@@ -611,37 +591,37 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "(default: generate one from the flags below)")
     add_generation_flags(parser, required_defaults=False)
     t = parser.add_argument_group("training")
-    t.add_argument("--seed", type=int_at_least(0, MAX_SEED), default=0,
+    t.add_argument("--seed", type=int_in(0, MAX_SEED), default=0,
                    help="seed of the generated graph, initial values, shards, shuffles and "
                         "neighbour samples (default 0)")
-    t.add_argument("--epochs", type=int_at_least(1), default=10,
+    t.add_argument("--epochs", type=int_in(1), default=10,
                    help="epochs to train (default 10)")
-    t.add_argument("--batch-size", type=int_at_least(1, sys.maxsize), default=64,
+    t.add_argument("--batch-size", type=int_in(1, sys.maxsize), default=64,
                    help="training nodes per mini-batch, i.e. per step of a rank (default 64)")
-    t.add_argument("--dim", type=int_at_least(1), default=32,
+    t.add_argument("--dim", type=int_in(1), default=32,
                    help="node embedding size (default 32)")
-    t.add_argument("--hidden", type=int_at_least(1), default=64,
+    t.add_argument("--hidden", type=int_in(1), default=64,
                    help="width of the hidden GraphSAGE layer (default 64)")
     t.add_argument("--fanouts", type=_fanouts, default=(10, 5),
                    help="neighbours sampled per node at hop 1 and hop 2 (default 10,5)")
-    t.add_argument("--dropout", type=_probability, default=0.8,
+    t.add_argument("--dropout", type=float_in(0, 1, high_open=True), default=0.8,
                    help="share of the embeddings' entries dropped in training; high, because "
                         "a training node's own embedding otherwise memorises its label and "
                         "its neighbours stop learning (default 0.8)")
-    t.add_argument("--lr", type=_positive_float, default=0.1,
+    t.add_argument("--lr", type=positive_float, default=0.1,
                    help="AdaGrad learning rate of the node embeddings (default 0.1)")
-    t.add_argument("--dense-lr", type=_positive_float, default=0.005,
+    t.add_argument("--dense-lr", type=positive_float, default=0.005,
                    help="Adam learning rate of the dense layers (default 0.005)")
-    t.add_argument("--loader-workers", type=int_at_least(0), default=1,
+    t.add_argument("--loader-workers", type=int_in(0), default=1,
                    help="DataLoader worker processes per rank that sample the batches "
                         "(0: in the training process; default 1)")
-    t.add_argument("--ahead", type=int_at_least(1), default=8,
+    t.add_argument("--ahead", type=int_in(1), default=8,
                    help="signal a batch's keys as intent this many batches before it is "
                         "trained (default 8)")
     t.add_argument("--baseline", action="store_true",
                    help="one plain process without adapm: torch.nn.Embedding(sparse=True) and "
                         "torch.optim.Adagrad for the rows, otherwise the same")
-    t.add_argument("--shards", type=int_at_least(1), default=1,
+    t.add_argument("--shards", type=int_in(1), default=1,
                    help="with --baseline: train the shards of this many ranks, their batches "
                         "interleaved, to match a run on that many ranks (default 1)")
     o = parser.add_argument_group("output")
@@ -659,7 +639,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     c.add_argument("--checkpoint-dir", metavar="DIR", default=None,
                    help="write a checkpoint there (replacing the last one atomically; on a "
                         "filesystem every rank shares)")
-    c.add_argument("--checkpoint-every", type=int_at_least(1), default=1, metavar="N",
+    c.add_argument("--checkpoint-every", type=int_in(1), default=1, metavar="N",
                    help="with --checkpoint-dir: every N epochs, and after the last (default 1)")
     c.add_argument("--resume", action="store_true",
                    help="continue from the checkpoint in --checkpoint-dir at the epoch after "
