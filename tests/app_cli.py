@@ -86,3 +86,26 @@ def peer_dies_mid_run(argv: list, job: str) -> str:
     assert "Traceback" not in err and err.count("\n") == 1, err
     assert "error: " in err and "rank 1 failed" in err and "ADAPM_DEBUG=1" in err, err
     return err
+
+
+def ctrl_c_under_the_launcher(argv: list) -> None:
+    """``argv`` on 2 ranks under adapm-run, SIGINT to the whole job once rank 0 trains, as
+    Ctrl-C on a terminal sends it (each rank gets it twice: from the terminal and from
+    adapm-run): "interrupted" per rank and exit 130, no traceback."""
+    import signal
+
+    proc = subprocess.Popen(
+        [*LAUNCHER, "-n", "2", *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, env=ENV, start_new_session=True,
+        # SIGINT at its default (a suite started in a shell's background inherits it ignored)
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        assert proc.stdout.readline().startswith("epoch 1:")  # training
+        os.killpg(proc.pid, signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    assert proc.returncode == 130, (proc.returncode, err)
+    assert "Traceback" not in err and err.count("interrupted") == 2, err
