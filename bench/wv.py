@@ -22,12 +22,18 @@ timed call, where adapm reads the corpus once before its epochs). gensim's raw c
 the tokens below min-count (about 0.9% of the generated corpus: the table prints both counts),
 which favours gensim's words/s a little. Analogy accuracy is gensim's
 ``evaluate_word_analogies`` for gensim and adapm's equivalent (``adapm.apps.wv_eval``) for
-adapm, after the last epoch; on the generated corpus it is near zero for both after 3 epochs,
-so it shows nothing about quality (real English text against gensim, with WordSim-353 and
-SimLex-999: ``bench/quality.py``). Both train with SGD and gensim's linear decay of the
-learning rate (adapm's default since issue 27). adapm draws each batch's negatives from one
-shared pool of rows per batch (about 700), gensim per pair from the whole table: a difference
-of the algorithms that may favour adapm's cache use (not measured apart).
+adapm, after the last epoch (real English text against gensim, with WordSim-353 and SimLex-999:
+``bench/quality.py``). Both train with SGD and gensim's linear decay of the learning rate
+(adapm's default since issue 27), and the input vectors start as gensim's. adapm draws each
+batch's negatives from one shared pool of rows per batch (about 700), gensim per pair from the
+whole table.
+
+Quality is judged against gensim's ``LineSentence`` run: its ``corpus_file`` path with 2
+workers decays the learning rate half as fast within each epoch (each worker measures its
+progress as its own share of the sentences against the whole corpus:
+``get_next_alpha`` in gensim's ``word2vec_corpusfile.pyx``), a higher rate than the settings
+say. The generated corpus's analogies after 3 epochs move with the rate (docs/quality.md), so
+that path's figure is printed beside, not used as the bar.
 """
 
 from __future__ import annotations
@@ -164,14 +170,18 @@ def main() -> None:
     one, two = rows[0], rows[1]
     print(f"\n2 nodes x 1 thread vs 1 node x 2 threads: {two['words_s'] / one['words_s']:.2f}x "
           f"(target >= 0.9x)")
-    if gensims:  # against gensim's faster path, and its better analogy accuracy
+    if gensims:  # against gensim's faster path; quality at equal settings (see above)
         fast = max(gensims, key=lambda r: r["words_s"])
-        good = max(gensims, key=lambda r: r["analogy"] or 0.0)
         print(f"1 node x 2 threads vs gensim: {one['words_s'] / fast['words_s']:.2f}x words/s "
-              f"against its faster path ({fast['setup']}; target >= 1.0x), analogy "
-              f"{one['analogy'] - good['analogy']:+.4f} against its better ({good['setup']}; "
-              f"target within 0.01)")
-
+              f"against its faster path ({fast['setup']}; target >= 1.0x)")
+        for r in gensims:
+            if r["analogy"] is None or one["analogy"] is None:
+                continue
+            bar = ("the learning rate decayed as set; target within 0.01"
+                   if r["setup"].endswith("LineSentence") else
+                   "its workers decay the rate half as fast in an epoch: not the bar")
+            print(f"  analogy {one['analogy'] - r['analogy']:+.4f} against {r['setup']} "
+                  f"({bar})")
 
 if __name__ == "__main__":
     main()

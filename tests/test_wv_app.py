@@ -159,6 +159,35 @@ def test_gensim_reads_the_export(trained):
     np.testing.assert_array_equal(binary.vectors, vectors)
 
 
+
+@pytest.mark.parametrize("optimizer,half_width", [("sgd", 1.0), ("adagrad", 0.5)])
+def test_initial_vectors_as_gensim_draws_them(data, optimizer, half_width):
+    """With SGD (the default) the input vectors start as gensim 4's, uniform in [-1, 1) / dim
+    (word2vec.c's half as wide learned less in the same epochs, docs/quality.md); AdaGrad keeps
+    the original AdaPM app's [-0.5, 0.5) / dim; output vectors start at zero either way."""
+    import argparse
+
+    import gensim  # a dev dependency
+    from adapm.apps import wv
+    dim = 50
+    corpus = wv_data.read_corpus(str(data["corpus"]), min_count=3)
+    task = wv.WVTask(corpus, argparse.Namespace(
+        dim=dim, window=5, neg=5, lr=0.025, seed=1, sample=1e-3, optimizer=optimizer,
+        replica_updates="sum", sampling="naive", analogy_questions=None, similarity_pairs=None))
+    V = task.vocab_size
+    rows = task.init_rows(np.arange(2 * V, dtype=np.int64)).reshape(2 * V, -1)
+    ours, outputs = rows[:V, :dim], rows[V:, :dim]
+    assert not outputs.any()
+    # gensim's own draw for as many words (its vocabulary built, nothing trained)
+    model = gensim.models.Word2Vec(vector_size=dim, min_count=1, seed=1)
+    model.build_vocab([[f"w{i}" for i in range(V)]])
+    theirs = model.wv.vectors * half_width  # gensim's width is 1
+    assert np.abs(ours).max() < half_width / dim
+    assert np.abs(ours).max() > 0.99 * half_width / dim
+    assert ours.std() == pytest.approx(theirs.std(), rel=0.02)
+    assert abs(ours.mean()) < 0.02 * half_width / dim
+
+
 def _app(*args) -> list[str]:
     return [PY, "-m", "adapm.apps.wv", *args, "--epochs", "1", "--progress", "off"]
 

@@ -54,8 +54,10 @@ from .datafiles import DataError, write_atomically
 
 _kernels = _load("adapm._kernels")
 
-# Initial values as word2vec: input vectors uniform in [-0.5, 0.5) / dim, output vectors zero;
-# AdaGrad accumulators at the original AdaPM app's 1e-6 (SGD leaves them alone).
+# Initial values: input vectors uniform in [-1, 1) / dim with SGD, as gensim 4 draws them
+# (word2vec.c's [-0.5, 0.5) / dim learned 2-3 points less analogy accuracy in 3 epochs on the
+# generated corpus, docs/quality.md), and in [-0.5, 0.5) / dim with AdaGrad, the original
+# AdaPM app's; output vectors zero; AdaGrad accumulators at that app's 1e-6 (SGD leaves them).
 INIT_ACCUMULATOR = 1e-6
 # word2vec's floor of the decayed learning rate, as a fraction of the starting one (AdaGrad).
 MIN_LR_FRACTION = 1e-4
@@ -121,8 +123,9 @@ class WVTask:
         return np.sort(np.array_split(order, parts)[part])
 
     def init_rows(self, keys: np.ndarray) -> np.ndarray:
-        """word2vec's initial values (see INIT_ACCUMULATOR); a function of the seed and key."""
+        """The initial values (see INIT_ACCUMULATOR); a function of the seed and key."""
         d, V = self.dim, self.vocab_size
+        half_width = 1.0 if self.sgd else 0.5
         rows = np.zeros((len(keys), self.value_length), dtype=np.float32)
         rows[:, d:] = INIT_ACCUMULATOR  # AdaGrad's (SGD's rows end at the vector)
         inputs = np.flatnonzero(keys < V)
@@ -130,8 +133,8 @@ class WVTask:
         for block in np.unique(blocks):  # a loop over blocks of keys, not over keys
             mine = inputs[blocks == block]
             rng = np.random.default_rng([self.seed, 3, int(block)])
-            values = ((rng.random((_INIT_BLOCK, d)) - 0.5) / d).astype(np.float32)
-            rows[mine, :d] = values[keys[mine] % _INIT_BLOCK]
+            values = (rng.random((_INIT_BLOCK, d)) * 2.0 - 1.0) * half_width / d
+            rows[mine, :d] = values.astype(np.float32)[keys[mine] % _INIT_BLOCK]
         return rows.reshape(-1)
 
     def trainer(self, batch_size: int, points: np.ndarray, epochs: int) -> "WVTrainer":
