@@ -185,6 +185,10 @@ OPTIMIZERS = {
                                         eps=1e-8),
                 lambda p: torch.optim.Adagrad(p, lr=0.2, lr_decay=0.05,
                                               initial_accumulator_value=0.1, eps=1e-8)),
+    "sgd-maximize": (lambda t: optim.SGD(t, lr=0.3, maximize=True),
+                     lambda p: torch.optim.SGD(p, lr=0.3, maximize=True)),
+    "adagrad-maximize": (lambda t: optim.Adagrad(t, lr=0.2, maximize=True),
+                         lambda p: torch.optim.Adagrad(p, lr=0.2, maximize=True)),
 }
 
 

@@ -38,8 +38,13 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
+from .._native_loader import load as _load
 from ..errors import InvalidArgument, InvalidType
 from .nn import _Table
+
+# The row updates: one native call per table and step, the GIL released (a dozen numpy
+# operations each took the GIL back: issue 29's PyTorch path).
+_kernels = _load("adapm._kernels")
 
 
 class _RowOptimizer(torch.optim.Optimizer):
@@ -279,9 +284,9 @@ class SGD(_RowOptimizer):
         super().__init__(params, {"lr": lr, "maximize": maximize})
 
     def _update(self, table, rows, grads, step, group):
-        update = np.zeros_like(rows)
-        update[:, :table.embedding_dim] = (group["lr"] if group["maximize"]
-                                           else -group["lr"]) * grads
+        update = np.empty_like(rows)
+        _kernels.sgd_rows(_float32(grads), update, table.embedding_dim, group["lr"],
+                          group["maximize"])
         return update
 
 
@@ -322,16 +327,17 @@ class Adagrad(_RowOptimizer):
         group["eps"] = _nonnegative(group["eps"], "Adagrad: eps")
 
     def _update(self, table, rows, grads, step, group):
-        dim = table.embedding_dim
-        if group["maximize"]:
-            grads = -grads
-        squared = grads * grads
-        acc = rows[:, dim:2 * dim] + np.float32(group["initial_accumulator_value"]) + squared
         clr = group["lr"] / (1 + (step - 1) * group["lr_decay"])
-        update = np.zeros_like(rows)
-        update[:, :dim] = -clr * (grads / (np.sqrt(acc) + np.float32(group["eps"])))
-        update[:, dim:2 * dim] = squared
+        update = np.empty_like(rows)
+        _kernels.adagrad_rows(np.ascontiguousarray(rows), _float32(grads), update,
+                              table.embedding_dim, clr, group["eps"],
+                              group["initial_accumulator_value"], group["maximize"])
         return update
+
+
+def _float32(grads: np.ndarray) -> np.ndarray:
+    """The gradients as the native update takes them (a copy only if they are not already)."""
+    return np.ascontiguousarray(grads, dtype=np.float32)
 
 
 def _gathered(table: _Table):

@@ -97,10 +97,12 @@ static inline int check_no_overlap(views_t *vs, const Py_buffer *written, const 
     return 0;
 }
 
-/* Functions of wv_module.c, wv_run_module.c, mf_module.c and kge_rows_module.c, added to the module at init. */
+/* Functions of wv_module.c, wv_run_module.c, mf_module.c, kge_rows_module.c and optim_module.c,
+ * added to the module at init. */
 extern PyMethodDef wv_methods[];
 extern PyMethodDef mf_methods[];
 extern PyMethodDef kge_rows_methods[];
 extern PyMethodDef wv_run_methods[];
+extern PyMethodDef optim_methods[];
 
 #endif

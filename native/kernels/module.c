@@ -305,8 +305,9 @@ static PyMethodDef module_methods[] = {
 static struct PyModuleDef moduledef = {
     PyModuleDef_HEAD_INIT, "_kernels",
     "Training kernels of adapm's apps: the KGE, word-vector and matrix-factorisation batch\n"
-    "trainers, the apps' data parsers, and the plain shared array table\n"
-    "ops of the single-node baseline (see native/kernels/ in the source tree).",
+    "trainers, the apps' data parsers, the plain shared array table ops of the\n"
+    "single-node baseline, and the row updates of adapm.torch's optimizers (see\n"
+    "native/kernels/ in the source tree).",
     -1, module_methods,
 };
 
@@ -317,6 +318,7 @@ PyMODINIT_FUNC PyInit__kernels(void) {
     if (PyModule_AddFunctions(m, wv_methods) < 0 || PyModule_AddFunctions(m, mf_methods) < 0 ||
         PyModule_AddFunctions(m, kge_rows_methods) < 0 ||
         PyModule_AddFunctions(m, wv_run_methods) < 0 ||
+        PyModule_AddFunctions(m, optim_methods) < 0 ||
         PyModule_AddIntConstant(m, "MODEL_COMPLEX", KGE_COMPLEX) < 0 ||
         PyModule_AddIntConstant(m, "MODEL_DISTMULT", KGE_DISTMULT) < 0 ||
         PyModule_AddIntConstant(m, "MODEL_RESCAL", KGE_RESCAL) < 0 ||
