@@ -284,7 +284,7 @@ class SGD(_RowOptimizer):
         super().__init__(params, {"lr": lr, "maximize": maximize})
 
     def _update(self, table, rows, grads, step, group):
-        update = np.empty_like(rows)
+        update = np.empty(rows.shape, dtype=np.float32)  # C order, whatever the rows' layout
         _kernels.sgd_rows(_float32(grads), update, table.embedding_dim, group["lr"],
                           group["maximize"])
         return update
@@ -328,7 +328,7 @@ class Adagrad(_RowOptimizer):
 
     def _update(self, table, rows, grads, step, group):
         clr = group["lr"] / (1 + (step - 1) * group["lr_decay"])
-        update = np.empty_like(rows)
+        update = np.empty(rows.shape, dtype=np.float32)  # C order, whatever the rows' layout
         _kernels.adagrad_rows(np.ascontiguousarray(rows), _float32(grads), update,
                               table.embedding_dim, clr, group["eps"],
                               group["initial_accumulator_value"], group["maximize"])
