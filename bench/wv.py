@@ -183,5 +183,6 @@ def main() -> None:
             print(f"  analogy {one['analogy'] - r['analogy']:+.4f} against {r['setup']} "
                   f"({bar})")
 
+
 if __name__ == "__main__":
     main()
