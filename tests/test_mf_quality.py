@@ -104,7 +104,13 @@ def test_a_resumed_run_keeps_its_best_epoch(noisy, tmp_path):
     assert [r["best_epoch"] for r in first + resumed] == [r["best_epoch"] for r in whole]
     assert [r["valid_rmse"] for r in first + resumed] == [r["valid_rmse"] for r in whole]
     assert f"the best epoch ({best}) came before this run resumed" in proc.stderr, proc.stderr
-    assert (export / "W.npy").exists()
+    # The early stop's notice names the epoch the export gets: the last (it named the best)
+    last = len(first + resumed)
+    assert f"{export} gets epoch {last}'s model" in proc.stderr, proc.stderr
+    assert f"gets epoch {best}'s model" not in proc.stderr, proc.stderr
+    train, test, valid_m = mf_data.read_files(noisy["train"], noisy["test"], noisy["valid"])
+    w, h = np.load(export / "W.npy"), np.load(export / "H.npy")
+    assert _rmse(w, h, valid_m) == pytest.approx(resumed[-1]["valid_rmse"], rel=1e-4)
 
 
 def _ratings_csv(path, m: mf_data.Matrix, sep=",") -> None:

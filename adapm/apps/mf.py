@@ -221,6 +221,12 @@ class MFTask:
         stop = bool(self.patience) and epoch - self.best_epoch >= self.patience
         return {"best_epoch": self.best_epoch}, stop
 
+    def exported_epoch(self, last: int) -> int:
+        """The epoch whose model :meth:`export` writes (rank 0) when training stopped after
+        epoch ``last``: the best one while its factors are kept here, else ``last`` (a run
+        resumed after its best epoch)."""
+        return self.best_epoch if self._best is not None else last
+
     def checkpoint_state(self) -> dict:
         """What a resumed run needs of the early stopping: the best epoch and its RMSE (a
         checkpoint holds the last epoch's model, not the best one's)."""

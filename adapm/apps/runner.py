@@ -145,8 +145,10 @@ class Task(Protocol):
     # ``after_evaluation(epoch, metrics, keep) -> (fields, stop)`` after each evaluation (extra
     # fields for the JSON line, and whether to stop training: early stopping), with
     # ``checkpoint_state() -> dict`` (JSON, kept in a checkpoint) and ``resume_state(dict)``
-    # (given it back on --resume) for what it remembers across epochs; and
-    # ``replica_updates``, the node's Config.replica_updates (default "sum").
+    # (given it back on --resume) for what it remembers across epochs, and
+    # ``exported_epoch(last) -> epoch`` whose model export writes after an early stop at
+    # ``last`` (default: the best epoch); and ``replica_updates``, the node's
+    # Config.replica_updates (default "sum").
 
     def export(self, worker, directory: str) -> None: ...
 
@@ -498,10 +500,11 @@ def _train(task: Task, opts, node, out, resume: Optional[_Resume] = None) -> lis
         if stop:
             if node.rank == 0:  # a notice, on stderr: stdout may be a pipe of JSON lines
                 best = extra.get("best_epoch", epoch)
+                exported = getattr(task, "exported_epoch", lambda last: best)(epoch)
                 print(f"stopped early after epoch {epoch} of {opts.epochs}: the validation "
                       f"figure did not improve since epoch {best}"
-                      + (f"; {opts.export} gets epoch {best}'s model" if opts.export else ""),
-                      file=sys.stderr, flush=True)
+                      + (f"; {opts.export} gets epoch {exported}'s model" if opts.export
+                         else ""), file=sys.stderr, flush=True)
             break
     if opts.export and node.rank == 0:
         task.export(lead, opts.export)
