@@ -540,6 +540,7 @@ def test_app_resume_errors(kg, tmp_path):
     other = app_run(kge(kg, "--epochs", "2", "--checkpoint-dir", str(ck), "--resume", "--dim",
                         "8"), expect=2)
     assert "value lengths differ" in other.stderr and str(ck) in other.stderr
+    assert "(another --model or --dim?)" in other.stderr
     done = app_run(kge(kg, "--epochs", "1", "--checkpoint-dir", str(ck), "--resume"), expect=2)
     assert "give --epochs above 1" in done.stderr
     for proc in (other, done):

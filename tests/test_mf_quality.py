@@ -113,6 +113,17 @@ def test_a_resumed_run_keeps_its_best_epoch(noisy, tmp_path):
     assert _rmse(w, h, valid_m) == pytest.approx(resumed[-1]["valid_rmse"], rel=1e-4)
 
 
+
+def test_a_resume_with_another_rank_names_the_flag(noisy, tmp_path):
+    """The checkpoint's rows are 2 x rank floats: a resume with another --rank is refused in one
+    line naming --rank (it asked for "another --model or --dim", KGE's flags)."""
+    app = [PY, "-m", "adapm.apps.mf", "--train", str(noisy["train"]), "--test",
+           str(noisy["test"]), "--progress", "off", "--checkpoint-dir", str(tmp_path / "ck")]
+    run([*app, "--epochs", "1", "--rank", "4"])
+    proc = run([*app, "--epochs", "2", "--rank", "5", "--resume"], expect=2)
+    assert "value lengths differ from this run's (another --rank?)" in proc.stderr, proc.stderr
+    assert "--model" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+
 def _ratings_csv(path, m: mf_data.Matrix, sep=",") -> None:
     """``m`` as a ratings table: userId = 1000 + 7 row, movieId = 3 + 5 col, a timestamp."""
     rows = [f"{1000 + 7 * r}{sep}{3 + 5 * c}{sep}{v:.9g}{sep}{881250949 + i}\n"

@@ -66,6 +66,7 @@ class KGETask:
     """The KGE app as a runner task (see :class:`adapm.apps.runner.Task`)."""
 
     name = "kge"
+    shape_flags = ("--model", "--dim")  # what sets a key's value length (a resume names them)
     unit = None
 
     def __init__(self, kg: kge_data.KG, opts: argparse.Namespace) -> None:

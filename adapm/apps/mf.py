@@ -88,6 +88,7 @@ class MFTask:
     """The MF app as a runner task (see :class:`adapm.apps.runner.Task`)."""
 
     name = "mf"
+    shape_flags = ("--rank",)  # what sets a key's value length (a resume names them)
     unit = None  # a data point is an entry: points_per_s says entries/s
     sampling = None
 

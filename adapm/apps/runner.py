@@ -148,7 +148,8 @@ class Task(Protocol):
     # (given it back on --resume) for what it remembers across epochs, and
     # ``exported_epoch(last) -> epoch`` whose model export writes after an early stop at
     # ``last`` (default: the best epoch); and ``replica_updates``, the node's
-    # Config.replica_updates (default "sum").
+    # Config.replica_updates (default "sum"); ``shape_flags``, the flags that set a key's
+    # value length (named when a checkpoint's lengths differ from the run's).
 
     def export(self, worker, directory: str) -> None: ...
 
@@ -424,8 +425,9 @@ def _resume_point(task: Task, opts) -> _Resume:
     theirs = (np.full(task.num_keys, reader.uniform) if reader.lengths is None
               else reader.lengths[:task.num_keys])
     if not np.array_equal(theirs, np.broadcast_to(task.value_length, (task.num_keys,))):
-        raise CheckpointError(f"{where}: the model's value lengths differ from this run's "
-                              f"(another --model or --dim?)")
+        flags = " or ".join(getattr(task, "shape_flags", ()))
+        raise CheckpointError(f"{where}: the model's value lengths differ from this run's"
+                              + (f" (another {flags}?)" if flags else ""))
     epochs_done = int(meta["epoch"])
     if epochs_done >= opts.epochs:
         raise CheckpointError(f"{where} has {epochs_done} epochs done; to continue, give "

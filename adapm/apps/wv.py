@@ -95,6 +95,7 @@ class WVTask:
     """The WV app as a runner task (see :class:`adapm.apps.runner.Task`)."""
 
     name = "wv"
+    shape_flags = ("--dim", "--optimizer")  # what sets a key's value length (resume names them)
     unit = "words"
 
     def __init__(self, corpus: wv_data.Corpus, opts: argparse.Namespace) -> None:
