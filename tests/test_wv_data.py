@@ -330,6 +330,17 @@ def test_read_similarity(tmp_path):
                                      ("x", "y", -2.0), ("x", "x", 10.0)]
 
 
+def test_read_similarity_as_wordsim353_ships(tmp_path):
+    """WordSim-353's TSV with its header line (refused as a bad line before), and a
+    tab-separated entry holding a space (gensim's reader splits on tabs)."""
+    path = write(tmp_path, "Word 1\tWord 2\tHuman (mean)\nlove\tsex\t6.77\n"
+                           "new york\tcity\t5.5\n", "ws.tsv")
+    assert read_similarity(path) == [("love", "sex", 6.77), ("new york", "city", 5.5)]
+    # only a first line can be a header: a later line whose score is no number is an error
+    msg = error_of(read_similarity, write(tmp_path, "a b 1\nWord 1\tWord 2\tHuman\n", "h.tsv"))
+    assert ":2:" in msg and "finite score" in msg
+
+
 @pytest.mark.parametrize("bad", ["a b high", "a b inf", "a b -inf", "a b nan", "a b NaN",
                                  "a b", "a b 1 2", "a", "a b 1e999"])
 def test_bad_similarity_lines(tmp_path, bad):

@@ -176,26 +176,45 @@ def read_analogies(path) -> list[tuple[str, list[tuple[str, str, str, str]]]]:
 
 
 def read_similarity(path) -> list[tuple[str, str, float]]:
-    """Word pairs with a score: [(word1, word2, score), ...]."""
-    pairs = []
+    """Word pairs with a score: [(word1, word2, score), ...]. A line holds two words and a
+    score: three tab-separated fields as gensim's ``evaluate_word_pairs`` reads them (an entry
+    may then hold spaces), else fields separated by any whitespace; ``#`` lines are comments,
+    and a first line whose score is not a number is a header (WordSim-353's ``Word 1<TAB>Word
+    2<TAB>Human (mean)``)."""
+    pairs, first = [], True
     for number, line in enumerate(_read_text(path, "similarity"), 1):
         if not line.strip() or line.lstrip().startswith("#"):
             continue
-        fields = line.split()
+        text = line.strip()
+        fields = [f.strip() for f in text.split("\t")]
+        if len(fields) != 3:  # separated by spaces, or by both
+            fields = text.split()
         try:
-            if len(fields) != 3:
+            if len(fields) != 3 or not all(fields):
                 raise ValueError
             score = float(fields[2])
             if not np.isfinite(score):
                 raise ValueError
         except ValueError:
+            if first and len(fields) == 3 and not _is_number(fields[2]):
+                first = False  # the header
+                continue
             raise DataError(f"{path}:{number}: expected 'word1 word2 score' with a finite "
-                            f"score, got {line.strip()[:80]!r}") from None
+                            f"score, got {text[:80]!r}") from None
+        first = False
         pairs.append((fields[0], fields[1], score))
     if not pairs:
         raise DataError(f"{path}: no word pairs")
     return pairs
 
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 # -------------------------------------------------------------------------------- generator
 
