@@ -360,6 +360,57 @@ def test_bad_tables_name_the_file_and_the_line(tmp_path, delimiter, text, expect
     assert msg.startswith(f"{path}{expected}"), msg
 
 
+@pytest.mark.parametrize("label", ["0345417623", "+345417623", "-0", "007", "-012"])
+@pytest.mark.parametrize("column", [0, 1])
+def test_labels_written_with_a_leading_zero_or_sign_are_refused(tmp_path, label, column):
+    """'0345417623' and '345417623' (an ISBN and its integer) were read as one item, silently;
+    now such a label is refused, naming the line and the label. Plain labels, 0 and negative
+    ones included, read as before."""
+    fields = ["5", "8"]
+    fields[column] = label
+    path = write(tmp_path, f"u,i,r\n0,-3,1\n{','.join(fields)},2\n", "ratings.csv")
+    msg = error_of(read_matrix, path)
+    assert msg.startswith(f"{path}:3: label {label!r} is an integer written with a leading "
+                          f"zero or a sign"), msg
+    assert repr(str(int(label))) in msg
+    m = read_matrix(write(tmp_path, "u,i,r\n0,-3,1\n-7,10,2\n", "plain.csv"))
+    assert (m.rows.tolist(), m.cols.tolist()) == ([0, -7], [-3, 10])
+
+
+def test_fields_past_the_third_may_be_long(tmp_path):
+    """A review or a genre list after the rating: ignored as the docs say, whatever its length
+    (a line of 256 bytes or more was refused as "expected 'row,column,value'")."""
+    review = "x" * 5000
+    path = write(tmp_path, f"userId,movieId,rating,review\n1,10,4.0,{review}\n2,11,3,\"a, b\"\n",
+                 "ratings.csv")
+    m = read_matrix(path)
+    assert (m.rows.tolist(), m.cols.tolist(), m.vals.tolist()) == ([1, 2], [10, 11], [4.0, 3.0])
+    # the three fields themselves are still bounded
+    msg = error_of(read_matrix, write(tmp_path, f"u,i,r\n1,{'1' * 300},4\n", "long.csv"))
+    assert ":2: expected 'row,column,value'" in msg
+
+
+def test_space_delimited_columns_aligned_by_runs_of_spaces(tmp_path):
+    """--delimiter space: a file whose columns line up with several spaces, or with spaces at
+    a line's ends (each space was a separator: '1  10' held an empty field)."""
+    path = write(tmp_path, "user item rating\n1  10 4.0\n2 11 3.5 \n  3   11   2\r\n",
+                 "aligned.txt")
+    m = read_matrix(path, delimiter=" ")
+    assert (m.rows.tolist(), m.cols.tolist(), m.vals.tolist()) == \
+        ([1, 2, 3], [10, 11, 11], [4.0, 3.5, 2.0])
+
+
+@pytest.mark.parametrize("header", [",userId,movieId,rating", "\tuser\titem\trating"])
+def test_a_pandas_index_column_is_named(tmp_path, header):
+    """pandas' to_csv() writes its index first, under an empty name: the hint said the file
+    needs a header line (it has one)."""
+    sep = header[0]
+    path = write(tmp_path, f"{header}\n0{sep}1{sep}3{sep}4.0\n", "p.csv")
+    msg = error_of(read_matrix, path)
+    assert msg.startswith(f"{path}:1: the header's first column has no name, as pandas' "
+                          f"to_csv() writes its index: write the table with index=False"), msg
+
+
 @pytest.mark.parametrize("given, expected", [
     ("tab", "\t"), ("comma", ","), ("semicolon", ";"), ("pipe", "|"), ("space", " "),
     (";", ";"), ("::", "::"), ("\t", "\t")])

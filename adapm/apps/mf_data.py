@@ -30,6 +30,7 @@ are drawn in one piece, so memory grows with the entries: 100M entries peaked at
 from __future__ import annotations
 
 import argparse
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -148,7 +149,10 @@ def read_matrix(path, shape: tuple[int, int] | None = None,
                     number = line_base + text.count(b"\n", 0, text.index(b"\t")) + 1
                     raise DataError(f"{path}:{number}: a tab in a file read with --delimiter "
                                     f"{delimiter!r} (give --delimiter tab, or remove the tabs)")
-                parsed = text.replace(delimiter.encode(), b"\t")
+                if delimiter == " ":  # columns aligned by runs of spaces: one separator
+                    parsed = _SPACE_RUN.sub(b"\t", _EDGE_SPACES.sub(b"", text))
+                else:
+                    parsed = text.replace(delimiter.encode(), b"\t")
             room = text.count(b"\n") + 1
             rows, cols = np.empty(room, np.int64), np.empty(room, np.int64)
             vals, lines = np.empty(room, np.float32), np.empty(room, np.int64)
@@ -164,6 +168,13 @@ def read_matrix(path, shape: tuple[int, int] | None = None,
                 hint = (" (a comma-separated file needs a header line, e.g. "
                         "'userId,movieId,rating', or --delimiter ,)"
                         if delimiter is None and "," in bad else "")
+                label = _padded_label(bad, delimiter)
+                if label is not None:
+                    raise DataError(
+                        f"{path}:{line_base - got}: label {label!r} is an integer written with "
+                        f"a leading zero or a sign: labels are read as integers, so it would "
+                        f"be one item with {str(int(label))!r}; write the labels as plain "
+                        f"integers (or map them to 0, 1, 2, ...)")
                 raise DataError(f"{path}:{line_base - got}: expected {expected}, got "
                                 f"'{bad}'{hint}")
             parts.append((rows[:got].copy(), cols[:got].copy(), vals[:got].copy(),
@@ -203,6 +214,10 @@ def _mirror(rows: np.ndarray, cols: np.ndarray, vals: np.ndarray) -> tuple:
             np.concatenate([vals, vals[off]]))
 
 
+# --delimiter space: the spaces at a line's ends go, each run of spaces between is one separator.
+_EDGE_SPACES = re.compile(rb"^ +| +(?=\r?$)", re.MULTILINE)
+_SPACE_RUN = re.compile(rb" +")
+
 # Names a delimiter may be given by on the command line, besides itself.
 _DELIMITER_NAMES = {"tab": "\t", "comma": ",", "semicolon": ";", "pipe": "|", "space": " "}
 
@@ -227,6 +242,11 @@ def _table_header(path, f, delimiter: Optional[str]) -> tuple[Optional[str], int
     at = f.tell()  # after a byte order mark, if any
     first = f.readline()
     text = first.decode("utf-8", "replace").strip()
+    raw = first.decode("utf-8", "replace")  # strip() would take a leading tab
+    if raw[:1] in (",", "\t") and (raw[1:2].isalpha() or raw[1:2] in ("\"", "'", "_")):
+        raise DataError(f"{path}:1: the header's first column has no name, as pandas' to_csv() "
+                        f"writes its index: write the table with index=False (or drop that "
+                        f"column), got '{_shorten(text)}'")
     if not text or not (text[0].isalpha() or text[0] in "\"'_"):
         f.seek(at)
         return delimiter, 0
@@ -243,6 +263,17 @@ def _table_header(path, f, delimiter: Optional[str]) -> tuple[Optional[str], int
     raise DataError(f"{path}:1: a header line needs three fields (row, column, value) "
                     f"separated by commas or tabs (or give --delimiter), got "
                     f"'{_shorten(text)}'")
+
+
+def _padded_label(line: str, delimiter: Optional[str]) -> Optional[str]:
+    """The row or column label of a table's line that is an integer not written plainly (a
+    leading zero, a '+', '-0'), if one is."""
+    if delimiter is None:
+        return None
+    for label in (f.strip() for f in line.split(delimiter)[:2]):
+        if re.fullmatch(r"[+-]?\d+", label) and label != str(int(label)):
+            return label
+    return None
 
 
 def _line(text: bytes, number: int) -> str:

@@ -208,7 +208,8 @@ static const char *field(const char **s, char sep, int64_t *len) {
 }
 
 /* Parses one line of fields separated by `sep` (',' or a tab): an integer row label, an integer
- * column label and a number; any further fields (a timestamp) are ignored. 0 on success. */
+ * column label (each written plainly: no sign but '-', no leading zero) and a number; any
+ * further fields (a timestamp) are ignored. 0 on success. */
 static int parse_separated(const char *s, char sep, int64_t *row, int64_t *col, float *val) {
     char buf[64], *end;
     int64_t len;
@@ -219,7 +220,12 @@ static int parse_separated(const char *s, char sep, int64_t *row, int64_t *col, 
         buf[len] = '\0';
         errno = 0;
         if (f < 2) {
-            if (!(buf[0] >= '0' && buf[0] <= '9') && buf[0] != '-' && buf[0] != '+') return -1;
+            /* A label is a plain integer: '0345' or '+345' would read as 345, one item with
+             * '345' (the caller names the reason). */
+            const char *digits = buf + (buf[0] == '-');
+            if (!(digits[0] >= '0' && digits[0] <= '9') ||
+                (digits[0] == '0' && (digits[1] || digits != buf)))
+                return -1;
             const long long v = strtoll(buf, &end, 10);
             if (*end || errno == ERANGE) return -1;
             *(f == 0 ? row : col) = (int64_t)v;
@@ -252,9 +258,18 @@ int64_t mf_parse_sep(const char *text, int64_t n, int skip_percent, int64_t base
         int64_t lead = 0;
         while (lead < len && blank(s[lead])) lead++;
         if (lead == len || (skip_percent && s[lead] == '%')) continue;
-        if (len >= (int64_t)sizeof line || memchr(s, '\0', (size_t)len)) return -number;
-        memcpy(line, s, (size_t)len);
-        line[len] = '\0';
+        size_t used = (size_t)len;
+        if (sep) { /* fields past the third (a timestamp, a review) are not read: any length */
+            int seps = 0;
+            for (size_t k = 0; k < used; k++)
+                if (s[k] == sep && ++seps == 3) {
+                    used = k;
+                    break;
+                }
+        }
+        if (used >= sizeof line || memchr(s, '\0', used)) return -number;
+        memcpy(line, s, used);
+        line[used] = '\0';
         if ((sep ? parse_separated(line, sep, rows + count, cols + count, vals + count)
                  : parse_line(line, base, rows + count, cols + count, vals + count)) < 0)
             return -number;
