@@ -7,6 +7,7 @@ job on 2 nodes (tests/torch_job.py) with loader worker processes forked after th
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import pickle
@@ -191,6 +192,30 @@ OPTIMIZERS = {
                          lambda p: torch.optim.Adagrad(p, lr=0.2, maximize=True)),
 }
 
+
+
+def test_a_table_over_part_of_another_tables_keys_is_refused(node):
+    """A forgotten offset (items at 25 where users hold [0, 50)) re-initialised half of the
+    users' rows, silently: refused now before anything is written, naming both ranges. The
+    same range again (a model built again) and a range a gone table held are fine."""
+    w = node.worker()
+    users = Embedding(50, 4, worker=w, seed=1)
+    before = users.weight.clone()
+    for first, n in ((25, 50), (0, 10), (49, 1), (10, 20)):
+        with pytest.raises(adapm.InvalidArgument,
+                           match=rf"keys \[{first}, {first + n}\) overlap those of another "
+                                 r"table on this node, \[0, 50\) \(Embedding\)"):
+            EmbeddingBag(n, 4, worker=w, offset=first, seed=2)
+    assert torch.equal(users.weight, before)
+    items = Embedding(50, 4, worker=w, offset=50)  # adjacent: fine
+    again = Embedding(50, 4, worker=w, seed=1)  # the same keys: a model built again
+    assert torch.equal(again.weight, before)
+    del users, again
+    gc.collect()
+    Embedding(20, 4, worker=w, offset=30)  # [0, 50) is free again
+    with pytest.raises(adapm.InvalidArgument, match=r"\[50, 100\)"):
+        Embedding(30, 4, worker=w, offset=40)
+    assert items.weight.shape == (50, 4)
 
 @pytest.mark.parametrize("opt", sorted(OPTIMIZERS))
 @pytest.mark.parametrize("padding_idx", [None, 3])

@@ -41,6 +41,7 @@ torch's habits hold:
 from __future__ import annotations
 
 import operator
+import weakref
 
 import numpy as np
 import torch
@@ -54,9 +55,30 @@ from .data import distinct
 # seeded by (seed, chunk): the values do not depend on the world size or on who writes them.
 _INIT_CHUNK = 4096
 _INITS = ("normal", "uniform", "zeros", "keep")
+
+# Each node's live tables (weak: a table that is gone frees its keys), to refuse a table whose
+# keys overlap another's in part (a forgotten offset re-initialised the other's rows).
+_LIVE: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
 # Whole-table pulls (weight, state_dict, loads) go this many keys at a time, so that a big
 # table needs no second full-size buffer of whole rows beside the result.
 _GATHER_CHUNK = 65536
+
+
+def _claim_keys(kind: str, node, offset: int, n: int) -> None:
+    """Refuses keys [offset, offset + n) where they overlap a live table's keys on ``node`` in
+    part. The very same range is another table over the same keys (a model built again: its
+    rows start again), not a mistake."""
+    for ref in _LIVE.get(node, ()):
+        other = ref()
+        if other is None or (other.offset, other.num_embeddings) == (offset, n):
+            continue
+        if offset < other.offset + other.num_embeddings and other.offset < offset + n:
+            raise InvalidArgument(
+                f"{kind}: keys [{offset}, {offset + n}) overlap those of another table on this "
+                f"node, [{other.offset}, {other.offset + other.num_embeddings}) "
+                f"({type(other).__name__}): tables must not share keys (offset= places a "
+                f"table; EmbeddingBagCollection computes the offsets)")
 
 
 class _Table(nn.Module):
@@ -99,6 +121,7 @@ class _Table(nn.Module):
                 f"{kind}: every key of the table needs a value of at least embedding_dim = "
                 f"{embedding_dim} floats; the node's keys [{offset}, {offset + num_embeddings}) "
                 f"have {', '.join(map(str, lengths[:4]))} (adapm.init(value_length=...))")
+        _claim_keys(kind, node, offset, num_embeddings)
         self.num_embeddings = num_embeddings
         self.embedding_dim = embedding_dim
         self.padding_idx = padding_idx
@@ -113,6 +136,9 @@ class _Table(nn.Module):
         self._mesh = None  # a DeviceMesh while sharded_state_dict() runs
         self._requires_grad = True  # requires_grad_(False) freezes the table
         self._init_rows(init, float(scale), _int(seed, f"{kind}: seed", low=0))
+        live = _LIVE.setdefault(node, [])
+        live[:] = [ref for ref in live if ref() is not None]
+        live.append(weakref.ref(self))
 
     # --- rows --------------------------------------------------------------------------------
 
