@@ -15,9 +15,11 @@ from ._engine import routing
 from ._engine.channels import ChannelEngine, LockedSink
 from ._engine.events import Op, Request
 from ._engine.loop import EngineLoop
+from ._engine.state import COUNTERS as _ENGINE_COUNTERS
 from ._engine.state import NodeState
 from ._store import OWNER, Store
 from ._wire import auth, rendezvous
+from ._wire.traffic import Traffic
 from ._wire.zmq_transport import Transport
 from .args import as_timeout
 from .config import Config, remove_secret_from_env, unapplied_env, under_launcher
@@ -28,6 +30,8 @@ from .worker import Worker
 # Pause between two attempts to write a checkpoint's shards (keys were still on their way
 # between nodes): an idle engine sends what it holds for a peer within its idle poll (50 ms).
 _SETTLE_PAUSE_S = 0.05
+# A transport's counters, by name (stats() shows them on one node too, at 0).
+_TRAFFIC_NAMES = tuple(Traffic().snapshot())
 
 _active_lock = threading.Lock()
 _active: Optional["Node"] = None
@@ -291,6 +295,9 @@ class Node:
         for transport in self.transports:  # every channel's
             for name, value in transport.traffic.snapshot().items():
                 totals[name] = totals.get(name, 0) + value
+        # The same keys on one node (no transport, no engine) as on many, from the start.
+        totals.update({name: 0 for name in (*_TRAFFIC_NAMES, *_ENGINE_COUNTERS)
+                       if name not in totals})
         totals.update({"relocations_in": 0, "relocations_out": 0, "replica_setups": 0,
                        "replica_drops": 0, "rounds": 0, "empty_rounds": 0,
                        "mean_round_ms": 0.0, "engine_cpu_s": 0.0, "dropped_messages": 0})

@@ -467,6 +467,12 @@ def test_stats_count_remote_keys_and_traffic():
     assert s1["bytes_received_push"] == s0["bytes_sent_push"]
     assert s1["bytes_sent_pull_resp"] == s0["bytes_received_pull_resp"]
     # Totals add up over kinds.
+    # The same keys on every node from the start, and on one node: a script that reads
+    # stats()["messages_sent_sync"] or ["wire_messages_sent"] works on any number of nodes (one
+    # node lacked 39 of them, and a counter of a kind appeared once that kind was sent).
+    ((one_before, one),) = cluster(_stats_job, 1, num_keys=10, value_length=4)
+    assert set(before0) == set(s0) == set(before1) == set(s1) == set(one_before) == set(one)
+    assert one["wire_messages_sent"] == one["messages_sent_sync"] == one["awaited_keys"] == 0
     for s in (s0, s1):
         kinds = [k for k in s if k.startswith("messages_sent_")]
         assert s["messages_sent"] == sum(s[k] for k in kinds)

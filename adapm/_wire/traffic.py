@@ -8,8 +8,14 @@ any thread (a copy of plain ints).
 
 from __future__ import annotations
 
+from .protocol import Kind
+
 _TOTALS = {d: (f"wire_messages_{d}", f"messages_{d}", f"bytes_{d}") for d in ("sent", "received")}
 _NAMES: dict = {}  # (direction, kind) -> per-kind counter names
+# The kinds nodes send each other (the rendezvous's are its own socket's): their per-kind
+# counters exist from the start, at 0, so that stats() has the same keys on any number of nodes
+# and at any time.
+_NODE_KINDS = tuple(kind for kind in Kind if kind < Kind.HELLO)
 
 
 class Traffic:
@@ -23,7 +29,9 @@ class Traffic:
                          "bytes_received": 0, "wire_messages_sent": 0,
                          "wire_messages_received": 0, "dropped_forged_messages": 0,
                          "dropped_malformed_messages": 0, "refused_handshakes": 0}
-        self.by_kind: dict[str, int] = {}
+        self.by_kind: dict[str, int] = {
+            f"{what}_{d}_{kind.name.lower()}": 0
+            for kind in _NODE_KINDS for d in ("sent", "received") for what in ("messages", "bytes")}
         # Counters kept elsewhere and added in (the native I/O's fast path: ZmqIO.counters).
         self.extra = None
 
