@@ -71,11 +71,23 @@ def test_names_are_arbitrary_strings(tmp_path):
     assert kg.entities == ["/m/0ä", "  spaced  "]
 
 
+def test_blank_lines_and_a_commented_header_are_skipped(tmp_path):
+    """A trailing blank line, blank lines between triples and '#' lines before the first triple
+    (a header written as a comment) are not triples: skipped (a blank line was an error, and
+    a header '# head<TAB>relation<TAB>tail' was trained as a triple)."""
+    root = make_dataset(tmp_path, train="# head\trelation\ttail\n#\n\na\tr\tb\n\nb\tr\ta\n\n\n",
+                        valid="a\tr\tb\n\n", test="\nb\tr\ta\n")
+    kg = load(root)
+    assert kg.entities == ["a", "b"] and kg.relations == ["r"]
+    np.testing.assert_array_equal(kg.train, [[0, 0, 1], [1, 0, 0]])
+    np.testing.assert_array_equal(kg.valid, [[0, 0, 1]])
+
+
 @pytest.mark.parametrize("files, where, words", [
     (dict(train="a\tr\tb\nc\tr\n"), "train.txt:2", ["3 tab-separated columns, got 2", "'c\\tr'"]),
     (dict(train="a\tr\tb\tx\n"), "train.txt:1", ["got 4"]),
-    (dict(valid="a\tr\tb\n\na\tr\tb\n"), "valid.txt:2", ["empty line"]),
-    (dict(test="b\tr\ta\n\n"), "test.txt:2", ["empty line"]),
+    (dict(valid="a\tr\tb\n\na\tr\tb\nc\tr\n"), "valid.txt:4", ["got 2"]),  # after a blank
+    (dict(test="# h\tr\tt\n\nb\tr\ta\n#x\tr\tb\n"), "test.txt:4", ["head", "'#x'"]),
     (dict(train="a\tr\tb\n a r b\n"), "train.txt:2", ["got 1"]),
     (dict(train="a\tr\tb\nc\t\tb\n"), "train.txt:2", ["empty relation"]),
     (dict(test="b\tr\ta\nb\tr\tnew_one\n"), "test.txt:2",

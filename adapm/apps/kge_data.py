@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import math
 from dataclasses import dataclass
+from collections.abc import Sequence
 from itertools import repeat
 from pathlib import Path
 
@@ -85,21 +86,22 @@ def load(directory) -> KG:
         raise DataError(f"{root}: {what} (expected train.txt, valid.txt, test.txt in it)")
 
     path = root / "train.txt"
-    ents, rels = _read_triples(path)
+    ents, rels, numbers = _read_triples(path)
     # dict.fromkeys keeps first-appearance order; ents interleaves (head, tail) per line.
     entities = list(dict.fromkeys(ents))
     relations = list(dict.fromkeys(rels))
     ent_id = dict(zip(entities, range(len(entities))))
     rel_id = dict(zip(relations, range(len(relations))))
-    splits = {"train": _to_ids(path, ents, rels, ent_id, rel_id)}
+    splits = {"train": _to_ids(path, ents, rels, numbers, ent_id, rel_id)}
     for split in SPLITS[1:]:
         path = root / f"{split}.txt"
         splits[split] = _to_ids(path, *_read_triples(path), ent_id, rel_id)
     return KG(entities, relations, **splits)
 
 
-def _read_triples(path: Path) -> tuple[list[str], list[str]]:
-    """The names of a triple file: (heads and tails interleaved per line, relations)."""
+def _read_triples(path: Path) -> tuple[list[str], list[str], Sequence[int]]:
+    """The names of a triple file: (heads and tails interleaved per line, relations, each
+    triple's line number in the file)."""
     try:
         raw = path.read_bytes()
     except FileNotFoundError:
@@ -117,31 +119,42 @@ def _read_triples(path: Path) -> tuple[list[str], list[str]]:
         text = text[:-1]
     if text.endswith("\n"):
         text = text[:-1]
-    if not text:
+    lines = text.split("\n")
+    # Empty lines (a file's trailing ones) and '#' lines before the first triple (a header
+    # written as a comment; later, '#' may start an entity's name) are skipped; ``number``
+    # keeps each kept line's number in the file for the errors.
+    head = 0
+    while head < len(lines) and (not lines[head] or lines[head][0] == "#"):
+        head += 1
+    number = range(1, len(lines) + 1)  # no list of a million ints for a file without any
+    if head or "" in lines:
+        number = [i for i, line in enumerate(lines[head:], head + 1) if line]
+        lines = [lines[i - 1] for i in number]
+        text = "\n".join(lines)
+    if not lines or not text:
         raise DataError(f"{path}: empty file (needs at least one triple)")
 
-    lines = text.split("\n")
     tabs = np.fromiter(map(str.count, lines, repeat("\t")), np.int64, len(lines))
     bad = np.flatnonzero(tabs != 2)
     if len(bad):
         i = int(bad[0])
-        if not lines[i]:
-            raise DataError(f"{path}:{i + 1}: empty line")
-        raise DataError(f"{path}:{i + 1}: expected 3 tab-separated columns, got {tabs[i] + 1}: "
-                        f"{_show(lines[i])}")
+        raise DataError(f"{path}:{number[i]}: expected 3 tab-separated columns, got "
+                        f"{tabs[i] + 1}: {_show(lines[i])}")
 
     fields = text.replace("\n", "\t").split("\t")  # 3 per line: h, r, t, h, r, t, ...
     if "" in fields:
         i = fields.index("")
-        raise DataError(f"{path}:{i // 3 + 1}: empty {_COLUMNS[i % 3]} name: "
+        raise DataError(f"{path}:{number[i // 3]}: empty {_COLUMNS[i % 3]} name: "
                         f"{_show(lines[i // 3])}")
     rels = fields[1::3]
     del fields[1::3]  # leaves h, t, h, t, ...
-    return fields, rels
+    return fields, rels, number
 
 
-def _to_ids(path: Path, ents: list[str], rels: list[str], ent_id: dict, rel_id: dict):
-    """(n, 3) int64 ids of a file's names; a name unknown to ``*_id`` is a DataError."""
+def _to_ids(path: Path, ents: list[str], rels: list[str], numbers: list[int], ent_id: dict,
+            rel_id: dict):
+    """(n, 3) int64 ids of a file's names; a name unknown to ``*_id`` is a DataError naming its
+    line (``numbers``: each triple's line in the file)."""
     n = len(rels)
     e = np.fromiter(map(ent_id.get, ents, repeat(-1)), np.int64, len(ents))
     r = np.fromiter(map(rel_id.get, rels, repeat(-1)), np.int64, n)
@@ -156,7 +169,7 @@ def _to_ids(path: Path, ents: list[str], rels: list[str], ent_id: dict, rel_id: 
             what, name, line = ("head" if i % 2 == 0 else "tail"), ents[i], i // 2
         else:
             what, name, line = "relation", rels[int(bad_r[0])], int(line_r)
-        raise DataError(f"{path}:{line + 1}: {what} {_show(name)} does not occur in "
+        raise DataError(f"{path}:{numbers[line]}: {what} {_show(name)} does not occur in "
                         f"train.txt")
     out = np.empty((n, 3), np.int64)
     out[:, 0] = e[0::2]
