@@ -160,6 +160,22 @@ def test_gensim_reads_the_export(trained):
 
 
 
+
+def test_a_corpus_in_another_encoding_exports_its_bytes_and_says_so(tmp_path):
+    """A Latin-1 corpus: its words are exported as its bytes (gensim's default UTF-8 reading
+    failed with a UnicodeDecodeError, and nothing said why); a line on stderr says so and how
+    gensim reads them, and that way gensim gets the words back."""
+    import gensim  # a dev dependency
+    corpus = tmp_path / "latin1.txt"
+    corpus.write_bytes(("café naïve Zürich plain " * 10 + "\n").encode("latin-1") * 200)
+    proc = run([PY, "-m", "adapm.apps.wv", "--corpus", str(corpus), "--dim", "8", "--epochs",
+                "1", "--progress", "off", "--export", str(tmp_path / "ex")])
+    assert "3 of 4 words are not UTF-8" in proc.stderr, proc.stderr
+    assert "encoding='latin-1'" in proc.stderr
+    kv = gensim.models.KeyedVectors.load_word2vec_format(str(tmp_path / "ex" / "vectors.bin"),
+                                                         binary=True, encoding="latin-1")
+    assert sorted(kv.index_to_key) == sorted(["café", "naïve", "Zürich", "plain"])
+
 @pytest.mark.parametrize("optimizer,half_width", [("sgd", 1.0), ("adagrad", 0.5)])
 def test_initial_vectors_as_gensim_draws_them(data, optimizer, half_width):
     """With SGD (the default) the input vectors start as gensim 4's, uniform in [-1, 1) / dim

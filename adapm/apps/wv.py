@@ -515,6 +515,13 @@ def write_word2vec(directory: str, words: list[str], vectors: np.ndarray) -> Non
 
     write_atomically(os.path.join(directory, "vectors.txt"), text)
     write_atomically(os.path.join(directory, "vectors.bin"), binary)
+    # A word read from bytes that are not UTF-8 holds surrogates (see wv_data.read_corpus).
+    foreign = sum(not w.isascii() and any("\udc80" <= c <= "\udcff" for c in w) for w in words)
+    if foreign:  # the corpus's bytes, as they were: gensim reads UTF-8 unless told otherwise
+        print(f"{directory}: {foreign} of {count} words are not UTF-8 (the corpus is in another "
+              f"encoding?); they are exported as the corpus's bytes: read them with gensim's "
+              f"load_word2vec_format(..., encoding='latin-1') or the corpus's encoding",
+              file=sys.stderr, flush=True)
 
 
 def parser() -> argparse.ArgumentParser:
