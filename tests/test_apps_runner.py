@@ -252,7 +252,7 @@ def test_a_peer_that_dies_mid_run_is_one_line_naming_it(tmp_path):
     err = peer_dies_mid_run([PY, "-m", "adapm.apps.kge", "--data", str(data), "--dim", "8",
                              "--eval-max", "0", "--progress", "off", "--epochs", "100000"],
                             "peer-dies")
-    assert err.startswith("error: rank 0: rank 1 failed"), err
+    assert err.startswith("python -m adapm.apps.kge: error: rank 0: rank 1 failed"), err
 
 
 def test_an_app_run_in_process_gives_the_callers_sigint_handler_back(tmp_path, no_launcher):

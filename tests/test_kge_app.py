@@ -22,6 +22,8 @@ EPOCHS = 5
 TRAIN_FLAGS = ["--dim", "32", "--epochs", str(EPOCHS), "--eval-max", "0", "--progress", "off"]
 DOCUMENTED = {"epoch", "train_seconds", "points_per_s", "loss", "mrr", "mr", "hits@1", "hits@3",
               "hits@10", "stats"}
+# How the app starts its one-line errors (as its argument parser does).
+ERROR = r"^python -m adapm\.apps\.kge: error: "
 
 
 
@@ -244,7 +246,7 @@ def test_a_resume_with_another_dim_is_one_line(kg_dir, tmp_path):
          "--checkpoint-dir", ckpt, "--progress", "off"])
     proc = run([PY, "-m", "adapm.apps.kge", "--data", str(kg_dir), "--epochs", "2", "--dim",
                 "16", "--checkpoint-dir", ckpt, "--resume", "--progress", "off"], expect=2)
-    _one_line_error(proc, r"^error: checkpoint .*")
+    _one_line_error(proc, ERROR + r"checkpoint .*")
 
 
 def test_a_resume_on_other_data_is_one_line(kg_dir, tmp_path):
@@ -258,7 +260,7 @@ def test_a_resume_on_other_data_is_one_line(kg_dir, tmp_path):
     run([PY, "-m", "adapm.apps.kge", "generate", str(small), "--triples", "600", "--seed", "9"])
     proc = run([*base, "--data", str(small), "--epochs", "2", "--checkpoint-dir", ckpt,
                 "--resume"], expect=2)
-    _one_line_error(proc, r"^error: checkpoint .* holds a model of \d+ keys, this run's has")
+    _one_line_error(proc, ERROR + r"checkpoint .* holds a model of \d+ keys, this run's has")
     # the same entities and relations, other triples: the data's content differs
     other = tmp_path / "other"
     shutil.copytree(kg_dir, other)
@@ -266,7 +268,7 @@ def test_a_resume_on_other_data_is_one_line(kg_dir, tmp_path):
     (other / "train.txt").write_text("\n".join(lines[:-1]) + "\n")
     proc = run([*base, "--data", str(other), "--epochs", "2", "--checkpoint-dir", ckpt,
                 "--resume"], expect=2)
-    _one_line_error(proc, r"^error: checkpoint .* was trained on other data \(the files of "
+    _one_line_error(proc, ERROR + r"checkpoint .* was trained on other data \(the files of "
                           r"--data differ")
     # a directory that is no checkpoint: before the first epoch
     busy = tmp_path / "busy"
@@ -290,7 +292,7 @@ def test_a_half_set_launcher_environment_is_one_line(kg_dir):
     """A configuration error (the launcher's environment, not a flag): one line, no usage."""
     proc = run([PY, "-m", "adapm.apps.kge", "--data", str(kg_dir)], expect=2,
                env={"ADAPM_RANK": "0"})
-    _one_line_error(proc, r"^python -m adapm.apps.kge: error: .*ADAPM_RANK is set but "
+    _one_line_error(proc, ERROR + r".*ADAPM_RANK is set but "
                           r"ADAPM_WORLD_SIZE is not")
 
 
@@ -304,4 +306,4 @@ def test_a_taken_rendezvous_port_is_one_line(kg_dir):
         proc = run([PY, "-m", "adapm.apps.kge", "--data", str(kg_dir), "--epochs", "1"],
                    expect=2, env={"ADAPM_RANK": "0", "ADAPM_WORLD_SIZE": "2",
                                   "ADAPM_RENDEZVOUS": f"127.0.0.1:{port}"})
-    _one_line_error(proc, r"^error: rank 0: cannot host the rendezvous at .*port taken")
+    _one_line_error(proc, ERROR + r"rank 0: cannot host the rendezvous at .*port taken")

@@ -301,7 +301,7 @@ def _run_node(task: Task, opts: argparse.Namespace, out) -> list[dict]:
         # errors, not a traceback (ADAPM_DEBUG=1 shows the traceback).
         if adapm.config.debug():
             raise
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"{_prog(task)}: error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
     try:
         records = _train(task, opts, node, out, resume)
@@ -315,16 +315,22 @@ def _run_node(task: Task, opts: argparse.Namespace, out) -> list[dict]:
         # as the apps' own data errors: one line, exit 2 (a checkpoint that turned out
         # damaged when read, or cannot be written: the user's to fix)
         if isinstance(exc, (DataError, CheckpointError)):
-            print(f"error: {exc}", file=sys.stderr)
+            print(f"{_prog(task)}: error: {exc}", file=sys.stderr)
             raise SystemExit(2) from None
         # A node that failed or stopped answering: the error names the rank and what was
         # awaited; each rank's 40-line traceback through the app's frames adds nothing.
         if isinstance(exc, RUN_FAILURES) and not adapm.config.debug():
-            print(f"error: {exc} (ADAPM_DEBUG=1 shows the traceback)", file=sys.stderr)
+            print(f"{_prog(task)}: error: {exc} (ADAPM_DEBUG=1 shows the traceback)",
+                  file=sys.stderr)
             raise SystemExit(1) from None
         raise
     node.shutdown()
     return records
+
+
+def _prog(task: Task) -> str:
+    """The app's command, as its argument parser names it in its errors."""
+    return f"python -m adapm.apps.{task.name}"
 
 
 # Errors of a run's start that are the user's to fix (configuration, launcher, checkpoint,
