@@ -542,7 +542,7 @@ def _emit(record: dict, opts) -> None:
                f"val acc {_accuracy(record['val_acc'])}, "
                f"test acc {_accuracy(record['test_acc'])}")
     if "remote_share" in record:
-        summary += f", remote accesses {100 * record['remote_share']:.3f}%"
+        summary += f", remote accesses {100 * record['remote_share']:.4f}%"
     if opts.json == "-":
         print(line, flush=True)
         print(summary, file=sys.stderr, flush=True)
