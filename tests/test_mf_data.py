@@ -344,8 +344,8 @@ def test_a_delimiter_leaves_matrix_market_files_alone(tmp_path):
 
 
 @pytest.mark.parametrize("delimiter, text, expected", [
-    (";", "userId;movieId;rating\n10;7;4.5\n3;x;1\n",
-     ":3: expected 'row;column;value' (two integer labels and a finite number), got '3;x;1'"),
+    (";", "userId;movieId;rating\n10;7;4.5\n3;7;x\n",
+     ":3: expected 'row;column;value' (two labels and a finite number), got '3;7;x'"),
     (";", "userId,movieId,rating\n10;7;4.5\n",
      ":1: a header line needs three fields (row, column, value) separated by ';'"),
     ("::", "10::7::4.5\n3::7::1\t5\n", ":2: a tab in a file read with --delimiter '::'"),
@@ -360,21 +360,38 @@ def test_bad_tables_name_the_file_and_the_line(tmp_path, delimiter, text, expect
     assert msg.startswith(f"{path}{expected}"), msg
 
 
-@pytest.mark.parametrize("label", ["0345417623", "+345417623", "-0", "007", "-012"])
+@pytest.mark.parametrize("label", ["0345417623", "+345417623", "-0", "007", "A2XYZ", "B00 1"])
 @pytest.mark.parametrize("column", [0, 1])
-def test_labels_written_with_a_leading_zero_or_sign_are_refused(tmp_path, label, column):
-    """'0345417623' and '345417623' (an ISBN and its integer) were read as one item, silently;
-    now such a label is refused, naming the line and the label. Plain labels, 0 and negative
-    ones included, read as before."""
+def test_labels_that_are_not_plain_integers_are_text(tmp_path, label, column):
+    """An ISBN's '0345417623' was read as the integer 345417623, one item with '345417623'
+    (silently); ids such as 'A2XYZ' were refused. A table whose labels are not all plain
+    integers is read with its labels as text: each spelling its own row or column, exported
+    as written; every file of the run then as text (a plain integer's text is itself)."""
     fields = ["5", "8"]
     fields[column] = label
-    path = write(tmp_path, f"u,i,r\n0,-3,1\n{','.join(fields)},2\n", "ratings.csv")
-    msg = error_of(read_matrix, path)
-    assert msg.startswith(f"{path}:3: label {label!r} is an integer written with a leading "
-                          f"zero or a sign"), msg
-    assert repr(str(int(label))) in msg
-    m = read_matrix(write(tmp_path, "u,i,r\n0,-3,1\n-7,10,2\n", "plain.csv"))
-    assert (m.rows.tolist(), m.cols.tolist()) == ([0, -7], [-3, 10])
+    plain = "5" if column == 0 else "8"
+    train = write(tmp_path, f"u,i,r\n0,-3,1\n{','.join(fields)},2\n{plain},{plain},3\n",
+                  "train.csv")
+    m = read_matrix(train)
+    assert m.row_labels.dtype.kind == m.col_labels.dtype.kind == "U"
+    assert m.vals.tolist() == [1.0, 2.0, 3.0]
+    assert label in (m.row_labels if column == 0 else m.col_labels).tolist()
+    test = write(tmp_path, "u,i,r\n0,-3,4\n5,8,5\n", "test.csv")  # plain integers only
+    assert read_matrix(test).row_labels.dtype.kind == "i"  # the native path
+    tr, te = mf_data.read_files(train, test)
+    labels = (tr.row_labels if column == 0 else tr.col_labels).tolist()
+    assert label in labels and plain in labels and len(set(labels)) == len(labels)
+    # the test file's 0 and -3 are the train file's: one row and one column
+    assert (te.rows[0], te.cols[0]) == (tr.rows[0], tr.cols[0])
+    assert tr.row_labels[tr.rows].tolist() == ["0", *(
+        [label, plain] if column == 0 else ["5", plain])]
+
+
+def test_a_text_table_with_a_bad_line_names_it(tmp_path):
+    msg = error_of(read_matrix, write(tmp_path, "u;i;r\nA;B;1\nC;D\n", "t.csv"), delimiter=";")
+    assert ":3: expected 'row;column;value' (two labels and a finite number), got 'C;D'" in msg
+    msg = error_of(read_matrix, write(tmp_path, "u,i,r\nA,B,1\nC,D,1e999\n", "big.csv"))
+    assert ":3: expected" in msg
 
 
 def test_fields_past_the_third_may_be_long(tmp_path):

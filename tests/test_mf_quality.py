@@ -159,8 +159,8 @@ def test_a_ratings_table_with_a_header(noisy, tmp_path, sep):
 
 
 @pytest.mark.parametrize("train,test,expected", [
-    ("userId,movieId,rating\n1,2,4\n2,x,3\n", "userId,movieId,rating\n1,2,4\n",
-     "train.csv:3: expected 'row,column,value'"),
+    ("userId,movieId,rating\n1,2,4\n2,x,y\n", "userId,movieId,rating\n1,2,4\n",
+     "train.csv:3: expected 'row,column,value' (two labels and a finite number)"),
     ("userId,movieId,rating\n1,2,4\n1,2\n", "userId,movieId,rating\n1,2,4\n",
      "train.csv:3: expected"),
     ("userId,movieId,rating\n1,2,4\n", "userId,movieId,rating\n1,2,nan\n",

@@ -30,6 +30,7 @@ are drawn in one piece, so memory grows with the entries: 100M entries peaked at
 from __future__ import annotations
 
 import argparse
+import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -129,6 +130,7 @@ def read_matrix(path, shape: tuple[int, int] | None = None,
             delimiter = None
         else:
             delimiter, line_base = _table_header(path, f, delimiter)
+        header_lines = line_base
         # The native parser splits tables at a comma or a tab; another delimiter becomes a tab
         # first (one bytes.replace per block), in a file that must then hold no tab itself.
         sep = delimiter if delimiter in (None, ",", "\t") else "\t"
@@ -162,19 +164,13 @@ def read_matrix(path, shape: tuple[int, int] | None = None,
                 shown = "<TAB>" if delimiter == "\t" else delimiter
                 expected = ("'row col value' (two integers and a finite number)"
                             if delimiter is None else
-                            f"'row{shown}column{shown}value' (two integer labels and a finite "
-                            f"number)")
+                            f"'row{shown}column{shown}value' (two labels and a finite number)")
                 bad = _line(text, -got)
                 hint = (" (a comma-separated file needs a header line, e.g. "
                         "'userId,movieId,rating', or --delimiter ,)"
                         if delimiter is None and "," in bad else "")
-                label = _padded_label(bad, delimiter)
-                if label is not None:
-                    raise DataError(
-                        f"{path}:{line_base - got}: label {label!r} is an integer written with "
-                        f"a leading zero or a sign: labels are read as integers, so it would "
-                        f"be one item with {str(int(label))!r}; write the labels as plain "
-                        f"integers (or map them to 0, 1, 2, ...)")
+                if delimiter is not None and _text_labels(bad, delimiter):
+                    return _read_text_table(path, delimiter, start, header_lines)
                 raise DataError(f"{path}:{line_base - got}: expected {expected}, got "
                                 f"'{bad}'{hint}")
             parts.append((rows[:got].copy(), cols[:got].copy(), vals[:got].copy(),
@@ -265,15 +261,58 @@ def _table_header(path, f, delimiter: Optional[str]) -> tuple[Optional[str], int
                     f"'{_shorten(text)}'")
 
 
-def _padded_label(line: str, delimiter: Optional[str]) -> Optional[str]:
-    """The row or column label of a table's line that is an integer not written plainly (a
-    leading zero, a '+', '-0'), if one is."""
-    if delimiter is None:
+def _fields(line: str, delimiter: str) -> list[str]:
+    return line.split() if delimiter == " " else [f.strip() for f in line.split(delimiter)]
+
+
+def _text_labels(line: str, delimiter: str) -> bool:
+    """Whether a table's line that the native parser refused holds an entry after all, with
+    labels that are not plain integers: text such as 'A2XYZ', or an ISBN's '0345417623'
+    (which as an integer would be one item with '345417623')."""
+    fields = _fields(line, delimiter)
+    return (len(fields) >= 3 and all(fields[:2]) and _finite32(fields[2]) is not None
+            and not all(re.fullmatch(r"0|-?[1-9]\d*", f) for f in fields[:2]))
+
+
+def _finite32(text: str) -> Optional[float]:
+    """The number ``text`` holds if it is one that float32 holds finitely, else None."""
+    try:
+        value = float(text)
+    except ValueError:
         return None
-    for label in (f.strip() for f in line.split(delimiter)[:2]):
-        if re.fullmatch(r"[+-]?\d+", label) and label != str(int(label)):
-            return label
-    return None
+    return value if math.isfinite(value) and abs(value) <= _FLOAT32_MAX else None
+
+
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
+def _read_text_table(path, delimiter: str, start: int, header_lines: int) -> Matrix:
+    """A table whose labels are not all plain integers, read in Python with its labels as text
+    (the native parser takes tables of integer labels, much faster). ``start``: the bytes of a
+    byte order mark; ``header_lines``: 0 or 1."""
+    data = Path(path).read_bytes()[start:]
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise DataError(f"{path}:{line}: not valid UTF-8") from None
+    shown = "<TAB>" if delimiter == "\t" else delimiter
+    rows, cols, vals = [], [], []
+    for number, line in enumerate(text.split("\n"), 1):
+        if number <= header_lines or not line.strip():
+            continue
+        fields = _fields(line, delimiter)
+        value = _finite32(fields[2]) if len(fields) >= 3 and all(fields[:2]) else None
+        if value is None:
+            raise DataError(f"{path}:{number}: expected 'row{shown}column{shown}value' (two "
+                            f"labels and a finite number), got '{line.strip()[:80]}'")
+        rows.append(fields[0])
+        cols.append(fields[1])
+        vals.append(value)
+    if not rows:
+        raise DataError(f"{path}: no entries")
+    rows, cols = np.array(rows), np.array(cols)
+    return Matrix(rows, cols, np.array(vals, np.float32), 0, 0, np.unique(rows), np.unique(cols))
 
 
 def _line(text: bytes, number: int) -> str:
@@ -300,6 +339,9 @@ def read_files(train_path, *others, delimiter: Optional[str] = None) -> list[Mat
             raise DataError(f"{bad}: not a table (no header line, or MatrixMarket), while "
                             f"{paths[labelled.index(True)]} is one (give every file in one "
                             f"format)")
+        if any(m.row_labels.dtype.kind == "U" or m.col_labels.dtype.kind == "U"
+               for m in matrices):  # text labels in one file: all as text (a plain integer's
+            matrices = [_as_text(m) for m in matrices]  # text is its decimal form)
         row_labels = np.unique(np.concatenate([m.row_labels for m in matrices]))
         col_labels = np.unique(np.concatenate([m.col_labels for m in matrices]))
         return [Matrix(np.searchsorted(row_labels, m.rows), np.searchsorted(col_labels, m.cols),
@@ -311,6 +353,11 @@ def read_files(train_path, *others, delimiter: Optional[str] = None) -> list[Mat
             raise DataError(f"{path}: its shape {m.num_rows} x {m.num_cols} differs from the "
                             f"other file's")
     return [Matrix(m.rows, m.cols, m.vals, *shape) for m in matrices]
+
+
+def _as_text(m: Matrix) -> Matrix:
+    return Matrix(m.rows.astype(str), m.cols.astype(str), m.vals, 0, 0,
+                  m.row_labels.astype(str), m.col_labels.astype(str))
 
 
 def _is_market(path) -> bool:

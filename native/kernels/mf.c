@@ -221,7 +221,7 @@ static int parse_separated(const char *s, char sep, int64_t *row, int64_t *col, 
         errno = 0;
         if (f < 2) {
             /* A label is a plain integer: '0345' or '+345' would read as 345, one item with
-             * '345' (the caller names the reason). */
+             * '345' (the caller reads a table with such labels with its labels as text). */
             const char *digits = buf + (buf[0] == '-');
             if (!(digits[0] >= '0' && digits[0] <= '9') ||
                 (digits[0] == '0' && (digits[1] || digits != buf)))
