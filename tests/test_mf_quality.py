@@ -169,6 +169,10 @@ def test_a_ratings_table_with_a_header(noisy, tmp_path, sep):
      "train.csv:1: a header line needs three fields"),
     ("userId,movieId,rating\n1,2,4\n", "0\t0\t1.5\n",
      "test.csv: not a table (no header line, or MatrixMarket), while"),
+    ("196\t242\t3\t881250949\n", "1\t2\t4\t881250950\n",
+     "train.csv:1: expected 'row col value' (two integers and a finite number), got "
+     "'196\t242\t3\t881250949' (a table with more columns, such as MovieLens' u.data with its "
+     "timestamps, needs a header line or --delimiter tab)"),
     ("1,2,4\n2,3,5\n", "1,2,4\n",
      "train.csv:1: expected 'row col value' (two integers and a finite number), got "
      "'1,2,4' (a comma-separated file needs a header line"),

@@ -166,9 +166,13 @@ def read_matrix(path, shape: tuple[int, int] | None = None,
                             if delimiter is None else
                             f"'row{shown}column{shown}value' (two labels and a finite number)")
                 bad = _line(text, -got)
-                hint = (" (a comma-separated file needs a header line, e.g. "
-                        "'userId,movieId,rating', or --delimiter ,)"
-                        if delimiter is None and "," in bad else "")
+                hint = ""
+                if delimiter is None and "," in bad:
+                    hint = (" (a comma-separated file needs a header line, e.g. "
+                            "'userId,movieId,rating', or --delimiter ,)")
+                elif delimiter is None and not market and len(bad.split()) > 3:
+                    hint = (" (a table with more columns, such as MovieLens' u.data with its "
+                            "timestamps, needs a header line or --delimiter tab)")
                 if delimiter is not None and _text_labels(bad, delimiter):
                     return _read_text_table(path, delimiter, start, header_lines)
                 raise DataError(f"{path}:{line_base - got}: expected {expected}, got "
