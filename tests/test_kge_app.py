@@ -179,7 +179,8 @@ def _write(directory: Path, train: str, valid="a\tr\tb\n", test="a\tr\tb\n") -> 
 
 @pytest.mark.parametrize("case, files, expected", [
     ("columns", dict(train="a\tr\tb\na\tr\n"), "train.txt:2:"),
-    ("unseen", dict(train="a\tr\tb\n", valid="a\tr\tb\nzz\tr\tb\n"), "valid.txt:2:.*zz"),
+    ("unseen", dict(train="a\tr\tb\n", valid="zz\tr\tb\n"),
+     "valid.txt: none of its 1 triples has its entities and relations in train.txt.*zz"),
     ("empty", dict(train="a\tr\tb\n", test=""), "test.txt"),
     ("missing", dict(train="a\tr\tb\n", valid=None), "valid.txt"),
 ])
@@ -307,3 +308,18 @@ def test_a_taken_rendezvous_port_is_one_line(kg_dir):
                    expect=2, env={"ADAPM_RANK": "0", "ADAPM_WORLD_SIZE": "2",
                                   "ADAPM_RENDEZVOUS": f"127.0.0.1:{port}"})
     _one_line_error(proc, ERROR + r"rank 0: cannot host the rendezvous at .*port taken")
+
+
+def test_test_triples_of_unknown_entities_are_left_out_with_one_notice(kg_dir, tmp_path):
+    """A test split naming an entity train.txt lacks (as WN18RR's does): the run goes on
+    without that triple, and rank 0 alone says so on stderr (the dataset was refused)."""
+    data = tmp_path / "kg"
+    shutil.copytree(kg_dir, data)
+    with open(data / "test.txt", "a") as f:
+        f.write("never_trained\tr0\tnever_either\n")
+    proc = run([*LAUNCHER, "-n", "2", PY, "-m", "adapm.apps.kge", "--data", str(data),
+                "--dim", "8", "--epochs", "1", "--eval-max", "0", "--progress", "off"])
+    notice = (f"{data / 'test.txt'}: 1 triples left out of the evaluation: their entities or "
+              f"relations are not in train.txt")
+    assert proc.stderr.count(notice) == 1, proc.stderr
+

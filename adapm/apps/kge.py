@@ -428,6 +428,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     except kge_data.DataError as exc:
         print(f"{p.prog}: error: {exc}", file=sys.stderr)
         return 2
+    if runner.lead_rank():
+        for split, (count, line, what, name) in kg.left_out.items():
+            print(f"{os.path.join(opts.data, split + '.txt')}: {count} triples left out of the "
+                  f"evaluation: their entities or relations are not in train.txt (the first: "
+                  f"line {line}, {what} {name!r})", file=sys.stderr, flush=True)
     runner.run(KGETask(kg, opts), opts)
     return 0
 

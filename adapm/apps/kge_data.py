@@ -3,12 +3,14 @@
 Dataset layout (the one PyKEEN, LibKGE and OpenKE use): a directory with ``train.txt``,
 ``valid.txt`` and ``test.txt``; each line is ``head<TAB>relation<TAB>tail``, where names are
 arbitrary non-empty strings without tabs or newlines. Files are UTF-8 (a BOM is skipped),
-``\\r\\n`` line ends are accepted and the final newline is optional; any other empty line is an
-error. Every file must hold at least one triple.
+``\\r\\n`` line ends are accepted; empty lines, and ``#`` lines before the first triple (a header
+written as a comment), are skipped. Every file must hold at least one triple.
 
 Ids: entities and relations are numbered in order of first appearance in ``train.txt`` (the head
-before the tail on a line), so the numbering depends only on train.txt. Entities and relations of
-valid.txt/test.txt must occur in train.txt. Duplicate lines are kept as they are.
+before the tail on a line), so the numbering depends only on train.txt. A triple of
+valid.txt/test.txt with an entity or relation that train.txt lacks cannot be scored: it is left
+out and counted (``KG.left_out``), as PyKEEN and LibKGE do (WN18RR's test split has such
+triples); a split left with none is an error. Duplicate lines are kept as they are.
 
 Bad files raise :class:`DataError` naming the file, the 1-based line number and the offending
 text; bad arguments raise :class:`~adapm.errors.InvalidArgument`.
@@ -18,10 +20,11 @@ from __future__ import annotations
 
 import argparse
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from collections.abc import Sequence
 from itertools import repeat
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 
@@ -47,6 +50,9 @@ class KG:
     train: np.ndarray
     valid: np.ndarray
     test: np.ndarray
+    # split -> (triples left out, the first one's line, "head"/"relation"/"tail", its name):
+    # valid/test triples naming what train.txt lacks
+    left_out: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for split in SPLITS:
@@ -92,11 +98,14 @@ def load(directory) -> KG:
     relations = list(dict.fromkeys(rels))
     ent_id = dict(zip(entities, range(len(entities))))
     rel_id = dict(zip(relations, range(len(relations))))
-    splits = {"train": _to_ids(path, ents, rels, numbers, ent_id, rel_id)}
+    splits = {"train": _to_ids(path, ents, rels, numbers, ent_id, rel_id)[0]}
+    left_out = {}
     for split in SPLITS[1:]:
         path = root / f"{split}.txt"
-        splits[split] = _to_ids(path, *_read_triples(path), ent_id, rel_id)
-    return KG(entities, relations, **splits)
+        splits[split], unknown = _to_ids(path, *_read_triples(path), ent_id, rel_id)
+        if unknown is not None:
+            left_out[split] = unknown
+    return KG(entities, relations, **splits, left_out=left_out)
 
 
 def _read_triples(path: Path) -> tuple[list[str], list[str], Sequence[int]]:
@@ -151,31 +160,35 @@ def _read_triples(path: Path) -> tuple[list[str], list[str], Sequence[int]]:
     return fields, rels, number
 
 
-def _to_ids(path: Path, ents: list[str], rels: list[str], numbers: list[int], ent_id: dict,
-            rel_id: dict):
-    """(n, 3) int64 ids of a file's names; a name unknown to ``*_id`` is a DataError naming its
-    line (``numbers``: each triple's line in the file)."""
+def _to_ids(path: Path, ents: list[str], rels: list[str], numbers: Sequence[int], ent_id: dict,
+            rel_id: dict) -> tuple[np.ndarray, Optional[tuple]]:
+    """(n, 3) int64 ids of a file's names, without the triples naming what ``*_id`` lacks
+    (never train.txt's own), and (how many were left out, the first one's line in the file,
+    its column, its name), or None when none was. None left: a DataError naming the first."""
     n = len(rels)
     e = np.fromiter(map(ent_id.get, ents, repeat(-1)), np.int64, len(ents))
     r = np.fromiter(map(rel_id.get, rels, repeat(-1)), np.int64, n)
+    unknown = None
     if (e < 0).any() or (r < 0).any():
-        bad_e = np.flatnonzero(e < 0)
-        bad_r = np.flatnonzero(r < 0)
-        # Report the first offending line of the file, whichever column it is in.
-        line_e = bad_e[0] // 2 if len(bad_e) else n
-        line_r = bad_r[0] if len(bad_r) else n
-        if line_e <= line_r:
-            i = int(bad_e[0])
-            what, name, line = ("head" if i % 2 == 0 else "tail"), ents[i], i // 2
-        else:
-            what, name, line = "relation", rels[int(bad_r[0])], int(line_r)
-        raise DataError(f"{path}:{numbers[line]}: {what} {_show(name)} does not occur in "
-                        f"train.txt")
+        bad = (e[0::2] < 0) | (r < 0) | (e[1::2] < 0)
+        line = int(np.flatnonzero(bad)[0])
+        what, name = next((w, x) for w, x, ok in (("head", ents[2 * line], e[2 * line] >= 0),
+                                                  ("relation", rels[line], r[line] >= 0),
+                                                  ("tail", ents[2 * line + 1],
+                                                   e[2 * line + 1] >= 0)) if not ok)
+        unknown = (int(bad.sum()), numbers[line], what, name)
+        if bad.all():
+            raise DataError(f"{path}: none of its {n} triples has its entities and relations in "
+                            f"train.txt (line {numbers[line]}: {what} {_show(name)})")
+        keep = ~bad
+        e = e.reshape(-1, 2)[keep].reshape(-1)
+        r = r[keep]
+        n = len(r)
     out = np.empty((n, 3), np.int64)
     out[:, 0] = e[0::2]
     out[:, 1] = r
     out[:, 2] = e[1::2]
-    return out
+    return out, unknown
 
 
 def _show(text: str, limit: int = 60) -> str:

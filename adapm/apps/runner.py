@@ -328,6 +328,16 @@ def _run_node(task: Task, opts: argparse.Namespace, out) -> list[dict]:
     return records
 
 
+def lead_rank() -> bool:
+    """Whether this process is rank 0 of its job (or runs alone), before any node starts: for
+    the notices one rank prints. A bad launcher environment counts as rank 0 (the run's start
+    then says what is wrong)."""
+    try:
+        return adapm.Config.from_env(num_keys=1).rank == 0
+    except adapm.AdaPMError:
+        return True
+
+
 def _prog(task: Task) -> str:
     """The app's command, as its argument parser names it in its errors."""
     return f"python -m adapm.apps.{task.name}"
