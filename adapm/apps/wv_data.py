@@ -179,9 +179,9 @@ def read_similarity(path) -> list[tuple[str, str, float]]:
     """Word pairs with a score: [(word1, word2, score), ...]. A line holds two words and a
     score: three tab-separated fields as gensim's ``evaluate_word_pairs`` reads them (an entry
     may then hold spaces), else fields separated by any whitespace; ``#`` lines are comments,
-    and a first line whose score is not a number is a header (WordSim-353's ``Word 1<TAB>Word
-    2<TAB>Human (mean)``)."""
-    pairs, first = [], True
+    and the file's first line is a header if its score is not a number (WordSim-353's ``Word
+    1<TAB>Word 2<TAB>Human (mean)``)."""
+    pairs = []
     for number, line in enumerate(_read_text(path, "similarity"), 1):
         if not line.strip() or line.lstrip().startswith("#"):
             continue
@@ -196,12 +196,10 @@ def read_similarity(path) -> list[tuple[str, str, float]]:
             if not np.isfinite(score):
                 raise ValueError
         except ValueError:
-            if first and len(fields) == 3 and not _is_number(fields[2]):
-                first = False  # the header
-                continue
+            if number == 1 and len(fields) == 3 and not _is_number(fields[2]):
+                continue  # the header
             raise DataError(f"{path}:{number}: expected 'word1 word2 score' with a finite "
                             f"score, got {text[:80]!r}") from None
-        first = False
         pairs.append((fields[0], fields[1], score))
     if not pairs:
         raise DataError(f"{path}: no word pairs")
