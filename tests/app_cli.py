@@ -37,6 +37,14 @@ def records(stdout: str) -> list[dict]:
     return [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
 
 
+def one_line_error(proc, *words) -> None:
+    """A user's mistake told in one line on stderr naming ``words``: no traceback, no output."""
+    assert proc.stderr.count("\n") == 1 and "error: " in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr and not records(proc.stdout), proc.stderr
+    for word in words:
+        assert word in proc.stderr, proc.stderr
+
+
 _COUNTING_JOB = """
 import sys
 from adapm._native_loader import load

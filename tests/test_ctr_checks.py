@@ -11,7 +11,7 @@ import shutil
 import sys
 
 import pytest
-from app_cli import ENV, LAUNCHER, PY, records, run
+from app_cli import ENV, LAUNCHER, PY, one_line_error, records, run
 
 CTR = os.path.join(os.path.dirname(__file__), "..", "examples", "ctr")
 sys.path.insert(0, CTR)
@@ -20,13 +20,6 @@ import criteo  # examples/ctr is not a package: imported from its folder
 TRAIN = [PY, os.path.join(CTR, "train.py")]
 CRITEO = [PY, os.path.join(CTR, "criteo.py")]
 SMALL = ["--progress", "off", "--dim", "4", "--hidden", "16,8", "--batch-size", "64"]
-
-
-def _one_line_error(proc, *words):
-    assert proc.stderr.count("\n") == 1 and "error: " in proc.stderr, proc.stderr
-    assert "Traceback" not in proc.stderr and not records(proc.stdout), proc.stderr
-    for word in words:
-        assert word in proc.stderr, proc.stderr
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +61,7 @@ def test_resume_refuses_another_model_or_other_data(data, checkpoint, flags, wor
     args["--data"] = data.get(args["--data"], args["--data"])
     proc = run([*TRAIN, *[x for pair in args.items() for x in pair], "--checkpoint-dir",
                 checkpoint, "--resume"], timeout=120, expect=2)
-    _one_line_error(proc, *words)
+    one_line_error(proc, *words)
 
 
 def test_the_same_data_resumes(data, checkpoint, tmp_path):

@@ -10,7 +10,7 @@ import sys
 
 import numpy as np
 import pytest
-from app_cli import ENV, LAUNCHER, PY, records, run
+from app_cli import ENV, LAUNCHER, PY, one_line_error, records, run
 
 EXAMPLE = os.path.join(os.path.dirname(__file__), os.pardir, "examples", "gnn")
 sys.path.insert(0, EXAMPLE)
@@ -27,13 +27,6 @@ def _example_main():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module.main
-
-
-def _one_line_error(proc, *words):
-    assert proc.stderr.count("\n") == 1 and "error: " in proc.stderr, proc.stderr
-    assert "Traceback" not in proc.stderr and not records(proc.stdout), proc.stderr
-    for word in words:
-        assert word in proc.stderr, proc.stderr
 
 
 @pytest.fixture(scope="module")
@@ -71,13 +64,13 @@ def test_resume_refuses_a_checkpoint_of_another_graph_or_model(graphs, checkpoin
         args["--graph"] = graphs[args["--graph"]]
     proc = run([PY, TRAIN, *[x for pair in args.items() for x in pair], "--progress", "off",
                 "--checkpoint-dir", checkpoint, "--resume"], timeout=120, expect=2)
-    _one_line_error(proc, *words)
+    one_line_error(proc, *words)
 
 
 def test_resume_from_a_missing_or_damaged_checkpoint_is_one_line(graphs, checkpoint, tmp_path):
     common = [PY, TRAIN, "--graph", graphs["small"], "--epochs", "2", "--progress", "off",
               "--resume", "--checkpoint-dir"]
-    _one_line_error(run([*common, str(tmp_path / "nowhere")], timeout=120, expect=2),
+    one_line_error(run([*common, str(tmp_path / "nowhere")], timeout=120, expect=2),
                     "nowhere", "manifest.json")
     damaged = tmp_path / "damaged"
     damaged.mkdir()
@@ -86,7 +79,7 @@ def test_resume_from_a_missing_or_damaged_checkpoint_is_one_line(graphs, checkpo
     values = np.load(damaged / "shard-00000.values.npy")
     values[3] += 1
     np.save(damaged / "shard-00000.values.npy", values)
-    _one_line_error(run([*common, str(damaged)], timeout=120, expect=2),
+    one_line_error(run([*common, str(damaged)], timeout=120, expect=2),
                     "shard-00000.values.npy is corrupt")
     # the checkpoint itself still resumes
     resumed = run([*common, checkpoint, "--json", "-", "--loader-workers", "0"], timeout=120)
@@ -136,7 +129,7 @@ def test_fewer_training_nodes_than_ranks_is_one_line_naming_the_graph(tmp_path):
     assert "graph.npz: 1 training node(s) for 2 ranks" in proc.stderr, proc.stderr
     proc = run([PY, TRAIN, "--graph", directory, "--epochs", "1", "--baseline", "--shards", "2"],
                timeout=120, expect=2)
-    _one_line_error(proc, "graph.npz: 1 training node(s) for 2 shards")
+    one_line_error(proc, "graph.npz: 1 training node(s) for 2 shards")
 
 
 def test_empty_evaluation_splits_are_null_without_warnings_and_the_bar_shows_under_adapm_run():

@@ -308,24 +308,35 @@ def _run_node(task: Task, opts: argparse.Namespace, out) -> list[dict]:
     except BaseException as exc:
         if not opts.baseline:
             node._release()  # do not wait for peers in shutdown after a failure here
-        if isinstance(exc, KeyboardInterrupt) and not adapm.config.debug():
-            # Ctrl-C (adapm-run passes it to every rank): a line, not each rank's traceback
-            print("interrupted", file=sys.stderr)
-            raise SystemExit(130) from None
-        # as the apps' own data errors: one line, exit 2 (a checkpoint that turned out
-        # damaged when read, or cannot be written: the user's to fix)
-        if isinstance(exc, (DataError, CheckpointError)):
-            print(f"{_prog(task)}: error: {exc}", file=sys.stderr)
-            raise SystemExit(2) from None
-        # A node that failed or stopped answering: the error names the rank and what was
-        # awaited; each rank's 40-line traceback through the app's frames adds nothing.
-        if isinstance(exc, RUN_FAILURES) and not adapm.config.debug():
-            print(f"{_prog(task)}: error: {exc} (ADAPM_DEBUG=1 shows the traceback)",
-                  file=sys.stderr)
-            raise SystemExit(1) from None
-        raise
+        # as the apps' own data errors: a checkpoint that turned out damaged when read, or
+        # cannot be written, is the user's to fix
+        code = failure_exit(exc, _prog(task), user_errors=(DataError, CheckpointError))
+        if code is None:
+            raise
+        raise SystemExit(code) from None
     node.shutdown()
     return records
+
+
+def failure_exit(exc: BaseException, prog: str, *, user_errors: tuple = ()) -> Optional[int]:
+    """How a run (an app, an example) that raised ``exc`` ends when ``exc`` is no bug: its one
+    line on stderr, and the exit code returned: 130 for Ctrl-C ("interrupted"; adapm-run passes
+    it to every rank), 2 for ``user_errors`` (data, a checkpoint, the launch: the user's to
+    fix), 1 for another node's failure (RUN_FAILURES: the error names the rank and what was
+    awaited; each rank's traceback through the app's frames adds nothing). None, for the caller
+    to raise ``exc`` on, for anything else and for everything under ADAPM_DEBUG=1."""
+    if adapm.config.debug():
+        return None
+    if isinstance(exc, KeyboardInterrupt):
+        print("interrupted", file=sys.stderr)
+        return 130
+    if isinstance(exc, user_errors):
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return 2
+    if isinstance(exc, RUN_FAILURES):
+        print(f"{prog}: error: {exc} (ADAPM_DEBUG=1 shows the traceback)", file=sys.stderr)
+        return 1
+    return None
 
 
 def lead_rank() -> bool:

@@ -400,10 +400,10 @@ def main(argv=None) -> int:
     try:
         meta = generate(opts.directory, opts.rows, opts.vocab, opts.test_share, opts.seed)
     except DataError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"criteo.py: error: {exc}", file=sys.stderr)
         return 2
     except OSError as exc:  # an output path that is a file, or not writable
-        print(f"error: {opts.directory}: cannot write: {exc}", file=sys.stderr)
+        print(f"criteo.py: error: {opts.directory}: cannot write: {exc}", file=sys.stderr)
         return 2
     print(json.dumps({k: v for k, v in meta.items() if k != "cardinalities"}))
     if meta["planted_auc"] is None:

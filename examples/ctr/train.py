@@ -86,7 +86,7 @@ from adapm._argtypes import (
 )
 from adapm.apps.outputs import directory_problem
 from adapm.apps.runner import (
-    RUN_FAILURES, AppParser, HelpFormatter, check_flags, data_fingerprint, interrupt_once,
+    AppParser, HelpFormatter, check_flags, data_fingerprint, failure_exit, interrupt_once,
 )
 from adapm.trace import keys_argument
 
@@ -725,20 +725,13 @@ def main(argv=None) -> int:
     interrupt_once()
     try:
         return _main(opts)
-    except KeyboardInterrupt:
-        # Ctrl-C (adapm-run passes it to every rank): a line, not each rank's traceback. The
-        # node, if any, was released on the way (run.close).
-        if adapm.config.debug():
+    except BaseException as exc:
+        # Ctrl-C or another node's failure: one line, as the apps (the node, if any, was
+        # released on the way: run.close)
+        code = failure_exit(exc, "train.py")
+        if code is None:
             raise
-        print("interrupted", file=sys.stderr)
-        return 130
-    except RUN_FAILURES as exc:
-        # Another node failed or stopped answering: the error names it and what was awaited
-        # (as the apps: one line, exit 1).
-        if adapm.config.debug():
-            raise
-        print(f"error: {exc} (ADAPM_DEBUG=1 shows the traceback)", file=sys.stderr)
-        return 1
+        return code
 
 
 def _main(opts) -> int:
@@ -752,7 +745,7 @@ def _main(opts) -> int:
                                    f"ranks: every rank trains a share of one at least")
         test_rows = criteo.read(os.path.join(opts.data, "test.tsv"), vocabulary)
     except criteo.DataError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"train.py: error: {exc}", file=sys.stderr)
         return 2
     try:
         run = (BaselineRun if opts.baseline else AdapmRun)(opts, vocabulary.size)
@@ -760,14 +753,14 @@ def _main(opts) -> int:
         # The checkpoint does not fit this run (or the launch is wrong): say so, no traceback.
         if adapm.config.debug():
             raise
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"train.py: error: {exc}", file=sys.stderr)
         return 2
     failed = True
     try:
         train(run, opts, train_rows, test_rows)
         failed = False
     except CheckpointError as exc:  # every rank finds the same: no peer waits for this one
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"train.py: error: {exc}", file=sys.stderr)
         return 2
     finally:
         run.close(failed)

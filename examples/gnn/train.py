@@ -92,7 +92,7 @@ import adapm
 from adapm import CheckpointError, ConfigError
 from adapm._argtypes import float_in, int_in, positive_float
 from adapm.apps.outputs import directory_problem
-from adapm.apps.runner import RUN_FAILURES, AppParser, check_flags, interrupt_once
+from adapm.apps.runner import AppParser, check_flags, failure_exit, interrupt_once
 from adapm.trace import keys_argument
 
 # Initial embeddings: N(0, INIT_SCALE^2), drawn in chunks of INIT_CHUNK rows, chunk k from its
@@ -689,26 +689,14 @@ def main(argv: list[str] | None = None) -> int:
             train_baseline(opts, graph)
         else:
             train_adapm(opts, graph)
-    except (GraphError, CheckpointError, ConfigError) as exc:
-        # The graph, the checkpoint or the launch is the user's to fix: one line, as the apps
-        # (ADAPM_DEBUG=1 shows the traceback). The node, if any, was released on the way out.
-        if adapm.config.debug():
+    except BaseException as exc:
+        # The graph, the checkpoint or the launch (the user's to fix), Ctrl-C, another node's
+        # failure: one line, as the apps. The node, if any, was released on the way out.
+        code = failure_exit(exc, "train.py",
+                            user_errors=(GraphError, CheckpointError, ConfigError))
+        if code is None:
             raise
-        print(f"train.py: error: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        # Ctrl-C (adapm-run passes it to every rank): a line, not each rank's traceback.
-        if adapm.config.debug():
-            raise
-        print("interrupted", file=sys.stderr)
-        return 130
-    except RUN_FAILURES as exc:
-        # Another node failed or stopped answering: the error names it and what was awaited
-        # (as the apps: one line, exit 1).
-        if adapm.config.debug():
-            raise
-        print(f"train.py: error: {exc} (ADAPM_DEBUG=1 shows the traceback)", file=sys.stderr)
-        return 1
+        return code
     return 0
 
 
