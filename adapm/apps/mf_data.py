@@ -166,6 +166,8 @@ def read_matrix(path, shape: tuple[int, int] | None = None,
                             if delimiter is None else
                             f"'row{shown}column{shown}value' (two labels and a finite number)")
                 bad = _line(text, -got)
+                if delimiter is not None and _text_labels(bad, delimiter):
+                    return _read_text_table(path, delimiter, start, header_lines)
                 hint = ""
                 if delimiter is None and "," in bad:
                     hint = (" (a comma-separated file needs a header line, e.g. "
@@ -173,8 +175,6 @@ def read_matrix(path, shape: tuple[int, int] | None = None,
                 elif delimiter is None and not market and len(bad.split()) > 3:
                     hint = (" (a table with more columns, such as MovieLens' u.data with its "
                             "timestamps, needs a header line or --delimiter tab)")
-                if delimiter is not None and _text_labels(bad, delimiter):
-                    return _read_text_table(path, delimiter, start, header_lines)
                 raise DataError(f"{path}:{line_base - got}: expected {expected}, got "
                                 f"'{bad}'{hint}")
             parts.append((rows[:got].copy(), cols[:got].copy(), vals[:got].copy(),
@@ -278,6 +278,9 @@ def _text_labels(line: str, delimiter: str) -> bool:
             and not all(re.fullmatch(r"0|-?[1-9]\d*", f) for f in fields[:2]))
 
 
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
 def _finite32(text: str) -> Optional[float]:
     """The number ``text`` holds if it is one that float32 holds finitely, else None."""
     try:
@@ -285,9 +288,6 @@ def _finite32(text: str) -> Optional[float]:
     except ValueError:
         return None
     return value if math.isfinite(value) and abs(value) <= _FLOAT32_MAX else None
-
-
-_FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
 def _read_text_table(path, delimiter: str, start: int, header_lines: int) -> Matrix:
@@ -343,9 +343,10 @@ def read_files(train_path, *others, delimiter: Optional[str] = None) -> list[Mat
             raise DataError(f"{bad}: not a table (no header line, or MatrixMarket), while "
                             f"{paths[labelled.index(True)]} is one (give every file in one "
                             f"format)")
+        # Text labels in one file: every file's as text (a plain integer's is its decimal form).
         if any(m.row_labels.dtype.kind == "U" or m.col_labels.dtype.kind == "U"
-               for m in matrices):  # text labels in one file: all as text (a plain integer's
-            matrices = [_as_text(m) for m in matrices]  # text is its decimal form)
+               for m in matrices):
+            matrices = [_as_text(m) for m in matrices]
         row_labels = np.unique(np.concatenate([m.row_labels for m in matrices]))
         col_labels = np.unique(np.concatenate([m.col_labels for m in matrices]))
         return [Matrix(np.searchsorted(row_labels, m.rows), np.searchsorted(col_labels, m.cols),
