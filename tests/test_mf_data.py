@@ -387,6 +387,12 @@ def test_labels_that_are_not_plain_integers_are_text(tmp_path, label, column):
         [label, plain] if column == 0 else ["5", plain])]
 
 
+def test_text_labels_longer_than_an_error_shows(tmp_path):
+    url = "https://example.org/items/" + "x" * 100
+    m = read_matrix(write(tmp_path, f"u,i,r\n1,2,3\n1,{url},4\n", "urls.csv"))
+    assert m.col_labels.tolist() == ["2", url] and m.vals.tolist() == [3.0, 4.0]
+
+
 def test_a_text_table_with_a_bad_line_names_it(tmp_path):
     msg = error_of(read_matrix, write(tmp_path, "u;i;r\nA;B;1\nC;D\n", "t.csv"), delimiter=";")
     assert ":3: expected 'row;column;value' (two labels and a finite number), got 'C;D'" in msg

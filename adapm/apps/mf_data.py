@@ -166,7 +166,7 @@ def read_matrix(path, shape: tuple[int, int] | None = None,
                             if delimiter is None else
                             f"'row{shown}column{shown}value' (two labels and a finite number)")
                 bad = _line(text, -got)
-                if delimiter is not None and _text_labels(bad, delimiter):
+                if delimiter is not None and _text_labels(_line(text, -got, None), delimiter):
                     return _read_text_table(path, delimiter, start, header_lines)
                 hint = ""
                 if delimiter is None and "," in bad:
@@ -319,9 +319,9 @@ def _read_text_table(path, delimiter: str, start: int, header_lines: int) -> Mat
     return Matrix(rows, cols, np.array(vals, np.float32), 0, 0, np.unique(rows), np.unique(cols))
 
 
-def _line(text: bytes, number: int) -> str:
+def _line(text: bytes, number: int, limit: Optional[int] = 80) -> str:
     line = text.split(b"\n")[number - 1]
-    return line[:80].decode("utf-8", "replace")
+    return line[:limit].decode("utf-8", "replace")
 
 
 def read_pair(train_path, test_path, delimiter: Optional[str] = None) -> tuple[Matrix, Matrix]:
