@@ -373,7 +373,7 @@ def test_labels_that_are_not_plain_integers_are_text(tmp_path, label, column):
     train = write(tmp_path, f"u,i,r\n0,-3,1\n{','.join(fields)},2\n{plain},{plain},3\n",
                   "train.csv")
     m = read_matrix(train)
-    assert m.row_labels.dtype.kind == m.col_labels.dtype.kind == "U"
+    assert m.row_labels.dtype == m.col_labels.dtype == object
     assert m.vals.tolist() == [1.0, 2.0, 3.0]
     assert label in (m.row_labels if column == 0 else m.col_labels).tolist()
     test = write(tmp_path, "u,i,r\n0,-3,4\n5,8,5\n", "test.csv")  # plain integers only
@@ -408,9 +408,9 @@ def test_fields_past_the_third_may_be_long(tmp_path):
                  "ratings.csv")
     m = read_matrix(path)
     assert (m.rows.tolist(), m.cols.tolist(), m.vals.tolist()) == ([1, 2], [10, 11], [4.0, 3.0])
-    # the three fields themselves are still bounded
-    msg = error_of(read_matrix, write(tmp_path, f"u,i,r\n1,{'1' * 300},4\n", "long.csv"))
-    assert ":2: expected 'row,column,value'" in msg
+    # a label beyond int64 (300 digits) is text
+    m = read_matrix(write(tmp_path, f"u,i,r\n1,{'1' * 300},4\n", "long.csv"))
+    assert m.cols.tolist() == ["1" * 300]
 
 
 def test_space_delimited_columns_aligned_by_runs_of_spaces(tmp_path):
@@ -423,15 +423,47 @@ def test_space_delimited_columns_aligned_by_runs_of_spaces(tmp_path):
         ([1, 2, 3], [10, 11, 11], [4.0, 3.5, 2.0])
 
 
-@pytest.mark.parametrize("header", [",userId,movieId,rating", "\tuser\titem\trating"])
-def test_a_pandas_index_column_is_named(tmp_path, header):
-    """pandas' to_csv() writes its index first, under an empty name: the hint said the file
-    needs a header line (it has one)."""
-    sep = header[0]
+@pytest.mark.parametrize("header", [",userId,movieId,rating", "\tuser\titem\trating",
+                                    '"","user","item","rating"'])
+def test_an_index_column_is_named(tmp_path, header):
+    """pandas' to_csv() and R's write.csv write their index first, under an empty name: the
+    hint said the file needs a header line (it has one), or R's was read as data."""
+    sep = "\t" if "\t" in header else ","
     path = write(tmp_path, f"{header}\n0{sep}1{sep}3{sep}4.0\n", "p.csv")
     msg = error_of(read_matrix, path)
     assert msg.startswith(f"{path}:1: the header's first column has no name, as pandas' "
-                          f"to_csv() writes its index: write the table with index=False"), msg
+                          f"to_csv() (or R's write.csv) writes its index"), msg
+
+
+@pytest.mark.parametrize("delimiter", [",", " ", "\t"])
+def test_a_table_without_a_header_whose_first_label_is_text(tmp_path, delimiter):
+    """'A1XY,0345417623,5.0' first: an entry, not a header (it was taken for one, and the
+    first rating of every such file was lost)."""
+    d = delimiter
+    path = write(tmp_path, f"A1XY{d}0345417623{d}5.0{d}1\nA2XY{d}0345417623{d}4.0{d}1\n"
+                           f"A1XY{d}0123456789{d}3.0{d}1\n", "a.csv")
+    m = read_matrix(path, delimiter=delimiter)
+    assert m.vals.tolist() == [5.0, 4.0, 3.0]
+    assert m.row_labels.tolist() == ["A1XY", "A2XY"]
+    if delimiter != " ":  # told by its first line without --delimiter too
+        assert read_matrix(path).vals.tolist() == [5.0, 4.0, 3.0]
+
+
+def test_quoted_fields_as_a_csv_reader_reads_them(tmp_path):
+    """A label holding the delimiter in quotes, quoted numbers (Book-Crossing's
+    '"276725";"034545104X";"0"'), a 64-bit id: read as CSV (they were split at the comma
+    inside the quotes, kept their quotes, or refused)."""
+    m = read_matrix(write(tmp_path, 'user,item,rating\n"Smith, J",42,4\nbob,"42",5\n'
+                                    '18446744073709551615,7,1\n', "q.csv"))
+    assert (m.rows.tolist(), m.cols.tolist(), m.vals.tolist()) == \
+        (["Smith, J", "bob", "18446744073709551615"], ["42", "42", "7"], [4.0, 5.0, 1.0])
+    m = read_matrix(write(tmp_path, '"User-ID";"ISBN";"Book-Rating"\n"276725";"034545104X";"0"\n'
+                                    '"276726";"0155061224";"5"\n', "bx.csv"), delimiter=";")
+    assert m.cols.tolist() == ["034545104X", "0155061224"] and m.vals.tolist() == [0.0, 5.0]
+    m = read_matrix(write(tmp_path, 'u;i;r\n"1";"2";"3"\n', "quoted.csv"), delimiter=";")
+    assert (m.rows.tolist(), m.cols.tolist(), m.vals.tolist()) == (["1"], ["2"], [3.0])
+    msg = error_of(read_matrix, write(tmp_path, "u,i,r\nA,B,1_000\n", "under.csv"))
+    assert ":2: expected" in msg  # a number as the native parser reads it
 
 
 @pytest.mark.parametrize("given, expected", [

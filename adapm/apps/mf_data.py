@@ -30,6 +30,7 @@ are drawn in one piece, so memory grows with the entries: 100M entries peaked at
 from __future__ import annotations
 
 import argparse
+import csv
 import math
 import re
 from dataclasses import dataclass
@@ -236,46 +237,57 @@ def check_delimiter(text: str) -> str:
 
 def _table_header(path, f, delimiter: Optional[str]) -> tuple[Optional[str], int]:
     """(the table delimiter, lines of the header: 0 or 1) of the file open as f, which is left
-    after its header line if it has one (a first line that starts with a letter, a quote or
-    '_'). Without ``delimiter`` the header tells a comma or a tab; with neither the file is not
-    a table (None, 0)."""
+    after its header line if it has one: a first line that starts with a letter, a quote or
+    '_' and whose third field is not a number (one that is, such as 'A1XY,0345417623,5.0', is
+    the first entry of a table without a header). Without ``delimiter`` the first line tells a
+    comma or a tab; with neither the file is not a table (None, 0)."""
     at = f.tell()  # after a byte order mark, if any
     first = f.readline()
     text = first.decode("utf-8", "replace").strip()
-    raw = first.decode("utf-8", "replace")  # strip() would take a leading tab
-    if raw[:1] in (",", "\t") and (raw[1:2].isalpha() or raw[1:2] in ("\"", "'", "_")):
-        raise DataError(f"{path}:1: the header's first column has no name, as pandas' to_csv() "
-                        f"writes its index: write the table with index=False (or drop that "
-                        f"column), got '{_shorten(text)}'")
-    if not text or not (text[0].isalpha() or text[0] in "\"'_"):
+    if not text or not (text[0].isalpha() or text[0] in "\"'_,\t"):
         f.seek(at)
         return delimiter, 0
-    if delimiter is not None:
-        if len(text.split(delimiter)) < 3:
-            raise DataError(f"{path}:1: a header line needs three fields (row, column, value) "
-                            f"separated by {delimiter!r}, got '{_shorten(text)}'")
-        return delimiter, 1
-    for sep in (",", "\t"):
-        if sep in text:
-            if len(text.split(sep)) < 3:
-                break
-            return sep, 1
+    raw = first.decode("utf-8", "replace").rstrip("\r\n")  # strip() would take a leading tab
+    seps = [delimiter] if delimiter is not None else [s for s in (",", "\t") if s in raw]
+    for sep in seps:
+        fields = _fields(raw, sep)
+        if len(fields) < 3:
+            continue
+        if _finite32(fields[2]) is not None:  # an entry: a table without a header
+            f.seek(at)
+            return sep, 0
+        if not fields[0]:
+            raise DataError(f"{path}:1: the header's first column has no name, as pandas' "
+                            f"to_csv() (or R's write.csv) writes its index: write the table "
+                            f"without it (index=False, row.names=FALSE) or drop that column, "
+                            f"got '{_shorten(text)}'")
+        return sep, 1
+    if text[0] in ",\t":
+        f.seek(at)
+        return delimiter, 0
+    shown = repr(delimiter) if delimiter is not None else "commas or tabs (or give --delimiter)"
     raise DataError(f"{path}:1: a header line needs three fields (row, column, value) "
-                    f"separated by commas or tabs (or give --delimiter), got "
-                    f"'{_shorten(text)}'")
+                    f"separated by {shown}, got '{_shorten(text)}'")
 
 
 def _fields(line: str, delimiter: str) -> list[str]:
-    return line.split() if delimiter == " " else [f.strip() for f in line.split(delimiter)]
+    """A table line's fields: split at ``delimiter`` as a CSV reader does (quotes taken off, a
+    delimiter inside quotes kept) for one character, at runs of spaces for ' ', else at each
+    occurrence; blanks around each field taken off."""
+    if delimiter == " ":
+        return line.split()
+    if len(delimiter) == 1:
+        return [f.strip() for f in next(csv.reader([line], delimiter=delimiter))]
+    return [f.strip().strip('"') for f in line.split(delimiter)]
 
 
 def _text_labels(line: str, delimiter: str) -> bool:
-    """Whether a table's line that the native parser refused holds an entry after all, with
-    labels that are not plain integers: text such as 'A2XYZ', or an ISBN's '0345417623'
-    (which as an integer would be one item with '345417623')."""
+    """Whether a table's line that the native parser refused (it takes plain int64 labels,
+    unquoted) is an entry all the same: its labels then are text, such as 'A2XYZ', an ISBN's
+    '0345417623' (which as an integer would be one item with '345417623'), a quoted label or
+    a 64-bit hash."""
     fields = _fields(line, delimiter)
-    return (len(fields) >= 3 and all(fields[:2]) and _finite32(fields[2]) is not None
-            and not all(re.fullmatch(r"0|-?[1-9]\d*", f) for f in fields[:2]))
+    return len(fields) >= 3 and all(fields[:2]) and _finite32(fields[2]) is not None
 
 
 _FLOAT32_MAX = float(np.finfo(np.float32).max)
@@ -283,6 +295,8 @@ _FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 def _finite32(text: str) -> Optional[float]:
     """The number ``text`` holds if it is one that float32 holds finitely, else None."""
+    if "_" in text:  # Python's float() takes '1_000'; the native parser does not
+        return None
     try:
         value = float(text)
     except ValueError:
@@ -315,7 +329,9 @@ def _read_text_table(path, delimiter: str, start: int, header_lines: int) -> Mat
         vals.append(value)
     if not rows:
         raise DataError(f"{path}: no entries")
-    rows, cols = np.array(rows), np.array(cols)
+    # object arrays (references to the strs): a fixed-width str array of one long label's
+    # width would hold every label at that width
+    rows, cols = np.array(rows, dtype=object), np.array(cols, dtype=object)
     return Matrix(rows, cols, np.array(vals, np.float32), 0, 0, np.unique(rows), np.unique(cols))
 
 
@@ -344,7 +360,7 @@ def read_files(train_path, *others, delimiter: Optional[str] = None) -> list[Mat
                             f"{paths[labelled.index(True)]} is one (give every file in one "
                             f"format)")
         # Text labels in one file: every file's as text (a plain integer's is its decimal form).
-        if any(m.row_labels.dtype.kind == "U" or m.col_labels.dtype.kind == "U"
+        if any(m.row_labels.dtype == object or m.col_labels.dtype == object
                for m in matrices):
             matrices = [_as_text(m) for m in matrices]
         row_labels = np.unique(np.concatenate([m.row_labels for m in matrices]))
@@ -361,8 +377,16 @@ def read_files(train_path, *others, delimiter: Optional[str] = None) -> list[Mat
 
 
 def _as_text(m: Matrix) -> Matrix:
-    return Matrix(m.rows.astype(str), m.cols.astype(str), m.vals, 0, 0,
-                  m.row_labels.astype(str), m.col_labels.astype(str))
+    """``m`` with text labels (object arrays of str): integer ones as their decimal text,
+    made once per distinct label."""
+    def text(ids: np.ndarray, labels: np.ndarray) -> tuple:
+        if labels.dtype == object:
+            return ids, labels
+        names = np.array([str(x) for x in labels.tolist()], dtype=object)
+        return names[np.searchsorted(labels, ids)], names
+
+    (rows, row_labels), (cols, col_labels) = text(m.rows, m.row_labels), text(m.cols, m.col_labels)
+    return Matrix(rows, cols, m.vals, 0, 0, row_labels, col_labels)
 
 
 def _is_market(path) -> bool:
