@@ -28,6 +28,7 @@ from adapm.torch import (
     DenseSync,
     Embedding,
     EmbeddingBag,
+    EmbeddingBagCollection,
     IntentCollate,
     IntentLoader,
     KeyedBatch,
@@ -203,7 +204,7 @@ def test_a_table_over_part_of_another_tables_keys_is_refused(node):
     before = users.weight.clone()
     for first, n in ((25, 50), (0, 10), (49, 1), (10, 20)):
         with pytest.raises(adapm.InvalidArgument,
-                           match=rf"keys \[{first}, {first + n}\) overlap those of another "
+                           match=rf"keys \[{first}, {first + n}\) overlap those of a live "
                                  r"table on this node, \[0, 50\) \(Embedding\)"):
             EmbeddingBag(n, 4, worker=w, offset=first, seed=2)
     assert torch.equal(users.weight, before)
@@ -216,6 +217,11 @@ def test_a_table_over_part_of_another_tables_keys_is_refused(node):
     with pytest.raises(adapm.InvalidArgument, match=r"\[50, 100\)"):
         Embedding(30, 4, worker=w, offset=40)
     assert items.weight.shape == (50, 4)
+    # two features of one size, one offset forgotten: the collection refuses them
+    f1 = EmbeddingBag(100, 4, mode="sum", worker=w, offset=200)
+    f2 = EmbeddingBag(100, 4, mode="sum", worker=w, offset=200)
+    with pytest.raises(adapm.InvalidArgument, match="tables 'a' and 'b' share keys"):
+        EmbeddingBagCollection({"a": f1, "b": f2})
 
 @pytest.mark.parametrize("opt", sorted(OPTIMIZERS))
 @pytest.mark.parametrize("padding_idx", [None, 3])

@@ -40,6 +40,7 @@ torch's habits hold:
 
 from __future__ import annotations
 
+import gc
 import operator
 import weakref
 
@@ -69,16 +70,21 @@ def _claim_keys(kind: str, node, offset: int, n: int) -> None:
     """Refuses keys [offset, offset + n) where they overlap a live table's keys on ``node`` in
     part. The very same range is another table over the same keys (a model built again: its
     rows start again), not a mistake."""
-    for ref in _LIVE.get(node, ()):
-        other = ref()
-        if other is None or (other.offset, other.num_embeddings) == (offset, n):
-            continue
-        if offset < other.offset + other.num_embeddings and other.offset < offset + n:
-            raise InvalidArgument(
-                f"{kind}: keys [{offset}, {offset + n}) overlap those of another table on this "
-                f"node, [{other.offset}, {other.offset + other.num_embeddings}) "
-                f"({type(other).__name__}): tables must not share keys (offset= places a "
-                f"table; EmbeddingBagCollection computes the offsets)")
+    for collected in (False, True):
+        clash = next((other for other in (ref() for ref in _LIVE.get(node, ()))
+                      if other is not None
+                      and (other.offset, other.num_embeddings) != (offset, n)
+                      and offset < other.offset + other.num_embeddings
+                      and other.offset < offset + n), None)
+        if clash is None:
+            return
+        if not collected:  # a table that is gone but for a reference cycle does not count
+            gc.collect()
+    raise InvalidArgument(
+        f"{kind}: keys [{offset}, {offset + n}) overlap those of a live table on this node, "
+        f"[{clash.offset}, {clash.offset + clash.num_embeddings}) ({type(clash).__name__}): "
+        f"tables must not share keys (offset= places a table; a model built again needs the "
+        f"old one gone first: del it and its optimizer)")
 
 
 class _Table(nn.Module):
@@ -548,6 +554,12 @@ class EmbeddingBagCollection(nn.Module):
                 raise InvalidType("EmbeddingBagCollection: tables must map feature names (str) "
                                   f"to adapm.torch.EmbeddingBag tables, got {name!r}: "
                                   f"{type(table).__name__}")
+        spans = sorted((t.offset, t.offset + t.num_embeddings, name) for name, t in items
+                       if t.worker.node is next(iter(items))[1].worker.node)
+        for (_, end, first), (start, _, second) in zip(spans, spans[1:]):
+            if start < end:  # two features on one key range: one's rows would be the other's
+                raise InvalidArgument(f"EmbeddingBagCollection: tables {first!r} and {second!r} "
+                                      f"share keys (from {start}); give each its own offset=")
         self.tables = nn.ModuleDict(dict(items))
 
     @property
