@@ -71,16 +71,18 @@ def test_names_are_arbitrary_strings(tmp_path):
     assert kg.entities == ["/m/0ä", "  spaced  "]
 
 
-def test_blank_lines_and_a_commented_header_are_skipped(tmp_path):
-    """A trailing blank line, blank lines between triples and '#' lines before the first triple
-    (a header written as a comment) are not triples: skipped (a blank line was an error, and
-    a header '# head<TAB>relation<TAB>tail' was trained as a triple)."""
-    root = make_dataset(tmp_path, train="# head\trelation\ttail\n#\n\na\tr\tb\n\nb\tr\ta\n\n\n",
+def test_blank_lines_and_comments_are_skipped(tmp_path):
+    """A trailing blank line, blank lines between triples and '#' lines without a tab before
+    the first triple (comments) are not triples: skipped (a blank line was an error). A '#'
+    line of three fields is a triple whose head starts with '#' (a sorted file puts them
+    first), and so is a line of blank names."""
+    root = make_dataset(tmp_path, train="# made by hand\n#\n\n#tag\tr\ta\na\tr\tb\n  \n"
+                                        "b\tr\ta\n \t \t \n\n\n",
                         valid="a\tr\tb\n\n", test="\nb\tr\ta\n")
     kg = load(root)
-    assert kg.entities == ["a", "b"] and kg.relations == ["r"]
-    np.testing.assert_array_equal(kg.train, [[0, 0, 1], [1, 0, 0]])
-    np.testing.assert_array_equal(kg.valid, [[0, 0, 1]])
+    assert kg.entities == ["#tag", "a", "b", " "] and kg.relations == ["r", " "]
+    np.testing.assert_array_equal(kg.train, [[0, 0, 1], [1, 0, 2], [2, 0, 1], [3, 1, 3]])
+    np.testing.assert_array_equal(kg.valid, [[1, 0, 2]])
 
 
 def test_triples_naming_what_train_lacks_are_left_out_and_counted(tmp_path):

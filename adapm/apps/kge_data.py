@@ -3,8 +3,8 @@
 Dataset layout (the one PyKEEN, LibKGE and OpenKE use): a directory with ``train.txt``,
 ``valid.txt`` and ``test.txt``; each line is ``head<TAB>relation<TAB>tail``, where names are
 arbitrary non-empty strings without tabs or newlines. Files are UTF-8 (a BOM is skipped),
-``\\r\\n`` line ends are accepted; empty lines, and ``#`` lines before the first triple (a header
-written as a comment), are skipped. Every file must hold at least one triple.
+``\\r\\n`` line ends are accepted; blank lines, and ``#`` lines without a tab before the first
+triple (comments), are skipped. Every file must hold at least one triple.
 
 Ids: entities and relations are numbered in order of first appearance in ``train.txt`` (the head
 before the tail on a line), so the numbering depends only on train.txt. A triple of
@@ -129,15 +129,15 @@ def _read_triples(path: Path) -> tuple[list[str], list[str], Sequence[int]]:
     if text.endswith("\n"):
         text = text[:-1]
     lines = text.split("\n")
-    # Empty lines (a file's trailing ones) and '#' lines before the first triple (a header
-    # written as a comment; later, '#' may start an entity's name) are skipped; ``number``
-    # keeps each kept line's number in the file for the errors.
+    # Blank lines (a file's trailing ones) and comments before the first triple ('#' lines
+    # without a tab: a '#' line of three fields is a triple whose head starts with '#') are
+    # skipped; ``number`` keeps each kept line's number in the file for the errors.
     head = 0
-    while head < len(lines) and (not lines[head] or lines[head][0] == "#"):
+    while head < len(lines) and _no_triple(lines[head], comment=True):
         head += 1
     number = range(1, len(lines) + 1)  # no list of a million ints for a file without any
-    if head or "" in lines:
-        number = [i for i, line in enumerate(lines[head:], head + 1) if line]
+    if head or any(map(_no_triple, lines)):
+        number = [i for i, line in enumerate(lines[head:], head + 1) if not _no_triple(line)]
         lines = [lines[i - 1] for i in number]
         text = "\n".join(lines)
     if not lines or not text:
@@ -158,6 +158,11 @@ def _read_triples(path: Path) -> tuple[list[str], list[str], Sequence[int]]:
     rels = fields[1::3]
     del fields[1::3]  # leaves h, t, h, t, ...
     return fields, rels, number
+
+
+def _no_triple(line: str, comment: bool = False) -> bool:
+    """A blank line (no tab, only blanks), or with ``comment`` also a '#' line without a tab."""
+    return "\t" not in line and (not line.strip() or (comment and line[0] == "#"))
 
 
 def _to_ids(path: Path, ents: list[str], rels: list[str], numbers: Sequence[int], ent_id: dict,
