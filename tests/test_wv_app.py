@@ -175,6 +175,13 @@ def test_a_corpus_in_another_encoding_exports_its_bytes_and_says_so(tmp_path):
     kv = gensim.models.KeyedVectors.load_word2vec_format(str(tmp_path / "ex" / "vectors.bin"),
                                                          binary=True, encoding="latin-1")
     assert sorted(kv.index_to_key) == sorted(["café", "naïve", "Zürich", "plain"])
+    # a corpus of both encodings: latin-1 would garble its UTF-8 words, so not that advice
+    corpus.write_bytes(("café plain " * 10 + "\n").encode("latin-1") * 100
+                       + ("über plain " * 10 + "\n").encode("utf-8") * 100)
+    proc = run([PY, "-m", "adapm.apps.wv", "--corpus", str(corpus), "--dim", "8", "--epochs",
+                "1", "--progress", "off", "--export", str(tmp_path / "ex2")])
+    assert "1 of 3 words are not UTF-8" in proc.stderr, proc.stderr
+    assert "unicode_errors='replace' (the other 1 non-ASCII words are UTF-8" in proc.stderr
 
 @pytest.mark.parametrize("optimizer,half_width", [("sgd", 1.0), ("adagrad", 0.5)])
 def test_initial_vectors_as_gensim_draws_them(data, optimizer, half_width):

@@ -518,9 +518,12 @@ def write_word2vec(directory: str, words: list[str], vectors: np.ndarray) -> Non
     # A word read from bytes that are not UTF-8 holds surrogates (see wv_data.read_corpus).
     foreign = sum(not w.isascii() and any("\udc80" <= c <= "\udcff" for c in w) for w in words)
     if foreign:  # the corpus's bytes, as they were: gensim reads UTF-8 unless told otherwise
-        print(f"{directory}: {foreign} of {count} words are not UTF-8 (the corpus is in another "
-              f"encoding?); they are exported as the corpus's bytes: read them with gensim's "
-              f"load_word2vec_format(..., encoding='latin-1') or the corpus's encoding",
+        utf8 = sum(not w.isascii() for w in words) - foreign  # words UTF-8 would garble
+        how = ("encoding='latin-1' (or the corpus's encoding)" if not utf8 else
+               f"unicode_errors='replace' (the other {utf8} non-ASCII words are UTF-8: the "
+               f"corpus mixes encodings)")
+        print(f"{directory}: {foreign} of {count} words are not UTF-8; they are exported as the "
+              f"corpus's bytes: read them with gensim's load_word2vec_format(..., {how})",
               file=sys.stderr, flush=True)
 
 
