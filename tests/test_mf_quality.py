@@ -123,6 +123,12 @@ def test_a_resume_with_another_rank_names_the_flag(noisy, tmp_path):
     proc = run([*app, "--epochs", "2", "--rank", "5", "--resume"], expect=2)
     assert "value lengths differ from this run's (another --rank?)" in proc.stderr, proc.stderr
     assert "--model" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+    # a matrix of another shape: other data (not WV's "--min-count?")
+    small = tmp_path / "small.tsv"
+    small.write_text("0\t0\t1.0\n400\t300\t2.0\n")  # a larger shape: more keys
+    other = [*app[:4], str(small), *app[5:]]
+    proc = run([*other, "--epochs", "2", "--rank", "4", "--resume"], expect=2)
+    assert "this run's has" in proc.stderr and "(other data)" in proc.stderr, proc.stderr
 
 def _ratings_csv(path, m: mf_data.Matrix, sep=",") -> None:
     """``m`` as a ratings table: userId = 1000 + 7 row, movieId = 3 + 5 col, a timestamp."""

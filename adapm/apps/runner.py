@@ -437,9 +437,10 @@ def _resume_point(task: Task, opts) -> _Resume:
         raise CheckpointError(f"{where} was trained with --seed {meta.get('seed')}, this run "
                               f"has --seed {opts.seed} (another data split and order)")
     if reader.num_keys < task.num_keys or meta.get("model_keys", task.num_keys) != task.num_keys:
+        cause = "other data" + (", or another vocabulary: --min-count?" if task.name == "wv"
+                                else "")
         raise CheckpointError(f"{where} holds a model of {meta.get('model_keys', reader.num_keys)}"
-                              f" keys, this run's has {task.num_keys} (other data, or another "
-                              f"vocabulary: --min-count?)")
+                              f" keys, this run's has {task.num_keys} ({cause})")
     mine = _data_contents(opts) if "data" in meta else None  # older checkpoints: no digests
     if mine is not None and meta["data"] != mine:
         flags = {entry[0] for entry in meta["data"] + mine}
