@@ -132,18 +132,24 @@ def _read_triples(path: Path) -> tuple[list[str], list[str], Sequence[int]]:
     # Blank lines (a file's trailing ones) and comments before the first triple ('#' lines
     # without a tab: a '#' line of three fields is a triple whose head starts with '#') are
     # skipped; ``number`` keeps each kept line's number in the file for the errors.
+    # Only lines without a tab can be skipped: those are looked at one by one.
+    tabs = np.fromiter(map(str.count, lines, repeat("\t")), np.int64, len(lines))
+    untabbed = np.flatnonzero(tabs == 0).tolist()
     head = 0
     while head < len(lines) and _no_triple(lines[head], comment=True):
         head += 1
+    skip = set(range(head)) | {i for i in untabbed if _no_triple(lines[i])}
     number = range(1, len(lines) + 1)  # no list of a million ints for a file without any
-    if head or any(map(_no_triple, lines)):
-        number = [i for i, line in enumerate(lines[head:], head + 1) if not _no_triple(line)]
+    if skip:
+        keep = np.ones(len(lines), dtype=bool)
+        keep[list(skip)] = False
+        number = (np.flatnonzero(keep) + 1).tolist()
         lines = [lines[i - 1] for i in number]
+        tabs = tabs[keep]
         text = "\n".join(lines)
     if not lines or not text:
         raise DataError(f"{path}: empty file (needs at least one triple)")
 
-    tabs = np.fromiter(map(str.count, lines, repeat("\t")), np.int64, len(lines))
     bad = np.flatnonzero(tabs != 2)
     if len(bad):
         i = int(bad[0])
