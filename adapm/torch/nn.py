@@ -554,8 +554,9 @@ class EmbeddingBagCollection(nn.Module):
                 raise InvalidType("EmbeddingBagCollection: tables must map feature names (str) "
                                   f"to adapm.torch.EmbeddingBag tables, got {name!r}: "
                                   f"{type(table).__name__}")
+        node = next(iter(items))[1].worker.node  # tables of other nodes share no keys
         spans = sorted((t.offset, t.offset + t.num_embeddings, name) for name, t in items
-                       if t.worker.node is next(iter(items))[1].worker.node)
+                       if t.worker.node is node)
         for (_, end, first), (start, _, second) in zip(spans, spans[1:]):
             if start < end:  # two features on one key range: one's rows would be the other's
                 raise InvalidArgument(f"EmbeddingBagCollection: tables {first!r} and {second!r} "
