@@ -5,44 +5,57 @@
 #include "binding.h"
 #include "optim.h"
 
-/* Checks the buffers of one update and fills r; -1 with an exception set. n comes from grads
- * (n x dim floats), width from out (n x width); rows (AdaGrad's) as out. */
-static int take_rows(views_t *vs, const char *fn, PyObject *orows, PyObject *ograds,
-                     PyObject *oout, long long dim, int64_t min_width, optim_rows_t *r) {
+/* One update: checks the buffers (n from grads, n x dim floats; width from out, n x width; rows,
+ * AdaGrad's, as out), then runs `update` on them with the scalars of `r` and the GIL released.
+ * Returns None, or NULL with an exception set and nothing written. */
+static PyObject *run_update(const char *fn, PyObject *orows, PyObject *ograds, PyObject *oout,
+                            long long dim, int64_t min_width, optim_rows_t r,
+                            void (*update)(const optim_rows_t *)) {
+    views_t vs = {.n = 0};
     Py_buffer *rows = NULL, *grads, *out;
     if (dim < 1) {
         PyErr_Format(PyExc_ValueError, "%s: dim must be >= 1, got %lld", fn, dim);
-        return -1;
+        return NULL;
     }
-    if ((orows && !(rows = take(vs, orows, fn, "rows", F32, 0, 2))) ||
-        !(grads = take(vs, ograds, fn, "grads", F32, 0, 2)) ||
-        !(out = take(vs, oout, fn, "out", F32, 1, 2)))
-        return -1;
+    if ((orows && !(rows = take(&vs, orows, fn, "rows", F32, 0, 2))) ||
+        !(grads = take(&vs, ograds, fn, "grads", F32, 0, 2)) ||
+        !(out = take(&vs, oout, fn, "out", F32, 1, 2)))
+        goto fail;
     const int64_t floats = count(grads);
     if (floats % dim) {
         PyErr_Format(PyExc_ValueError, "%s: grads has %lld floats, not rows of dim = %lld", fn,
                      (long long)floats, dim);
-        return -1;
+        goto fail;
     }
     const int64_t n = floats / dim, width = n ? count(out) / n : min_width;
     if (n ? count(out) % n || width < min_width : count(out) != 0) {
         PyErr_Format(PyExc_ValueError, "%s: out has %lld floats, not %lld rows of at least "
                      "%lld", fn, (long long)count(out), (long long)n, (long long)min_width);
-        return -1;
+        goto fail;
     }
     if (rows && count(rows) != count(out)) {
         PyErr_Format(PyExc_ValueError, "%s: rows has %lld floats, out %lld: they must match",
                      fn, (long long)count(rows), (long long)count(out));
-        return -1;
+        goto fail;
     }
-    if (check_no_overlap(vs, out, fn, "out") < 0) return -1;
-    *r = (optim_rows_t){.rows = rows ? rows->buf : NULL, .grads = grads->buf, .out = out->buf,
-                        .n = n, .dim = dim, .width = width};
-    return 0;
+    if (check_no_overlap(&vs, out, fn, "out") < 0) goto fail;
+    r.rows = rows ? rows->buf : NULL;
+    r.grads = grads->buf;
+    r.out = out->buf;
+    r.n = n;
+    r.dim = dim;
+    r.width = width;
+    Py_BEGIN_ALLOW_THREADS
+    update(&r);
+    Py_END_ALLOW_THREADS
+    release_views(&vs);
+    Py_RETURN_NONE;
+fail:
+    release_views(&vs);
+    return NULL;
 }
 
 static PyObject *py_sgd_rows(PyObject *module, PyObject *args, PyObject *kwargs) {
-    static const char *fn = "sgd_rows";
     static char *kwlist[] = {"grads", "out", "dim", "lr", "maximize", NULL};
     PyObject *ograds, *oout;
     long long dim;
@@ -51,23 +64,11 @@ static PyObject *py_sgd_rows(PyObject *module, PyObject *args, PyObject *kwargs)
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOLd|p", kwlist, &ograds, &oout, &dim, &lr,
                                      &maximize))
         return NULL;
-    views_t vs = {.n = 0};
-    optim_rows_t r;
-    if (take_rows(&vs, fn, NULL, ograds, oout, dim, dim, &r) < 0) {
-        release_views(&vs);
-        return NULL;
-    }
-    r.lr = (float)lr;
-    r.maximize = maximize;
-    Py_BEGIN_ALLOW_THREADS
-    optim_sgd_rows(&r);
-    Py_END_ALLOW_THREADS
-    release_views(&vs);
-    Py_RETURN_NONE;
+    const optim_rows_t r = {.lr = (float)lr, .maximize = maximize};
+    return run_update("sgd_rows", NULL, ograds, oout, dim, dim, r, optim_sgd_rows);
 }
 
 static PyObject *py_adagrad_rows(PyObject *module, PyObject *args, PyObject *kwargs) {
-    static const char *fn = "adagrad_rows";
     static char *kwlist[] = {"rows", "grads", "out", "dim", "lr", "eps", "initial_accumulator",
                              "maximize", NULL};
     PyObject *orows, *ograds, *oout;
@@ -77,25 +78,11 @@ static PyObject *py_adagrad_rows(PyObject *module, PyObject *args, PyObject *kwa
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOLddd|p", kwlist, &orows, &ograds, &oout,
                                      &dim, &lr, &eps, &initial, &maximize))
         return NULL;
-    views_t vs = {.n = 0};
-    optim_rows_t r;
-    if (dim > INT64_MAX / 2) {
-        PyErr_Format(PyExc_ValueError, "%s: dim %lld is too large", fn, dim);
-        return NULL;
-    }
-    if (take_rows(&vs, fn, orows, ograds, oout, dim, 2 * dim, &r) < 0) {
-        release_views(&vs);
-        return NULL;
-    }
-    r.lr = (float)lr;
-    r.eps = (float)eps;
-    r.initial_accumulator = (float)initial;
-    r.maximize = maximize;
-    Py_BEGIN_ALLOW_THREADS
-    optim_adagrad_rows(&r);
-    Py_END_ALLOW_THREADS
-    release_views(&vs);
-    Py_RETURN_NONE;
+    if (dim > INT64_MAX / 2)
+        return PyErr_Format(PyExc_ValueError, "adagrad_rows: dim %lld is too large", dim);
+    const optim_rows_t r = {.lr = (float)lr, .eps = (float)eps,
+                            .initial_accumulator = (float)initial, .maximize = maximize};
+    return run_update("adagrad_rows", orows, ograds, oout, dim, 2 * dim, r, optim_adagrad_rows);
 }
 
 PyDoc_STRVAR(sgd_rows_doc,
